@@ -1,1 +1,21 @@
-"""kvprotocol."""
+"""kvprotocol: the wire protocol, cache keys and clients every kvserver component speaks.
+
+Never imports torch: it runs on hosts with no GPU.
+"""
+
+from ._client import DEFAULT_TIMEOUT, AsyncClient, Client, Reply
+from ._errors import ErrorCode, KVProtocolError, RequestTimeout, ServerError, ValidationError
+from ._hashing import ZERO_HASH, chunk_hashes, pack_tokens, unpack_tokens
+from ._keys import ObjectKey, validate_model, validate_salt
+from ._layout import DTYPES, LAYOUT_TAGS, LayoutDescriptor
+from ._messages import MAX_TOKENS, PROTOCOL_VERSION, SCHEMA, validate_request
+from ._keyspace import KeySpace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_TIMEOUT", "DTYPES", "LAYOUT_TAGS", "MAX_TOKENS", "PROTOCOL_VERSION", "SCHEMA", "ZERO_HASH",
+    "AsyncClient", "Client", "ErrorCode", "KVProtocolError", "KeySpace", "LayoutDescriptor", "ObjectKey",
+    "Reply", "RequestTimeout", "ServerError", "ValidationError", "chunk_hashes", "pack_tokens",
+    "unpack_tokens", "validate_model", "validate_request", "validate_salt",
+]

@@ -1,0 +1,161 @@
+"""ZMQ clients (DEALER): a sync one for simple callers and an asyncio one with many requests in flight.
+
+Every call has a timeout and raises `RequestTimeout` instead of hanging; replies that arrive after
+their request timed out are recognised by id and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from ._errors import KVProtocolError, RequestTimeout, ServerError
+from ._messages import PROTOCOL_VERSION, pack, unpack_header
+
+Buffer = bytes | bytearray | memoryview
+DEFAULT_TIMEOUT = 5.0
+
+
+@dataclass(slots=True)
+class Reply:
+    """A successful reply: the result map and any data frames (tcp mode object bytes)."""
+
+    result: Any
+    frames: list[memoryview] = field(default_factory=list)
+
+
+def _configure(sock: zmq.Socket) -> None:  # type: ignore[type-arg]
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+
+
+def _envelope(rid: int, op: str, fields: dict[str, Any]) -> bytes:
+    return pack({"v": PROTOCOL_VERSION, "id": rid, "op": op, **fields})
+
+
+def _parse(parts: Sequence[zmq.Frame]) -> tuple[int, dict[str, Any]]:
+    try:
+        header = unpack_header(parts[0].bytes)
+    except KVProtocolError as exc:
+        raise KVProtocolError(f"undecodable reply from server: {exc}") from exc
+    rid = header.get("id")
+    return (rid if isinstance(rid, int) else -1), header
+
+
+def _to_reply(header: dict[str, Any], parts: Sequence[zmq.Frame]) -> Reply:
+    if header.get("ok") is True:
+        return Reply(header.get("result"), [memoryview(p.buffer) for p in parts[1:]])
+    err = header.get("error") or {}
+    raise ServerError(str(err.get("code", "INTERNAL")), str(err.get("message", "no message")))
+
+
+def _start_id() -> int:
+    return (os.getpid() << 20) ^ int(time.monotonic_ns() & 0xFFFFF)
+
+
+class Client:
+    """Blocking client; thread-safe (one request at a time per client)."""
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, context: zmq.Context | None = None) -> None:  # type: ignore[type-arg]
+        self.url = url
+        self.timeout = timeout
+        self._ctx = context or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        _configure(self._sock)
+        self._sock.connect(url)
+        self._ids = itertools.count(_start_id() & 0xFFFFFFFFFFFF)
+        self._lock = threading.Lock()
+
+    def call(self, op: str, frames: Sequence[Buffer] = (), timeout: float | None = None, **fields: Any) -> Reply:
+        """Send one request and wait for its reply; raises ServerError, RequestTimeout."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        with self._lock:
+            rid = next(self._ids)
+            try:
+                self._sock.send_multipart([_envelope(rid, op, fields), *frames], copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again as exc:
+                raise RequestTimeout(f"{op}: cannot queue request to {self.url}") from exc
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._sock.poll(int(remaining * 1000) + 1, zmq.POLLIN):
+                    raise RequestTimeout(f"{op}: no reply from {self.url} within the timeout")
+                parts = self._sock.recv_multipart(copy=False)
+                got, header = _parse(parts)
+                if got == rid:
+                    return _to_reply(header, parts)
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """asyncio client: many requests in flight on one DEALER socket, matched to replies by id."""
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.url = url
+        self.timeout = timeout
+        self._ctx = zmq.asyncio.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        _configure(self._sock)
+        self._sock.connect(url)
+        self._ids = itertools.count(_start_id() & 0xFFFFFFFFFFFF)
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def call(self, op: str, frames: Sequence[Buffer] = (), timeout: float | None = None, **fields: Any) -> Reply:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        rid = next(self._ids)
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            await self._sock.send_multipart([_envelope(rid, op, fields), *frames], copy=False)
+            return await asyncio.wait_for(fut, self.timeout if timeout is None else timeout)
+        except TimeoutError as exc:
+            raise RequestTimeout(f"{op}: no reply from {self.url} within the timeout") from exc
+        finally:
+            self._pending.pop(rid, None)
+
+    async def _read_loop(self) -> None:
+        while True:
+            parts = await self._sock.recv_multipart(copy=False)
+            try:
+                rid, header = _parse(parts)
+                fut = self._pending.get(rid)
+                if fut is None or fut.done():
+                    continue
+                try:
+                    fut.set_result(_to_reply(header, parts))
+                except ServerError as exc:
+                    fut.set_exception(exc)
+            except KVProtocolError:
+                continue
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        self._sock.close(linger=0)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,50 @@
+"""Error codes shared by server and clients, and the exceptions clients raise."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Every error reply carries exactly one of these codes."""
+
+    BAD_FRAME = "BAD_FRAME"  # not decodable msgpack, or not a map
+    BAD_VERSION = "BAD_VERSION"  # protocol version mismatch
+    UNKNOWN_OP = "UNKNOWN_OP"
+    BAD_FIELD = "BAD_FIELD"  # missing, unexpected or mistyped field
+    OUT_OF_RANGE = "OUT_OF_RANGE"  # ids, offsets, sizes, counts outside their bounds
+    TOO_LARGE = "TOO_LARGE"  # frame or token array over the configured limit
+    UNKNOWN_ENGINE = "UNKNOWN_ENGINE"
+    UNKNOWN_SESSION = "UNKNOWN_SESSION"
+    UNKNOWN_STORE = "UNKNOWN_STORE"
+    NOT_LEASED = "NOT_LEASED"  # retrieve of objects the session holds no lease on
+    NO_SPACE = "NO_SPACE"  # L1 full and nothing evictable
+    LAYOUT_MISMATCH = "LAYOUT_MISMATCH"
+    UNAUTHORIZED = "UNAUTHORIZED"
+    INTERNAL = "INTERNAL"  # a handler failed; the server keeps serving
+
+
+class KVProtocolError(Exception):
+    """Base of every error this package raises."""
+
+
+class ServerError(KVProtocolError):
+    """The server answered with an error reply."""
+
+    def __init__(self, code: ErrorCode | str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = ErrorCode(code) if code in ErrorCode.__members__ else code
+        self.message = message
+
+
+class RequestTimeout(KVProtocolError):
+    """No reply arrived within the request's timeout (the server may be down)."""
+
+
+class ValidationError(KVProtocolError):
+    """A message or value failed validation; `code` says which kind."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message

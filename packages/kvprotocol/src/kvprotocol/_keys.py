@@ -1,0 +1,73 @@
+"""ObjectKey: the identity of one cached chunk object, and the validation of its parts."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from blake3 import blake3
+
+from ._errors import ErrorCode, ValidationError
+
+_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,199}$")
+_SALT_RE = re.compile(r"^[A-Za-z0-9._:@+=/-]{0,128}$")
+_FP_RE = re.compile(r"^[0-9a-f]{16}$")
+MAX_WORLD_SIZE = 4096
+MAX_GROUPS = 64
+
+
+def validate_model(model: object) -> str:
+    if not isinstance(model, str) or not _MODEL_RE.match(model):
+        raise ValidationError(ErrorCode.BAD_FIELD, "model name must be 1-200 chars of [A-Za-z0-9._/:@+-]")
+    return model
+
+
+def validate_salt(salt: object) -> str:
+    if not isinstance(salt, str) or not _SALT_RE.match(salt):
+        raise ValidationError(ErrorCode.BAD_FIELD, "cache salt must be 0-128 chars of [A-Za-z0-9._:@+=/-]")
+    return salt
+
+
+def validate_fingerprint(fp: object) -> str:
+    if not isinstance(fp, str) or not _FP_RE.match(fp):
+        raise ValidationError(ErrorCode.BAD_FIELD, "layout fingerprint must be 16 lowercase hex chars")
+    return fp
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectKey:
+    """(model, layout, world size, rank, group, salt, chunk hash): what one object holds.
+
+    The request id is never part of it: requests end, cached objects stay.
+    """
+
+    model: str
+    layout_fingerprint: str
+    world_size: int
+    kv_rank: int
+    group: int
+    salt: str
+    chunk_hash: bytes
+
+    def __post_init__(self) -> None:
+        validate_model(self.model)
+        validate_fingerprint(self.layout_fingerprint)
+        validate_salt(self.salt)
+        if not (1 <= self.world_size <= MAX_WORLD_SIZE and 0 <= self.kv_rank < self.world_size):
+            raise ValidationError(ErrorCode.OUT_OF_RANGE, "world_size/kv_rank out of range")
+        if not 0 <= self.group < MAX_GROUPS:
+            raise ValidationError(ErrorCode.OUT_OF_RANGE, "object group out of range")
+        if len(self.chunk_hash) != 32:
+            raise ValidationError(ErrorCode.BAD_FIELD, "chunk hash must be 32 bytes")
+
+    def to_str(self) -> str:
+        """Stable string form, used as the L2 key. The salt is hashed so it never appears raw."""
+        salt = blake3(self.salt.encode()).hexdigest()[:16] if self.salt else "-"
+        return (
+            f"kv1/{self.model}/{self.layout_fingerprint}/w{self.world_size}r{self.kv_rank}"
+            f"/g{self.group}/{salt}/{self.chunk_hash.hex()}"
+        )
+
+    def fingerprint(self) -> bytes:
+        """16-byte digest of the whole key; L2 integrity headers carry it."""
+        return blake3(self.to_str().encode()).digest()[:16]

@@ -1,0 +1,29 @@
+"""KeySpace: the parts of an ObjectKey that one engine deployment shares for every chunk."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._keys import ObjectKey
+from ._layout import LayoutDescriptor
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpace:
+    """Model, world size and one layout fingerprint per object group."""
+
+    model: str
+    world_size: int
+    groups: tuple[str, ...]
+
+    @classmethod
+    def from_layouts(cls, model: str, world_size: int, layouts: Sequence[LayoutDescriptor]) -> KeySpace:
+        return cls(model, world_size, tuple(layout.fingerprint for layout in layouts))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"model": self.model, "world_size": self.world_size, "groups": list(self.groups)}
+
+    def key(self, rank: int, group: int, salt: str, chunk_hash: bytes) -> ObjectKey:
+        return ObjectKey(self.model, self.groups[group], self.world_size, rank, group, salt, chunk_hash)

@@ -1,0 +1,96 @@
+"""Layout descriptors: what the bytes of one cached object mean, and the fingerprint that names it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import msgpack
+from blake3 import blake3
+
+from ._errors import ErrorCode, ValidationError
+
+LAYOUT_TAGS = ("vllm_cpu", "flash_attn", "mla")
+DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int8": 1}
+MAX_OBJECT_BYTES = 1 << 31
+_TAG_RE = re.compile(r"^[a-z0-9_]{1,32}$")
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutDescriptor:
+    """How one object group's KV is laid out in the engine, per rank.
+
+    `block_bytes` is the size of one block of one layer (all its tokens, K and V, as the engine
+    stores it). A chunk object holds `chunk_size // block_size` blocks of every layer, layer-major:
+    [layer][block-in-chunk][block_bytes]. `stacked` says whether the engine keeps one tensor for all
+    layers or one per layer; it changes the copy segments, not the object format.
+    """
+
+    tag: str
+    dtype: str
+    num_layers: int
+    block_size: int
+    block_bytes: int
+    chunk_size: int
+    block_shape: tuple[int, ...] = ()
+    stacked: bool = False
+
+    def __post_init__(self) -> None:
+        _check(bool(_TAG_RE.match(self.tag)), f"bad layout tag {self.tag!r}")
+        _check(self.dtype in DTYPES, f"unknown dtype {self.dtype!r}")
+        _check(1 <= self.num_layers <= 4096, "num_layers out of range")
+        _check(1 <= self.block_size <= 65536, "block_size out of range")
+        _check(1 <= self.block_bytes <= MAX_OBJECT_BYTES, "block_bytes out of range")
+        _check(1 <= self.chunk_size <= 65536, "chunk_size out of range")
+        _check(self.chunk_size % self.block_size == 0, "chunk_size must be a multiple of block_size")
+        _check(all(isinstance(d, int) and d > 0 for d in self.block_shape), "bad block_shape")
+        _check(self.object_bytes <= MAX_OBJECT_BYTES, "object too large")
+
+    @property
+    def blocks_per_chunk(self) -> int:
+        return self.chunk_size // self.block_size
+
+    @property
+    def object_bytes(self) -> int:
+        """Bytes of one chunk object (one rank, one group)."""
+        return self.num_layers * self.blocks_per_chunk * self.block_bytes
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex chars naming what the bytes mean; any change of layout or dtype changes it."""
+        canon = msgpack.packb(
+            [self.tag, self.dtype, self.num_layers, self.block_size, self.block_bytes, self.chunk_size,
+             list(self.block_shape)],
+        )
+        return blake3(b"kv-layout-v1" + canon).hexdigest()[:16]
+
+    def to_wire(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["block_shape"] = list(self.block_shape)
+        return d
+
+    @classmethod
+    def from_wire(cls, data: Any) -> LayoutDescriptor:
+        if not isinstance(data, dict):
+            raise ValidationError(ErrorCode.BAD_FIELD, "layout must be a map")
+        fields = {"tag": str, "dtype": str, "num_layers": int, "block_size": int, "block_bytes": int,
+                  "chunk_size": int, "block_shape": list, "stacked": bool}
+        required = {"tag", "dtype", "num_layers", "block_size", "block_bytes", "chunk_size"}
+        extra = set(data) - set(fields)
+        _check(not extra, f"unexpected layout fields {sorted(map(str, extra))}", ErrorCode.BAD_FIELD)
+        missing = required - set(data)
+        _check(not missing, f"missing layout fields {sorted(missing)}", ErrorCode.BAD_FIELD)
+        for name, typ in fields.items():
+            if name in data:
+                value = data[name]
+                ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
+                _check(ok, f"layout field {name} must be {typ.__name__}", ErrorCode.BAD_FIELD)
+        kwargs = dict(data)
+        kwargs["block_shape"] = tuple(kwargs.get("block_shape", ()))
+        return cls(**kwargs)
+
+
+def _check(cond: bool, message: str, code: ErrorCode = ErrorCode.OUT_OF_RANGE) -> None:
+    if not cond:
+        raise ValidationError(code, message)

@@ -1,0 +1,195 @@
+"""The closed message schema: every op's request fields, typed and bounded, checked on decode.
+
+Requests are msgpack maps `{"v", "id", "op", ...fields}`; replies are `{"id", "ok", "result"}` or
+`{"id", "ok": False, "error": {"code", "message"}}`. Data for tcp mode rides as extra ZMQ frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from ._errors import ErrorCode, ValidationError
+from ._keys import MAX_GROUPS, MAX_WORLD_SIZE, validate_fingerprint, validate_model, validate_salt
+from ._layout import LayoutDescriptor
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 4 << 20  # the msgpack header frame; object bytes travel in their own frames
+MAX_TOKENS = 1 << 20  # tokens in one request (4 MiB packed)
+MAX_CHUNKS = 1 << 14
+MAX_ID = (1 << 63) - 1
+MODES = ("shm", "tcp")
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    check: Callable[[Any], Any]
+    required: bool = True
+
+
+def _int(lo: int, hi: int) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValidationError(ErrorCode.BAD_FIELD, "expected an integer")
+        if not lo <= v <= hi:
+            raise ValidationError(ErrorCode.OUT_OF_RANGE, f"{v} not in [{lo}, {hi}]")
+        return v
+
+    return check
+
+
+def _str(max_len: int, choices: tuple[str, ...] = ()) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or not 1 <= len(v) <= max_len:
+            raise ValidationError(ErrorCode.BAD_FIELD, f"expected a string of 1-{max_len} chars")
+        if choices and v not in choices:
+            raise ValidationError(ErrorCode.BAD_FIELD, f"expected one of {list(choices)}")
+        return v
+
+    return check
+
+
+def _tokens(v: Any) -> bytes:
+    if not isinstance(v, bytes):
+        raise ValidationError(ErrorCode.BAD_FIELD, "tokens must be packed uint32 bytes")
+    if len(v) % 4:
+        raise ValidationError(ErrorCode.BAD_FIELD, "tokens length must be a multiple of 4")
+    if len(v) // 4 > MAX_TOKENS:
+        raise ValidationError(ErrorCode.TOO_LARGE, f"more than {MAX_TOKENS} tokens")
+    return v
+
+
+def _keyspace(v: Any) -> dict[str, Any]:
+    if not isinstance(v, dict) or set(v) - {"model", "world_size", "groups"}:
+        raise ValidationError(ErrorCode.BAD_FIELD, "keyspace must be a map of model, world_size, groups")
+    if "model" not in v or "world_size" not in v or "groups" not in v:
+        raise ValidationError(ErrorCode.BAD_FIELD, "keyspace needs model, world_size and groups")
+    groups = v["groups"]
+    if not isinstance(groups, list) or not 1 <= len(groups) <= MAX_GROUPS:
+        raise ValidationError(ErrorCode.BAD_FIELD, f"groups must be a list of 1-{MAX_GROUPS} fingerprints")
+    return {
+        "model": validate_model(v["model"]),
+        "world_size": _int(1, MAX_WORLD_SIZE)(v["world_size"]),
+        "groups": [validate_fingerprint(g) for g in groups],
+    }
+
+
+def _layouts(v: Any) -> list[LayoutDescriptor]:
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_GROUPS:
+        raise ValidationError(ErrorCode.BAD_FIELD, f"groups must be a list of 1-{MAX_GROUPS} layouts")
+    return [LayoutDescriptor.from_wire(item) for item in v]
+
+
+_SESSION = _str(128)
+_OPT = False
+
+SCHEMA: dict[str, dict[str, Field]] = {
+    "ping": {},
+    "describe": {},
+    "clear": {},
+    "register_engine": {
+        "model": Field(validate_model),
+        "world_size": Field(_int(1, MAX_WORLD_SIZE)),
+        "rank": Field(_int(0, MAX_WORLD_SIZE - 1)),
+        "groups": Field(_layouts),
+        "host": Field(_str(255), _OPT),
+        "pid": Field(_int(0, 1 << 31), _OPT),
+    },
+    "lookup": {
+        "keyspace": Field(_keyspace),
+        "tokens": Field(_tokens),
+        "salt": Field(validate_salt, _OPT),
+        "session": Field(_SESSION, _OPT),
+    },
+    "query": {
+        "keyspace": Field(_keyspace),
+        "tokens": Field(_tokens),
+        "salt": Field(validate_salt, _OPT),
+    },
+    "store": {
+        "keyspace": Field(_keyspace),
+        "tokens": Field(_tokens),
+        "rank": Field(_int(0, MAX_WORLD_SIZE - 1)),
+        "salt": Field(validate_salt, _OPT),
+        "start_chunk": Field(_int(0, MAX_CHUNKS), _OPT),
+        "mode": Field(_str(8, MODES), _OPT),
+        "session": Field(_SESSION, _OPT),
+    },
+    "commit": {"store_id": Field(_str(64))},
+    "abort": {"store_id": Field(_str(64))},
+    "retrieve": {
+        "session": Field(_SESSION),
+        "rank": Field(_int(0, MAX_WORLD_SIZE - 1)),
+        "start_chunk": Field(_int(0, MAX_CHUNKS)),
+        "end_chunk": Field(_int(0, MAX_CHUNKS)),
+        "mode": Field(_str(8, MODES), _OPT),
+    },
+    "release": {"session": Field(_SESSION)},
+    "end_session": {"session": Field(_SESSION)},
+    "pin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "salt": Field(validate_salt, _OPT)},
+    "unpin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "salt": Field(validate_salt, _OPT)},
+}
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack_header(frame: bytes) -> dict[str, Any]:
+    """Decode a header frame into a map; raises ValidationError(BAD_FRAME/TOO_LARGE)."""
+    if len(frame) > MAX_HEADER_BYTES:
+        raise ValidationError(ErrorCode.TOO_LARGE, f"header frame over {MAX_HEADER_BYTES} bytes")
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_buffer_size=MAX_HEADER_BYTES)
+    except Exception as exc:  # msgpack raises many kinds; all mean "not a valid frame"
+        raise ValidationError(ErrorCode.BAD_FRAME, f"undecodable msgpack: {type(exc).__name__}") from exc
+    if not isinstance(obj, dict):
+        raise ValidationError(ErrorCode.BAD_FRAME, "message must be a msgpack map")
+    return obj
+
+
+def request_id_of(msg: dict[str, Any]) -> int:
+    """The request id if usable, else 0 (so even a broken request gets a correlated reply)."""
+    rid = msg.get("id")
+    return rid if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid <= MAX_ID else 0
+
+
+def validate_request(msg: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
+    """Check envelope and fields; returns (id, op, fields) with fields converted by their checks."""
+    if "v" not in msg:
+        raise ValidationError(ErrorCode.BAD_VERSION, "missing protocol version 'v'")
+    if msg["v"] != PROTOCOL_VERSION or isinstance(msg["v"], bool):
+        raise ValidationError(
+            ErrorCode.BAD_VERSION, f"protocol version {msg['v']!r} not supported (server speaks {PROTOCOL_VERSION})"
+        )
+    rid = msg.get("id")
+    _int(0, MAX_ID)(rid)
+    op = msg.get("op")
+    if not isinstance(op, str) or op not in SCHEMA:
+        raise ValidationError(ErrorCode.UNKNOWN_OP, f"unknown op {str(op)[:40]!r}")
+    spec = SCHEMA[op]
+    extra = set(msg) - set(spec) - {"v", "id", "op"}
+    if extra:
+        raise ValidationError(ErrorCode.BAD_FIELD, f"unexpected fields for {op}: {sorted(map(str, extra))[:8]}")
+    fields: dict[str, Any] = {}
+    for name, field in spec.items():
+        if name not in msg:
+            if field.required:
+                raise ValidationError(ErrorCode.BAD_FIELD, f"{op}: missing field {name!r}")
+            continue
+        try:
+            fields[name] = field.check(msg[name])
+        except ValidationError as exc:
+            raise ValidationError(exc.code, f"{op}.{name}: {exc.message}") from None
+    return rid, op, fields
+
+
+def ok_reply(rid: int, result: Any) -> dict[str, Any]:
+    return {"id": rid, "ok": True, "result": result}
+
+
+def error_reply(rid: int, code: ErrorCode | str, message: str) -> dict[str, Any]:
+    return {"id": rid, "ok": False, "error": {"code": str(code), "message": message}}
