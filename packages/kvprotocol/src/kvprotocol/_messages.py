@@ -143,7 +143,7 @@ def unpack_header(frame: bytes) -> dict[str, Any]:
     if len(frame) > MAX_HEADER_BYTES:
         raise ValidationError(ErrorCode.TOO_LARGE, f"header frame over {MAX_HEADER_BYTES} bytes")
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_buffer_size=MAX_HEADER_BYTES)
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises many kinds; all mean "not a valid frame"
         raise ValidationError(ErrorCode.BAD_FRAME, f"undecodable msgpack: {type(exc).__name__}") from exc
     if not isinstance(obj, dict):

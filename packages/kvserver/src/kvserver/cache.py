@@ -1,0 +1,285 @@
+"""The cache service: lookup, store, commit, retrieve and friends over L1 and the session table.
+
+Handlers receive fields already validated by kvprotocol's schema and return (result, frames).
+Everything runs on the server's single event-loop thread, so no locks are needed and no operation
+ever waits on another.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvprotocol import ErrorCode, ValidationError, chunk_hashes
+
+from .l1 import IKey, L1Cache, State
+from .sessions import KeySpaceT, Session, SessionTable, Slot, StoreTxn
+
+
+@dataclass
+class Engine:
+    id: str
+    model: str
+    world_size: int
+    rank: int
+    groups: list[dict[str, Any]]
+    host: str
+    pid: int
+    registered_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class Counters:
+    lookups: int = 0
+    lookup_tokens: int = 0
+    lookup_hit_tokens: int = 0
+    stores: int = 0
+    stored_objects: int = 0
+    stored_bytes: int = 0
+    deduplicated_objects: int = 0
+    no_space: int = 0
+    retrieves: int = 0
+    retrieved_bytes: int = 0
+    expired_sessions: int = 0
+    expired_stores: int = 0
+
+
+def _fail(code: ErrorCode, message: str) -> ValidationError:
+    return ValidationError(code, message)
+
+
+class CacheService:
+    def __init__(self, l1: L1Cache, chunk_size: int, lease_ttl: float) -> None:
+        self.l1 = l1
+        self.chunk_size = chunk_size
+        self.table = SessionTable(lease_ttl)
+        self.engines: dict[str, Engine] = {}
+        self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
+        self.counters = Counters()
+        self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
+
+    # -- helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def _ks(keyspace: dict[str, Any]) -> KeySpaceT:
+        return (keyspace["model"], keyspace["world_size"], tuple(keyspace["groups"]))
+
+    def _keys(self, ks: KeySpaceT, salt: str, rank: int, chunk_hash: bytes) -> list[IKey]:
+        model, world, groups = ks
+        return [(model, fp, world, rank, g, salt, chunk_hash) for g, fp in enumerate(groups)]
+
+    def _prefix_hits(self, ks: KeySpaceT, salt: str, hashes: list[bytes]) -> int:
+        """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1."""
+        world = ks[1]
+        for i, h in enumerate(hashes):
+            for rank in range(world):
+                for key in self._keys(ks, salt, rank, h):
+                    if self.l1.ready(key) is None:
+                        return i
+        return len(hashes)
+
+    def _hashes(self, tokens: bytes) -> list[bytes]:
+        return chunk_hashes(tokens, self.chunk_size)
+
+    # -- engines -------------------------------------------------------------------------------
+    def register_engine(self, f: dict[str, Any], engine_id: str) -> dict[str, Any]:
+        for layout in f["groups"]:
+            if layout.chunk_size != self.chunk_size:
+                raise _fail(ErrorCode.LAYOUT_MISMATCH,
+                            f"layout chunk_size {layout.chunk_size} != server chunk_size {self.chunk_size}")
+            if layout.object_bytes > self.l1.arena.size:
+                raise _fail(ErrorCode.NO_SPACE, "one object is larger than the whole L1 arena")
+        if f["rank"] >= f["world_size"]:
+            raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+        for layout in f["groups"]:
+            self.object_sizes[layout.fingerprint] = layout.object_bytes
+        self.engines[engine_id] = Engine(engine_id, f["model"], f["world_size"], f["rank"],
+                                         [g.to_wire() for g in f["groups"]], f.get("host", ""), f.get("pid", 0))
+        return {
+            "engine_id": engine_id,
+            "arena": {"name": self.l1.arena.name, "size": self.l1.arena.size},
+            "chunk_size": self.chunk_size,
+            "groups": [g.fingerprint for g in f["groups"]],
+        }
+
+    # -- lookup / query --------------------------------------------------------------------------
+    def lookup(self, f: dict[str, Any]) -> dict[str, Any]:
+        ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
+        hashes = self._hashes(f["tokens"])
+        hit = self._prefix_hits(ks, salt, hashes)
+        c = self.counters
+        c.lookups += 1
+        c.lookup_tokens += len(f["tokens"]) // 4
+        c.lookup_hit_tokens += hit * self.chunk_size
+        leased: list[IKey] = []
+        for h in hashes[:hit]:
+            for rank in range(ks[1]):
+                for key in self._keys(ks, salt, rank, h):
+                    self.l1.touch(key)
+                    leased.append(key)
+        if "session" in f:
+            self._drop_session(f["session"])  # a repeated lookup replaces the earlier leases
+            for key in leased:
+                self.l1.lease(key)
+            self.table.sessions[f["session"]] = Session(
+                f["session"], ks, salt, hashes, hit, leased, self.table.deadline())
+        return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
+                "chunk_size": self.chunk_size}
+
+    def query(self, f: dict[str, Any]) -> dict[str, Any]:
+        ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
+        hashes = self._hashes(f["tokens"])
+        chunks = []
+        for h in hashes:
+            keys = [k for r in range(ks[1]) for k in self._keys(ks, salt, r, h)]
+            chunks.append({"hash": h.hex(), "l1": sum(self.l1.ready(k) is not None for k in keys),
+                           "objects": len(keys)})
+        hit = self._prefix_hits(ks, salt, hashes)
+        return {"chunks": chunks, "prefix_tokens": hit * self.chunk_size, "chunk_size": self.chunk_size}
+
+    def set_pinned(self, f: dict[str, Any], pinned: bool) -> dict[str, Any]:
+        ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
+        changed = 0
+        for h in self._hashes(f["tokens"]):
+            for rank in range(ks[1]):
+                for key in self._keys(ks, salt, rank, h):
+                    changed += self.l1.set_pinned(key, pinned)
+        return {"objects": changed}
+
+    # -- store ---------------------------------------------------------------------------------
+    def store(self, f: dict[str, Any]) -> dict[str, Any]:
+        ks, salt, rank = self._ks(f["keyspace"]), f.get("salt", ""), f["rank"]
+        if rank >= ks[1]:
+            raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+        sizes = []
+        for fp in ks[2]:
+            if fp not in self.object_sizes:
+                raise _fail(ErrorCode.LAYOUT_MISMATCH, f"layout {fp} is not registered by any engine")
+            sizes.append(self.object_sizes[fp])
+        hashes = self._hashes(f["tokens"])
+        start = f.get("start_chunk", 0)
+        if start > len(hashes):
+            raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
+        txn = StoreTxn(self.table.new_store_id(), f.get("mode", "shm"), f.get("session"), [],
+                       self.table.deadline())
+        reply_slots = []
+        for chunk in range(start, len(hashes)):
+            for group, key in enumerate(self._keys(ks, salt, rank, hashes[chunk])):
+                existing = self.l1.entries.get(key)
+                if existing is not None:
+                    status = "present" if existing.state is State.READY else "writing"
+                    self.counters.deduplicated_objects += 1
+                    reply_slots.append({"chunk": chunk, "group": group, "status": status})
+                    continue
+                entry = self.l1.reserve(key, sizes[group])
+                if entry is None:
+                    self.counters.no_space += 1
+                    reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
+                    continue
+                txn.slots.append(Slot(key, chunk, group, entry))
+                slot = {"chunk": chunk, "group": group, "status": "reserved", "size": entry.size}
+                if txn.mode == "shm":
+                    slot["offset"] = entry.offset
+                reply_slots.append(slot)
+        if txn.slots:
+            self.table.stores[txn.id] = txn
+        self.counters.stores += 1
+        return {"store_id": txn.id if txn.slots else None, "slots": reply_slots}
+
+    def commit(self, store_id: str, frames: list[memoryview]) -> dict[str, Any]:
+        txn = self.table.stores.get(store_id)
+        if txn is None:
+            raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
+        if txn.mode == "tcp":
+            if len(frames) != len(txn.slots):
+                raise _fail(ErrorCode.BAD_FIELD, f"expected {len(txn.slots)} data frames, got {len(frames)}")
+            for slot, frame in zip(txn.slots, frames, strict=True):
+                if len(frame) != slot.entry.size:
+                    raise _fail(ErrorCode.BAD_FIELD, f"frame for chunk {slot.chunk} has {len(frame)} bytes, "
+                                                     f"expected {slot.entry.size}")
+            for slot, frame in zip(txn.slots, frames, strict=True):
+                self.l1.arena.write(slot.entry.offset, frame)
+        elif frames:
+            raise _fail(ErrorCode.BAD_FIELD, "shm-mode commit takes no data frames")
+        del self.table.stores[store_id]
+        for slot in txn.slots:
+            self.l1.finish_write(slot.key)
+            self.counters.stored_bytes += slot.entry.size
+        self.counters.stored_objects += len(txn.slots)
+        keys = [s.key for s in txn.slots]
+        for hook in self.on_commit:
+            hook(keys)
+        return {"committed": len(txn.slots)}
+
+    def abort(self, store_id: str) -> dict[str, Any]:
+        txn = self.table.stores.pop(store_id, None)
+        if txn is None:
+            raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
+        self._abort_txn(txn)
+        return {"aborted": len(txn.slots)}
+
+    def _abort_txn(self, txn: StoreTxn) -> None:
+        for slot in txn.slots:
+            self.l1.abort_write(slot.key)
+
+    # -- retrieve ------------------------------------------------------------------------------
+    def retrieve(self, f: dict[str, Any]) -> tuple[dict[str, Any], list[memoryview]]:
+        session = self.table.sessions.get(f["session"])
+        if session is None:
+            raise _fail(ErrorCode.UNKNOWN_SESSION, f"no live session {f['session']!r} (lookup first)")
+        start, end, rank = f["start_chunk"], f["end_chunk"], f["rank"]
+        if rank >= session.keyspace[1]:
+            raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+        if not start <= end <= session.hit_chunks:
+            raise _fail(ErrorCode.NOT_LEASED, f"chunks [{start}, {end}) not within the leased prefix "
+                                              f"of {session.hit_chunks} chunks")
+        session.expires = self.table.deadline()
+        mode = f.get("mode", "shm")
+        objects, frames = [], []
+        for chunk in range(start, end):
+            for group, key in enumerate(self._keys(session.keyspace, session.salt, rank, session.hashes[chunk])):
+                entry = self.l1.entries[key]  # leased, so present and ready
+                obj = {"chunk": chunk, "group": group, "size": entry.size}
+                if mode == "shm":
+                    obj["offset"] = entry.offset
+                else:
+                    frames.append(self.l1.arena.read(entry.offset, entry.size))
+                objects.append(obj)
+                self.counters.retrieved_bytes += entry.size
+        self.counters.retrieves += 1
+        return {"objects": objects}, frames
+
+    # -- sessions ------------------------------------------------------------------------------
+    def _drop_session(self, session_id: str) -> bool:
+        session = self.table.sessions.pop(session_id, None)
+        if session is None:
+            return False
+        for key in session.leased:
+            self.l1.unlease(key)
+        return True
+
+    def release(self, session_id: str) -> dict[str, Any]:
+        return {"released": self._drop_session(session_id)}
+
+    def end_session(self, session_id: str) -> dict[str, Any]:
+        released = self._drop_session(session_id)
+        aborted = 0
+        for txn in [t for t in self.table.stores.values() if t.session == session_id]:
+            del self.table.stores[txn.id]
+            self._abort_txn(txn)
+            aborted += 1
+        return {"released": released, "aborted_stores": aborted}
+
+    def expire(self, now: float | None = None) -> None:
+        sessions, stores = self.table.expired(now)
+        for s in sessions:
+            for key in s.leased:
+                self.l1.unlease(key)
+        for t in stores:
+            self._abort_txn(t)
+        self.counters.expired_sessions += len(sessions)
+        self.counters.expired_stores += len(stores)
+
+    def clear(self) -> dict[str, Any]:
+        return {"removed": self.l1.clear()}

@@ -1,0 +1,82 @@
+"""`kvserver start`: flags, KVSERVER_* env vars and an optional TOML config file."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+import click
+
+from .config import ServerConfig, load_config_file
+from .eviction import POLICIES
+
+
+def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value:
+        try:
+            ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value)}
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(str(exc)) from exc
+    return value
+
+
+@click.group(context_settings={"auto_envvar_prefix": "KVSERVER", "help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kvserver")
+def main() -> None:
+    """The KV cache server."""
+
+
+@main.command()
+@click.option("--config", type=click.Path(exists=True, dir_okay=False), is_eager=True, expose_value=False,
+              callback=_load_config_file, help="TOML file with option names as keys.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="ZMQ bind address.")
+@click.option("--port", default=5555, show_default=True, type=int, help="ZMQ port.")
+@click.option("--l1-size-gb", default=4.0, show_default=True, type=float, help="Shared-memory L1 size.")
+@click.option("--chunk-size", default=256, show_default=True, type=int, help="Tokens per cached chunk.")
+@click.option("--eviction-policy", default="lru", show_default=True, type=click.Choice(sorted(POLICIES)))
+@click.option("--lease-ttl", default=30.0, show_default=True, type=float, help="Seconds a lease or reservation lives.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--shm-prefix", default="kvserver", show_default=True, help="Prefix of the /dev/shm segment name.")
+def start(**options: Any) -> None:
+    """Start the cache server in the foreground."""
+    try:
+        config = ServerConfig(**options)
+    except ValueError as exc:
+        click.echo(f"kvserver: {exc}", err=True)
+        sys.exit(2)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(asyncio.run(_run(config)))
+
+
+async def _run(config: ServerConfig) -> int:
+    from .server import KVServer
+
+    t0 = time.perf_counter()
+    try:
+        server = KVServer(config)
+    except Exception as exc:
+        click.echo(f"kvserver: cannot start: {exc}", err=True)
+        return 1
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, server.stop)
+    from kvprotocol import __version__
+
+    stale = " (removed a stale segment)" if server.arena.removed_stale else ""
+    click.echo(
+        f"kvserver {__version__} ready in {time.perf_counter() - t0:.2f}s: zmq={config.zmq_url} "
+        f"l1={config.l1_bytes / (1 << 30):.2f} GiB shm=/dev/shm/{server.arena.name}{stale} "
+        f"policy={config.eviction_policy} chunk={config.chunk_size}",
+        err=False,
+    )
+    sys.stdout.flush()
+    try:
+        await server.serve()
+    finally:
+        server.close()
+    return 0

@@ -1,0 +1,21 @@
+"""Eviction policies for L1: one file each, behind `EvictionPolicy`."""
+
+from .arc import ARCPolicy
+from .base import EvictionPolicy
+from .lfu import LFUPolicy
+from .lru import LRUPolicy
+from .s3fifo import S3FIFOPolicy
+
+POLICIES: dict[str, type[EvictionPolicy]] = {
+    p.name: p for p in (LRUPolicy, LFUPolicy, ARCPolicy, S3FIFOPolicy)
+}
+
+
+def make_policy(name: str) -> EvictionPolicy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown eviction policy {name!r}; choose from {sorted(POLICIES)}") from None
+
+
+__all__ = ["ARCPolicy", "EvictionPolicy", "LFUPolicy", "LRUPolicy", "POLICIES", "S3FIFOPolicy", "make_policy"]

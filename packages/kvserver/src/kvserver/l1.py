@@ -1,0 +1,139 @@
+"""The L1 object index over the arena: states, leases, pins and eviction.
+
+An object is WRITING (reserved, invisible to readers) or READY. Eviction never takes an object that
+is writing, read-leased or pinned; when nothing can be evicted, `reserve` returns None and the
+caller answers "no space" instead of blocking.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+
+from .arena import Arena
+from .eviction import EvictionPolicy
+from .slab import SlabAllocator
+
+IKey = tuple[str, str, int, int, int, str, bytes]  # (model, layout fp, world, rank, group, salt, chunk hash)
+
+
+class State(enum.Enum):
+    WRITING = "writing"
+    READY = "ready"
+
+
+@dataclass(slots=True)
+class Entry:
+    offset: int
+    size: int
+    state: State = State.WRITING
+    leases: int = 0
+    pinned: bool = False
+
+
+class L1Cache:
+    def __init__(self, arena: Arena, policy: EvictionPolicy) -> None:
+        self.arena = arena
+        self.policy = policy
+        self.alloc = SlabAllocator(arena.size)
+        self.entries: dict[IKey, Entry] = {}
+        self.evictions = 0
+        self.on_evict: list[Callable[[IKey], None]] = []
+
+    # -- queries -------------------------------------------------------------------------------
+    def ready(self, key: IKey) -> Entry | None:
+        e = self.entries.get(key)
+        return e if e is not None and e.state is State.READY else None
+
+    def evictable(self, key: Hashable) -> bool:
+        e = self.entries.get(key)  # type: ignore[call-overload]
+        return e is not None and e.state is State.READY and e.leases == 0 and not e.pinned
+
+    @property
+    def used_bytes(self) -> int:
+        return self.alloc.used_bytes
+
+    def count(self, state: State | None = None) -> int:
+        if state is None:
+            return len(self.entries)
+        return sum(1 for e in self.entries.values() if e.state is state)
+
+    def leased_objects(self) -> int:
+        return sum(1 for e in self.entries.values() if e.leases)
+
+    def pinned_objects(self) -> int:
+        return sum(1 for e in self.entries.values() if e.pinned)
+
+    def keys(self) -> Iterator[IKey]:
+        return iter(self.entries)
+
+    # -- writes --------------------------------------------------------------------------------
+    def reserve(self, key: IKey, size: int) -> Entry | None:
+        """Allocate a WRITING slot for a key that is not present; evicts as needed."""
+        assert key not in self.entries
+        if size > self.arena.size:
+            return None
+        offset = self.alloc.alloc(size)
+        while offset is None:
+            victim = self.policy.pop_victim(self.evictable)
+            if victim is None:
+                return None
+            self._drop(victim)  # type: ignore[arg-type]
+            self.evictions += 1
+            for hook in self.on_evict:
+                hook(victim)  # type: ignore[arg-type]
+            offset = self.alloc.alloc(size)
+        entry = Entry(offset, size)
+        self.entries[key] = entry
+        return entry
+
+    def finish_write(self, key: IKey) -> None:
+        entry = self.entries[key]
+        assert entry.state is State.WRITING
+        entry.state = State.READY
+        self.policy.on_insert(key)
+
+    def finish_write_and_reserve_read(self, key: IKey) -> Entry:
+        """Make a written object readable and lease it in one step, so no eviction slips between."""
+        self.finish_write(key)
+        entry = self.entries[key]
+        entry.leases += 1
+        return entry
+
+    def abort_write(self, key: IKey) -> None:
+        entry = self.entries.get(key)
+        if entry is not None and entry.state is State.WRITING:
+            self._drop(key)
+
+    # -- leases and pins -----------------------------------------------------------------------
+    def lease(self, key: IKey) -> None:
+        self.entries[key].leases += 1
+
+    def unlease(self, key: IKey) -> None:
+        entry = self.entries.get(key)
+        if entry is not None and entry.leases > 0:
+            entry.leases -= 1
+
+    def touch(self, key: IKey) -> None:
+        self.policy.on_access(key)
+
+    def set_pinned(self, key: IKey, pinned: bool) -> bool:
+        entry = self.ready(key)
+        if entry is None:
+            return False
+        entry.pinned = pinned
+        return True
+
+    # -- removal -------------------------------------------------------------------------------
+    def clear(self) -> int:
+        """Remove every ready, unleased object (pinned ones too); returns how many."""
+        doomed = [k for k, e in self.entries.items() if e.state is State.READY and e.leases == 0]
+        for key in doomed:
+            self.policy.on_remove(key)
+            self._drop(key)
+        return len(doomed)
+
+    def _drop(self, key: IKey) -> None:
+        entry = self.entries.pop(key)
+        self.alloc.free(entry.offset)

@@ -1,0 +1,170 @@
+"""The kvserver process: a ZMQ ROUTER control plane on one asyncio loop.
+
+Every request gets exactly one reply, malformed ones included; a handler that fails answers INTERNAL
+and the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+import kvprotocol
+from kvprotocol import ErrorCode, ValidationError, validate_request
+from kvprotocol._messages import error_reply, ok_reply, pack, request_id_of, unpack_header
+
+from .arena import Arena, arena_name
+from .cache import CacheService
+from .config import ServerConfig
+from .eviction import make_policy
+from .l1 import L1Cache, State
+
+log = logging.getLogger("kvserver")
+MAX_FRAME_BYTES = 1 << 31  # hard ZMQ limit; larger messages drop the connection
+Result = tuple[dict[str, Any], list[Any]]
+Handler = Callable[[dict[str, Any], list[memoryview]], Result | Awaitable[Result]]
+DATA_OPS = frozenset({"commit"})  # the only op that carries data frames in
+
+
+class KVServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.started = time.time()
+        self.arena = Arena(arena_name(config.port, config.shm_prefix), config.l1_bytes)
+        self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
+        self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl)
+        self.errors: dict[str, int] = {}
+        self.op_counts: dict[str, int] = {}
+        self.observers: list[Callable[[str, float, str | None], None]] = []  # (op, seconds, error code)
+        self._engine_ids = itertools.count(1)
+        self._stop = asyncio.Event()
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._sock.bind(config.zmq_url)
+        self.handlers: dict[str, Handler] = self._builtin_handlers()
+
+    # -- ops -------------------------------------------------------------------------------------
+    def _builtin_handlers(self) -> dict[str, Handler]:
+        c = self.cache
+        return {
+            "ping": lambda f, fr: ({"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION,
+                                    "time": time.time()}, []),
+            "describe": lambda f, fr: (self.describe(), []),
+            "register_engine": lambda f, fr: (c.register_engine(f, f"eng-{os.getpid()}-{next(self._engine_ids)}"), []),
+            "lookup": lambda f, fr: (c.lookup(f), []),
+            "query": lambda f, fr: (c.query(f), []),
+            "store": lambda f, fr: (c.store(f), []),
+            "commit": lambda f, fr: (c.commit(f["store_id"], fr), []),
+            "abort": lambda f, fr: (c.abort(f["store_id"]), []),
+            "retrieve": lambda f, fr: c.retrieve(f),
+            "release": lambda f, fr: (c.release(f["session"]), []),
+            "end_session": lambda f, fr: (c.end_session(f["session"]), []),
+            "clear": lambda f, fr: (c.clear(), []),
+            "pin": lambda f, fr: (c.set_pinned(f, True), []),
+            "unpin": lambda f, fr: (c.set_pinned(f, False), []),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        l1, c = self.l1, self.cache
+        return {
+            "version": kvprotocol.__version__,
+            "protocol": kvprotocol.PROTOCOL_VERSION,
+            "uptime_s": round(time.time() - self.started, 3),
+            "config": self.config.public(),
+            "l1": {
+                "capacity_bytes": self.arena.size,
+                "used_bytes": l1.used_bytes,
+                "objects": l1.count(State.READY),
+                "writing": l1.count(State.WRITING),
+                "leased": l1.leased_objects(),
+                "pinned": l1.pinned_objects(),
+                "evictions": l1.evictions,
+                "arena": self.arena.name,
+            },
+            "engines": [vars(e) for e in c.engines.values()],
+            "sessions": len(c.table.sessions),
+            "stores_in_flight": len(c.table.stores),
+            "counters": vars(c.counters),
+            "errors": dict(self.errors),
+            "ops": dict(self.op_counts),
+        }
+
+    # -- dispatch --------------------------------------------------------------------------------
+    async def handle(self, header_frame: bytes, frames: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
+        """Turn one request into exactly one reply (header map, data frames); never raises."""
+        started = time.perf_counter()
+        rid, op, code = 0, "invalid", None
+        try:
+            msg = unpack_header(header_frame)
+            rid = request_id_of(msg)
+            rid, op, fields = validate_request(msg)
+            if frames and op not in DATA_OPS:
+                raise ValidationError(ErrorCode.BAD_FIELD, f"{op} takes no data frames")
+            out = self.handlers[op](fields, frames)
+            result, data = await out if asyncio.iscoroutine(out) else out  # type: ignore[misc]
+            reply = ok_reply(rid, result)
+        except ValidationError as exc:
+            code = str(exc.code)
+            reply, data = error_reply(rid, exc.code, exc.message), []
+        except Exception as exc:  # a failing handler must still answer, and the loop must go on
+            log.exception("handler for %s failed", op)
+            code = str(ErrorCode.INTERNAL)
+            reply, data = error_reply(rid, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:500]), []
+        if code is not None:
+            self.errors[code] = self.errors.get(code, 0) + 1
+        self.op_counts[op] = self.op_counts.get(op, 0) + 1
+        elapsed = time.perf_counter() - started
+        for observer in self.observers:
+            observer(op, elapsed, code)
+        return reply, data
+
+    async def _serve_loop(self) -> None:
+        while True:
+            parts = await self._sock.recv_multipart(copy=False)
+            if len(parts) < 2:
+                continue  # a bare identity frame: nothing to answer to
+            identity, header = parts[0], parts[1]
+            frames = [memoryview(p.buffer) for p in parts[2:]]
+            reply, data = await self.handle(header.bytes, frames)
+            try:
+                await self._sock.send_multipart([identity, pack(reply), *data], copy=False)
+            except zmq.ZMQError as exc:
+                log.warning("could not send reply: %s", exc)
+
+    async def _expiry_loop(self) -> None:
+        interval = max(0.05, min(1.0, self.config.lease_ttl / 4))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.cache.expire()
+            except Exception:  # the sweeper must never die silently
+                log.exception("lease expiry sweep failed")
+
+    async def serve(self) -> None:
+        tasks = [asyncio.create_task(self._serve_loop(), name="zmq"),
+                 asyncio.create_task(self._expiry_loop(), name="expiry")]
+        try:
+            await self._stop.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+        self._ctx.term()
+        self.arena.close()
