@@ -1,0 +1,80 @@
+"""Start real `kvserver` processes on free ports for tests (no mocks: real process, real sockets)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvprotocol import Client, KVProtocolError
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProc:
+    port: int
+    args: list[str]
+    log_path: Path
+    http_port: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def start(self, timeout: float = 20.0) -> ServerProc:
+        cmd = [str(BIN / "kvserver"), "start", "--port", str(self.port), *self.args]
+        if self.http_port:
+            cmd += ["--http-port", str(self.http_port)]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **self.env}, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        with Client(self.url, timeout=0.5) as c:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"kvserver exited with {self.proc.returncode}: {self.log()}")
+                try:
+                    c.call("ping")
+                    return self
+                except KVProtocolError:
+                    time.sleep(0.05)
+        raise RuntimeError(f"kvserver did not answer within {timeout}s: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def client(self, timeout: float = 5.0) -> Client:
+        return Client(self.url, timeout=timeout)
