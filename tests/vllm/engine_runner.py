@@ -1,0 +1,84 @@
+"""Runs ONE vLLM engine in this process and writes what it generated as JSON.
+
+Meant to be executed as a script by the .venv-vllm interpreter in a fresh subprocess (see
+`vllm_harness.run_engine`): vLLM keeps process-global state (the KV connector agent, the
+distributed groups), so every engine gets its own process.
+
+    python engine_runner.py SPEC.json RESULT.json
+
+SPEC: {"model": dir, "block_size": 32, "max_model_len": 2048, "max_tokens": 8,
+       "kv_transfer_config": {...} | null, "llm_kwargs": {...},
+       "batches": [[{"prompt_token_ids": [...], "cache_salt": "..."?}, ...], ...]}
+Each batch is one `LLM.generate` call, timed on its own. RESULT: {"init_s", "batches": [{"wall_s",
+"requests": [{"prompt_len", "token_ids", "num_cached_tokens", "kv_transfer_params"}]}]}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+
+def _run(spec: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    from vllm import LLM, SamplingParams
+
+    kwargs: dict[str, Any] = dict(
+        model=spec["model"],
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        distributed_executor_backend="uni",
+        max_model_len=spec.get("max_model_len", 2048),
+        block_size=spec.get("block_size", 32),
+        dtype="float32",
+        seed=0,
+    )
+    if spec.get("kv_transfer_config"):
+        kwargs["kv_transfer_config"] = spec["kv_transfer_config"]
+    kwargs.update(spec.get("llm_kwargs", {}))
+    llm = LLM(**kwargs)
+    init_s = time.perf_counter() - t0
+
+    params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8), ignore_eos=True,
+                            detokenize=False)
+    batches = []
+    for batch in spec["batches"]:
+        prompts = []
+        for p in batch:
+            prompt: dict[str, Any] = {"prompt_token_ids": list(p["prompt_token_ids"])}
+            if p.get("cache_salt") is not None:
+                prompt["cache_salt"] = p["cache_salt"]
+            prompts.append(prompt)
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t
+        requests = []
+        for p, out in zip(batch, outs, strict=True):
+            requests.append({
+                "prompt_len": len(p["prompt_token_ids"]),
+                "token_ids": list(out.outputs[0].token_ids),
+                "num_cached_tokens": out.num_cached_tokens,
+                "kv_transfer_params": out.kv_transfer_params,
+            })
+        batches.append({"wall_s": wall, "requests": requests})
+    return {"init_s": init_s, "batches": batches}
+
+
+def main(argv: list[str]) -> int:
+    spec_path, result_path = argv[1], argv[2]
+    with open(spec_path) as f:
+        spec = json.load(f)
+    result = _run(spec)
+    with open(result_path, "w") as f:
+        json.dump(result, f)
+    # Leave without running interpreter teardown of vLLM's global state: the result is written,
+    # and a slow or noisy shutdown must not make a passing run look failed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
