@@ -1,0 +1,38 @@
+// Batched segment copy: many (src, dst, len) memcpy's, split across threads by bytes.
+//
+// Why: moving a chunk of paged KV between an engine and the cache arena is a list of a few dozen to
+// a few thousand independent block-sized memcpy's. Doing them in one native call, with the GIL
+// released and the bytes shared evenly between a handful of threads, is what lets the copy run at
+// memory bandwidth instead of at Python-loop speed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvcopy {
+
+// One copy: `len` bytes from absolute address `src` to absolute address `dst`.
+struct Segment {
+    std::uint64_t src;
+    std::uint64_t dst;
+    std::uint64_t len;
+};
+
+// Below this many bytes per thread a new thread costs more than it saves.
+constexpr std::uint64_t kMinBytesPerThread = 1ull << 20;  // 1 MiB
+// Upper bound for the default thread count: more threads than this stop helping memcpy.
+constexpr unsigned kMaxDefaultThreads = 8;
+
+// min(std::thread::hardware_concurrency(), kMaxDefaultThreads), at least 1.
+unsigned default_threads();
+
+// How many threads a copy of `total_bytes` would use when asked for `requested` (0 = default).
+unsigned plan_threads(std::uint64_t total_bytes, unsigned requested);
+
+// Copies every segment. Segments must not overlap each other's destination, and no destination
+// may overlap any source (plain memcpy semantics). The caller has validated the addresses.
+// Does not touch Python; safe to call with the GIL released.
+void batch_copy(const std::vector<Segment>& segments, unsigned requested_threads);
+
+}  // namespace kvcopy

@@ -1,0 +1,29 @@
+// kvsum64: the project's fast 64-bit content checksum (integrity, not security).
+//
+// Why this algorithm and not XXH64: every 8-byte word is mixed independently and the results are
+// summed, so the same value can be computed by a vectorised numpy fallback (and split across threads
+// or SIMD lanes) with identical results; XXH64's serial lane chains cannot be vectorised in numpy.
+//
+// Exact definition (all arithmetic modulo 2^64, words little-endian):
+//   P1 = 0x9E3779B97F4A7C15, P2 = 0xC2B2AE3D27D4EB4F
+//   fmix(x): x ^= x >> 33; x *= 0xFF51AFD7ED558CCD; x ^= x >> 33; x *= 0xC4CEB9FE1A85EC53; x ^= x >> 33
+//   n = length in bytes, W = n / 8, w_i = i-th 8-byte word of the input (i = 0 .. W-1)
+//   acc = sum_{i<W} fmix(w_i ^ seed ^ ((i + 1) * P1))
+//   if n % 8 != 0: t = the last n % 8 bytes, zero-padded to a little-endian word
+//                  acc += fmix(t ^ seed ^ ((W + 1) * P1) ^ P2)
+//   result = fmix(acc ^ seed ^ ((n + 1) * P2))
+// Position enters through the per-word key, so reordering words changes the result; length enters
+// the finaliser, so trailing zero bytes change it too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvcopy {
+
+constexpr std::uint64_t kSumP1 = 0x9E3779B97F4A7C15ull;
+constexpr std::uint64_t kSumP2 = 0xC2B2AE3D27D4EB4Full;
+
+std::uint64_t checksum(const void* data, std::size_t length, std::uint64_t seed);
+
+}  // namespace kvcopy
