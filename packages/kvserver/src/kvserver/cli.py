@@ -30,7 +30,7 @@ def main() -> None:
     """The KV cache server."""
 
 
-@main.command()
+@main.command(context_settings={"auto_envvar_prefix": "KVSERVER"})  # KVSERVER_<OPTION>, not _START_
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), is_eager=True, expose_value=False,
               callback=_load_config_file, help="TOML file with option names as keys.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="ZMQ bind address.")

@@ -22,6 +22,7 @@ class S3FIFOPolicy(EvictionPolicy):
         self.main: OrderedDict[Key, None] = OrderedDict()
         self.ghost: OrderedDict[Key, None] = OrderedDict()
         self.freq: dict[Key, int] = {}
+        self._capacity = 0  # ghost size bound: the most objects ever resident
 
     def on_insert(self, key: Key) -> None:
         self.freq[key] = 0
@@ -30,6 +31,7 @@ class S3FIFOPolicy(EvictionPolicy):
             self.main[key] = None
         else:
             self.small[key] = None
+        self._capacity = max(self._capacity, len(self))
 
     def on_access(self, key: Key) -> None:
         if key in self.freq:
@@ -41,11 +43,15 @@ class S3FIFOPolicy(EvictionPolicy):
         self.freq.pop(key, None)
 
     def pop_victim(self, evictable: Evictable) -> Key | None:
-        # Each key is looked at a bounded number of times, so a cache full of leased objects ends.
+        # Protected keys are rotated to the tail; once a queue has been rotated through without a
+        # victim it is skipped for the rest of this call, so a cache full of leased objects ends.
+        small_stuck = main_stuck = 0
         budget = 2 * (MAX_FREQ + 1) * (len(self) + 1)
         while budget > 0 and len(self):
             budget -= 1
-            if self.small and (len(self.small) >= SMALL_FRACTION * len(self) or not self.main):
+            small_ok = self.small and small_stuck < len(self.small)
+            main_ok = self.main and main_stuck < len(self.main)
+            if small_ok and (len(self.small) >= SMALL_FRACTION * len(self) or not main_ok):
                 key, _ = self.small.popitem(last=False)
                 if self.freq[key] > 0:
                     self.freq[key] = 0
@@ -53,12 +59,13 @@ class S3FIFOPolicy(EvictionPolicy):
                 elif evictable(key):
                     del self.freq[key]
                     self.ghost[key] = None
-                    while len(self.ghost) > max(1, len(self)):
+                    while len(self.ghost) > max(1, self._capacity):
                         self.ghost.popitem(last=False)
                     return key
                 else:
                     self.small[key] = None
-            else:
+                    small_stuck += 1
+            elif main_ok:
                 key, _ = self.main.popitem(last=False)
                 if self.freq[key] > 0:
                     self.freq[key] -= 1
@@ -68,6 +75,9 @@ class S3FIFOPolicy(EvictionPolicy):
                     return key
                 else:
                     self.main[key] = None
+                    main_stuck += 1
+            else:
+                break
         return None
 
     def __len__(self) -> int:

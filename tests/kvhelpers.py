@@ -1,0 +1,84 @@
+"""Small helpers for tests that speak the raw protocol: layouts, keyspaces, store/retrieve in both modes."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvprotocol import Client, KeySpace, LayoutDescriptor, pack_tokens
+
+
+def tiny_layout(chunk_size: int = 256, layers: int = 2, block_bytes: int = 1024, tag: str = "vllm_cpu",
+                dtype: str = "float32") -> LayoutDescriptor:
+    return LayoutDescriptor(tag, dtype, layers, 32, block_bytes, chunk_size, (block_bytes // 4,))
+
+
+def register(c: Client, model: str = "m", layouts: Sequence[LayoutDescriptor] | None = None,
+             world_size: int = 1, rank: int = 0) -> tuple[KeySpace, dict]:
+    layouts = list(layouts or [tiny_layout()])
+    reply = c.call("register_engine", model=model, world_size=world_size, rank=rank,
+                   groups=[lay.to_wire() for lay in layouts]).result
+    return KeySpace.from_layouts(model, world_size, layouts), reply
+
+
+def payload(seed: int, size: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+class ArenaMap:
+    """The test's own mapping of the server arena (what an engine does in shm mode)."""
+
+    def __init__(self, name: str, size: int) -> None:
+        fd = os.open(f"/dev/shm/{name}", os.O_RDWR)
+        try:
+            self.mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.mm[offset : offset + len(data)] = data
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.mm[offset : offset + size]
+
+    def close(self) -> None:
+        self.mm.close()
+
+
+def store(c: Client, ks: KeySpace, tokens: Sequence[int], data_of, *, rank: int = 0, salt: str = "",
+          mode: str = "tcp", arena: ArenaMap | None = None, start_chunk: int = 0, commit: bool = True) -> dict:
+    """Reserve, fill (data_of(chunk, group) -> bytes) and commit; returns the store reply."""
+    reply = c.call("store", keyspace=ks.to_wire(), tokens=pack_tokens(tokens), rank=rank, salt=salt,
+                   mode=mode, start_chunk=start_chunk).result
+    reserved = [s for s in reply["slots"] if s["status"] == "reserved"]
+    frames = []
+    for slot in reserved:
+        data = data_of(slot["chunk"], slot["group"])
+        if mode == "shm":
+            assert arena is not None
+            arena.write(slot["offset"], data)
+        else:
+            frames.append(data)
+    if commit and reply["store_id"]:
+        c.call("commit", frames=frames, store_id=reply["store_id"])
+    return reply
+
+
+def lookup(c: Client, ks: KeySpace, tokens: Sequence[int], salt: str = "", session: str | None = None) -> int:
+    fields = {"keyspace": ks.to_wire(), "tokens": pack_tokens(tokens), "salt": salt}
+    if session:
+        fields["session"] = session
+    return int(c.call("lookup", **fields).result["hit_tokens"])
+
+
+def retrieve(c: Client, session: str, start: int, end: int, *, rank: int = 0, mode: str = "tcp",
+             arena: ArenaMap | None = None) -> dict[tuple[int, int], bytes]:
+    reply = c.call("retrieve", session=session, rank=rank, start_chunk=start, end_chunk=end, mode=mode)
+    out = {}
+    for i, obj in enumerate(reply.result["objects"]):
+        key = (obj["chunk"], obj["group"])
+        out[key] = arena.read(obj["offset"], obj["size"]) if mode == "shm" else bytes(reply.frames[i])
+    return out

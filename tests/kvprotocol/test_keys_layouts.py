@@ -1,0 +1,57 @@
+"""ObjectKey and layout validation, and fingerprints that change with meaning."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvprotocol import LayoutDescriptor, ObjectKey, ValidationError
+
+H = bytes(range(32))
+BASE = LayoutDescriptor("vllm_cpu", "float32", 2, 32, 16384, 256, (2, 32, 64))
+
+
+def test_fingerprint_changes_with_every_field_that_changes_the_bytes():
+    variants = [
+        dataclasses.replace(BASE, dtype="bfloat16"),
+        dataclasses.replace(BASE, tag="flash_attn"),
+        dataclasses.replace(BASE, num_layers=3),
+        dataclasses.replace(BASE, block_size=64),
+        dataclasses.replace(BASE, block_bytes=8192),
+        dataclasses.replace(BASE, chunk_size=512),
+        dataclasses.replace(BASE, block_shape=(2, 32, 32)),
+    ]
+    fps = {v.fingerprint for v in variants} | {BASE.fingerprint}
+    assert len(fps) == len(variants) + 1
+    assert BASE.fingerprint == LayoutDescriptor.from_wire(BASE.to_wire()).fingerprint
+
+
+@pytest.mark.parametrize("bad", [
+    dict(tag="Bad Tag"), dict(dtype="float128"), dict(num_layers=0), dict(block_size=0),
+    dict(chunk_size=100), dict(block_bytes=-1), dict(block_shape=(0,)),
+])
+def test_bad_layouts_are_rejected(bad):
+    with pytest.raises(ValidationError):
+        dataclasses.replace(BASE, **bad)
+
+
+def test_object_key_string_is_stable_and_hides_the_salt():
+    k = ObjectKey("org/model-7B", BASE.fingerprint, 2, 1, 0, "tenant-secret", H)
+    s = k.to_str()
+    assert "tenant-secret" not in s and H.hex() in s and "w2r1" in s
+    assert s == ObjectKey("org/model-7B", BASE.fingerprint, 2, 1, 0, "tenant-secret", H).to_str()
+    assert ObjectKey("org/model-7B", BASE.fingerprint, 2, 1, 0, "other", H).to_str() != s
+    assert len(k.fingerprint()) == 16
+
+
+@pytest.mark.parametrize("bad", [
+    dict(model=""), dict(model="a b"), dict(model="x" * 300), dict(salt="s" * 200), dict(salt="no spaces"),
+    dict(kv_rank=2), dict(world_size=0), dict(group=64), dict(chunk_hash=b"short"), dict(layout_fingerprint="XYZ"),
+])
+def test_bad_keys_are_rejected(bad):
+    fields = dict(model="m", layout_fingerprint=BASE.fingerprint, world_size=2, kv_rank=1, group=0, salt="",
+                  chunk_hash=H)
+    fields.update(bad)
+    with pytest.raises(ValidationError):
+        ObjectKey(**fields)

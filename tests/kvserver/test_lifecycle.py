@@ -1,0 +1,66 @@
+"""Start-up, configuration sources, clean shutdown and stale shared-memory cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from serverproc import BIN, free_port
+
+
+def shm(port):
+    return Path(f"/dev/shm/kvserver-{port}")
+
+
+def test_sigterm_and_sigint_remove_the_segment(server_factory):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        srv = server_factory("--l1-size-gb", "0.01")
+        assert shm(srv.port).exists()
+        assert srv.stop(sig) == 0
+        assert not shm(srv.port).exists()
+
+
+def test_restart_after_crash_removes_stale_segment(server_factory):
+    srv = server_factory("--l1-size-gb", "0.01")
+    srv.kill()
+    assert shm(srv.port).exists()  # a crash leaves it behind ...
+    again = server_factory("--l1-size-gb", "0.01", port=srv.port)
+    assert "removed a stale segment" in again.log()
+    with again.client() as c:
+        assert c.call("describe").result["l1"]["objects"] == 0
+    again.stop()
+    assert not shm(srv.port).exists()
+
+
+def test_startup_line_and_config_precedence(server_factory, tmp_path):
+    cfg = tmp_path / "kv.toml"
+    cfg.write_text('[kvserver]\nchunk-size = 128\neviction_policy = "arc"\nl1-size-gb = 0.02\n')
+    srv = server_factory("--config", str(cfg), "--eviction-policy", "s3fifo",
+                         env={"KVSERVER_LEASE_TTL": "7.5", "KVSERVER_CHUNK_SIZE": "64"})
+    line = srv.log().splitlines()[0]
+    assert line.startswith("kvserver ") and f"tcp://127.0.0.1:{srv.port}" in line and "0.02 GiB" in line
+    with srv.client() as c:
+        config = c.call("describe").result["config"]
+    assert config["eviction_policy"] == "s3fifo"  # flag beats file
+    assert config["chunk_size"] == 64  # env beats file
+    assert config["lease_ttl"] == 7.5
+    assert config["l1_size_gb"] == 0.02  # file beats default
+
+
+def test_bad_configuration_is_refused_with_a_message(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("no_such_option = 1\n")
+    for args in (["--eviction-policy", "random"], ["--l1-size-gb", "-1"], ["--config", str(bad)]):
+        proc = subprocess.run([str(BIN / "kvserver"), "start", "--port", str(free_port()), *args],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode != 0
+        assert proc.stderr.strip(), args
+
+
+def test_module_entry_point_help():
+    proc = subprocess.run([sys.executable, "-m", "kvserver", "start", "--help"], capture_output=True, text=True,
+                          timeout=30, env={**os.environ})
+    assert proc.returncode == 0 and "--eviction-policy" in proc.stdout

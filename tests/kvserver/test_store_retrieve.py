@@ -1,0 +1,126 @@
+"""Store then lookup/retrieve through a real kvserver process, in both data modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout
+from kvprotocol import KeySpace, ServerError, pack_tokens
+
+TOKENS = list(range(1000, 1000 + 256 * 4 + 100))  # four full chunks and a tail
+
+
+@pytest.mark.parametrize("mode", ["tcp", "shm"])
+def test_store_then_retrieve_exact_bytes(server, mode):
+    with server.client() as c:
+        layouts = [tiny_layout(), tiny_layout(block_bytes=2048, tag="mla")]
+        ks, reg = register(c, layouts=layouts)
+        arena = ArenaMap(reg["arena"]["name"], reg["arena"]["size"]) if mode == "shm" else None
+        size = {0: layouts[0].object_bytes, 1: layouts[1].object_bytes}
+        data = {(ch, g): payload(ch * 10 + g, size[g]) for ch in range(4) for g in range(2)}
+        reply = store(c, ks, TOKENS, lambda ch, g: data[(ch, g)], mode=mode, arena=arena)
+        assert [s["status"] for s in reply["slots"]] == ["reserved"] * 8  # only full chunks
+        assert lookup(c, ks, TOKENS, session="s1") == 4 * 256
+        got = retrieve(c, "s1", 0, 4, mode=mode, arena=arena)
+        assert got == data
+        c.call("end_session", session="s1")
+
+
+def test_read_your_writes_and_dedup(server):
+    with server.client() as c:
+        ks, _ = register(c)
+        size = tiny_layout().object_bytes
+        assert lookup(c, ks, TOKENS) == 0
+        store(c, ks, TOKENS[:512], lambda ch, g: payload(ch, size))
+        assert lookup(c, ks, TOKENS) == 512  # visible as soon as commit returned
+        again = store(c, ks, TOKENS, lambda ch, g: payload(ch + 100, size))
+        assert [s["status"] for s in again["slots"]] == ["present", "present", "reserved", "reserved"]
+        assert lookup(c, ks, TOKENS, session="rw") == 1024
+        got = retrieve(c, "rw", 0, 2)
+        assert got[(0, 0)] == payload(0, size)  # the first writer's bytes, not overwritten
+
+
+def test_uncommitted_store_is_invisible(server):
+    with server.client() as c:
+        ks, _ = register(c)
+        size = tiny_layout().object_bytes
+        reply = store(c, ks, TOKENS, lambda ch, g: payload(ch, size), commit=False)
+        assert lookup(c, ks, TOKENS) == 0
+        second = store(c, ks, TOKENS, lambda ch, g: payload(ch, size), commit=False)
+        assert {s["status"] for s in second["slots"]} == {"writing"}
+        c.call("abort", store_id=reply["store_id"])
+        assert lookup(c, ks, TOKENS) == 0
+        store(c, ks, TOKENS, lambda ch, g: payload(ch, size))
+        assert lookup(c, ks, TOKENS) == 1024
+
+
+def test_prefix_rule_hole_ends_the_hit(server):
+    with server.client() as c:
+        ks, _ = register(c)
+        size = tiny_layout().object_bytes
+        store(c, ks, TOKENS, lambda ch, g: payload(ch, size))
+        assert lookup(c, ks, TOKENS) == 1024
+        # a different token in chunk 2 changes the hash of chunk 2 and of everything after it
+        changed = list(TOKENS)
+        changed[600] += 1
+        assert lookup(c, ks, changed) == 512
+        # store only chunk 4..5 of a new prompt without chunk 0..3: nothing is reusable
+        other = [t + 7 for t in TOKENS] + list(range(600))
+        store(c, ks, other, lambda ch, g: payload(ch, size), start_chunk=4)
+        assert lookup(c, ks, other) == 0
+
+
+def test_all_groups_and_ranks_required(server):
+    with server.client() as c:
+        layouts = [tiny_layout(), tiny_layout(block_bytes=512)]
+        ks, _ = register(c, layouts=layouts, world_size=2)
+        sizes = [lay.object_bytes for lay in layouts]
+        store(c, ks, TOKENS, lambda ch, g: payload(ch, sizes[g]), rank=0)
+        assert lookup(c, ks, TOKENS) == 0  # rank 1 missing everywhere
+        # rank 1 stores both groups for chunks 0-1, and only group 0 for chunks 2-3
+        store(c, ks, TOKENS[:512], lambda ch, g: payload(ch, sizes[g]), rank=1)
+        assert lookup(c, ks, TOKENS) == 512
+        partial = c.call("query", keyspace=ks.to_wire(), tokens=pack_tokens(TOKENS)).result
+        assert [ch["l1"] for ch in partial["chunks"]] == [4, 4, 2, 2]
+        assert partial["prefix_tokens"] == 512
+
+
+def test_salt_isolates_and_retrieve_needs_a_lease(server):
+    with server.client() as c:
+        ks, _ = register(c)
+        size = tiny_layout().object_bytes
+        store(c, ks, TOKENS, lambda ch, g: payload(ch, size), salt="tenant-a")
+        assert lookup(c, ks, TOKENS, salt="tenant-a") == 1024
+        assert lookup(c, ks, TOKENS, salt="tenant-b") == 0
+        assert lookup(c, ks, TOKENS) == 0
+        lookup(c, ks, TOKENS, salt="tenant-b", session="b")
+        with pytest.raises(ServerError) as err:
+            retrieve(c, "b", 0, 1)
+        assert err.value.code == "NOT_LEASED"
+        with pytest.raises(ServerError) as err:
+            retrieve(c, "never-looked-up", 0, 1)
+        assert err.value.code == "UNKNOWN_SESSION"
+
+
+def test_store_needs_registered_layout(server):
+    with server.client() as c:
+        ks, _ = register(c)
+        unknown = KeySpace("m", 1, (tiny_layout(block_bytes=4096).fingerprint,))
+        with pytest.raises(ServerError) as err:
+            store(c, unknown, TOKENS, lambda ch, g: b"")
+        assert err.value.code == "LAYOUT_MISMATCH"
+
+
+def test_tcp_commit_checks_frame_sizes(server):
+    with server.client() as c:
+        ks, _ = register(c)
+        size = tiny_layout().object_bytes
+        reply = store(c, ks, TOKENS[:256], lambda ch, g: b"", commit=False)
+        with pytest.raises(ServerError) as err:
+            c.call("commit", frames=[b"x" * (size - 1)], store_id=reply["store_id"])
+        assert err.value.code == "BAD_FIELD"
+        with pytest.raises(ServerError):
+            c.call("commit", frames=[], store_id=reply["store_id"])
+        assert lookup(c, ks, TOKENS) == 0  # nothing half-committed
+        c.call("commit", frames=[payload(1, size)], store_id=reply["store_id"])
+        assert lookup(c, ks, TOKENS) == 256
