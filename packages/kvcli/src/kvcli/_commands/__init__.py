@@ -1,0 +1,1 @@
+"""One module per `kvcli` subcommand, each exposing `command`; loaded only when invoked."""
