@@ -41,8 +41,8 @@ class ServerProc:
 
     def start(self, timeout: float = 20.0) -> ServerProc:
         cmd = [str(BIN / "kvserver"), "start", "--port", str(self.port), *self.args]
-        if self.http_port:
-            cmd += ["--http-port", str(self.http_port)]
+        # always explicit: the default port 8080 would collide between parallel servers
+        cmd += ["--http-port", str(self.http_port)]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **self.env}, start_new_session=True)

@@ -42,8 +42,18 @@ def main() -> None:
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--shm-prefix", default="kvserver", show_default=True, help="Prefix of the /dev/shm segment name.")
+@click.option("--http-host", default="127.0.0.1", show_default=True, help="Admin API bind address.")
+@click.option("--http-port", default=8080, show_default=True, type=int, help="Admin API port (0 disables it).")
+@click.option("--api-token", envvar="KVSERVER_API_TOKEN", show_envvar=True, default=None,
+              help="Bearer token for mutating admin endpoints (and all of them off loopback).")
+@click.option("--insecure", is_flag=True, default=False,
+              help="Allow a non-loopback bind without an API token.")
+@click.option("--coordinator", default=None, metavar="URL", help="Fleet coordinator to register with.")
+@click.option("--heartbeat-interval", default=5.0, show_default=True, type=float,
+              help="Seconds between coordinator heartbeats.")
 def start(**options: Any) -> None:
     """Start the cache server in the foreground."""
+    options["api_token"] = options.get("api_token") or None  # an empty env var means "no token"
     try:
         config = ServerConfig(**options)
     except ValueError as exc:
@@ -62,6 +72,8 @@ async def _run(config: ServerConfig) -> int:
     except Exception as exc:
         click.echo(f"kvserver: cannot start: {exc}", err=True)
         return 1
+    if config.insecure and not config.api_token:
+        logging.getLogger("kvserver").warning("--insecure: admin endpoints accept unauthenticated requests")
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, server.stop)
@@ -71,7 +83,8 @@ async def _run(config: ServerConfig) -> int:
     click.echo(
         f"kvserver {__version__} ready in {time.perf_counter() - t0:.2f}s: zmq={config.zmq_url} "
         f"l1={config.l1_bytes / (1 << 30):.2f} GiB shm=/dev/shm/{server.arena.name}{stale} "
-        f"policy={config.eviction_policy} chunk={config.chunk_size}",
+        f"policy={config.eviction_policy} chunk={config.chunk_size}"
+        + (f" http=http://{config.http_host}:{server.http.port}" if server.http else ""),
         err=False,
     )
     sys.stdout.flush()

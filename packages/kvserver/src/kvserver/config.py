@@ -53,6 +53,15 @@ class ServerConfig:
         for name in ("port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{name} out of range")
+        if self.api_token is not None and (not self.api_token or any(ch.isspace() for ch in self.api_token)):
+            raise ValueError("api_token must be non-empty and contain no whitespace")
+        if self.coordinator is not None and not self.coordinator.startswith(("http://", "https://")):
+            raise ValueError("coordinator must be an http:// or https:// URL")
+        if not 0 < self.heartbeat_interval <= 3600:
+            raise ValueError("heartbeat_interval must be in (0, 3600] seconds")
+        problem = exposure_problem(self)
+        if problem:
+            raise ValueError(problem)
 
     @property
     def l1_bytes(self) -> int:
@@ -67,8 +76,39 @@ class ServerConfig:
         data = asdict(self)
         for name in SECRET_FIELDS:
             data[name] = "<set>" if data[name] else None
-        data["l2"] = list(self.l2)
+        data["l2"] = [redact_url(url) for url in self.l2]
+        data["coordinator"] = redact_url(self.coordinator) if self.coordinator else None
         return data
+
+
+def redact_url(url: str) -> str:
+    """Drop the user:password part of a URL (redis://:pw@host) so status output never leaks it."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        netloc = "<redacted>@" + netloc.rsplit("@", 1)[1]
+    return f"{scheme}://{netloc}{slash}{path}"
+
+
+def exposure_problem(config: ServerConfig) -> str | None:
+    """Why this config would expose an unauthenticated endpoint beyond this host, or None.
+
+    Admin endpoints that can clear or pin the cache must not be reachable from the network without
+    a token; `--insecure` is the explicit, logged way to accept that.
+    """
+    if config.api_token or config.insecure:
+        return None
+    exposed = [(flag, host) for flag, host, on in (("--host", config.host, True),
+                                                   ("--http-host", config.http_host, config.http_port != 0))
+               if on and not is_loopback(host)]
+    if not exposed:
+        return None
+    flag, host = exposed[0]
+    return (f"refusing to listen on non-loopback address {host} ({flag}) without an API token: "
+            "set --api-token (or KVSERVER_API_TOKEN), bind 127.0.0.1, or pass --insecure to accept "
+            "an unauthenticated endpoint")
 
 
 def is_loopback(host: str) -> bool:

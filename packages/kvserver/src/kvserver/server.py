@@ -53,6 +53,16 @@ class KVServer:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._sock.bind(config.zmq_url)
         self.handlers: dict[str, Handler] = self._builtin_handlers()
+        self.ready = False  # true while the control plane serves (the HTTP /readyz answer)
+        self.http: Any = None
+        if config.http_port:
+            from .http.service import HttpService  # FastAPI is only imported when the API is on
+
+            try:
+                self.http = HttpService(self)
+            except Exception:
+                self.close()
+                raise
 
     # -- ops -------------------------------------------------------------------------------------
     def _builtin_handlers(self) -> dict[str, Handler]:
@@ -154,9 +164,24 @@ class KVServer:
     async def serve(self) -> None:
         tasks = [asyncio.create_task(self._serve_loop(), name="zmq"),
                  asyncio.create_task(self._expiry_loop(), name="expiry")]
+        http_task = asyncio.create_task(self.http.serve(), name="http") if self.http else None
+        fleet = fleet_task = None
+        if self.config.coordinator:
+            from .http.fleet import FleetAgent
+
+            fleet = FleetAgent(self, self.config.coordinator, self.http.port if self.http else None)
+            fleet_task = asyncio.create_task(fleet.run(), name="fleet")
+        self.ready = True
         try:
             await self._stop.wait()
         finally:
+            self.ready = False
+            if fleet is not None and fleet_task is not None:  # leave the fleet before going deaf
+                fleet_task.cancel()
+                await asyncio.gather(fleet_task, return_exceptions=True)
+                await fleet.close()
+            if http_task is not None:
+                await self.http.shutdown(http_task)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -165,6 +190,8 @@ class KVServer:
         self._stop.set()
 
     def close(self) -> None:
+        if getattr(self, "http", None) is not None:
+            self.http.close()
         self._sock.close(linger=0)
         self._ctx.term()
         self.arena.close()

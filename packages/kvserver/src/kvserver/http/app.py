@@ -1,0 +1,92 @@
+"""The admin API app factory: health, readiness, status, metrics, query, clear, pin and unpin.
+
+Every endpoint is `async def`, so it runs on the server's event-loop thread like the ZMQ handlers:
+the cache service needs no locks and HTTP never races the control plane. Mutations go through
+`KVServer.handlers`, the same entry points the control plane uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Depends, FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+import kvprotocol
+
+from .errors import install_error_handlers
+from .limits import RequestLimits
+from .metrics import ServerMetrics
+from .models import PinBody, QueryBody
+from .security import Guard
+
+if TYPE_CHECKING:
+    from ..server import KVServer
+
+MAX_BODY_BYTES = 32 << 20  # 1M tokens as a JSON list fits comfortably
+
+
+async def _call(server: KVServer, op: str, fields: dict[str, Any]) -> dict[str, Any]:
+    out = server.handlers[op](fields, [])
+    result, _frames = await out if asyncio.iscoroutine(out) else out  # type: ignore[misc]
+    return dict(result)
+
+
+def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAPI:
+    """Build the admin API of one server; `metrics` defaults to a fresh private registry."""
+    metrics = metrics or ServerMetrics(server)
+    guard = Guard(server.config)
+    app = FastAPI(title="kvserver admin API", version=kvprotocol.__version__,
+                  description="Health, status, metrics and key management of one kvserver.")
+    install_error_handlers(app)
+    app.add_middleware(RequestLimits, max_body=MAX_BODY_BYTES, counter=metrics.http_requests)
+    read, write = [Depends(guard.read)], [Depends(guard.write)]
+
+    @app.get("/healthz", tags=["probes"])
+    async def healthz() -> dict[str, str]:
+        """The process is up and its event loop answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["probes"])
+    async def readyz(response: Response) -> dict[str, Any]:
+        """The control plane is serving (503 while starting or stopping)."""
+        ready = server.ready
+        response.status_code = 200 if ready else 503
+        return {"ready": ready}
+
+    @app.get("/metrics", tags=["metrics"], dependencies=read, response_class=Response)
+    async def prometheus() -> Response:
+        """Prometheus text exposition of this server's private registry."""
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/status", tags=["status"], dependencies=read)
+    async def status() -> dict[str, Any]:
+        """What `kvcli describe` shows: config (no secrets), L1 usage, engines, counters, errors."""
+        return server.describe()
+
+    @app.post("/v1/query", tags=["keys"], dependencies=read)
+    async def query(body: QueryBody) -> dict[str, Any]:
+        """Per-chunk presence of a token sequence and its reusable prefix; leases nothing."""
+        result = await _call(server, "query", body.to_fields("query"))
+        result["num_tokens"] = len(body.tokens)
+        return result
+
+    @app.post("/v1/clear", tags=["keys"], dependencies=write)
+    async def clear() -> dict[str, Any]:
+        """Remove every ready, unleased object from L1."""
+        return await _call(server, "clear", {})
+
+    @app.post("/v1/pin", tags=["keys"], dependencies=write)
+    async def pin(body: PinBody) -> dict[str, Any]:
+        """Pin the ready objects of a token sequence so eviction never takes them."""
+        return await _call(server, "pin", body.to_fields("pin"))
+
+    @app.post("/v1/unpin", tags=["keys"], dependencies=write)
+    async def unpin(body: PinBody) -> dict[str, Any]:
+        """Make pinned objects of a token sequence evictable again."""
+        return await _call(server, "unpin", body.to_fields("unpin"))
+
+    app.state.server = server
+    app.state.metrics = metrics
+    return app

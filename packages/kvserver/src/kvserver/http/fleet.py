@@ -1,0 +1,99 @@
+"""Membership in a fleet coordinator: register, heartbeat, re-register on 404, deregister on exit.
+
+The coordinator holds soft state only, so this loop is what heals it: after a coordinator restart
+the first heartbeat gets 404 and the server registers again. A coordinator that is down never
+affects serving; failures are logged once per outage, not once per heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+import kvprotocol
+
+if TYPE_CHECKING:
+    from ..server import KVServer
+
+log = logging.getLogger("kvserver.fleet")
+REQUEST_TIMEOUT = 3.0
+
+
+def advertised(scheme: str, host: str, port: int) -> str:
+    """The URL peers can reach a bind address by (a wildcard bind advertises this host's name)."""
+    name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    return f"{scheme}://[{name}]:{port}" if ":" in name else f"{scheme}://{name}:{port}"
+
+
+class FleetAgent:
+    def __init__(self, server: KVServer, coordinator: str, http_port: int | None) -> None:
+        self.server = server
+        self.base = coordinator.rstrip("/")
+        cfg = server.config
+        self.zmq_url = advertised("tcp", cfg.host, cfg.port)
+        self.http_url = advertised("http", cfg.http_host, http_port) if http_port else None
+        self.instance_id: str | None = None
+        self.registrations = 0
+        self._outage = False
+        headers = {"Authorization": f"Bearer {cfg.api_token}"} if cfg.api_token else {}
+        # proxies from the environment are ignored: the coordinator sits on the cluster network
+        self._client = httpx.AsyncClient(timeout=REQUEST_TIMEOUT, headers=headers, trust_env=False)
+
+    def _stats(self) -> dict[str, Any]:
+        l1, c = self.server.l1, self.server.cache
+        return {"models": sorted({e.model for e in c.engines.values()})[:64],
+                "l1_used_bytes": l1.used_bytes, "objects": len(l1.entries)}
+
+    def registration(self) -> dict[str, Any]:
+        cfg = self.server.config
+        return {"zmq_url": self.zmq_url, "http_url": self.http_url, "l1_capacity_bytes": self.server.arena.size,
+                "version": kvprotocol.__version__, "chunk_size": cfg.chunk_size,
+                "heartbeat_interval": cfg.heartbeat_interval, **self._stats()}
+
+    async def _register(self) -> None:
+        reply = await self._client.post(f"{self.base}/v1/instances", json=self.registration())
+        reply.raise_for_status()
+        self.instance_id = str(reply.json()["instance_id"])
+        self.registrations += 1
+        log.info("registered with coordinator %s as %s", self.base, self.instance_id)
+
+    async def beat(self) -> None:
+        """One heartbeat (registering first when needed); raises on transport or HTTP errors."""
+        if self.instance_id is None:
+            await self._register()
+            return
+        reply = await self._client.put(f"{self.base}/v1/instances/{self.instance_id}/heartbeat", json=self._stats())
+        if reply.status_code == 404:
+            log.info("coordinator forgot instance %s (restarted or timed out); registering again", self.instance_id)
+            self.instance_id = None
+            await self._register()
+            return
+        reply.raise_for_status()
+
+    async def run(self) -> None:
+        interval = self.server.config.heartbeat_interval
+        while True:
+            try:
+                await self.beat()
+                if self._outage:
+                    log.info("coordinator %s reachable again", self.base)
+                self._outage = False
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                if not self._outage:
+                    log.warning("coordinator %s unavailable (%s); serving continues, retrying every %.1fs",
+                                self.base, exc, interval)
+                self._outage = True
+            await asyncio.sleep(interval)
+
+    async def close(self) -> None:
+        """Deregister (best effort, short timeout) and close the client."""
+        if self.instance_id is not None:
+            try:
+                await self._client.delete(f"{self.base}/v1/instances/{self.instance_id}", timeout=1.0)
+            except httpx.HTTPError as exc:
+                log.info("could not deregister from coordinator: %s", exc)
+        await self._client.aclose()
