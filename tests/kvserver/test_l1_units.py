@@ -1,0 +1,87 @@
+"""L1 building blocks in isolation: slab allocator reuse and the atomic write-to-read step."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvserver.arena import Arena
+from kvserver.eviction import LRUPolicy
+from kvserver.l1 import L1Cache, State
+from kvserver.slab import ALIGN, ExtentAllocator, SlabAllocator
+
+
+def test_extent_allocator_coalesces_back_to_one_extent():
+    ext = ExtentAllocator(1000)
+    parts = [(ext.alloc(100), 100) for _ in range(10)]
+    assert ext.alloc(1) is None
+    random.Random(1).shuffle(parts)
+    for start, length in parts:
+        ext.free(start, length)
+    assert ext.alloc(1000) == 0
+
+
+def test_slabs_return_to_the_arena_and_serve_other_sizes():
+    alloc = SlabAllocator(64 * ALIGN)
+    small = [alloc.alloc(ALIGN) for _ in range(64)]
+    assert None not in small and len(set(small)) == 64
+    assert alloc.alloc(ALIGN) is None and alloc.alloc(8 * ALIGN) is None
+    for off in small:
+        alloc.free(off)
+    assert alloc.used_bytes == 0
+    big = [alloc.alloc(8 * ALIGN) for _ in range(8)]
+    assert None not in big
+    assert sorted(big) == [i * 8 * ALIGN for i in range(8)]
+
+
+def test_objects_never_overlap():
+    alloc = SlabAllocator(256 * ALIGN)
+    rng = random.Random(7)
+    live: dict[int, int] = {}
+    for _ in range(2000):
+        if live and rng.random() < 0.45:
+            off = rng.choice(list(live))
+            alloc.free(off)
+            del live[off]
+        else:
+            size = rng.choice([100, ALIGN, 3 * ALIGN])
+            off = alloc.alloc(size)
+            if off is not None:
+                live[off] = SlabAllocator.slot_size(size)
+        spans = sorted(live.items())
+        assert all(a + la <= b for (a, la), (b, _) in zip(spans, spans[1:]))
+        assert all(off + ln <= 256 * ALIGN for off, ln in spans)
+
+
+@pytest.fixture
+def l1():
+    arena = Arena("kvserver-unit-test-l1", 4 * ALIGN)
+    yield L1Cache(arena, LRUPolicy())
+    arena.close()
+
+
+def key(i):
+    return ("m", "0" * 16, 1, 0, 0, "", bytes([i]) * 32)
+
+
+def test_finish_write_and_reserve_read_leaves_no_eviction_window(l1):
+    for i in range(4):
+        assert l1.reserve(key(i), ALIGN) is not None
+    assert l1.reserve(key(9), ALIGN) is None  # all writing: nothing evictable
+    entry = l1.finish_write_and_reserve_read(key(0))
+    assert entry.state is State.READY and entry.leases == 1
+    for i in (1, 2, 3):
+        l1.finish_write(key(i))
+    assert l1.reserve(key(10), ALIGN) is not None  # evicts 1 (oldest unleased), never the leased 0
+    assert l1.ready(key(0)) is not None and l1.ready(key(1)) is None
+    l1.unlease(key(0))
+    assert l1.evictable(key(0))
+
+
+def test_abort_write_frees_the_slot(l1):
+    for i in range(4):
+        l1.reserve(key(i), ALIGN)
+    l1.abort_write(key(2))
+    assert l1.entries.get(key(2)) is None
+    assert l1.reserve(key(5), ALIGN) is not None
