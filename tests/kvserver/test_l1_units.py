@@ -85,3 +85,28 @@ def test_abort_write_frees_the_slot(l1):
     l1.abort_write(key(2))
     assert l1.entries.get(key(2)) is None
     assert l1.reserve(key(5), ALIGN) is not None
+
+
+def test_maintained_counts_match_a_scan(l1):
+    rng = random.Random(3)
+    for step in range(400):
+        k = key(rng.randrange(8))
+        e = l1.entries.get(k)
+        op = rng.random()
+        if e is None:
+            l1.reserve(k, ALIGN)
+        elif e.state is State.WRITING:
+            (l1.finish_write if op < 0.7 else l1.abort_write)(k)
+        elif op < 0.3:
+            l1.lease(k)
+        elif op < 0.6:
+            l1.unlease(k)
+        elif op < 0.8:
+            l1.set_pinned(k, op < 0.7)
+        else:
+            l1.clear()
+        es = l1.entries.values()
+        assert l1.count(State.WRITING) == sum(x.state is State.WRITING for x in es)
+        assert l1.count(State.READY) == sum(x.state is State.READY for x in es)
+        assert l1.leased_objects() == sum(x.leases > 0 for x in es)
+        assert l1.pinned_objects() == sum(x.pinned for x in es)

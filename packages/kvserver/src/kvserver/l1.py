@@ -39,6 +39,10 @@ class L1Cache:
         self.alloc = SlabAllocator(arena.size)
         self.entries: dict[IKey, Entry] = {}
         self.evictions = 0
+        # maintained incrementally so describe() and /metrics never scan the index
+        self.n_writing = 0
+        self.n_leased = 0
+        self.n_pinned = 0
         self.on_evict: list[Callable[[IKey], None]] = []
 
     # -- queries -------------------------------------------------------------------------------
@@ -57,13 +61,13 @@ class L1Cache:
     def count(self, state: State | None = None) -> int:
         if state is None:
             return len(self.entries)
-        return sum(1 for e in self.entries.values() if e.state is state)
+        return self.n_writing if state is State.WRITING else len(self.entries) - self.n_writing
 
     def leased_objects(self) -> int:
-        return sum(1 for e in self.entries.values() if e.leases)
+        return self.n_leased
 
     def pinned_objects(self) -> int:
-        return sum(1 for e in self.entries.values() if e.pinned)
+        return self.n_pinned
 
     def keys(self) -> Iterator[IKey]:
         return iter(self.entries)
@@ -86,19 +90,21 @@ class L1Cache:
             offset = self.alloc.alloc(size)
         entry = Entry(offset, size)
         self.entries[key] = entry
+        self.n_writing += 1
         return entry
 
     def finish_write(self, key: IKey) -> None:
         entry = self.entries[key]
         assert entry.state is State.WRITING
         entry.state = State.READY
+        self.n_writing -= 1
         self.policy.on_insert(key)
 
     def finish_write_and_reserve_read(self, key: IKey) -> Entry:
         """Make a written object readable and lease it in one step, so no eviction slips between."""
         self.finish_write(key)
         entry = self.entries[key]
-        entry.leases += 1
+        self.lease(key)
         return entry
 
     def abort_write(self, key: IKey) -> None:
@@ -108,12 +114,15 @@ class L1Cache:
 
     # -- leases and pins -----------------------------------------------------------------------
     def lease(self, key: IKey) -> None:
-        self.entries[key].leases += 1
+        entry = self.entries[key]
+        entry.leases += 1
+        self.n_leased += entry.leases == 1
 
     def unlease(self, key: IKey) -> None:
         entry = self.entries.get(key)
         if entry is not None and entry.leases > 0:
             entry.leases -= 1
+            self.n_leased -= entry.leases == 0
 
     def touch(self, key: IKey) -> None:
         self.policy.on_access(key)
@@ -122,6 +131,7 @@ class L1Cache:
         entry = self.ready(key)
         if entry is None:
             return False
+        self.n_pinned += int(pinned) - int(entry.pinned)
         entry.pinned = pinned
         return True
 
@@ -136,4 +146,7 @@ class L1Cache:
 
     def _drop(self, key: IKey) -> None:
         entry = self.entries.pop(key)
+        self.n_writing -= entry.state is State.WRITING
+        self.n_leased -= entry.leases > 0
+        self.n_pinned -= entry.pinned
         self.alloc.free(entry.offset)
