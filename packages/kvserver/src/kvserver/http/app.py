@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from fastapi import Depends, FastAPI, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import Depends, FastAPI, Request, Response
+from prometheus_client.exposition import choose_encoder
 
 import kvprotocol
 
@@ -56,9 +56,10 @@ def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAP
         return {"ready": ready}
 
     @app.get("/metrics", tags=["metrics"], dependencies=read, response_class=Response)
-    async def prometheus() -> Response:
-        """Prometheus text exposition of this server's private registry."""
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    async def prometheus(request: Request) -> Response:
+        """Prometheus text exposition of this server's private registry (OpenMetrics if asked for)."""
+        encoder, content_type = choose_encoder(request.headers.get("accept"))
+        return Response(encoder(metrics.registry), headers={"Content-Type": content_type})
 
     @app.get("/v1/status", tags=["status"], dependencies=read)
     async def status() -> dict[str, Any]:

@@ -1,0 +1,140 @@
+"""/metrics over real HTTP: valid exposition, and values that move exactly as operations happen."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+
+from httpkv import CHUNK, Samples, fill, parse_metrics, prompt, value
+from kvhelpers import lookup, register, retrieve, store, tiny_layout
+from kvprotocol import ServerError
+from kvserver.http.metrics import tier_stats
+from serverproc import ServerProc
+
+REQUIRED = (
+    "kvserver_lookup_requests_total", "kvserver_lookup_tokens_total", "kvserver_lookup_hit_tokens_total",
+    "kvserver_store_bytes_total", "kvserver_retrieve_bytes_total", "kvserver_request_seconds_bucket",
+    "kvserver_request_seconds_count", "kvserver_request_seconds_sum", "kvserver_l1_used_bytes",
+    "kvserver_l1_capacity_bytes", "kvserver_objects", "kvserver_evictions_total", "kvserver_leases_active",
+    "kvserver_errors_total", "kvserver_build_info",
+)
+
+
+def scrape(srv: ServerProc) -> Samples:
+    resp = httpx.get(f"{srv.http_url}/metrics", timeout=5)
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/plain; version=")
+    return parse_metrics(resp.text)
+
+
+@pytest.fixture
+def srv(server_factory) -> ServerProc:
+    return server_factory("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), http=True)
+
+
+def test_exposition_parses_and_names_every_required_metric(srv: ServerProc) -> None:
+    with srv.client() as c:
+        c.call("ping")
+        with pytest.raises(ServerError):
+            c.call("no_such_op")
+    samples = scrape(srv)
+    names = {name for name, _ in samples}
+    assert set(REQUIRED) <= names, set(REQUIRED) - names
+    assert value(samples, "kvserver_build_info", version="0.1.0") == 1
+    status = httpx.get(f"{srv.http_url}/v1/status", timeout=5).json()
+    assert value(samples, "kvserver_l1_capacity_bytes") == status["l1"]["capacity_bytes"]
+    om = httpx.get(f"{srv.http_url}/metrics", timeout=5,
+                   headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert om.headers["content-type"].startswith("application/openmetrics-text")
+    om_names = {s.name for f in openmetrics_families(om.text) for s in f.samples}
+    assert "kvserver_lookup_hit_tokens_total" in om_names
+    for name, labels in samples:  # bounded labels only
+        assert {k for k, _ in labels} <= {"op", "tier", "code", "version", "le", "route", "status"}, name
+
+
+def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
+    tokens = prompt(3, tail=7)
+    with srv.client() as c:
+        ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
+        m0 = scrape(srv)
+        assert lookup(c, ks, tokens) == 0  # a miss: tokens asked, none hit
+        m1 = scrape(srv)
+        assert value(m1, "kvserver_lookup_requests_total") == value(m0, "kvserver_lookup_requests_total") + 1
+        assert value(m1, "kvserver_lookup_tokens_total") == value(m0, "kvserver_lookup_tokens_total") + len(tokens)
+        assert value(m1, "kvserver_lookup_hit_tokens_total") == value(m0, "kvserver_lookup_hit_tokens_total")
+
+        store(c, ks, tokens[: 2 * CHUNK], fill)
+        m2 = scrape(srv)
+        assert value(m2, "kvserver_store_bytes_total", tier="l1") == value(m1, "kvserver_store_bytes_total",
+                                                                           tier="l1") + 2 * 2048
+        assert value(m2, "kvserver_objects", tier="l1") == 2
+        assert value(m2, "kvserver_l1_used_bytes") >= 2 * 2048
+
+        hit = lookup(c, ks, tokens, session="s1")
+        assert hit == 2 * CHUNK
+        m3 = scrape(srv)
+        assert value(m3, "kvserver_lookup_hit_tokens_total") == value(m2, "kvserver_lookup_hit_tokens_total") + hit
+        assert value(m3, "kvserver_lookup_tokens_total") == value(m2, "kvserver_lookup_tokens_total") + len(tokens)
+        assert value(m3, "kvserver_leases_active") == 2
+
+        got = retrieve(c, "s1", 0, 2)
+        m4 = scrape(srv)
+        assert value(m4, "kvserver_retrieve_bytes_total", tier="l1") == value(
+            m3, "kvserver_retrieve_bytes_total", tier="l1") + sum(len(b) for b in got.values())
+        c.call("end_session", session="s1")
+        assert value(scrape(srv), "kvserver_leases_active") == 0
+
+        for bad in ("bogus_a", "bogus_b"):
+            with pytest.raises(ServerError):
+                c.call(bad)
+        m5 = scrape(srv)
+        assert value(m5, "kvserver_errors_total", code="UNKNOWN_OP") == value(
+            m4, "kvserver_errors_total", code="UNKNOWN_OP") + 2
+        assert value(m5, "kvserver_request_seconds_count", op="lookup") == value(
+            m0, "kvserver_request_seconds_count", op="lookup") + 2
+        assert value(m5, "kvserver_request_seconds_count", op="invalid") >= 2
+
+
+def test_evictions_are_counted(server_factory) -> None:
+    srv = server_factory("--l1-size-gb", "0.001", "--chunk-size", str(CHUNK), http=True)  # 1 MiB arena
+    big = tiny_layout(CHUNK, block_bytes=64 << 10)  # 128 KiB objects: 8 fit
+    with srv.client() as c:
+        ks, _ = register(c, layouts=[big])
+        store(c, ks, prompt(6, seed=1), lambda ch, g: bytes(big.object_bytes))
+        store(c, ks, prompt(6, seed=2), lambda ch, g: bytes(big.object_bytes))
+        status = c.call("describe").result
+    samples = scrape(srv)
+    assert status["l1"]["evictions"] > 0
+    assert value(samples, "kvserver_evictions_total", tier="l1") == status["l1"]["evictions"]
+    assert value(samples, "kvserver_objects", tier="l1") == status["l1"]["objects"]
+
+
+def test_http_requests_are_counted_by_route_template(srv: ServerProc) -> None:
+    with httpx.Client(base_url=srv.http_url, timeout=5) as h:
+        for _ in range(3):
+            h.get("/healthz")
+        h.get("/no/such/path/12345")
+    samples = scrape(srv)
+    assert value(samples, "kvserver_http_requests_total", route="/healthz", status="200") == 3
+    assert value(samples, "kvserver_http_requests_total", route="unmatched", status="404") == 1
+    assert not any("12345" in v for _, labels in samples for _, v in labels)
+
+
+def test_tier_stats_read_l2_tiers_from_describe() -> None:
+    described = {
+        "l1": {"objects": 4, "used_bytes": 8192, "evictions": 1},
+        "counters": {"stored_bytes": 100, "retrieved_bytes": 50},
+        "l2": [
+            {"tier": "fs", "objects": 9, "bytes": 900, "put_bytes": 700, "get_bytes": 300, "evictions": 2},
+            {"tier": "fs", "objects": 1},  # duplicate name: made unique
+            {"name": "redis://:secret@host:6379/0", "objects": 5},  # unsafe name: never a label
+            "not a map",
+        ],
+    }
+    tiers = {t.tier: t for t in tier_stats(described)}
+    assert set(tiers) == {"l1", "fs", "l2.1", "l2.2"}
+    assert tiers["l1"].store_bytes == 100 and tiers["l1"].retrieve_bytes == 50 and tiers["l1"].objects == 4
+    assert tiers["fs"].store_bytes == 700 and tiers["fs"].retrieve_bytes == 300 and tiers["fs"].used_bytes == 900
+    assert tiers["l2.1"].objects == 1 and tiers["l2.1"].store_bytes is None
+    assert tiers["l2.2"].objects == 5
