@@ -1,0 +1,189 @@
+"""The EngineClient's connection to one kvserver: calls under a deadline, reconnects, registration
+and the shm arena mapping.
+
+Why: an engine must never hang or crash because the cache server is slow, gone or restarted. Every
+call runs under the deadline of the API call that made it; a call that times out throws its DEALER
+socket away (so a stale request queued in it can never reach a restarted server) and makes further
+calls fail fast for a short back-off instead of stalling every forward pass. A restart is noticed by
+the arena's file identity (shm), or by the server no longer knowing our layouts (LAYOUT_MISMATCH);
+either way the engine registers again and maps the new arena.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import zmq
+from kvprotocol import Client, KeySpace, LayoutDescriptor, Reply, RequestTimeout
+
+from ._arena_map import ArenaMap, shm_exists
+
+MODES = ("auto", "shm", "tcp")
+
+
+class Unavailable(Exception):
+    """The server did not answer recently; calls fail fast until the back-off ends."""
+
+
+class ArenaChanged(Exception):
+    """The shm arena was recreated (server restart) while an operation was using it."""
+
+
+class Deadline:
+    """The time left to one API call; every server call inside it gets only what remains."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        return self.end - time.monotonic()
+
+
+def is_local_url(url: str) -> bool:
+    """Is the server on this host (loopback, ipc://, or one of this host's addresses)?"""
+    if url.startswith(("ipc://", "inproc://")):
+        return True
+    host = (urlsplit(url).hostname or "").strip("[]")
+    if host in ("localhost", "*", "0.0.0.0", "::"):
+        return True
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        pass
+    try:
+        name = socket.gethostname()
+        mine = {info[4][0] for info in socket.getaddrinfo(name, None)} | {name}
+    except OSError:
+        return False
+    return host in mine
+
+
+class ServerLink:
+    """One DEALER client that is recreated after a timeout, with fail-fast back-off."""
+
+    def __init__(self, url: str, backoff: float) -> None:
+        self.url = url
+        self.backoff = backoff
+        self._client: Client | None = None
+        self._down_until = 0.0
+
+    def call(self, op: str, deadline: Deadline, frames: Sequence[Any] = (), **fields: Any) -> Reply:
+        wait = self._down_until - time.monotonic()
+        if wait > 0:
+            raise Unavailable(f"{op}: server {self.url} did not answer recently; retrying in {wait:.1f}s")
+        remaining = deadline.remaining()
+        if remaining <= 0:
+            raise RequestTimeout(f"{op}: the operation ran out of time")
+        if self._client is None:
+            self._client = Client(self.url, timeout=remaining)
+        try:
+            return self._client.call(op, frames=frames, timeout=remaining, **fields)
+        except RequestTimeout:
+            self.reset()
+            self._down_until = time.monotonic() + self.backoff
+            raise
+        except zmq.ZMQError:
+            self.reset()
+            raise
+
+    def reset(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def close(self) -> None:
+        self.reset()
+
+
+@dataclass(frozen=True)
+class Registration:
+    engine_id: str
+    arena_name: str
+    arena_size: int
+    chunk_size: int
+
+
+class EngineLink:
+    """Registration and data-plane mode of one engine rank; the arena mapping in shm mode."""
+
+    def __init__(self, url: str, model: str, world_size: int, rank: int, layouts: Sequence[LayoutDescriptor],
+                 mode: str, backoff: float) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.server = ServerLink(url, backoff)
+        self.model, self.world_size, self.rank = model, world_size, rank
+        self.layouts = list(layouts)
+        self.keyspace = KeySpace.from_layouts(model, world_size, self.layouts)
+        self.requested_mode = mode
+        self.local = is_local_url(url)
+        self.registration: Registration | None = None
+        self.arena: ArenaMap | None = None
+        self.copier: Any = None  # set by EngineClient.register; told when the arena changes
+
+    def call(self, op: str, deadline: Deadline, frames: Sequence[Any] = (), **fields: Any) -> Reply:
+        return self.server.call(op, deadline, frames, **fields)
+
+    def invalidate(self) -> None:
+        """Forget the registration (the server may have restarted); the next operation registers."""
+        self.registration = None
+
+    def _register(self, deadline: Deadline) -> Registration:
+        reply = self.call("register_engine", deadline, model=self.model, world_size=self.world_size,
+                          rank=self.rank, groups=[lay.to_wire() for lay in self.layouts],
+                          host=socket.gethostname()[:255] or "unknown", pid=os.getpid()).result
+        chunk_size = int(reply["chunk_size"])
+        if any(lay.chunk_size != chunk_size for lay in self.layouts):
+            raise ValueError(f"server chunk_size {chunk_size} differs from the layouts' chunk_size")
+        arena = reply.get("arena") or {}
+        return Registration(str(reply["engine_id"]), str(arena.get("name", "")), int(arena.get("size", 0)),
+                            chunk_size)
+
+    def ensure(self, deadline: Deadline) -> str:
+        """Register if needed and make sure the arena mapping is current; returns "shm" or "tcp"."""
+        if self.arena is not None and not self.arena.is_current():
+            self.invalidate()
+        if self.registration is None:
+            self.registration = self._register(deadline)
+        reg = self.registration
+        mode = self.requested_mode
+        if mode == "auto":
+            mode = "shm" if self.local and reg.arena_name and shm_exists(reg.arena_name) else "tcp"
+        if mode == "tcp":
+            return mode
+        arena = self.arena
+        if arena is None or not arena.is_current() or (arena.name, arena.size) != (reg.arena_name, reg.arena_size):
+            self._unmap()
+            try:
+                self.arena = ArenaMap(reg.arena_name, reg.arena_size)
+            except (OSError, ValueError):
+                if self.requested_mode == "shm":
+                    raise
+                return "tcp"  # auto: the arena is not mappable from here (another container, permissions)
+            if self.copier is not None:
+                self.copier.attach_arena(self.arena.address, self.arena.size)
+        return mode
+
+    def check_arena(self) -> None:
+        """Raise ArenaChanged when the arena we copied through is no longer the server's."""
+        if self.arena is None or not self.arena.is_current():
+            self.invalidate()
+            raise ArenaChanged("the shm arena was recreated (server restart) during the operation")
+
+    def _unmap(self) -> None:
+        if self.arena is not None:
+            if self.copier is not None:
+                self.copier.detach_arena()
+            self.arena.close()
+            self.arena = None
+
+    def close(self) -> None:
+        self._unmap()
+        self.server.close()

@@ -1,0 +1,134 @@
+"""Which engine blocks move to or from which object slots, and the host-memory copy that moves them.
+
+Why its own module: the EngineClient decides *what* moves (a load may start in the middle of a chunk
+object, at the first block the engine does not hold yet); this module turns that into copy rows for
+the csrc `batch_copy` kernel. Objects are given by absolute host addresses (arena base + offset in
+shm mode, a received frame or send buffer in tcp mode), so one kernel call serves every layer.
+
+An object holds [layer][block-in-chunk][block_bytes] (see kvprotocol.LayoutDescriptor); inside a
+block the runs (K and V for flash_attn) follow each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from . import copy as kvcopy
+from .segments import EngineKV, merge_segments
+
+
+@dataclass(frozen=True)
+class Moves:
+    """Block moves of one object group: object index, slot inside the object, engine block id."""
+
+    obj: np.ndarray
+    slot: np.ndarray
+    block: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.block.shape[0])
+
+
+def load_moves(block_table: np.ndarray, blocks_per_chunk: int, start_chunk: int, first_block: int,
+               end_block: int) -> Moves:
+    """Moves that write request blocks [first_block, end_block) from objects of chunks start_chunk.."""
+    j = np.arange(first_block, end_block, dtype=np.int64)
+    if end_block > block_table.shape[0]:
+        raise ValueError(f"block_ids has {block_table.shape[0]} entries, the load needs {end_block}")
+    return Moves(j // blocks_per_chunk - start_chunk, j % blocks_per_chunk, block_table[j])
+
+
+def save_moves(block_table: np.ndarray, blocks_per_chunk: int, chunks: Sequence[int]) -> Moves:
+    """Moves that fill whole objects, object i being chunk chunks[i] of the request."""
+    c = np.asarray(chunks, dtype=np.int64)
+    slot = np.tile(np.arange(blocks_per_chunk, dtype=np.int64), c.shape[0])
+    obj = np.repeat(np.arange(c.shape[0], dtype=np.int64), blocks_per_chunk)
+    j = c[obj] * blocks_per_chunk + slot
+    if j.size and int(j.max()) >= block_table.shape[0]:
+        raise ValueError("block_ids do not cover the chunks to save")
+    return Moves(obj, slot, block_table[j])
+
+
+def check_blocks(moves: Moves, num_blocks: int, *, distinct: bool) -> None:
+    """Engine block ids must exist, and a scatter must not write one block twice."""
+    b = moves.block
+    if b.size and (int(b.min()) < 0 or int(b.max()) >= num_blocks):
+        raise ValueError(f"block id out of range [0, {num_blocks})")
+    if distinct and np.unique(b).size != b.size:
+        raise ValueError("a block id appears twice in the load range")
+
+
+def block_rows(kv: EngineKV, obj_addrs: np.ndarray, moves: Moves, gather: bool) -> np.ndarray:
+    """(src, dst, len) rows with absolute addresses on both sides, in object order, merged."""
+    lay = kv.layout
+    runs, run_bytes = kv.runs_per_block, kv.run_bytes
+    layers = np.arange(lay.num_layers, dtype=np.int64)
+    r = np.arange(runs, dtype=np.int64)
+    # (move, layer, run)
+    engine = (kv.layer_bases[None, :, None] + moves.block[:, None, None] * kv.block_stride
+              + r[None, None, :] * kv.run_stride)
+    obj = (obj_addrs[moves.obj][:, None, None]
+           + (layers[None, :, None] * lay.blocks_per_chunk + moves.slot[:, None, None]) * lay.block_bytes
+           + r[None, None, :] * run_bytes)
+    # object order (object, layer, slot, run) lets neighbours on both sides merge into one memcpy
+    order = np.lexsort((np.broadcast_to(moves.slot[:, None, None], obj.shape).reshape(-1),
+                        np.broadcast_to(layers[None, :, None], obj.shape).reshape(-1),
+                        np.broadcast_to(moves.obj[:, None, None], obj.shape).reshape(-1)), axis=0)
+    rows = np.empty((obj.size, 3), dtype=np.int64)
+    src, dst = (engine, obj) if gather else (obj, engine)
+    rows[:, 0] = src.reshape(-1)[order]
+    rows[:, 1] = dst.reshape(-1)[order]
+    rows[:, 2] = run_bytes
+    return merge_segments(rows)
+
+
+class Copier(Protocol):
+    """Moves blocks between one rank's KV (all groups) and objects in host memory."""
+
+    def num_blocks(self, group: int) -> int: ...
+
+    def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> None: ...
+
+    def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> None: ...
+
+    def finish(self) -> None:
+        """Wait until every copy issued so far is complete (a no-op for synchronous copiers)."""
+
+    def attach_arena(self, addr: int, size: int) -> None:
+        """A (new) arena mapping is in use: e.g. pin it for DMA."""
+
+    def detach_arena(self) -> None:
+        """The arena mapping is about to go away."""
+
+
+class HostCopier:
+    """KV in host memory: the csrc batch_copy kernel, one call per group and direction."""
+
+    def __init__(self, groups: Sequence[EngineKV], keepalive: Any = None, num_threads: int = 0) -> None:
+        self.groups = list(groups)
+        self._keepalive = keepalive  # the engine's tensors: their addresses are in `groups`
+        self.num_threads = num_threads
+
+    def num_blocks(self, group: int) -> int:
+        return self.groups[group].num_blocks
+
+    def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> None:
+        if len(moves):
+            kvcopy.batch_copy(0, 0, block_rows(self.groups[group], obj_addrs, moves, False), self.num_threads)
+
+    def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> None:
+        if len(moves):
+            kvcopy.batch_copy(0, 0, block_rows(self.groups[group], obj_addrs, moves, True), self.num_threads)
+
+    def finish(self) -> None:
+        return None
+
+    def attach_arena(self, addr: int, size: int) -> None:
+        return None
+
+    def detach_arena(self) -> None:
+        return None

@@ -1,0 +1,280 @@
+"""EngineClient: the engine-agnostic way for an inference engine to look up, load and save paged KV.
+
+Why this shape: an engine calls it from its scheduler (lookup, release) and from its forward pass
+(load, save). Neither may ever hang or crash because of the cache, so every method catches
+everything, returns a typed result whose `error` says what went wrong, logs one warning per kind of
+failure (rate-limited), and finishes within `timeout`. Reuse must never change a model's output: a
+load that fails in any way reports every block of its range as failed, so the engine recomputes.
+See docs/engine.md for the full contract.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+from kvprotocol import (ErrorCode, LayoutDescriptor, RequestTimeout, ServerError, ValidationError, validate_model,
+                        validate_salt)
+
+from . import _ops
+from ._link import ArenaChanged, Deadline, EngineLink, Unavailable
+from ._transfer import Copier, HostCopier
+
+log = logging.getLogger("kvconnector.engine_client")
+
+COPY_BACKENDS = ("auto", "host", "torch")
+_REREGISTER = (ErrorCode.LAYOUT_MISMATCH, ErrorCode.UNKNOWN_ENGINE)
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    hit_tokens: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    ok: bool
+    loaded_tokens: int
+    failed_block_ids: list[int] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SaveResult:
+    ok: bool
+    saved_chunks: int
+    error: str | None = None
+    cached_chunks: int = 0  # chunks of the range now cached, written by this call or already present
+
+
+class _Warner:
+    """One warning per failure kind per interval; the count of suppressed ones rides on the next."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warn(self, kind: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last.get(kind, -1e18) < self.interval:
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        extra = self._suppressed.pop(kind, 0)
+        log.warning("%s%s", message, f" ({extra} similar suppressed)" if extra else "")
+
+
+def _kind(exc: BaseException) -> str:
+    if isinstance(exc, RequestTimeout):
+        return "timeout"
+    if isinstance(exc, Unavailable):
+        return "unavailable"
+    if isinstance(exc, ServerError):
+        return f"server:{exc.code}"
+    if isinstance(exc, ArenaChanged):
+        return "arena_changed"
+    if isinstance(exc, (ValueError, TypeError, ValidationError)):
+        return "invalid"
+    if isinstance(exc, zmq.ZMQError):
+        return "zmq"
+    return "internal"
+
+
+def _layer_list(kv: Any) -> Any:
+    return list(kv.values()) if isinstance(kv, dict) else kv
+
+
+class EngineClient:
+    """One engine rank's client of a kvserver (see module docstring and docs/engine.md)."""
+
+    def __init__(self, url: str, model: str, world_size: int, rank: int, layouts: Sequence[LayoutDescriptor],
+                 mode: str = "auto", timeout: float = 5.0, *, backoff: float | None = None,
+                 copy_backend: str = "auto", num_threads: int = 0, warn_interval: float = 30.0) -> None:
+        """Configuration errors raise ValueError here (at engine start), never later."""
+        validate_model(model)
+        layouts = list(layouts)
+        if not layouts:
+            raise ValueError("at least one layout (object group) is required")
+        if len({lay.chunk_size for lay in layouts}) != 1:
+            raise ValueError("all layouts must share one chunk_size")
+        if not 0 <= rank < world_size:
+            raise ValueError("rank must be in [0, world_size)")
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        if copy_backend not in COPY_BACKENDS:
+            raise ValueError(f"copy_backend must be one of {COPY_BACKENDS}")
+        self.timeout = timeout
+        self.copy_backend = copy_backend
+        self.num_threads = num_threads
+        self._link = EngineLink(url, model, world_size, rank, layouts, mode,
+                                min(1.0, timeout) if backoff is None else backoff)
+        self._copier: Copier | None = None
+        self._lock = threading.RLock()
+        self._warner = _Warner(warn_interval)
+        self._closed = False
+
+    @property
+    def layouts(self) -> list[LayoutDescriptor]:
+        return list(self._link.layouts)
+
+    @property
+    def data_mode(self) -> str | None:
+        """"shm" once the arena is mapped, "tcp" once registered without it, None before."""
+        if self._link.registration is None:
+            return None
+        return "shm" if self._link.arena is not None else "tcp"
+
+    # -- failure handling ---------------------------------------------------------------------------
+    def _failed(self, op: str, exc: BaseException) -> str:
+        kind = _kind(exc)
+        if kind == "timeout" or (isinstance(exc, ServerError) and exc.code in _REREGISTER):
+            self._link.invalidate()
+        if kind == "internal":
+            log.debug("%s failed", op, exc_info=exc)
+        self._warner.warn(f"{op}:{kind}", f"kvserver {op} failed ({kind}): {exc}")
+        return f"{kind}: {exc}"
+
+    def _deadline(self) -> Deadline:
+        if self._closed:
+            raise ValueError("the EngineClient is closed")
+        return Deadline(self.timeout)
+
+    # -- worker side --------------------------------------------------------------------------------
+    def register(self, kv_caches: Any) -> bool:
+        """Adopt this rank's KV tensors and register with the server; never raises.
+
+        One object group: a list of per-layer tensors (or a dict of them, in layer order), or one
+        stacked tensor. Several groups: a sequence with one such item per group. Returns False when
+        the tensors do not match the layouts (loads and saves then fail with an error); a server that
+        is down is not a failure here: registration is retried by the next load or save.
+        """
+        with self._lock:
+            try:
+                self._deadline()
+                self._adopt(kv_caches)
+            except Exception as exc:
+                self._failed("register", exc)
+                return False
+            try:
+                self._link.ensure(self._deadline())
+            except Exception as exc:
+                self._failed("register", exc)
+            return True
+
+    def _adopt(self, kv_caches: Any) -> None:
+        layouts = self._link.layouts
+        groups = [_layer_list(kv_caches)] if len(layouts) == 1 else [_layer_list(g) for g in kv_caches]
+        if len(groups) != len(layouts):
+            raise ValueError(f"{len(groups)} KV groups for {len(layouts)} layouts")
+        first = groups[0] if hasattr(groups[0], "device") else groups[0][0]
+        on_cpu = first.device.type == "cpu"
+        copier: Copier
+        if self.copy_backend == "host" or (self.copy_backend == "auto" and on_cpu):
+            from .segments import EngineKV
+
+            copier = HostCopier([EngineKV.from_tensors(lay, g) for lay, g in zip(layouts, groups, strict=True)],
+                                keepalive=groups, num_threads=self.num_threads)
+        else:
+            from ._torch_copy import TorchCopier
+
+            copier = TorchCopier(layouts, groups)
+        if self._copier is not None:
+            self._copier.detach_arena()
+        self._copier = self._link.copier = copier
+        if self._link.arena is not None:
+            copier.attach_arena(self._link.arena.address, self._link.arena.size)
+
+    def load(self, session: str, tokens: Any, block_ids: Any, skip_tokens: int, num_tokens: int,
+             salt: str = "") -> LoadResult:
+        """Write the engine blocks covering tokens [skip_tokens, num_tokens) from the cache.
+
+        block_ids are the request's blocks from token 0 (or one such list per group). Blocks before
+        skip_tokens (which must be block-aligned) are never written. On any failure ok is False and
+        failed_block_ids lists every block of the range: their contents are undefined.
+        """
+        with self._lock:
+            tables: list[Any] = []
+            try:
+                deadline = self._deadline()
+                tables = _ops.as_tables(block_ids, len(self._link.layouts))
+                if self._copier is None:
+                    raise ValueError("register(kv_caches) must be called before load")
+                validate_salt(salt)
+                loaded = _ops.load(self._link, self._copier, deadline, session, _ops.as_tokens(tokens), tables,
+                                   int(skip_tokens), int(num_tokens), salt)
+                return LoadResult(True, loaded, [], None)
+            except Exception as exc:
+                error = self._failed("load", exc)
+                try:
+                    failed = _ops.load_blocks(self._link, tables, int(skip_tokens), int(num_tokens))
+                except Exception:
+                    failed = []
+                return LoadResult(False, 0, failed, error)
+
+    def save(self, tokens: Any, block_ids: Any, salt: str = "", skip_tokens: int = 0) -> SaveResult:
+        """Store every full chunk of `tokens` from the chunk holding skip_tokens on.
+
+        block_ids are the request's blocks from token 0; chunks they do not fully cover are skipped.
+        ok is False when anything failed or the server had no room for some chunk.
+        """
+        with self._lock:
+            try:
+                deadline = self._deadline()
+                if self._copier is None:
+                    raise ValueError("register(kv_caches) must be called before save")
+                validate_salt(salt)
+                tables = _ops.as_tables(block_ids, len(self._link.layouts))
+                saved = _ops.save(self._link, self._copier, deadline, _ops.as_tokens(tokens), tables, salt,
+                                  int(skip_tokens))
+            except Exception as exc:
+                return SaveResult(False, 0, self._failed("save", exc))
+            if saved.no_space:
+                error = f"server:{ErrorCode.NO_SPACE}: no room for {saved.no_space} chunk(s)"
+                self._warner.warn("save:no_space", f"kvserver save incomplete: {error}")
+                return SaveResult(False, saved.written, error, saved.cached)
+            return SaveResult(True, saved.written, None, saved.cached)
+
+    # -- scheduler side -----------------------------------------------------------------------------
+    def lookup(self, tokens: Any, salt: str = "", session: str | None = None) -> LookupResult:
+        """Tokens of the longest cached prefix (a multiple of chunk_size); with a session, the hit
+        objects of every rank stay leased until release(session) or the server's lease TTL."""
+        with self._lock:
+            try:
+                deadline = self._deadline()
+                validate_salt(salt)
+                return LookupResult(_ops.lookup(self._link, deadline, _ops.as_tokens(tokens), salt, session))
+            except Exception as exc:
+                return LookupResult(0, self._failed("lookup", exc))
+
+    def release(self, session: str) -> None:
+        """Return the session's leases (a no-op for unknown sessions); never raises."""
+        with self._lock:
+            try:
+                self._link.call("release", self._deadline(), session=session)
+            except Exception as exc:
+                self._failed("release", exc)
+
+    def close(self) -> None:
+        """Unmap the arena and close the socket; later calls return errors."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._link.close()
+            except Exception as exc:
+                self._failed("close", exc)
+            self._copier = None
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
