@@ -1,0 +1,27 @@
+"""L2 tiers below L1: filesystem, Redis/Valkey (and Redis Cluster), S3; see docs/l2.md."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .base import L2Adapter, L2Error, Usage
+from .manager import TierManager, key_str
+from .serde import CorruptObject, Serde, UndecryptableObject, load_key
+from .urls import make_adapter, redact
+
+if TYPE_CHECKING:
+    from ..config import ServerConfig
+    from ..l1 import L1Cache
+
+__all__ = ["CorruptObject", "L2Adapter", "L2Error", "Serde", "TierManager", "UndecryptableObject", "Usage",
+           "build_tier_manager", "key_str", "load_key", "make_adapter", "redact"]
+
+
+def build_tier_manager(config: ServerConfig, l1: L1Cache) -> TierManager | None:
+    """The tier manager for `config.l2` (None when no tier is configured); ValueError on bad settings."""
+    if not config.l2:
+        return None
+    serde = Serde(config.l2_compression, load_key(config.l2_encryption_key_file))
+    adapters = [make_adapter(url) for url in config.l2]
+    return TierManager(adapters, serde, l1, queue_size=config.l2_queue_size,
+                       prefetch_timeout=config.l2_prefetch_timeout)

@@ -1,0 +1,124 @@
+"""`fs://` tier: one file per object in a directory (local NVMe or a shared filesystem).
+
+A file's name is the BLAKE3 of its key (keys may hold '/' or '..', so they never become paths),
+fanned out over 256 subdirectories. Writes go to a temp file under `tmp/` and are renamed into
+place, so a reader never sees a partial object and a crash mid-write leaves only a temp file (swept
+at start when older than an hour, since another server may share the directory). With `fsync=1` each
+file and its directory are synced before the rename; without it a power loss can leave a torn file,
+which the integrity header turns into a miss. A restarted server finds every object already there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from blake3 import blake3
+
+from .base import L2Adapter, L2Error, Usage
+
+STALE_TMP_S = 3600.0
+
+
+class FsAdapter(L2Adapter):
+    def __init__(self, root: str | Path, *, fsync: bool = False, url: str | None = None) -> None:
+        self.root = Path(root)
+        self.fsync = fsync
+        self.url = url or f"fs://{self.root}"
+        self._objects = self.root / "objects"
+        self._tmp = self.root / "tmp"
+
+    def path_of(self, key: str) -> Path:
+        digest = blake3(key.encode()).hexdigest()
+        return self._objects / digest[:2] / digest[2:]
+
+    async def start(self) -> None:
+        await self._run(self._prepare)
+
+    def _prepare(self) -> None:
+        self._objects.mkdir(parents=True, exist_ok=True)
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        cutoff = time.time() - STALE_TMP_S
+        for entry in os.scandir(self._tmp):
+            try:
+                if entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+            except OSError:
+                pass  # another server removed or renamed it meanwhile
+
+    @staticmethod
+    async def _run(fn, *args):  # type: ignore[no-untyped-def]
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except OSError as exc:
+            raise L2Error(f"filesystem: {exc}") from exc
+
+    # -- operations ------------------------------------------------------------------------------
+    async def put(self, items: Sequence[tuple[str, bytes]]) -> None:
+        await self._run(self._put_all, list(items))
+
+    def _put_all(self, items: list[tuple[str, bytes]]) -> None:
+        for key, blob in items:
+            final = self.path_of(key)
+            tmp = self._tmp / f"{final.name[:16]}-{uuid.uuid4().hex}.tmp"
+            try:
+                with open(tmp, "wb") as fh:
+                    fh.write(blob)
+                    if self.fsync:
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                final.parent.mkdir(exist_ok=True)
+                os.replace(tmp, final)
+                if self.fsync:
+                    _fsync_dir(final.parent)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+
+    async def get(self, keys: Sequence[str]) -> list[bytes | None]:
+        return await self._run(self._get_all, list(keys))
+
+    def _get_all(self, keys: list[str]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for key in keys:
+            try:
+                out.append(self.path_of(key).read_bytes())
+            except FileNotFoundError:
+                out.append(None)
+        return out
+
+    async def contains(self, keys: Sequence[str]) -> list[bool]:
+        return await self._run(lambda: [self.path_of(k).is_file() for k in keys])
+
+    async def delete(self, keys: Sequence[str]) -> None:
+        await self._run(lambda: [self.path_of(k).unlink(missing_ok=True) for k in keys])
+
+    async def usage(self) -> Usage:
+        return await self._run(self._usage)
+
+    def _usage(self) -> Usage:
+        objects = size = 0
+        if not self._objects.is_dir():
+            return Usage(0, 0)
+        for sub in os.scandir(self._objects):
+            if not sub.is_dir():
+                continue
+            for entry in os.scandir(sub.path):
+                try:
+                    size += entry.stat().st_size
+                    objects += 1
+                except OSError:
+                    pass
+        return Usage(objects, size)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,183 @@
+"""The tier manager: write-behind from L1 to every tier, prefetch into L1, usage, lifecycle.
+
+Write-behind: a commit in L1 enqueues its keys (a bounded queue; when full, the keys are dropped and
+counted: an engine's store is never blocked or slowed). A few writer tasks take batches off the
+queue, lease the objects while the serde chain encodes them in a worker thread (so eviction cannot
+recycle the bytes underneath), then put each batch to each tier in one call. An object evicted
+before its turn is skipped. Eviction from L1 never touches L2 copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvprotocol import ObjectKey
+
+from ..l1 import IKey, L1Cache
+from .base import L2Adapter, L2Error
+from .prefetch import Prefetcher
+from .serde import Serde
+from .tier import Tier
+
+log = logging.getLogger("kvserver.l2")
+QueueItem = tuple[IKey, tuple[int, ...]]  # key, indexes of the tiers to write
+
+
+def key_str(key: IKey) -> str:
+    """The L2 key of an L1 key: `ObjectKey(...).to_str()` (salt hashed, never raw)."""
+    return ObjectKey(*key).to_str()
+
+
+class TierManager:
+    def __init__(self, adapters: Sequence[L2Adapter], serde: Serde, l1: L1Cache, *, queue_size: int = 1024,
+                 prefetch_timeout: float = 0.5, writers: int = 2, batch: int = 16,
+                 usage_interval: float = 1.0) -> None:
+        if queue_size < 1:
+            raise ValueError("l2 queue size must be at least 1")
+        if not prefetch_timeout > 0:
+            raise ValueError("l2 prefetch timeout must be positive")
+        self.tiers = [Tier(a) for a in adapters]
+        self.serde = serde
+        self.l1 = l1
+        self.queue_size = queue_size
+        self.prefetch_timeout = prefetch_timeout
+        self.batch = batch
+        self.usage_interval = usage_interval
+        self.queue_dropped = 0  # keys refused because the queue was full
+        self.skipped = 0  # keys evicted from L1 before their write
+        self._writers = writers
+        self._queue: asyncio.Queue[QueueItem] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.prefetcher = Prefetcher(self)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._queue = asyncio.Queue(self.queue_size)
+        for tier in self.tiers:
+            try:
+                await tier.adapter.start()
+            except L2Error as exc:
+                tier.failed(exc)
+        self._tasks = [asyncio.create_task(self._writer(), name=f"l2-writer-{i}") for i in range(self._writers)]
+        self._tasks.append(asyncio.create_task(self._usage_loop(), name="l2-usage"))
+
+    async def stop(self, drain_timeout: float = 5.0) -> None:
+        """Flush what is queued (bounded), then stop tasks and close adapters."""
+        if self._queue is not None and self._tasks:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._queue.join(), drain_timeout)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.prefetcher.cancel_all()
+        for tier in self.tiers:
+            await tier.adapter.close()
+        self._tasks = []
+
+    # -- write-behind ----------------------------------------------------------------------------
+    def enqueue(self, keys: Sequence[IKey], tiers: tuple[int, ...] | None = None) -> None:
+        """Queue keys for L2 (the on_commit hook). Never blocks: overflow is dropped and counted."""
+        if self._queue is None:
+            return
+        targets = tuple(range(len(self.tiers))) if tiers is None else tiers
+        for i, key in enumerate(keys):
+            try:
+                self._queue.put_nowait((key, targets))
+            except asyncio.QueueFull:
+                lost = len(keys) - i
+                self.queue_dropped += lost
+                for t in targets:
+                    self.tiers[t].stats.dropped += lost
+                return
+
+    async def _writer(self) -> None:
+        assert self._queue is not None
+        while True:
+            items = [await self._queue.get()]
+            while len(items) < self.batch and not self._queue.empty():
+                items.append(self._queue.get_nowait())
+            try:
+                await self._write_batch(items)
+            except Exception:  # a writer must never die silently
+                log.exception("L2 write-behind batch failed")
+            finally:
+                for _ in items:
+                    self._queue.task_done()
+
+    async def _write_batch(self, items: list[QueueItem]) -> None:
+        live: list[tuple[IKey, str, memoryview, tuple[int, ...]]] = []
+        for key, targets in items:
+            entry = self.l1.ready(key)
+            if entry is None:
+                self.skipped += 1
+                continue
+            self.l1.lease(key)
+            live.append((key, key_str(key), self.l1.arena.read(entry.offset, entry.size), targets))
+        if not live:
+            return
+        try:
+            blobs = await asyncio.to_thread(lambda: [self.serde.encode(k, data) for _, k, data, _ in live])
+        finally:
+            for key, *_ in live:
+                self.l1.unlease(key)
+        for index, tier in enumerate(self.tiers):
+            batch = [(k, blob) for (_, k, _, targets), blob in zip(live, blobs, strict=True) if index in targets]
+            if not batch:
+                continue
+            if not tier.available():
+                tier.stats.dropped += len(batch)
+                continue
+            try:
+                await tier.adapter.put(batch)
+            except L2Error as exc:
+                tier.failed(exc)
+                tier.stats.dropped += len(batch)
+                continue
+            tier.succeeded()
+            tier.stats.puts += len(batch)
+            tier.stats.put_bytes += sum(len(b) for _, b in batch)
+
+    # -- prefetch --------------------------------------------------------------------------------
+    async def prefetch(self, chunks: Sequence[Sequence[IKey]], first_miss: int,
+                       size_of: Callable[[IKey], int | None]) -> None:
+        """Load into L1 what the tiers hold of the prefix after `first_miss` (see prefetch.py)."""
+        await self.prefetcher.run(chunks, first_miss, size_of, self.prefetch_timeout)
+
+    # -- usage -----------------------------------------------------------------------------------
+    async def _usage_loop(self) -> None:
+        while True:
+            started = time.monotonic()
+            for tier in self.tiers:
+                if not tier.available():
+                    continue
+                try:
+                    tier.usage = await tier.adapter.usage()
+                    tier.succeeded()
+                except L2Error as exc:
+                    tier.failed(exc)
+                except Exception:
+                    log.exception("L2 usage probe of %s failed", tier.url)
+            spent = time.monotonic() - started
+            await asyncio.sleep(max(self.usage_interval, 20 * spent))  # big directories: probe less
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [t.describe() for t in self.tiers]
+
+    def describe_queue(self) -> dict[str, Any]:
+        p = self.prefetcher
+        return {
+            "queued": self._queue.qsize() if self._queue else 0,
+            "capacity": self.queue_size,
+            "dropped": self.queue_dropped,
+            "skipped_evicted": self.skipped,
+            "prefetch_lookups": p.lookups,
+            "prefetched_objects": p.loaded,
+            "prefetch_timeouts": p.timeouts,
+            "compression": self.serde.compression,
+            "encrypted": self.serde.encrypted,
+        }

@@ -1,0 +1,240 @@
+"""Prefetch: on an L1 miss, load what the L2 tiers hold of the missing prefix into L1 slots.
+
+One batched `contains` per tier finds where the missing objects are; only the leading run of chunks
+that L1 and L2 together cover is worth loading (a hole ends the prefix). The L1 objects of that run
+are leased meanwhile so the new reservations cannot evict them; each loaded object gets a WRITING
+slot (invisible, not evictable), is decoded and checked in a worker thread, then made READY in one
+step. The caller waits at most the prefetch timeout and then answers with what is in L1; loads still
+running finish (or abort their slots) in the background. Everything runs on the server's loop, so
+state is re-checked after every await. A second lookup for objects already being loaded waits on the
+same loads instead of fetching them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..l1 import Entry, IKey, State
+from .base import L2Error
+from .serde import CorruptObject, UndecryptableObject
+
+if TYPE_CHECKING:
+    from .manager import TierManager
+
+log = logging.getLogger("kvserver.l2")
+Item = tuple[IKey, Entry | None, "asyncio.Future[bool]"]  # key, reserved slot (None: size unknown), done
+FETCH_BATCH = 8  # objects per get: a timeout still lets earlier batches land
+
+
+class Prefetcher:
+    def __init__(self, manager: TierManager) -> None:
+        self.m = manager
+        self.inflight: dict[IKey, asyncio.Future[bool]] = {}
+        self.waiting: dict[IKey, int] = {}  # runs waiting on a load: each gets a lease when it lands
+        self.background: set[asyncio.Task[None]] = set()
+        self.lookups = self.loaded = self.timeouts = 0
+
+    async def run(self, chunks: Sequence[Sequence[IKey]], first_miss: int,
+                  size_of: Callable[[IKey], int | None], timeout: float) -> None:
+        self.lookups += 1
+        deadline = time.monotonic() + timeout
+        l1 = self.m.l1
+        absent = [k for ch in chunks[first_miss:] for k in ch if k not in l1.entries]
+        where = await self._locate(absent, deadline)
+        # after the await: take the leading run of chunks that L1 + L2 (+ loads in flight) cover
+        to_load: list[IKey] = []
+        waits: dict[IKey, asyncio.Future[bool]] = {}
+        end = first_miss
+        for ch in chunks[first_miss:]:
+            plan, ok = [], True
+            for key in ch:
+                entry = l1.entries.get(key)
+                if entry is None and key in where:
+                    plan.append(key)
+                elif entry is not None and entry.state is State.WRITING and key in self.inflight:
+                    waits[key] = self.inflight[key]
+                elif entry is None or entry.state is not State.READY:
+                    ok = False
+                    break
+            if not ok:
+                break
+            to_load.extend(plan)
+            end += 1
+        if not to_load and not waits:
+            return
+        protected = [k for ch in chunks[:end] for k in ch if l1.ready(k) is not None]
+        for key in protected:
+            l1.lease(key)
+        mine = {**waits, **self._start_loads(to_load, where, size_of)}
+        for key in mine:
+            self.waiting[key] = self.waiting.get(key, 0) + 1
+        try:
+            if mine:
+                _, late = await asyncio.wait(mine.values(), timeout=max(0.0, deadline - time.monotonic()))
+                if late:
+                    self.timeouts += 1
+        finally:
+            for key in protected:
+                l1.unlease(key)
+            for key, future in mine.items():
+                left = self.waiting.pop(key) - 1
+                if left:
+                    self.waiting[key] = left
+                if future.done() and future.result():
+                    l1.unlease(key)  # the lease _commit took for this run while it waited
+
+    async def _locate(self, keys: list[IKey], deadline: float) -> dict[IKey, int]:
+        """Tier index of each key some tier holds: one batched contains per tier, in tier order."""
+        where: dict[IKey, int] = {}
+        todo = keys
+        for index, tier in enumerate(self.m.tiers):
+            if not todo:
+                break
+            if not tier.available():
+                continue
+            names = [self.m_key(k) for k in todo]
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                present = await asyncio.wait_for(tier.adapter.contains(names), remaining)
+            except asyncio.TimeoutError:
+                self.timeouts += 1
+                break
+            except L2Error as exc:
+                tier.failed(exc)
+                continue
+            tier.succeeded()
+            tier.stats.misses += present.count(False)
+            rest = []
+            for key, hit in zip(todo, present, strict=True):
+                if hit:
+                    where[key] = index
+                else:
+                    rest.append(key)
+            todo = rest
+        return where
+
+    @staticmethod
+    def m_key(key: IKey) -> str:
+        from .manager import key_str
+
+        return key_str(key)
+
+    def _start_loads(self, keys: list[IKey], where: dict[IKey, int],
+                     size_of: Callable[[IKey], int | None]) -> dict[IKey, asyncio.Future[bool]]:
+        l1, loop = self.m.l1, asyncio.get_running_loop()
+        by_tier: dict[int, list[Item]] = {}
+        futures: dict[IKey, asyncio.Future[bool]] = {}
+        for key in keys:
+            size = size_of(key)
+            entry = None
+            if size is not None:
+                entry = l1.reserve(key, size)
+                if entry is None:
+                    break  # L1 is full of objects nobody may evict: load no further
+            self.inflight[key] = futures[key] = loop.create_future()
+            by_tier.setdefault(where[key], []).append((key, entry, futures[key]))
+        for index, items in by_tier.items():
+            for i in range(0, len(items), FETCH_BATCH):
+                task = asyncio.create_task(self._load(index, items[i : i + FETCH_BATCH]))
+                self.background.add(task)
+                task.add_done_callback(self.background.discard)
+        return futures
+
+    async def _load(self, index: int, items: list[Item]) -> None:
+        tier, l1 = self.m.tiers[index], self.m.l1
+        names = [self.m_key(k) for k, _, _ in items]
+        done: set[IKey] = set()
+        try:
+            try:
+                blobs = await tier.adapter.get(names)
+            except L2Error as exc:
+                tier.failed(exc)
+                return
+            tier.succeeded()
+            tier.stats.gets += len(items)
+            tier.stats.get_bytes += sum(len(b) for b in blobs if b is not None)
+            results = await asyncio.to_thread(self._decode, names, blobs, [e for _, e, _ in items])
+            doomed = []
+            for (key, entry, future), name, result in zip(items, names, results, strict=True):
+                if result is None:
+                    tier.stats.misses += 1
+                elif isinstance(result, CorruptObject):
+                    tier.stats.corrupt += 1
+                    doomed.append(name)
+                    log.warning("L2 tier %s: corrupt object deleted (%s)", tier.url, result)
+                elif isinstance(result, UndecryptableObject):
+                    tier.stats.undecryptable += 1
+                elif self._commit(key, entry, result, future):
+                    done.add(key)
+                    tier.stats.hits += 1
+                    self.loaded += 1
+            if index > 0 and done:
+                self.m.enqueue(sorted(done, key=lambda k: k[6]), tuple(range(index)))  # promote upwards
+            if doomed:
+                try:
+                    await tier.adapter.delete(doomed)
+                except L2Error as exc:
+                    tier.failed(exc)
+        finally:
+            for key, entry, future in items:
+                if key not in done and entry is not None and l1.entries.get(key) is entry:
+                    l1.abort_write(key)
+                if self.inflight.get(key) is future:
+                    del self.inflight[key]
+                if not future.done():
+                    future.set_result(False)
+
+    def _decode(self, names: list[str], blobs: list[bytes | None],
+                entries: list[Entry | None]) -> list[object]:
+        """Worker thread: check and decode; copy straight into reserved slots whose size matches."""
+        out: list[object] = []
+        arena = self.m.l1.arena
+        for name, blob, entry in zip(names, blobs, entries, strict=True):
+            if blob is None:
+                out.append(None)
+                continue
+            try:
+                payload = self.m.serde.decode(name, blob)
+            except (CorruptObject, UndecryptableObject) as exc:
+                out.append(exc)
+                continue
+            if entry is not None:
+                if len(payload) != entry.size:
+                    out.append(CorruptObject(f"payload has {len(payload)} bytes, the layout says {entry.size}"))
+                    continue
+                arena.write(entry.offset, payload)
+                out.append(True)
+            else:
+                out.append(payload)
+        return out
+
+    def _commit(self, key: IKey, entry: Entry | None, result: object, future: asyncio.Future[bool]) -> bool:
+        """Make a loaded object READY (reserving now if its size was unknown); False if not possible."""
+        l1 = self.m.l1
+        if entry is None:
+            if key in l1.entries or not isinstance(result, (bytes, memoryview)):
+                return False  # someone stored it meanwhile
+            entry = l1.reserve(key, len(result))
+            if entry is None:
+                return False
+            l1.arena.write(entry.offset, result)
+        elif l1.entries.get(key) is not entry:
+            return False
+        l1.finish_write(key)
+        for _ in range(self.waiting.get(key, 0)):
+            l1.lease(key)  # keep it for the runs waiting on it until they answer
+        if self.inflight.get(key) is future:
+            del self.inflight[key]
+        future.set_result(True)
+        return True
+
+    async def cancel_all(self) -> None:
+        for task in list(self.background):
+            task.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)

@@ -1,0 +1,185 @@
+"""The serde chain at the L2 boundary: integrity header, optional compression, optional AES-GCM.
+
+Every blob below L1 is `header (72 bytes) || body`; the layout is given byte by byte in docs/l2.md.
+The header carries the object's key fingerprint and a BLAKE3 checksum over the header and body, so a
+corrupt, truncated or misplaced blob is detected before anything is decompressed or served.
+Compression is applied first and kept only when it shrinks the payload (KV bytes are often
+incompressible); encryption (AES-GCM, 96-bit random nonce) comes last and binds the object key as
+associated data, so a ciphertext moved under another key does not open. Decoding is self-describing:
+a server reads lz4, zstd and plain blobs whatever it writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import lz4.block
+import zstandard
+from blake3 import blake3
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+MAGIC = b"KVL2"
+VERSION = 1
+HEADER = struct.Struct("<4sBBBx16sQQ")  # magic, version, compression, encryption, pad, fingerprint, lengths
+HEADER_BYTES = HEADER.size + 32  # + BLAKE3 checksum
+COMPRESSIONS = {"none": 0, "lz4": 1, "zstd": 2}
+ENC_NONE, ENC_AES_GCM = 0, 1
+NONCE_BYTES, TAG_BYTES = 12, 16
+MAX_PAYLOAD = 1 << 33
+KEY_ENV = "KVSERVER_L2_ENCRYPTION_KEY"
+_THREADED = 1 << 20  # hash with several threads from this size on
+
+
+class CorruptObject(Exception):
+    """The blob is damaged or stored under the wrong key: a miss, and the tier should delete it."""
+
+
+class UndecryptableObject(Exception):
+    """The blob is intact but cannot be opened with this server's key (or policy): a miss, kept."""
+
+
+def fingerprint(key: str) -> bytes:
+    """16-byte key fingerprint; equals `kvprotocol.ObjectKey.fingerprint()` for `key = ok.to_str()`."""
+    return blake3(key.encode()).digest()[:16]
+
+
+def _checksum(header: bytes, body: bytes | memoryview) -> bytes:
+    h = blake3(header, max_threads=blake3.AUTO if len(body) >= _THREADED else 1)
+    h.update(body)
+    return h.digest()
+
+
+@dataclass(frozen=True)
+class Serde:
+    """Encode/decode blobs for one server: its compression choice and optional AES key."""
+
+    compression: str = "none"
+    key: bytes | None = None
+    zstd_level: int = 3
+
+    def __post_init__(self) -> None:
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"l2 compression must be one of {sorted(COMPRESSIONS)}")
+        if self.key is not None and len(self.key) not in (16, 24, 32):
+            raise ValueError("the L2 encryption key must be 16, 24 or 32 bytes")
+
+    def __repr__(self) -> str:  # never show the key
+        return f"Serde(compression={self.compression!r}, encrypted={self.key is not None})"
+
+    @property
+    def encrypted(self) -> bool:
+        return self.key is not None
+
+    def encode(self, key: str, payload: bytes | memoryview) -> bytes:
+        """Blob for `payload` stored under `key` (CPU work: call from a worker thread)."""
+        comp, body = 0, payload
+        if self.compression == "lz4":
+            packed = lz4.block.compress(payload, store_size=False)
+            comp, body = (1, packed) if len(packed) < len(payload) else (0, payload)
+        elif self.compression == "zstd":
+            packed = zstandard.ZstdCompressor(level=self.zstd_level).compress(payload)
+            comp, body = (2, packed) if len(packed) < len(payload) else (0, payload)
+        enc = ENC_AES_GCM if self.key is not None else ENC_NONE
+        if self.key is not None:
+            nonce = os.urandom(NONCE_BYTES)
+            body = nonce + AESGCM(self.key).encrypt(nonce, bytes(body), _aad(key, comp, enc))
+        head = HEADER.pack(MAGIC, VERSION, comp, enc, fingerprint(key), len(payload), len(body))
+        return b"".join((head, _checksum(head, body), body))
+
+    def decode(self, key: str, blob: bytes | memoryview) -> bytes | memoryview:
+        """The payload stored under `key`; raises CorruptObject or UndecryptableObject."""
+        view = memoryview(blob)
+        if len(view) < HEADER_BYTES:
+            raise CorruptObject(f"truncated: {len(view)} bytes, shorter than the header")
+        head = bytes(view[: HEADER.size])
+        magic, version, comp, enc, fp, payload_len, body_len = HEADER.unpack(head)
+        if magic != MAGIC:
+            raise CorruptObject("bad magic")
+        if version != VERSION:
+            raise CorruptObject(f"unsupported blob version {version}")
+        body = view[HEADER_BYTES:]
+        if len(body) != body_len:
+            raise CorruptObject(f"truncated: body has {len(body)} bytes, header says {body_len}")
+        if _checksum(head, body) != bytes(view[HEADER.size : HEADER_BYTES]):
+            raise CorruptObject("checksum mismatch")
+        if fp != fingerprint(key):
+            raise CorruptObject("key fingerprint mismatch (object stored under another key)")
+        if comp not in COMPRESSIONS.values() or enc not in (ENC_NONE, ENC_AES_GCM) or payload_len > MAX_PAYLOAD:
+            raise CorruptObject("unknown compression or encryption, or absurd length")
+        if enc == ENC_AES_GCM:
+            if self.key is None:
+                raise UndecryptableObject("object is encrypted and this server has no L2 key")
+            if len(body) < NONCE_BYTES + TAG_BYTES:
+                raise CorruptObject("encrypted body too short")
+            try:
+                body = memoryview(AESGCM(self.key).decrypt(bytes(body[:NONCE_BYTES]), bytes(body[NONCE_BYTES:]),
+                                                           _aad(key, comp, enc)))
+            except InvalidTag:
+                raise UndecryptableObject("AES-GCM authentication failed (wrong key or moved object)") from None
+        elif self.key is not None:
+            raise UndecryptableObject("plaintext object refused: this server requires encrypted L2 objects")
+        if comp == 1:
+            try:
+                out: bytes | memoryview = lz4.block.decompress(body, uncompressed_size=payload_len)
+            except lz4.block.LZ4BlockError as exc:
+                raise CorruptObject(f"lz4: {exc}") from None
+        elif comp == 2:
+            try:
+                out = zstandard.ZstdDecompressor().decompress(body, max_output_size=payload_len)
+            except zstandard.ZstdError as exc:
+                raise CorruptObject(f"zstd: {exc}") from None
+        else:
+            out = body
+        if len(out) != payload_len:
+            raise CorruptObject(f"payload has {len(out)} bytes, header says {payload_len}")
+        return out
+
+
+def _aad(key: str, comp: int, enc: int) -> bytes:
+    """Associated data: blob format, chain flags and the object key itself."""
+    return MAGIC + bytes((VERSION, comp, enc)) + key.encode()
+
+
+def parse_key(text: str | bytes, *, source: str) -> bytes:
+    """An AES key from hex (32/48/64 digits) or base64 text; from a file also 16/24/32 raw bytes.
+
+    Text forms are tried first. Error messages name the source, never the key.
+    """
+    raw = text if isinstance(text, bytes) else text.encode()
+    try:
+        stripped = raw.strip().decode("ascii")
+    except UnicodeDecodeError:
+        stripped = ""
+    for decode in (bytes.fromhex, lambda s: base64.b64decode(s, validate=True)):
+        try:
+            key = decode(stripped) if stripped else b""
+        except (ValueError, binascii.Error):
+            continue
+        if len(key) in (16, 24, 32):
+            return key
+    if isinstance(text, bytes) and len(raw) in (16, 24, 32):
+        return raw
+    raise ValueError(f"L2 encryption key from {source} is not 16/24/32 bytes (hex, base64 or raw)")
+
+
+def load_key(key_file: str | None, environ: Mapping[str, str] | None = None) -> bytes | None:
+    """The configured key: `--l2-encryption-key-file` or the KVSERVER_L2_ENCRYPTION_KEY env var."""
+    env_value = (environ if environ is not None else os.environ).get(KEY_ENV)
+    if key_file and env_value:
+        raise ValueError(f"give the L2 key either as a file or in {KEY_ENV}, not both")
+    if key_file:
+        try:
+            with open(key_file, "rb") as fh:
+                data = fh.read(4096)
+        except OSError as exc:
+            raise ValueError(f"cannot read the L2 key file {key_file}: {exc.strerror}") from None
+        return parse_key(data, source=f"file {key_file}")
+    if env_value:
+        return parse_key(env_value, source=KEY_ENV)
+    return None

@@ -1,0 +1,78 @@
+"""One configured tier: its adapter, counters, last known usage, and health with backoff.
+
+A failing backing store must never slow the server down: after an error the tier is skipped
+(lookups miss, writes are dropped and counted) until a backoff expires, then tried again; the
+periodic usage probe doubles as the health check, so a store that comes back is picked up without
+traffic.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .base import L2Adapter, L2Error, Usage
+
+log = logging.getLogger("kvserver.l2")
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.25, 2.0
+
+
+@dataclass
+class TierStats:
+    puts: int = 0  # objects written
+    put_bytes: int = 0  # encoded bytes written
+    gets: int = 0  # objects fetched
+    get_bytes: int = 0  # encoded bytes fetched
+    hits: int = 0  # objects loaded into L1
+    misses: int = 0  # objects asked for and absent
+    errors: int = 0  # failed operations (each a batch)
+    corrupt: int = 0  # failed integrity checks: treated as a miss and deleted
+    undecryptable: int = 0  # intact but not openable with this server's key: a miss, kept
+    dropped: int = 0  # writes not done (queue full or tier down)
+
+
+class Tier:
+    def __init__(self, adapter: L2Adapter) -> None:
+        self.adapter = adapter
+        self.stats = TierStats()
+        self.usage: Usage | None = None
+        self.down_until = 0.0
+        self._backoff = 0.0
+        self.last_error = ""
+
+    @property
+    def url(self) -> str:
+        return self.adapter.url
+
+    def available(self) -> bool:
+        return time.monotonic() >= self.down_until
+
+    @property
+    def up(self) -> bool:
+        return self._backoff == 0.0
+
+    def failed(self, exc: L2Error) -> None:
+        self.stats.errors += 1
+        self.last_error = str(exc)[:200]
+        if self._backoff == 0.0:
+            log.warning("L2 tier %s failed, skipping it for now: %s", self.url, self.last_error)
+        self._backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, self._backoff * 2))
+        self.down_until = time.monotonic() + self._backoff
+
+    def succeeded(self) -> None:
+        if self._backoff:
+            log.warning("L2 tier %s is back", self.url)
+        self._backoff = 0.0
+        self.down_until = 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "tier": self.url.split("://")[0].replace("+", "-"),  # fs, redis, redis-cluster, s3
+            "url": self.url,
+            "up": self.up,
+            "objects": self.usage.objects if self.usage else None,
+            "bytes": self.usage.bytes if self.usage else None,
+            **asdict(self.stats),
+        }
