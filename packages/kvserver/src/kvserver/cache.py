@@ -10,12 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvprotocol import ErrorCode, ValidationError, chunk_hashes
 
 from .l1 import IKey, L1Cache, State
 from .sessions import KeySpaceT, Session, SessionTable, Slot, StoreTxn
+
+if TYPE_CHECKING:
+    from .l2 import TierManager
 
 
 @dataclass
@@ -59,6 +62,7 @@ class CacheService:
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
         self.counters = Counters()
         self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
+        self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -104,9 +108,9 @@ class CacheService:
         }
 
     # -- lookup / query --------------------------------------------------------------------------
-    def lookup(self, f: dict[str, Any]) -> dict[str, Any]:
+    def lookup(self, f: dict[str, Any], hashes: list[bytes] | None = None) -> dict[str, Any]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"])
+        hashes = self._hashes(f["tokens"]) if hashes is None else hashes
         hit = self._prefix_hits(ks, salt, hashes)
         c = self.counters
         c.lookups += 1
@@ -126,6 +130,19 @@ class CacheService:
                 f["session"], ks, salt, hashes, hit, leased, self.table.deadline())
         return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
                 "chunk_size": self.chunk_size}
+
+    async def lookup_l2(self, f: dict[str, Any]) -> dict[str, Any]:
+        """lookup, after loading what L2 holds of the missing prefix into L1 (a bounded wait).
+
+        The answer counts only what is in L1 when the wait ends; see l2/prefetch.py.
+        """
+        ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
+        hashes = self._hashes(f["tokens"])
+        hit = self._prefix_hits(ks, salt, hashes)
+        if self.l2 is not None and hit < len(hashes):
+            chunks = [[k for r in range(ks[1]) for k in self._keys(ks, salt, r, h)] for h in hashes]
+            await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
+        return self.lookup(f, hashes)  # no await since the wait: the prefix is recomputed and leased at once
 
     def query(self, f: dict[str, Any]) -> dict[str, Any]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")

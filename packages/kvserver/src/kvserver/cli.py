@@ -51,6 +51,18 @@ def main() -> None:
 @click.option("--coordinator", default=None, metavar="URL", help="Fleet coordinator to register with.")
 @click.option("--heartbeat-interval", default=5.0, show_default=True, type=float,
               help="Seconds between coordinator heartbeats.")
+@click.option("--l2", multiple=True, metavar="URL",
+              help="L2 tier below L1, repeatable, in lookup order: fs:///path, redis://host:port/db, "
+                   "redis+cluster://host:port, s3://bucket/prefix (see docs/l2.md).")
+@click.option("--l2-compression", default="none", show_default=True, type=click.Choice(["none", "lz4", "zstd"]),
+              help="Compress objects written to L2 (kept only when smaller).")
+@click.option("--l2-encryption-key-file", default=None, type=click.Path(dir_okay=False), metavar="PATH",
+              help="AES-GCM key for L2 objects (hex, base64 or raw 16/24/32 bytes); or put the key itself "
+                   "in KVSERVER_L2_ENCRYPTION_KEY. Never logged or shown.")
+@click.option("--l2-queue-size", default=1024, show_default=True, type=click.IntRange(min=1),
+              help="Write-behind queue length (objects); overflow is dropped and counted.")
+@click.option("--l2-prefetch-timeout", default=0.5, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds a lookup waits for L2 objects to load into L1.")
 def start(**options: Any) -> None:
     """Start the cache server in the foreground."""
     options["api_token"] = options.get("api_token") or None  # an empty env var means "no token"

@@ -26,6 +26,7 @@ from .cache import CacheService
 from .config import ServerConfig
 from .eviction import make_policy
 from .l1 import L1Cache, State
+from .l2 import build_tier_manager
 
 log = logging.getLogger("kvserver")
 MAX_FRAME_BYTES = 1 << 31  # hard ZMQ limit; larger messages drop the connection
@@ -41,6 +42,12 @@ class KVServer:
         self.arena = Arena(arena_name(config.port, config.shm_prefix), config.l1_bytes)
         self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
         self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl)
+        try:
+            self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
+        except Exception:
+            self.arena.close()
+            raise
+        self._answering: set[asyncio.Task[None]] = set()  # with L2, requests run as tasks (see _serve_loop)
         self.errors: dict[str, int] = {}
         self.op_counts: dict[str, int] = {}
         self.observers: list[Callable[[str, float, str | None], None]] = []  # (op, seconds, error code)
@@ -53,6 +60,10 @@ class KVServer:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._sock.bind(config.zmq_url)
         self.handlers: dict[str, Handler] = self._builtin_handlers()
+        if self.l2 is not None:
+            self.cache.l2 = self.l2
+            self.cache.on_commit.append(self.l2.enqueue)
+            self.handlers["lookup"] = self._lookup_l2
         self.ready = False  # true while the control plane serves (the HTTP /readyz answer)
         self.http: Any = None
         if config.http_port:
@@ -85,6 +96,9 @@ class KVServer:
             "unpin": lambda f, fr: (c.set_pinned(f, False), []),
         }
 
+    async def _lookup_l2(self, f: dict[str, Any], _frames: list[memoryview]) -> Result:
+        return await self.cache.lookup_l2(f), []
+
     def describe(self) -> dict[str, Any]:
         l1, c = self.l1, self.cache
         return {
@@ -108,6 +122,7 @@ class KVServer:
             "counters": vars(c.counters),
             "errors": dict(self.errors),
             "ops": dict(self.op_counts),
+            **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),
         }
 
     # -- dispatch --------------------------------------------------------------------------------
@@ -146,11 +161,19 @@ class KVServer:
                 continue  # a bare identity frame: nothing to answer to
             identity, header = parts[0], parts[1]
             frames = [memoryview(p.buffer) for p in parts[2:]]
-            reply, data = await self.handle(header.bytes, frames)
-            try:
-                await self._sock.send_multipart([identity, pack(reply), *data], copy=False)
-            except zmq.ZMQError as exc:
-                log.warning("could not send reply: %s", exc)
+            if self.l2 is None:
+                await self._answer(identity, header.bytes, frames)
+            else:  # a lookup may wait on L2: let other requests run meanwhile (tasks start in FIFO order)
+                task = asyncio.create_task(self._answer(identity, header.bytes, frames))
+                self._answering.add(task)
+                task.add_done_callback(self._answering.discard)
+
+    async def _answer(self, identity: Any, header: bytes, frames: list[memoryview]) -> None:
+        reply, data = await self.handle(header, frames)
+        try:
+            await self._sock.send_multipart([identity, pack(reply), *data], copy=False)
+        except zmq.ZMQError as exc:
+            log.warning("could not send reply: %s", exc)
 
     async def _expiry_loop(self) -> None:
         interval = max(0.05, min(1.0, self.config.lease_ttl / 4))
@@ -162,6 +185,8 @@ class KVServer:
                 log.exception("lease expiry sweep failed")
 
     async def serve(self) -> None:
+        if self.l2 is not None:
+            await self.l2.start()
         tasks = [asyncio.create_task(self._serve_loop(), name="zmq"),
                  asyncio.create_task(self._expiry_loop(), name="expiry")]
         http_task = asyncio.create_task(self.http.serve(), name="http") if self.http else None
@@ -182,9 +207,11 @@ class KVServer:
                 await fleet.close()
             if http_task is not None:
                 await self.http.shutdown(http_task)
-            for t in tasks:
+            for t in [*tasks, *self._answering]:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *self._answering, return_exceptions=True)
+            if self.l2 is not None:
+                await self.l2.stop()  # flushes the write-behind queue (bounded) before the arena goes
 
     def stop(self) -> None:
         self._stop.set()
