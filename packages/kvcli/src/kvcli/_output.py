@@ -54,10 +54,14 @@ def ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-def stdout_console() -> Any:
+def stdout_console(min_width: int = 0) -> Any:
+    """Rich console on stdout; `min_width` keeps wide tables readable when piped (default 80)."""
     from rich.console import Console
 
-    return Console(file=sys.stdout, soft_wrap=False)
+    console = Console(file=sys.stdout, soft_wrap=False)
+    if console.width < min_width:
+        console = Console(file=sys.stdout, soft_wrap=False, width=min_width)
+    return console
 
 
 def stderr_console() -> Any:

@@ -6,6 +6,7 @@ probe the TCP port: "connection refused" and "timeout" are different problems fo
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Any
@@ -92,7 +93,7 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, Any, float]:
     full = url.rstrip("/") + path
     t0 = time.perf_counter()
     try:
-        resp = httpx.get(full, timeout=timeout)
+        resp = httpx.get(full, timeout=timeout, headers=auth_headers(), trust_env=False)
     except httpx.ConnectError:
         raise Unreachable(tcp_probe(url, min(timeout, 1.0)) or f"cannot connect to {url}") from None
     except httpx.TimeoutException:
@@ -107,8 +108,16 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, Any, float]:
     return resp.status_code, body, elapsed
 
 
+def auth_headers() -> dict[str, str]:
+    """Bearer token from KVCLI_TOKEN, for admin APIs that listen beyond loopback."""
+    token = os.environ.get("KVCLI_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def http_json(url: str, path: str, timeout: float) -> Any:
     status, body, _ = http_get(url, path, timeout)
+    if status in (401, 403):
+        raise Unreachable(f"GET {path} answered HTTP {status}: set KVCLI_TOKEN to the server's API token")
     if status != 200:
         raise Unreachable(f"GET {path} answered HTTP {status}")
     if not isinstance(body, (dict, list)):

@@ -85,6 +85,7 @@ def _tiers(chunks: list[dict[str, Any]]) -> list[str]:
 
 def render(answer: dict[str, Any]) -> list[Any]:
     from rich.table import Table
+    from rich.text import Text
 
     out: list[Any] = []
     for ks in answer["keyspaces"]:
@@ -92,7 +93,8 @@ def render(answer: dict[str, Any]) -> list[Any]:
         title = (f"{answer['model']} world={ks['world_size']} layouts={','.join(ks['groups'])}: "
                  f"reusable prefix {ks['prefix_tokens']} of {answer['tokens']} tokens "
                  f"(chunk {ks['chunk_size']})")
-        table = Table(title=title, title_justify="left")
+        out.append(Text(title, style="bold"))
+        table = Table()
         table.add_column("chunk", justify="right")
         table.add_column("tokens", justify="right")
         table.add_column("hash")

@@ -1,0 +1,39 @@
+"""Cell formatting shared by the dashboard and `top --once` (rich markup, fixed widths)."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+from .._output import human_bytes
+from .model import InstanceView
+
+COLUMNS = ("instance", "state", "hit% int", "hit% all", "L1 used", "L1%", "L2", "ops/s", "evict/s",
+           "errors", "MB/s", "engines", "note")
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def num(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def mbps(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e6:,.1f}"
+
+
+def row(v: InstanceView, now: float | None = None) -> list[str]:
+    """The dashboard row of one instance; a down one keeps its last known sizes, dimmed."""
+    state = "[bold green]up[/]" if v.up else "[bold red]DOWN[/]"
+    note = ""
+    if not v.up:
+        ago = f" (last seen {now - v.last_seen:.0f}s before)" if now is not None and v.last_seen else ""
+        note = escape(f"{v.reason or 'unreachable'}{ago}")
+    errors = f"{v.errors_total}" + (f" (+{v.errors_s:.1f}/s)" if v.errors_s else "")
+    cells = [escape(v.id), state, pct(v.hit_rate), pct(v.hit_rate_total), human_bytes(v.l1_used) if v.l1_capacity else "-",
+             pct(v.l1_fraction), f"{v.l2_objects} obj" if v.l2_objects else "-", num(v.ops_s), num(v.evictions_s),
+             errors, mbps(v.bytes_s), str(v.engines), note]
+    if not v.up:
+        cells = [cells[0], cells[1], *[f"[dim]{c}[/]" for c in cells[2:-1]], f"[red]{note}[/]"]
+    return cells
