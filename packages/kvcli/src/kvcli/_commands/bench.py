@@ -85,6 +85,8 @@ def server(url: str, mode: str, workload: str, users: int, rounds: int, context_
            as_json: bool, layers: int, kv_heads: int, head_dim: int, dtype: str, block_size: int,
            model: str, salt: str | None, verify: bool, timeout: float) -> None:
     """Drive a running kvserver over its real protocol (lookup, retrieve, store, commit)."""
+    from kvprotocol import ValidationError
+
     from ..bench.kvshape import KVShape
     from ..bench.server import BenchAborted, ServerBench
 
@@ -96,6 +98,8 @@ def server(url: str, mode: str, workload: str, users: int, rounds: int, context_
         fail_fast(url, timeout)
         with _progress(spec.total_requests, f"{workload} ({mode})", not no_progress) as advance:
             report = bench.run(advance)
+    except ValidationError as exc:
+        fail(f"bad KV shape: {exc.message}")
     except (Unreachable, BenchAborted, OSError, ValueError) as exc:
         fail(str(exc))
     if as_json:
