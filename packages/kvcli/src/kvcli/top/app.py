@@ -211,5 +211,14 @@ class TopApp(App[None]):
         self.action_details()
 
 
-def run(source: Source, interval: float, window: float) -> Any:
-    return TopApp(source, interval=interval, window=window).run()
+def screen_text(app: App[Any]) -> str:
+    """The current screen as plain text, the way a terminal shows it (docs captures, tests)."""
+    import io
+
+    from rich.console import Console
+
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), record=True, force_terminal=True,
+                      color_system=None, legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True))
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines())

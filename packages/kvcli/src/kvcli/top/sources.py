@@ -42,7 +42,7 @@ class DirectSource:
         self.timeout = timeout
         self.label = ", ".join(self.urls)
         self._clients = {u: Client(u, timeout=timeout) for u in self.urls if not is_http(u)}
-        self._down: set[str] = set()
+        self._down = set(self.urls)  # probe before the first describe too: fail fast, not after a timeout
         self._pool = ThreadPoolExecutor(max_workers=min(16, len(self.urls)), thread_name_prefix="kvcli-top")
 
     def _one(self, url: str) -> Snapshot:
@@ -92,22 +92,24 @@ class CoordinatorSource:
 
 
 def parse_fleet_status(body: Any, t: float) -> list[Snapshot]:
-    """Snapshots from a fleet status answer: {"instances": [{id, zmq_url, http_url, alive, status|error}]}."""
+    """Snapshots from the coordinator's answer: {"instances": [{id, zmq_url, http_url, status, error}]}.
+
+    Rows are named by the ZMQ address, not the registration id, so a restarted server (new id,
+    same address) stays on its row.
+    """
     items = body.get("instances", []) if isinstance(body, dict) else body
     out = []
     for item in items if isinstance(items, list) else []:
         if not isinstance(item, dict):
             continue
-        iid = str(item.get("id") or item.get("instance_id") or item.get("zmq_url") or "?")
-        url = str(item.get("http_url") or item.get("zmq_url") or "")
+        zmq_url = item.get("zmq_url")
+        iid = instance_id(str(zmq_url)) if zmq_url else str(item.get("id", "?"))
+        url = str(zmq_url or item.get("http_url") or "")
         status = item.get("status")
-        if isinstance(status, dict) and item.get("alive", True) is not False:
+        if isinstance(status, dict):
             out.append(Snapshot(iid, url, t, status=status))
         else:
-            reason = item.get("error") or item.get("reason") or ("missed heartbeats" if item.get("alive") is False
-                                                                 else "unreachable")
-            out.append(Snapshot(iid, url, t, reason=str(reason if not isinstance(reason, dict)
-                                                         else reason.get("message", reason))))
+            out.append(Snapshot(iid, url, t, reason=str(item.get("error") or "unreachable")))
     return out
 
 
