@@ -40,6 +40,8 @@ class FleetAgent:
         self.registrations = 0
         self._outage = False
         headers = {"Authorization": f"Bearer {cfg.api_token}"} if cfg.api_token else {}
+        if cfg.log_level != "debug":  # one INFO line per heartbeat would drown the log
+            logging.getLogger("httpx").setLevel(logging.WARNING)
         # proxies from the environment are ignored: the coordinator sits on the cluster network
         self._client = httpx.AsyncClient(timeout=REQUEST_TIMEOUT, headers=headers, trust_env=False)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -126,6 +126,7 @@ class ServerMetrics:
     """The registry of one server: scrape-time collector, latency histogram and HTTP counters."""
 
     def __init__(self, server: KVServer) -> None:
+        disable_created_metrics()  # *_created series only add noise here (process-wide switch)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ServerCollector(server))
         self.request_seconds = Histogram("kvserver_request_seconds", "Control-plane request latency, by op.",

@@ -1,0 +1,39 @@
+"""Bind and token rules of the coordinator, the same as kvserver's.
+
+A non-loopback bind needs a token (or an explicit --insecure). Read-only endpoints are open while
+listening on loopback; mutating ones (membership changes) need the token whenever one is set.
+(kvcli must not import kvserver, so these few lines are kept here rather than shared.)
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+
+from .binding import is_loopback
+from .errors import ApiError
+
+
+def _check(request: Request, token: str | None) -> None:
+    if token is None:
+        return
+    header = request.headers.get("authorization")
+    if not header:
+        raise ApiError(401, "UNAUTHORIZED", "this endpoint needs 'Authorization: Bearer <token>'",
+                       headers={"WWW-Authenticate": "Bearer"})
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token.encode()):
+        raise ApiError(403, "FORBIDDEN", "invalid bearer token")
+
+
+class Guard:
+    def __init__(self, host: str, token: str | None) -> None:
+        self.token = token
+        self.read_token = None if is_loopback(host) else token
+
+    def read(self, request: Request) -> None:
+        _check(request, self.read_token)
+
+    def write(self, request: Request) -> None:
+        _check(request, self.token)
