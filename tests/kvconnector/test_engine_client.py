@@ -101,6 +101,7 @@ def test_save_skip_tokens_and_short_block_tables(kv_server) -> None:
     ks = KeySpace.from_layouts("test/model", 1, [lay])
     with client(kv_server, [lay]) as c, kv_server.client() as raw:
         c.register(geo.random_kv(20, seed=4))
+        assert c.data_mode == "shm"  # auto: the server is on this host and its arena is visible
         # blocks for only 2.5 chunks: chunk 2 is not fully covered, so only chunk 1 is written
         res = c.save(tokens, list(range(10)), skip_tokens=64)
         assert res == SaveResult(True, 1, None, 1)

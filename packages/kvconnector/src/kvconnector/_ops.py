@@ -196,10 +196,10 @@ def _fill_and_commit(link: EngineLink, copier: Copier, deadline: Deadline, mode:
     if not isinstance(store_id, str):
         raise ValueError("store reply has reserved slots but no store_id")
     sizes = [link.layouts[s["group"]].object_bytes for s in reserved]
-    for s, size in zip(reserved, sizes, strict=True):
-        if s.get("size") != size:
-            raise ValueError(f"slot of chunk {s['chunk']} has {s.get('size')} bytes, layout says {size}")
     try:
+        for s, size in zip(reserved, sizes, strict=True):
+            if s.get("size") != size:
+                raise ValueError(f"slot of chunk {s['chunk']} has {s.get('size')} bytes, layout says {size}")
         frames: list[memoryview] = []
         if mode == "shm":
             assert link.arena is not None
