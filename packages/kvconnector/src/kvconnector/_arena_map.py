@@ -60,7 +60,7 @@ class ArenaMap:
             return False
         return (st.st_dev, st.st_ino) == self.identity
 
-    def check_range(self, offset: int, size: int) -> None:
+    def check_range(self, offset: object, size: object) -> None:
         """Refuse offsets from a reply that would reach outside the mapping (never segfault)."""
         if not (isinstance(offset, int) and isinstance(size, int)) or offset < 0 or size < 0 \
                 or offset + size > self.size:
