@@ -174,5 +174,8 @@ PYBIND11_MODULE(_kvcopy, m) {
           },
           py::arg("total_bytes"), py::arg("num_threads") = 0,
           "Threads batch_copy would use for a copy of total_bytes.");
+    m.def("plan_streaming", &kvcopy::plan_streaming, py::arg("total_bytes"),
+          "Whether a copy of total_bytes would use non-temporal (streaming) stores.");
     m.attr("MIN_BYTES_PER_THREAD") = kvcopy::kMinBytesPerThread;
+    m.attr("STREAM_MIN_TOTAL_BYTES") = kvcopy::kStreamMinTotalBytes;
 }

@@ -93,11 +93,36 @@ def test_large_copy_split_across_threads(threads):
     assert not dst[cursor:].any()
 
 
+_BIG_SRC = np.random.default_rng(11).integers(0, 256, 10 << 20, dtype=np.uint8)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pieces=st.lists(st.tuples(st.integers(0, (10 << 20) - 70000), st.integers(0, 70000),
+                                 st.integers(0, 130)), max_size=12),
+       threads=st.integers(0, 3))
+def test_streaming_path_matches_reference(pieces, threads):
+    # An 8 MiB filler row makes the batch large enough for non-temporal stores; the random rows
+    # then exercise every alignment and length around the 64-byte and 16 KiB boundaries.
+    assert ext.plan_streaming(ext.STREAM_MIN_TOTAL_BYTES)
+    rows, cursor = [(3, 0, ext.STREAM_MIN_TOTAL_BYTES)], ext.STREAM_MIN_TOTAL_BYTES
+    for src_off, n, gap in pieces:
+        cursor += gap
+        rows.append((src_off, cursor, n))
+        cursor += n
+    dst = np.zeros(cursor + 64, dtype=np.uint8)
+    ext.batch_copy(_BIG_SRC.ctypes.data, dst.ctypes.data, np.array(rows, dtype=np.int64), threads)
+    expected = np.zeros_like(dst)
+    for s, d, n in rows:
+        expected[d : d + n] = _BIG_SRC[s : s + n]
+    assert np.array_equal(dst, expected)
+
+
 def test_thread_planning():
     assert 1 <= ext.default_threads() <= 8
     assert ext.plan_threads(1000, 0) == 1  # small copies stay on the calling thread
     assert ext.plan_threads(ext.MIN_BYTES_PER_THREAD * 3, 8) == 3
     assert ext.plan_threads(1 << 40, 5) == 5
+    assert not ext.plan_streaming(ext.STREAM_MIN_TOTAL_BYTES - 1)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
