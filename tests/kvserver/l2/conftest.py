@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,29 +16,17 @@ from pathlib import Path
 import pytest
 import redis
 
+from l2util import S3_ENV, wait_until
 from serverproc import free_port
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
 MOTO_SERVER = Path(sys.executable).parent / "moto_server"
-S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 def _need_redis() -> None:
     if REDIS_SERVER is None or REDIS_CLI is None:
         pytest.skip("redis-server/redis-cli not installed (run scripts/install-system-deps.sh)")
-
-
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):  # type: ignore[no-untyped-def]
-    """Poll until predicate() is truthy; returns its value or fails the test with `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass

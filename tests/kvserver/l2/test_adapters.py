@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvserver.l2 import L2Adapter, L2Error, make_adapter, redact
+from l2util import S3_ENV
 
 BACKENDS = ["fs", "redis", "redis-cluster", "s3"]
 
@@ -23,8 +24,6 @@ async def adapter(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: p
     elif kind == "redis-cluster":
         url = request.getfixturevalue("redis_cluster").url
     else:
-        from conftest import S3_ENV
-
         for k, v in S3_ENV.items():
             monkeypatch.setenv(k, v)
         url = request.getfixturevalue("moto_s3").url(request.getfixturevalue("s3_bucket"))
