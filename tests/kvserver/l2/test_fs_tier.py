@@ -4,6 +4,7 @@ write-behind overflow is dropped and counted, bad settings are refused."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -151,3 +152,26 @@ def test_bad_l2_settings_are_refused_with_a_clear_error(tmp_path: Path) -> None:
     bad_key.write_text("not-a-key-0123")
     out = _start("--l2", f"fs://{tmp_path}", "--l2-encryption-key-file", str(bad_key))
     assert out.returncode != 0 and "not 16/24/32 bytes" in out.stderr and "not-a-key-0123" not in out.stderr
+
+
+async def test_concurrent_lookups_share_one_load(server_factory, tmp_path: Path) -> None:
+    from kvhelpers import tiny_layout
+    from kvprotocol import AsyncClient, pack_tokens
+
+    s = server_factory(*L1, "--l2", f"fs://{tmp_path}/l2")
+    layouts = [tiny_layout(), tiny_layout(block_bytes=512, tag="mla")]  # two object groups per chunk
+    tokens = prompt(6, seed=6)
+    with s.client() as c:
+        ks, _ = register(c, layouts=layouts)
+        store(c, ks, tokens, lambda ch, g: data(6)(ch, g)[: layouts[g].object_bytes])
+        wait_tier(c, "puts", 12)
+        c.call("clear")
+    async with AsyncClient(s.url) as client:  # four lookups in flight at once, all missing L1
+        fields = {"keyspace": ks.to_wire(), "tokens": pack_tokens(tokens)}
+        replies = await asyncio.gather(*(client.call("lookup", **fields, session=f"s{i}") for i in range(4)))
+        assert [r.result["hit_tokens"] for r in replies] == [6 * 256] * 4
+    with s.client() as c:
+        t = tier(c)
+        assert t["gets"] == 12 and t["hits"] == 12  # each object read once, whoever asked first
+        got = retrieve(c, "s3", 0, 6)
+        assert got == {(ch, g): data(6)(ch, g)[: layouts[g].object_bytes] for ch in range(6) for g in range(2)}
