@@ -82,7 +82,7 @@ class TopApp(App[None]):
     ENABLE_COMMAND_PALETTE = False
     CSS = """
     #instances { height: auto; max-height: 60%; }
-    #charts { height: 1fr; min-height: 7; max-height: 14; }
+    #charts { height: 1fr; min-height: 7; }
     #detail-charts { height: 9; }
     #charts Chart, #detail-charts Chart { width: 1fr; }
     #statusline { height: 1; padding: 0 1; color: $text-muted; }

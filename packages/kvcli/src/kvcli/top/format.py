@@ -28,8 +28,9 @@ def row(v: InstanceView, now: float | None = None) -> list[str]:
     state = "[bold green]up[/]" if v.up else "[bold red]DOWN[/]"
     note = ""
     if not v.up:
-        ago = f" (last seen {now - v.last_seen:.0f}s before)" if now is not None and v.last_seen else ""
-        note = escape(f"{v.reason or 'unreachable'}{ago}")
+        ago = f" (up {now - v.last_seen:.0f}s ago)" if now is not None and v.last_seen else ""
+        reason = (v.reason or "unreachable").replace(f" at {v.id}", "")  # the row already names it
+        note = escape(f"{reason}{ago}")
     errors = f"{v.errors_total}" + (f" (+{v.errors_s:.1f}/s)" if v.errors_s else "")
     cells = [escape(v.id), state, pct(v.hit_rate), pct(v.hit_rate_total), human_bytes(v.l1_used) if v.l1_capacity else "-",
              pct(v.l1_fraction), f"{v.l2_objects} obj" if v.l2_objects else "-", num(v.ops_s), num(v.evictions_s),
