@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 
 from httpkv import CHUNK, fill, keys_body, prompt
 from kvhelpers import register, store, tiny_layout
-from serverproc import ServerProc
+from serverproc import ServerProc, free_port
 
 
-@pytest.fixture
-def api(server_factory) -> ServerProc:
-    return server_factory("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), http=True)
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    """One server for the module; each test uses its own model name, so tests stay independent."""
+    srv = ServerProc(free_port(), ["--l1-size-gb", "0.05", "--chunk-size", str(CHUNK)],
+                     tmp_path_factory.mktemp("api") / "kvserver.log", http_port=free_port()).start()
+    yield srv
+    srv.stop()
 
 
 def test_probes_status_and_openapi(api: ServerProc) -> None:
@@ -22,7 +28,7 @@ def test_probes_status_and_openapi(api: ServerProc) -> None:
         assert ready.status_code == 200 and ready.json() == {"ready": True}
         status = h.get("/v1/status").json()
         assert status["config"]["port"] == api.port and status["config"]["http_port"] == api.http_port
-        assert status["l1"]["capacity_bytes"] > 0 and status["l1"]["objects"] == 0
+        assert status["l1"]["capacity_bytes"] > 0 and status["config"]["chunk_size"] == CHUNK
         paths = h.get("/openapi.json").json()["paths"]
         assert {"/healthz", "/readyz", "/metrics", "/v1/status", "/v1/query", "/v1/clear", "/v1/pin",
                 "/v1/unpin"} <= set(paths)
@@ -31,7 +37,7 @@ def test_probes_status_and_openapi(api: ServerProc) -> None:
 def test_query_reports_per_chunk_presence_and_prefix(api: ServerProc) -> None:
     tokens = prompt(4, tail=5)
     with api.client() as c, httpx.Client(base_url=api.http_url, timeout=5) as h:
-        ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
+        ks, _ = register(c, model="m-query", layouts=[tiny_layout(CHUNK)])
         before = h.post("/v1/query", json=keys_body(ks, tokens)).json()
         assert before["prefix_tokens"] == 0 and [ch["l1"] for ch in before["chunks"]] == [0, 0, 0, 0]
         store(c, ks, tokens[: 2 * CHUNK], fill)  # chunks 0 and 1
@@ -46,7 +52,7 @@ def test_query_reports_per_chunk_presence_and_prefix(api: ServerProc) -> None:
 def test_salt_isolates_query(api: ServerProc) -> None:
     tokens = prompt(2)
     with api.client() as c, httpx.Client(base_url=api.http_url, timeout=5) as h:
-        ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
+        ks, _ = register(c, model="m-salt", layouts=[tiny_layout(CHUNK)])
         store(c, ks, tokens, fill, salt="tenant-a")
         assert h.post("/v1/query", json=keys_body(ks, tokens, salt="tenant-a")).json()["prefix_tokens"] == 2 * CHUNK
         assert h.post("/v1/query", json=keys_body(ks, tokens, salt="tenant-b")).json()["prefix_tokens"] == 0
@@ -56,7 +62,8 @@ def test_salt_isolates_query(api: ServerProc) -> None:
 def test_pin_unpin_and_clear(api: ServerProc) -> None:
     tokens = prompt(3)
     with api.client() as c, httpx.Client(base_url=api.http_url, timeout=5) as h:
-        ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
+        h.post("/v1/clear")  # the module's server is shared: start this one from empty
+        ks, _ = register(c, model="m-pin", layouts=[tiny_layout(CHUNK)])
         store(c, ks, tokens, fill)
         assert h.post("/v1/pin", json=keys_body(ks, tokens[: 2 * CHUNK])).json() == {"objects": 2}
         assert h.get("/v1/status").json()["l1"]["pinned"] == 2
@@ -78,9 +85,10 @@ def _error(resp: httpx.Response, status: int, code: str) -> str:
 def test_bad_requests_get_4xx_with_a_message_and_change_nothing(api: ServerProc) -> None:
     tokens = prompt(2)
     with api.client() as c, httpx.Client(base_url=api.http_url, timeout=10) as h:
-        ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
+        ks, _ = register(c, model="m-bad", layouts=[tiny_layout(CHUNK)])
         store(c, ks, tokens, fill)
         good = keys_body(ks, tokens)
+        objects = h.get("/v1/status").json()["l1"]["objects"]
         json_headers = {"content-type": "application/json"}
         _error(h.post("/v1/query", content=b"{not json", headers=json_headers), 400, "BAD_JSON")
         _error(h.post("/v1/pin", content=b"[1, 2", headers=json_headers), 400, "BAD_JSON")
@@ -100,6 +108,6 @@ def test_bad_requests_get_4xx_with_a_message_and_change_nothing(api: ServerProc)
         _error(h.get("/v1/clear"), 405, "METHOD_NOT_ALLOWED")
         # nothing changed, and the server still serves both doors
         status = h.get("/v1/status").json()
-        assert status["l1"]["objects"] == 2 and status["l1"]["pinned"] == 0
+        assert status["l1"]["objects"] == objects and status["l1"]["pinned"] == 0
         assert h.post("/v1/query", json=good).json()["prefix_tokens"] == 2 * CHUNK
         assert c.call("ping").result["protocol"] == 1

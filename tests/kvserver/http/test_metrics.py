@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
@@ -10,7 +12,7 @@ from httpkv import CHUNK, Samples, fill, parse_metrics, prompt, value
 from kvhelpers import lookup, register, retrieve, store, tiny_layout
 from kvprotocol import ServerError
 from kvserver.http.metrics import tier_stats
-from serverproc import ServerProc
+from serverproc import ServerProc, free_port
 
 REQUIRED = (
     "kvserver_lookup_requests_total", "kvserver_lookup_tokens_total", "kvserver_lookup_hit_tokens_total",
@@ -28,9 +30,13 @@ def scrape(srv: ServerProc) -> Samples:
     return parse_metrics(resp.text)
 
 
-@pytest.fixture
-def srv(server_factory) -> ServerProc:
-    return server_factory("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), http=True)
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    """One server for the module: tests compare scrapes before and after, never absolute counts."""
+    proc = ServerProc(free_port(), ["--l1-size-gb", "0.05", "--chunk-size", str(CHUNK)],
+                      tmp_path_factory.mktemp("metrics") / "kvserver.log", http_port=free_port()).start()
+    yield proc
+    proc.stop()
 
 
 def test_exposition_parses_and_names_every_required_metric(srv: ServerProc) -> None:
@@ -56,7 +62,7 @@ def test_exposition_parses_and_names_every_required_metric(srv: ServerProc) -> N
 def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
     tokens = prompt(3, tail=7)
     with srv.client() as c:
-        ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
+        ks, _ = register(c, model="m-move", layouts=[tiny_layout(CHUNK)])
         m0 = scrape(srv)
         assert lookup(c, ks, tokens) == 0  # a miss: tokens asked, none hit
         m1 = scrape(srv)
@@ -68,22 +74,22 @@ def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
         m2 = scrape(srv)
         assert value(m2, "kvserver_store_bytes_total", tier="l1") == value(m1, "kvserver_store_bytes_total",
                                                                            tier="l1") + 2 * 2048
-        assert value(m2, "kvserver_objects", tier="l1") == 2
-        assert value(m2, "kvserver_l1_used_bytes") >= 2 * 2048
+        assert value(m2, "kvserver_objects", tier="l1") == value(m1, "kvserver_objects", tier="l1") + 2
+        assert value(m2, "kvserver_l1_used_bytes") >= value(m1, "kvserver_l1_used_bytes") + 2 * 2048
 
         hit = lookup(c, ks, tokens, session="s1")
         assert hit == 2 * CHUNK
         m3 = scrape(srv)
         assert value(m3, "kvserver_lookup_hit_tokens_total") == value(m2, "kvserver_lookup_hit_tokens_total") + hit
         assert value(m3, "kvserver_lookup_tokens_total") == value(m2, "kvserver_lookup_tokens_total") + len(tokens)
-        assert value(m3, "kvserver_leases_active") == 2
+        assert value(m3, "kvserver_leases_active") == value(m2, "kvserver_leases_active") + 2
 
         got = retrieve(c, "s1", 0, 2)
         m4 = scrape(srv)
         assert value(m4, "kvserver_retrieve_bytes_total", tier="l1") == value(
             m3, "kvserver_retrieve_bytes_total", tier="l1") + sum(len(b) for b in got.values())
         c.call("end_session", session="s1")
-        assert value(scrape(srv), "kvserver_leases_active") == 0
+        assert value(scrape(srv), "kvserver_leases_active") == value(m2, "kvserver_leases_active")
 
         for bad in ("bogus_a", "bogus_b"):
             with pytest.raises(ServerError):
@@ -111,13 +117,15 @@ def test_evictions_are_counted(server_factory) -> None:
 
 
 def test_http_requests_are_counted_by_route_template(srv: ServerProc) -> None:
+    before = scrape(srv)
     with httpx.Client(base_url=srv.http_url, timeout=5) as h:
         for _ in range(3):
             h.get("/healthz")
         h.get("/no/such/path/12345")
     samples = scrape(srv)
-    assert value(samples, "kvserver_http_requests_total", route="/healthz", status="200") == 3
-    assert value(samples, "kvserver_http_requests_total", route="unmatched", status="404") == 1
+    for route, status, n in (("/healthz", "200", 3), ("unmatched", "404", 1), ("/metrics", "200", 1)):
+        assert value(samples, "kvserver_http_requests_total", route=route, status=status) == value(
+            before, "kvserver_http_requests_total", route=route, status=status) + n
     assert not any("12345" in v for _, labels in samples for _, v in labels)
 
 
