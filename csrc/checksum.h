@@ -18,6 +18,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace kvcopy {
 
@@ -25,5 +28,10 @@ constexpr std::uint64_t kSumP1 = 0x9E3779B97F4A7C15ull;
 constexpr std::uint64_t kSumP2 = 0xC2B2AE3D27D4EB4Full;
 
 std::uint64_t checksum(const void* data, std::size_t length, std::uint64_t seed);
+
+// The checksum computed by every compiled version the running CPU supports (name, value), best
+// first; the first is what checksum() uses. For tests: all values must be equal.
+std::vector<std::pair<std::string, std::uint64_t>> checksum_all_versions(const void* data, std::size_t length,
+                                                                         std::uint64_t seed);
 
 }  // namespace kvcopy

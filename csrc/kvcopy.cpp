@@ -5,6 +5,7 @@
 // with the GIL released, so other Python threads (the engine, the ZMQ client) keep running.
 // No torch headers: callers pass raw addresses (tensor.data_ptr(), numpy/mmap buffer addresses).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <cstring>
@@ -167,6 +168,13 @@ PYBIND11_MODULE(_kvcopy, m) {
           "kvsum64 of `length` bytes at address `addr` (see docs/layouts.md).");
     m.def("checksum_bytes", &checksum_bytes_py, py::arg("buffer"), py::arg("seed") = 0,
           "kvsum64 of a contiguous bytes-like object.");
+    m.def("_checksum_versions", [](const py::object& buffer, std::uint64_t seed) {
+              BufferGuard guard(buffer.ptr(), PyBUF_SIMPLE);
+              return kvcopy::checksum_all_versions(guard.view().buf,
+                                                   static_cast<std::size_t>(guard.view().len), seed);
+          },
+          py::arg("buffer"), py::arg("seed") = 0,
+          "[(version, kvsum64)] for every compiled checksum version this CPU runs (tests).");
     m.def("default_threads", []() { return kvcopy::default_threads(); },
           "Threads batch_copy uses for large copies when num_threads=0.");
     m.def("plan_threads", [](std::uint64_t total, unsigned requested) {

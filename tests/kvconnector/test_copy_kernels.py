@@ -175,6 +175,15 @@ def test_checksum_matches_reference_unaligned(data, pad, seed):
     assert ext.checksum_bytes(data, seed) == fb.checksum_bytes(data, seed) == want
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=2000), seed=st.integers(0, MASK))
+def test_every_compiled_checksum_version_agrees(data, seed):
+    versions = ext._checksum_versions(data, seed)
+    assert versions[-1][0] == "base" and len(versions) >= 1
+    want = ref_kvsum64(data, seed)
+    assert all(value == want for _, value in versions), versions
+
+
 def test_checksum_large_buffer_ext_equals_fallback():
     rng = np.random.default_rng(7)
     data = rng.integers(0, 256, (5 << 20) + 3, dtype=np.uint8)  # crosses the fallback's step size
