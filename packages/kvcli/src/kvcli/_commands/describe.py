@@ -58,7 +58,7 @@ def render(url: str, status: dict[str, Any]) -> list[Any]:
     ]))
     tiers = status.get("l2") or []
     if tiers:
-        cols = ["url", "objects", "bytes", "puts", "gets", "hits", "misses", "errors"]
+        cols = ["url", "up", "objects", "bytes", "puts", "gets", "hits", "misses", "errors", "dropped"]
         table = Table(title="L2", title_justify="left")
         for col in cols:
             table.add_column(col, justify="left" if col == "url" else "right")

@@ -33,6 +33,10 @@ def _kv(title: str, rows: list[tuple[str, str]]) -> Any:
     return table
 
 
+def _num(v: float | None, digits: int) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
 def _gbps(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f} GB/s"
 
@@ -60,8 +64,8 @@ def engine_report(r: dict[str, Any]) -> list[Any]:
     thr = r["throughput"]
     summary = _kv(f"bench engine: {r['workload']} against {r['target']} (model {r['model']})", [
         ("requests", f"{r['completed']} of {r['requests']} completed in {r['duration_s']:.2f} s"),
-        ("throughput", f"{thr['requests_per_s']} req/s, {thr['output_tokens_per_s']} output tok/s, "
-                       f"{thr['prompt_tokens_per_s']} prompt tok/s"),
+        ("throughput", f"{_num(thr['requests_per_s'], 2)} req/s, {_num(thr['output_tokens_per_s'], 0)} output tok/s, "
+                       f"{_num(thr['prompt_tokens_per_s'], 0)} prompt tok/s"),
         ("ttft p50 by round", ", ".join(f"r{k}: {v:.1f} ms" for k, v in r["ttft_p50_by_round_ms"].items()) or "-"),
         ("errors", ", ".join(f"{k}={v}" for k, v in r["errors"].items()) or "none"),
     ])

@@ -84,7 +84,7 @@ class TopApp(App[None]):
     #instances { height: auto; max-height: 60%; }
     #charts { height: 1fr; min-height: 7; }
     #detail-charts { height: 9; }
-    #charts Chart, #detail-charts Chart { width: 1fr; }
+    #charts Chart, #detail-charts Chart { width: 1fr; height: 1fr; }
     #statusline { height: 1; padding: 0 1; color: $text-muted; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [

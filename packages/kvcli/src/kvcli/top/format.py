@@ -28,7 +28,7 @@ def row(v: InstanceView, now: float | None = None) -> list[str]:
     state = "[bold green]up[/]" if v.up else "[bold red]DOWN[/]"
     note = ""
     if not v.up:
-        ago = f" (up {now - v.last_seen:.0f}s ago)" if now is not None and v.last_seen else ""
+        ago = f" (last up {now - v.last_seen:.0f}s ago)" if now is not None and v.last_seen else ""
         reason = (v.reason or "unreachable").replace(f" at {v.id}", "")  # the row already names it
         note = escape(f"{reason}{ago}")
     errors = f"{v.errors_total}" + (f" (+{v.errors_s:.1f}/s)" if v.errors_s else "")
