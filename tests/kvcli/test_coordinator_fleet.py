@@ -24,7 +24,7 @@ def listed(coord: CoordinatorProc, srv: ServerProc) -> dict | None:
 
 
 def test_register_heartbeat_deregister_and_timeout(server_factory, coordinator_factory) -> None:
-    coord = coordinator_factory("--instance-timeout", "1.5")
+    coord = coordinator_factory("--instance-timeout", "2")
     srv, doomed = kv(server_factory, coord), kv(server_factory, coord)
     inst = wait_for(lambda: listed(coord, srv), what="registration")
     assert inst["http_url"] == srv.http_url and inst["chunk_size"] == CHUNK and inst["liveness"] == "live"
@@ -51,7 +51,9 @@ def test_coordinator_down_then_restarted(server_factory, coordinator_factory) ->
     with srv.client() as c:
         assert c.call("ping").result["protocol"] == 1  # serving regardless
     coord = coordinator_factory(port=port)
-    first = wait_for(lambda: listed(coord, srv), what="registration once the coordinator is up")
+    # a heartbeat proves the server got its id (not just that the coordinator recorded it)
+    first = wait_for(lambda: (listed(coord, srv) or {}).get("heartbeats", 0) >= 1 and listed(coord, srv),
+                     what="registration once the coordinator is up")
     coord.kill()
     with srv.client() as c, httpx.Client(timeout=5) as h:  # the outage changes nothing for clients
         ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
@@ -65,7 +67,7 @@ def test_coordinator_down_then_restarted(server_factory, coordinator_factory) ->
 
 
 def test_fleet_lookup_and_status_with_an_instance_killed(server_factory, coordinator_factory) -> None:
-    coord = coordinator_factory("--instance-timeout", "60", "--fanout-timeout", "1")
+    coord = coordinator_factory("--instance-timeout", "60", "--fanout-timeout", "5")
     a, b = kv(server_factory, coord), kv(server_factory, coord)
     ids = {s.url: wait_for(lambda s=s: listed(coord, s), what="registration")["id"] for s in (a, b)}
     shared, only_a = prompt(4, seed=1, tail=3), prompt(2, seed=2)

@@ -104,6 +104,7 @@ def test_bad_requests_get_4xx_with_a_message_and_change_nothing(api: ServerProc)
         _error(h.post("/v1/query", json={**good, "world_size": 10**6}), 422, "OUT_OF_RANGE")
         _error(h.post("/v1/query", json={**good, "salt": "no spaces allowed"}), 422, "BAD_FIELD")
         _error(h.post("/v1/query", content=b" " * (33 << 20), headers=json_headers), 413, "TOO_LARGE")
+        _error(h.post("/v1/query", json={**good, "tokens": [1] * ((1 << 20) + 1)}), 413, "TOO_LARGE")
         _error(h.get("/v1/nope"), 404, "NOT_FOUND")
         _error(h.get("/v1/clear"), 405, "METHOD_NOT_ALLOWED")
         # nothing changed, and the server still serves both doors

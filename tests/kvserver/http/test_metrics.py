@@ -8,6 +8,7 @@ import httpx
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
+from coordproc import wait_for
 from httpkv import CHUNK, Samples, fill, parse_metrics, prompt, value
 from kvhelpers import lookup, register, retrieve, store, tiny_layout
 from kvprotocol import ServerError
@@ -134,7 +135,8 @@ def test_tier_stats_read_l2_tiers_from_describe() -> None:
         "l1": {"objects": 4, "used_bytes": 8192, "evictions": 1},
         "counters": {"stored_bytes": 100, "retrieved_bytes": 50},
         "l2": [
-            {"tier": "fs", "objects": 9, "bytes": 900, "put_bytes": 700, "get_bytes": 300, "evictions": 2},
+            {"tier": "fs", "objects": 9, "bytes": 900, "put_bytes": 700, "get_bytes": 300, "evictions": 2,
+             "up": True, "hits": 4},
             {"tier": "fs", "objects": 1},  # duplicate name: made unique
             {"name": "redis://:secret@host:6379/0", "objects": 5},  # unsafe name: never a label
             "not a map",
@@ -144,5 +146,26 @@ def test_tier_stats_read_l2_tiers_from_describe() -> None:
     assert set(tiers) == {"l1", "fs", "l2.1", "l2.2"}
     assert tiers["l1"].store_bytes == 100 and tiers["l1"].retrieve_bytes == 50 and tiers["l1"].objects == 4
     assert tiers["fs"].store_bytes == 700 and tiers["fs"].retrieve_bytes == 300 and tiers["fs"].used_bytes == 900
+    assert tiers["fs"].up == 1.0 and tiers["fs"].hits == 4 and tiers["l1"].up is None
     assert tiers["l2.1"].objects == 1 and tiers["l2.1"].store_bytes is None
     assert tiers["l2.2"].objects == 5
+
+
+def test_l2_tier_series_come_from_a_real_fs_tier(server_factory, tmp_path) -> None:
+    srv = server_factory("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), "--l2", f"fs://{tmp_path / 'l2'}",
+                         http=True)
+    with srv.client() as c:
+        ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
+        store(c, ks, prompt(2), fill)
+
+    def written() -> Samples | None:
+        samples = scrape(srv)
+        return samples if value(samples, "kvserver_store_bytes_total", tier="fs") > 0 else None
+
+    samples = wait_for(written, what="write-behind to the fs tier")
+    [fs] = httpx.get(f"{srv.http_url}/v1/status", timeout=5).json()["l2"]
+    assert value(samples, "kvserver_store_bytes_total", tier="fs") <= fs["put_bytes"]  # scraped first
+    assert value(samples, "kvserver_store_bytes_total", tier="l1") == 2 * 2048
+    assert value(samples, "kvserver_l2_up", tier="fs") == 1
+    assert ("kvserver_l2_queue_capacity", frozenset()) in samples
+    assert not any(dict(labels).get("tier", "").startswith("fs:") for _, labels in samples)  # no URLs

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvprotocol import ErrorCode, ValidationError
+from kvprotocol import MAX_TOKENS, ErrorCode, ValidationError
 
 log = logging.getLogger("kvserver.http")
 
@@ -41,6 +41,8 @@ def _describe_validation(exc: RequestValidationError) -> tuple[int, str, str]:
     errors: list[dict[str, Any]] = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):
         return 400, "BAD_JSON", "request body is not valid JSON"
+    if any(e.get("type") == "too_long" and "tokens" in e.get("loc", ()) for e in errors):
+        return 413, str(ErrorCode.TOO_LARGE), f"more than {MAX_TOKENS} tokens"
     parts = []
     for e in errors[:5]:
         loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"

@@ -30,6 +30,20 @@ _L2_KEYS = {
     "store_bytes": ("put_bytes", "stored_bytes", "bytes_written"),
     "retrieve_bytes": ("get_bytes", "retrieved_bytes", "bytes_read"),
     "evictions": ("evictions",),
+    "hits": ("hits",),
+    "misses": ("misses",),
+    "errors": ("errors",),
+    "corrupt": ("corrupt",),
+    "dropped": ("dropped",),
+    "up": ("up",),
+}
+# describe()["l2_queue"] key -> (metric name, type, help)
+_L2_QUEUE = {
+    "queued": ("kvserver_l2_queue_depth", "gauge", "Objects waiting in the L2 write-behind queue."),
+    "capacity": ("kvserver_l2_queue_capacity", "gauge", "Length of the L2 write-behind queue."),
+    "dropped": ("kvserver_l2_queue_dropped", "counter", "Write-behind objects dropped because the queue was full."),
+    "prefetched_objects": ("kvserver_l2_prefetched_objects", "counter", "Objects loaded from L2 into L1 on lookups."),
+    "prefetch_timeouts": ("kvserver_l2_prefetch_timeouts", "counter", "Lookups that stopped waiting for L2."),
 }
 
 
@@ -41,13 +55,19 @@ class TierStats:
     store_bytes: float | None = None
     retrieve_bytes: float | None = None
     evictions: float | None = None
+    hits: float | None = None
+    misses: float | None = None
+    errors: float | None = None
+    corrupt: float | None = None
+    dropped: float | None = None
+    up: float | None = None
 
 
 def _number(entry: Mapping[str, Any], names: tuple[str, ...]) -> float | None:
     for name in names:
         value = entry.get(name)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+        if isinstance(value, int | float):
+            return float(value)  # bools (the "up" flag) become 1.0 / 0.0
     return None
 
 
@@ -112,7 +132,7 @@ class ServerCollector(Collector):
                                 value=d["stores_in_flight"])
         yield GaugeMetricFamily("kvserver_engines", "Registered engine ranks.", value=len(d["engines"]))
         yield GaugeMetricFamily("kvserver_uptime_seconds", "Seconds since the server started.", value=d["uptime_s"])
-        yield CounterMetricFamily("kvserver_lookup_dedup_objects", "Store requests for objects already present.",
+        yield CounterMetricFamily("kvserver_store_dedup_objects", "Store requests for objects already present.",
                                   value=c["deduplicated_objects"])
         yield CounterMetricFamily("kvserver_no_space", "Object reservations refused because L1 was full.",
                                   value=c["no_space"])
@@ -120,6 +140,27 @@ class ServerCollector(Collector):
         for code, n in sorted(d["errors"].items()):
             errors.add_metric([code], n)
         yield errors
+        yield from _l2_families(tiers, d.get("l2_queue"))
+
+
+def _l2_families(tiers: list[TierStats], queue: Any) -> Iterator[Metric]:
+    """L2-only series; absent (not zero) on a server without L2 tiers."""
+    if len(tiers) > 1:
+        for field, help_text in (("hits", "Objects loaded from an L2 tier into L1."),
+                                 ("misses", "Objects asked of an L2 tier and absent."),
+                                 ("errors", "Failed L2 operations (each a batch)."),
+                                 ("corrupt", "L2 objects that failed their integrity check (served as misses)."),
+                                 ("dropped", "Writes to an L2 tier not done (queue full or tier down).")):
+            name = "kvserver_l2_dropped_writes" if field == "dropped" else f"kvserver_l2_{field}"
+            yield _per_tier(CounterMetricFamily(name, help_text, labels=["tier"]), tiers, field)
+        yield _per_tier(GaugeMetricFamily("kvserver_l2_up", "1 while an L2 tier answers, 0 while it is skipped.",
+                                          labels=["tier"]), tiers, "up")
+    if isinstance(queue, Mapping):
+        for key, (name, kind, help_text) in _L2_QUEUE.items():
+            value = _number(queue, (key,))
+            if value is not None:
+                family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                yield family(name, help_text, value=value)
 
 
 class ServerMetrics:
