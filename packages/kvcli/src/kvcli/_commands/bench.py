@@ -16,11 +16,13 @@ WORKLOAD_CHOICES = ("multi-round-qa", "shared-prefix", "random")
 
 def _workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        click.option("--workload", type=click.Choice(WORKLOAD_CHOICES), default="multi-round-qa", show_default=True),
+        click.option("--workload", type=click.Choice(WORKLOAD_CHOICES), default="multi-round-qa",
+                     show_default=True),
         click.option("--users", default=4, show_default=True, type=click.IntRange(1, 100000)),
         click.option("--rounds", default=4, show_default=True, type=click.IntRange(1, 100000)),
         click.option("--context-tokens", default=2048, show_default=True, type=click.IntRange(1, 1 << 20),
-                     help="First prompt (multi-round-qa), shared system prompt (shared-prefix), whole prompt (random)."),
+                     help="First prompt (multi-round-qa), shared system prompt (shared-prefix), "
+                          "whole prompt (random)."),
         click.option("--question-tokens", default=64, show_default=True, type=click.IntRange(0, 1 << 20)),
         click.option("--answer-tokens", default=128, show_default=True, type=click.IntRange(0, 1 << 20)),
         click.option("--duration", default=0.0, show_default=True, type=click.FloatRange(0),

@@ -84,7 +84,8 @@ def render(url: str, status: dict[str, Any]) -> list[Any]:
 
 
 @click.command(name="describe")
-@click.option("--url", default=DEFAULT_URL, show_default=True, help="tcp:// or ipc:// (ZMQ) or http(s):// (/v1/status).")
+@click.option("--url", default=DEFAULT_URL, show_default=True,
+              help="tcp:// or ipc:// (ZMQ) or http(s):// (/v1/status).")
 @click.option("--timeout", default=5.0, show_default=True, type=float)
 @click.option("--json", "as_json", is_flag=True, help="Print the server's status map plus derived figures as JSON.")
 def command(url: str, timeout: float, as_json: bool) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvprotocol import Client, KVProtocolError, RequestTimeout, ServerError, chunk_hashes, pack_tokens
+from kvprotocol import Client, RequestTimeout, ServerError, chunk_hashes, pack_tokens
 
 from .kvshape import KVShape
 from .stats import Latencies, gbps
@@ -131,7 +131,7 @@ class ServerBench:
         objects = reply.result["objects"]
         if arena is None:
             datas = frames_to_arrays(reply.frames)
-            for obj, data in zip(objects, datas, strict=True):
+            for data in datas:
                 np.copyto(sink[: data.size], data)  # what an engine's scatter would copy
         else:
             for obj in objects:
@@ -192,5 +192,3 @@ class ServerBench:
             "verify_errors": t.verify_errors, "errors": dict(t.errors),
         }
 
-
-__all__ = ["BenchAborted", "KVProtocolError", "ServerBench"]

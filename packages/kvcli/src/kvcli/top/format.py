@@ -32,7 +32,8 @@ def row(v: InstanceView, now: float | None = None) -> list[str]:
         reason = (v.reason or "unreachable").replace(f" at {v.id}", "")  # the row already names it
         note = escape(f"{reason}{ago}")
     errors = f"{v.errors_total}" + (f" (+{v.errors_s:.1f}/s)" if v.errors_s else "")
-    cells = [escape(v.id), state, pct(v.hit_rate), pct(v.hit_rate_total), human_bytes(v.l1_used) if v.l1_capacity else "-",
+    l1_used = human_bytes(v.l1_used) if v.l1_capacity else "-"
+    cells = [escape(v.id), state, pct(v.hit_rate), pct(v.hit_rate_total), l1_used,
              pct(v.l1_fraction), f"{v.l2_objects} obj" if v.l2_objects else "-", num(v.ops_s), num(v.evictions_s),
              errors, mbps(v.bytes_s), str(v.engines), note]
     if not v.up:
