@@ -21,7 +21,7 @@ def test_constructors_compute_block_bytes_and_shapes():
 
 
 def test_fingerprints_differ_across_dtype_shape_and_tag():
-    base = dict(num_layers=4, num_kv_heads=2, head_dim=64, block_size=32)
+    base = {"num_layers": 4, "num_kv_heads": 2, "head_dim": 64, "block_size": 32}
     fps = {
         layouts.vllm_cpu_layout(**base, dtype="float16").fingerprint,
         layouts.vllm_cpu_layout(**base, dtype="bfloat16").fingerprint,  # same size, other meaning

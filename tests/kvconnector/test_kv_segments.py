@@ -46,17 +46,17 @@ def scenarios(draw: st.DrawFn) -> dict:
     bs, bpc, chunks = draw(st.sampled_from([1, 2, 4, 8])), draw(st.integers(1, 3)), draw(st.integers(1, 3))
     need = bpc * chunks
     nb_src, nb_dst = need + draw(st.integers(0, 4)), need + draw(st.integers(0, 4))
-    return dict(
-        tag=tag, bs=bs, bpc=bpc, chunks=chunks, nb_src=nb_src, nb_dst=nb_dst,
-        layers=draw(st.integers(1, 4)), heads=draw(st.integers(1, 3)), dim=draw(st.integers(1, 6)),
-        dtype=draw(st.sampled_from(DTYPES)),
-        src_stacked=draw(st.booleans()), dst_stacked=draw(st.booleans()),
-        src_ids=draw(st.permutations(range(nb_src)))[:need],
-        dst_ids=draw(st.permutations(range(nb_dst)))[:need],
-        slots=draw(st.permutations(range(chunks))), gap=draw(st.integers(0, 40)),
-        backend=draw(st.sampled_from([_kvcopy, _copy_fallback])),
-        merge=draw(st.booleans()), layerwise=draw(st.booleans()), seed=draw(st.integers(0, 2**31)),
-    )
+    return {
+        "tag": tag, "bs": bs, "bpc": bpc, "chunks": chunks, "nb_src": nb_src, "nb_dst": nb_dst,
+        "layers": draw(st.integers(1, 4)), "heads": draw(st.integers(1, 3)), "dim": draw(st.integers(1, 6)),
+        "dtype": draw(st.sampled_from(DTYPES)),
+        "src_stacked": draw(st.booleans()), "dst_stacked": draw(st.booleans()),
+        "src_ids": draw(st.permutations(range(nb_src)))[:need],
+        "dst_ids": draw(st.permutations(range(nb_dst)))[:need],
+        "slots": draw(st.permutations(range(chunks))), "gap": draw(st.integers(0, 40)),
+        "backend": draw(st.sampled_from([_kvcopy, _copy_fallback])),
+        "merge": draw(st.booleans()), "layerwise": draw(st.booleans()), "seed": draw(st.integers(0, 2**31)),
+    }
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
