@@ -11,6 +11,7 @@ import pytest
 from serverproc import ServerProc, free_port
 
 ServerFactory = Callable[..., ServerProc]
+pytest_plugins = ["coordproc"]  # coordinator_factory: real `kvcli coordinator` processes
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from coordproc import CoordinatorProc, coordinator_factory, wait_for  # noqa: F401 (fixture)
+from coordproc import CoordinatorProc, wait_for
 from httpkv import Samples, parse_metrics, value
 from serverproc import BIN, free_port
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from coordproc import CoordinatorProc, coordinator_factory, wait_for  # noqa: F401 (fixture)
+from coordproc import CoordinatorProc, wait_for
 from httpkv import CHUNK, fill, keys_body, parse_metrics, prompt, value
 from kvhelpers import register, store, tiny_layout
 from serverproc import ServerProc, free_port
