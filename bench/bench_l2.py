@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from kvserver.l2 import L2Adapter, Serde, make_adapter
 from rich.console import Console
 from rich.progress import Progress
-
-from kvserver.l2 import L2Adapter, Serde, make_adapter
 
 BATCH = 16  # objects per put/get call, as the write-behind writers batch
 AES = bytes(range(32))
@@ -165,8 +164,9 @@ async def raw_redis(url: str, cluster: bool, objs: list[bytes]) -> tuple[float, 
 
 
 def raw_s3(endpoint: str, bucket: str, objs: list[bytes]) -> tuple[float, float]:
-    import boto3
     from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
 
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     keys = keys_for(len(objs), "raw")
@@ -213,7 +213,7 @@ async def bench_store(name: str, url: str, objs: list[bytes], chains: dict[str, 
                       baseline: Callable[[], Awaitable[tuple[float, float]]], progress: Progress,
                       repeat: int) -> list[dict]:
     total = sum(len(o) for o in objs)
-    mbps = lambda s: total / s / 1e6  # noqa: E731
+    mbps = lambda s: total / s / 1e6
     base_put, base_get = await best_of(repeat, baseline)
     rows = [{"store": name, "chain": "raw baseline", "put_MBps": mbps(base_put), "get_MBps": mbps(base_get),
              "put_ratio": 1.0, "get_ratio": 1.0, "stored_ratio": 1.0}]

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import redis
-
 from l2util import S3_ENV, wait_until
 from serverproc import free_port
 

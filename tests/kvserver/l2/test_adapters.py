@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from kvserver.l2 import L2Adapter, L2Error, make_adapter, redact
 from l2util import S3_ENV
 

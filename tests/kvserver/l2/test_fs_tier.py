@@ -13,8 +13,8 @@ from pathlib import Path
 from kvhelpers import lookup, register, retrieve, store
 from kvserver.l2 import Serde
 from kvserver.l2.fs import FsAdapter
-from serverproc import free_port
 from l2util import SIZE, data, object_keys, prompt, tier, wait_tier, wait_until
+from serverproc import free_port
 
 L1 = ("--l1-size-gb", "0.02")
 

@@ -8,10 +8,18 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from kvprotocol import ObjectKey
-from kvserver.l2.serde import (HEADER, HEADER_BYTES, CorruptObject, Serde, UndecryptableObject, _checksum,
-                               fingerprint, load_key, parse_key)
+from kvserver.l2.serde import (
+    HEADER,
+    HEADER_BYTES,
+    CorruptObject,
+    Serde,
+    UndecryptableObject,
+    _checksum,
+    fingerprint,
+    load_key,
+    parse_key,
+)
 
 KEY = ObjectKey("m", "0123456789abcdef", 1, 0, 0, "", bytes(32)).to_str()
 OTHER = ObjectKey("m", "0123456789abcdef", 1, 0, 0, "", bytes([1]) * 32).to_str()

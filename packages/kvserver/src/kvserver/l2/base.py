@@ -31,7 +31,7 @@ class L2Adapter(abc.ABC):
     #: the configured URL with any password removed (safe to log and show)
     url: str
 
-    async def start(self) -> None:  # noqa: B027 - optional hook
+    async def start(self) -> None:
         """Connect or prepare; must not fail when the store is down (report that on first use)."""
 
     @abc.abstractmethod
@@ -54,5 +54,5 @@ class L2Adapter(abc.ABC):
     async def usage(self) -> Usage:
         """Objects and bytes held (an estimate where the store cannot count cheaply)."""
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
+    async def close(self) -> None:
         """Release connections and threads."""

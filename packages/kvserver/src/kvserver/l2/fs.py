@@ -95,7 +95,11 @@ class FsAdapter(L2Adapter):
         return await self._run(lambda: [self.path_of(k).is_file() for k in keys])
 
     async def delete(self, keys: Sequence[str]) -> None:
-        await self._run(lambda: [self.path_of(k).unlink(missing_ok=True) for k in keys])
+        await self._run(self._delete_all, list(keys))
+
+    def _delete_all(self, keys: list[str]) -> None:
+        for key in keys:
+            self.path_of(key).unlink(missing_ok=True)
 
     async def usage(self) -> Usage:
         return await self._run(self._usage)

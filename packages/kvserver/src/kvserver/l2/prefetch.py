@@ -102,7 +102,7 @@ class Prefetcher:
                 if remaining <= 0:
                     break
                 present = await asyncio.wait_for(tier.adapter.contains(names), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.timeouts += 1
                 break
             except L2Error as exc:

@@ -47,7 +47,7 @@ class RedisAdapter(L2Adapter):
     def _pipeline(self) -> Any:
         return self._r.pipeline(transaction=False) if not self.cluster else self._r.pipeline()
 
-    async def _batch(self, what: str, add: Callable[[Any], None]) -> list[Any]:
+    async def _batch(self, what: str, add: Callable[[Any], object]) -> list[Any]:
         async def run() -> list[Any]:
             pipe = self._pipeline()
             add(pipe)
