@@ -87,16 +87,18 @@ def test_off_loopback_every_endpoint_but_the_probes_needs_the_token(server_facto
         assert h.post("/v1/query", json=body, headers=auth).status_code == 200
 
 
-def test_no_endpoint_returns_secrets_or_environment(server_factory, tmp_path: Path) -> None:
-    marker = "env-marker-5d1e0c"
-    srv = server_factory(http=True, env={"KVSERVER_API_TOKEN": TOKEN, "SOME_SECRET": marker})
+def test_no_endpoint_returns_secrets_or_environment(server_factory) -> None:
+    marker, password = "env-marker-5d1e0c", "hunter2-pw-9a"
+    redis_down = f"redis://:{password}@127.0.0.1:{free_port()}/0"  # nothing listens: the tier stays down
+    srv = server_factory("--l2", redis_down, http=True, env={"KVSERVER_API_TOKEN": TOKEN, "SOME_SECRET": marker})
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=srv.http_url, timeout=5) as h:
         texts = [h.get(path, headers=auth).text for path in
                  ("/healthz", "/readyz", "/metrics", "/v1/status", "/openapi.json", "/docs", "/v1/nope")]
     assert texts[3] and '"api_token":"<set>"' in texts[3]
+    assert '"redis://<redacted>@127.0.0.1' in texts[3]
     for text in texts:
-        assert TOKEN not in text and marker not in text and "PATH" not in text
+        assert TOKEN not in text and marker not in text and password not in text and "PATH" not in text
 
 
 def test_busy_http_port_fails_start_cleanly(server_factory) -> None:

@@ -29,6 +29,14 @@ def advertised(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://[{name}]:{port}" if ":" in name else f"{scheme}://{name}:{port}"
 
 
+def _why(exc: Exception) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        code = exc.response.status_code
+        hint = ": the fleet's --api-token differs" if code in (401, 403) else ""
+        return f"refused us (HTTP {code}{hint})"
+    return f"unavailable ({type(exc).__name__}: {str(exc)[:200]})"
+
+
 class FleetAgent:
     def __init__(self, server: KVServer, coordinator: str, http_port: int | None) -> None:
         self.server = server
@@ -86,8 +94,8 @@ class FleetAgent:
                 self._outage = False
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 if not self._outage:
-                    log.warning("coordinator %s unavailable (%s); serving continues, retrying every %.1fs",
-                                self.base, exc, interval)
+                    log.warning("coordinator %s %s; serving continues, retrying every %.1fs",
+                                self.base, _why(exc), interval)
                 self._outage = True
             await asyncio.sleep(interval)
 
