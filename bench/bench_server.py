@@ -33,7 +33,7 @@ def free_port() -> int:
 def start_server(l1_gb: float) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     exe = Path(sys.executable).parent / "kvserver"
-    proc = subprocess.Popen([str(exe), "start", "--port", str(port), "--l1-size-gb", str(l1_gb),
+    proc = subprocess.Popen([str(exe), "start", "--port", str(port), "--l1-size-gb", str(l1_gb), "--http-port", "0",
                              "--log-level", "warning"], stdout=subprocess.DEVNULL)
     url = f"tcp://127.0.0.1:{port}"
     with Client(url, timeout=0.5) as c:
