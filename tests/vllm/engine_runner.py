@@ -9,8 +9,10 @@ distributed groups), so every engine gets its own process.
 SPEC: {"model": dir, "block_size": 32, "max_model_len": 2048, "max_tokens": 8,
        "kv_transfer_config": {...} | null, "llm_kwargs": {...},
        "batches": [[{"prompt_token_ids": [...], "cache_salt": "..."?}, ...], ...]}
-Each batch is one `LLM.generate` call, timed on its own. RESULT: {"init_s", "batches": [{"wall_s",
-"requests": [{"prompt_len", "token_ids", "num_cached_tokens", "kv_transfer_params"}]}]}.
+Each batch is one `LLM.generate` call, timed on its own. A prompt may instead be a later turn of
+an earlier request of this engine: {"extend": [batch, index], "append": [...]} means that request's
+prompt + its generated tokens + append (a multi-turn chat). RESULT: {"init_s", "batches":
+[{"wall_s", "requests": [{"prompt_len", "token_ids", "num_cached_tokens", "kv_transfer_params"}]}]}.
 """
 
 from __future__ import annotations
@@ -43,11 +45,17 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
 
     params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8), ignore_eos=True,
                             detokenize=False)
-    batches = []
+    batches: list[dict[str, Any]] = []
+    sent: list[list[list[int]]] = []  # the prompt of every request so far, for "extend"
     for batch in spec["batches"]:
         prompts = []
         for p in batch:
-            prompt: dict[str, Any] = {"prompt_token_ids": list(p["prompt_token_ids"])}
+            if "extend" in p:
+                b, i = p["extend"]
+                ids = sent[b][i] + batches[b]["requests"][i]["token_ids"] + list(p.get("append", []))
+            else:
+                ids = list(p["prompt_token_ids"])
+            prompt: dict[str, Any] = {"prompt_token_ids": ids}
             if p.get("cache_salt") is not None:
                 prompt["cache_salt"] = p["cache_salt"]
             prompts.append(prompt)
@@ -55,9 +63,10 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t
         requests = []
-        for p, out in zip(batch, outs, strict=True):
+        sent.append([pr["prompt_token_ids"] for pr in prompts])
+        for pr, out in zip(prompts, outs, strict=True):
             requests.append({
-                "prompt_len": len(p["prompt_token_ids"]),
+                "prompt_len": len(pr["prompt_token_ids"]),
                 "token_ids": list(out.outputs[0].token_ids),
                 "num_cached_tokens": out.num_cached_tokens,
                 "kv_transfer_params": out.kv_transfer_params,

@@ -54,6 +54,25 @@ class EngineRunError(RuntimeError):
     pass
 
 
+def next_turn(batch: int, index: int, append: list[int], cache_salt: str | None = None) -> dict[str, Any]:
+    """A later turn of request `index` of batch `batch` of the same engine run: its prompt, its
+    generated tokens, then `append`."""
+    p: dict[str, Any] = {"extend": [batch, index], "append": list(append)}
+    if cache_salt is not None:
+        p["cache_salt"] = cache_salt
+    return p
+
+
+def build_model(out_dir: Path, spec_kwargs: dict[str, int] | None = None, timeout: float = 300) -> Path:
+    """Build a tiny_model checkpoint with the .venv-vllm interpreter (torch and transformers live there)."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from tiny_model import TinyLlamaSpec, build_llama; "
+            "build_llama(sys.argv[2], TinyLlamaSpec(**json.loads(sys.argv[3])))")
+    subprocess.run([str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir),
+                    json.dumps(spec_kwargs or {})], check=True, capture_output=True, timeout=timeout,
+                   env=engine_env(Path(out_dir).parent / "vllm-cache"))
+    return Path(out_dir)
+
+
 def prompt(tokens: list[int], cache_salt: str | None = None) -> dict[str, Any]:
     p: dict[str, Any] = {"prompt_token_ids": list(tokens)}
     if cache_salt is not None:
