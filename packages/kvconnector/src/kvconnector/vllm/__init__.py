@@ -1,0 +1,23 @@
+"""vLLM integration: `KVServerConnector`, a KV connector for vLLM 0.32 (v1 connector API).
+
+Only this subpackage imports vLLM, and only when `KVServerConnector` is first touched (vLLM's
+connector factory does `getattr(import_module("kvconnector.vllm"), "KVServerConnector")`), so its
+torch-free helpers (`config`, `plan`) import anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .connector import KVServerConnector
+
+__all__ = ["KVServerConnector"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KVServerConnector":
+        from .connector import KVServerConnector
+
+        return KVServerConnector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,88 @@
+"""`kv_connector_extra_config` of KVServerConnector: parsed and checked once, at connector start.
+
+Why its own module: a typo in a deployment's JSON must fail loudly when the engine starts, not
+silently disable caching, and the parsing needs neither vLLM nor torch (unit-testable anywhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_URL = "tcp://127.0.0.1:5555"
+DEFAULT_CHUNK_SIZE = 256
+MODES = ("auto", "shm", "tcp")
+SAVE_POLICIES = ("prompt", "all", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorConfig:
+    """Options (keys of `kv_connector_extra_config`).
+
+    kvserver_url     ZMQ endpoint of the kvserver (default tcp://127.0.0.1:5555)
+    mode             data plane: "auto" (shm when the server's arena is mappable, else tcp), "shm", "tcp"
+    timeout_s        per-operation timeout towards the server; on a timeout the engine recomputes
+    save_policy      "prompt": store full chunks of prompts; "all": also chunks filled by generated
+                     tokens (useful for multi-turn chat); "none": read only
+    chunk_size       tokens per cached object; a multiple of vLLM's block size, equal to the server's
+    model_name       names the model in cache keys (default: vLLM's served model name or model path)
+    retry_after_s    after a failed server call, skip the server this long (doubling up to 30 s) so a
+                     dead server costs one timeout, not one per request
+    debug_fail_load_chunks  TEST ONLY fault injection: after each load, overwrite the blocks of these
+                     chunk indexes with garbage and report them as failed, so tests can prove that
+                     vLLM's kv_load_failure_policy recomputes them
+    """
+
+    kvserver_url: str = DEFAULT_URL
+    mode: str = "auto"
+    timeout_s: float = 5.0
+    save_policy: str = "prompt"
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    model_name: str | None = None
+    retry_after_s: float = 2.0
+    debug_fail_load_chunks: tuple[int, ...] = ()
+
+    def check_block_size(self, block_size: int) -> None:
+        if block_size <= 0 or self.chunk_size % block_size:
+            raise ValueError(
+                f"KVServerConnector: chunk_size {self.chunk_size} must be a multiple of vLLM's block size "
+                f"{block_size} (set kv_connector_extra_config.chunk_size or --block-size)"
+            )
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "kvserver_url": (str,), "mode": (str,), "timeout_s": (int, float), "save_policy": (str,),
+    "chunk_size": (int,), "model_name": (str, type(None)), "retry_after_s": (int, float),
+    "debug_fail_load_chunks": (list, tuple),
+}
+
+
+def parse_config(extra: Mapping[str, Any] | None) -> ConnectorConfig:
+    """Build a ConnectorConfig from kv_connector_extra_config; unknown keys and bad values raise ValueError."""
+    extra = dict(extra or {})
+    unknown = sorted(set(extra) - set(_TYPES))
+    if unknown:
+        raise ValueError(f"KVServerConnector: unknown kv_connector_extra_config keys {unknown}; "
+                         f"known: {sorted(_TYPES)}")
+    for key, value in extra.items():
+        ok = isinstance(value, _TYPES[key]) and not isinstance(value, bool)
+        if not ok:
+            raise ValueError(f"KVServerConnector: {key} has type {type(value).__name__}")
+    cfg = ConnectorConfig(**{k: v for k, v in extra.items() if k != "debug_fail_load_chunks"},
+                          debug_fail_load_chunks=tuple(extra.get("debug_fail_load_chunks", ())))
+    if not cfg.kvserver_url.startswith(("tcp://", "ipc://")):
+        raise ValueError(f"KVServerConnector: kvserver_url must be tcp:// or ipc://, got {cfg.kvserver_url!r}")
+    if cfg.mode not in MODES:
+        raise ValueError(f"KVServerConnector: mode must be one of {MODES}, got {cfg.mode!r}")
+    if cfg.save_policy not in SAVE_POLICIES:
+        raise ValueError(f"KVServerConnector: save_policy must be one of {SAVE_POLICIES}, got {cfg.save_policy!r}")
+    if not 0 < cfg.timeout_s <= 600:
+        raise ValueError("KVServerConnector: timeout_s must be in (0, 600]")
+    if not 0 <= cfg.retry_after_s <= 600:
+        raise ValueError("KVServerConnector: retry_after_s must be in [0, 600]")
+    if not 1 <= cfg.chunk_size <= 65536:
+        raise ValueError("KVServerConnector: chunk_size must be in [1, 65536]")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in cfg.debug_fail_load_chunks):
+        raise ValueError("KVServerConnector: debug_fail_load_chunks must be non-negative ints")
+    return cfg

@@ -1,0 +1,175 @@
+"""KVServerConnector: vLLM 0.32's KV connector (v1 API) backed by a kvserver.
+
+    LLM(..., kv_transfer_config={
+        "kv_connector": "KVServerConnector", "kv_connector_module_path": "kvconnector.vllm",
+        "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"kvserver_url": "tcp://127.0.0.1:5555"}})
+
+vLLM creates one instance per role: the scheduler's (lookups, planning) and each worker's (copies).
+This class only dispatches to `SchedulerSide` / `WorkerSide`; a broken cache never breaks the engine:
+errors turn into misses and recomputation.
+"""
+
+from __future__ import annotations
+
+
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from .config import ConnectorConfig, parse_config
+from .log import log
+from .metadata import KVServerConnectorMetadata
+from .plan import model_key
+from .scheduler import SchedulerSide
+from .stats import KVServerConnectorStats
+from .vllm_layout import UnsupportedLayout, scheduler_layout, worker_layout
+from .worker import WorkerSide
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+
+class KVServerConnector(KVConnectorBase_V1):
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self.cfg: ConnectorConfig = parse_config(self._kv_transfer_config.kv_connector_extra_config)
+        block_size = int(vllm_config.cache_config.block_size)
+        self.cfg.check_block_size(block_size)
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        try:
+            layout = scheduler_layout(kv_cache_config, self.cfg.chunk_size)
+        except UnsupportedLayout as exc:
+            log.error("KVServerConnector disabled: %s", exc)
+            layout = None
+        world, rank = _world_and_rank(vllm_config, role)
+        client = None
+        if layout is not None and world is not None:
+            client = _make_client(self.cfg, _model_name(vllm_config, self.cfg), world, rank, layout)
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerSide(self.cfg, client, block_size)
+        else:
+            self._worker = WorkerSide(self.cfg, client, layout)
+        log.info("KVServerConnector %s: server %s, mode %s, config layout %s", role.name.lower(),
+                 self.cfg.kvserver_url, self.cfg.mode, layout.fingerprint if layout else "unsupported")
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped store is a future miss
+
+    # ---- scheduler side --------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        if self._scheduler is not None:
+            self._scheduler.update_connector_output(connector_output.kv_connector_worker_meta)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return False, self._scheduler.request_finished(request)
+
+    # ---- worker side -----------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self._worker is not None
+        try:
+            layout, tensors = worker_layout(self._kv_cache_config, kv_caches, self.cfg.chunk_size)
+        except (UnsupportedLayout, ValueError) as exc:
+            log.error("KVServerConnector disabled on this worker: %s", exc)
+            self._worker.enabled = False
+            return
+        self._worker.register(layout, tensors)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        if self._worker is not None and self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, KVServerConnectorMetadata)
+            self._worker.start_load(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads finished in start_load_kv
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
+                      **kwargs: Any) -> None:
+        return  # stored once per step for all layers in wait_for_save
+
+    def wait_for_save(self) -> None:
+        if self._worker is not None and self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, KVServerConnectorMetadata)
+            self._worker.save(meta)
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        return self._worker.take_report() if self._worker is not None else None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_failed_blocks() if self._worker is not None else set()
+
+    # ---- both ------------------------------------------------------------------------------
+    def get_kv_connector_stats(self) -> KVServerConnectorStats | None:
+        side = self._scheduler or self._worker
+        return side.stats.take() if side is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVServerConnectorStats | None:
+        return KVServerConnectorStats(data=dict(data or {}))
+
+    def shutdown(self) -> None:
+        side = self._scheduler or self._worker
+        if side is not None:
+            side.close()
+
+
+def _model_name(vllm_config: VllmConfig, cfg: ConnectorConfig) -> str:
+    if cfg.model_name:
+        return model_key(cfg.model_name)
+    mc = vllm_config.model_config
+    served = getattr(mc, "served_model_name", None)
+    if isinstance(served, (list, tuple)):
+        served = served[0] if served else None
+    return model_key(str(served or mc.model))
+
+
+def _world_and_rank(vllm_config: VllmConfig, role: KVConnectorRole) -> tuple[int | None, int]:
+    pc = vllm_config.parallel_config
+    if pc.pipeline_parallel_size > 1:
+        log.error("KVServerConnector disabled: pipeline parallelism is not supported")
+        return None, 0
+    world = int(pc.tensor_parallel_size)
+    if role == KVConnectorRole.SCHEDULER or world == 1:
+        return world, 0
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return world, int(get_tensor_model_parallel_rank())
+
+
+def _make_client(cfg: ConnectorConfig, model: str, world: int, rank: int, layout: Any) -> Any:
+    from ..engine_client import EngineClient
+
+    return EngineClient(cfg.kvserver_url, model, world, rank, [layout], mode=cfg.mode, timeout=cfg.timeout_s)

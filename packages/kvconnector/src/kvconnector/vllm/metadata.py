@@ -1,0 +1,67 @@
+"""What the scheduler-side connector tells the worker side for one engine step.
+
+Plain dataclasses of ints, strings and int lists: vLLM may ship them to worker processes, and they
+must stay cheap and safe to serialize (no tensors, no pickle-only objects).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class LoadJob:
+    """Write blocks for tokens [skip_tokens, num_tokens) of a request from the cache, before the forward."""
+
+    req_id: str
+    session: str
+    tokens: list[int]  # the first num_tokens tokens of the request
+    block_ids: list[int]  # the request's blocks covering [0, num_tokens)
+    skip_tokens: int  # tokens vLLM already holds (its own prefix cache); never overwritten
+    num_tokens: int  # chunk-aligned end of the load
+    salt: str
+
+
+@dataclass(frozen=True, slots=True)
+class SaveJob:
+    """Store the full chunks of tokens [skip_tokens, len(tokens)) after this step's forward."""
+
+    req_id: str
+    tokens: list[int]  # chunk-aligned prefix of the request
+    block_ids: list[int]
+    skip_tokens: int  # chunk-aligned; chunks below are known to be stored already
+    salt: str
+
+
+@dataclass
+class KVServerConnectorMetadata(KVConnectorMetadata):
+    loads: list[LoadJob] = field(default_factory=list)
+    saves: list[SaveJob] = field(default_factory=list)
+
+
+@dataclass
+class KVServerWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler, per step: what was really stored, and what failed.
+
+    req_id -> token position: `saved` the end of the request's stored prefix after a successful save;
+    `save_failed` the skip_tokens of a save that failed (or was skipped, server down); `load_failed`
+    the first token whose load failed (the server's copy of it is in doubt). With several workers a
+    save counts only if no worker failed it.
+    """
+
+    saved: dict[str, int] = field(default_factory=dict)
+    save_failed: dict[str, int] = field(default_factory=dict)
+    load_failed: dict[str, int] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVServerWorkerMetadata:
+        if isinstance(other, KVServerWorkerMetadata):
+            for mine, theirs in ((self.saved, other.saved), (self.save_failed, other.save_failed),
+                                 (self.load_failed, other.load_failed)):
+                for req_id, pos in theirs.items():
+                    mine[req_id] = min(pos, mine.get(req_id, pos))
+        return self
+
+    def is_empty(self) -> bool:
+        return not self.saved and not self.save_failed and not self.load_failed

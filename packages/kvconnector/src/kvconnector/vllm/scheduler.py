@@ -1,0 +1,226 @@
+"""Scheduler side of KVServerConnector: lookups, and the per-step load/save plan.
+
+Per request it remembers the hit it announced, the blocks vLLM gave the request, and how far the
+request's chunks are known to be stored, so each step's metadata names exactly the blocks to load
+(before the forward) and the newly completed chunks to store (after it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import plan
+from .breaker import Breaker
+from .config import ConnectorConfig
+from .log import log
+from .metadata import KVServerConnectorMetadata, LoadJob, SaveJob
+from .stats import KVServerConnectorStats
+
+
+@dataclass
+class _Req:
+    req_id: str
+    request: Any  # vllm.v1.request.Request: its all_token_ids grow as tokens are generated
+    salt: str
+    session: str
+    hit_tokens: int = 0
+    local_computed: int = 0
+    external_tokens: int = 0
+    load_pending: bool = False
+    leased: bool = False
+    block_ids: list[int] = field(default_factory=list)
+    saved_upto: int = 0  # chunk-aligned: tokens [0, saved_upto) are stored or being stored
+    stored: int = 0  # tokens [0, stored) confirmed stored by the workers (or found on the server)
+    loaded_tokens: int = 0
+    load_failed: bool = False
+
+
+class SchedulerSide:
+    def __init__(self, cfg: ConnectorConfig, client: Any, block_size: int) -> None:
+        self.cfg = cfg
+        self.client = client
+        self.block_size = block_size
+        self.chunk = cfg.chunk_size
+        self.reqs: dict[str, _Req] = {}
+        self.stats = KVServerConnectorStats()
+        self.breaker = Breaker(cfg.retry_after_s)
+        self._session_prefix = uuid.uuid4().hex[:12]
+
+    # --- vLLM hooks -------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        st = self._state(request)
+        self._release(st)  # a repeated call (the request could not be scheduled) leases afresh
+        st.hit_tokens = st.external_tokens = 0
+        st.load_pending = False
+        st.local_computed = num_computed_tokens
+        n = int(request.num_tokens)
+        if n <= self.chunk or self.client is None:
+            return 0, False
+        if not self.breaker.allow():
+            self.stats.add("skipped_server_down")
+            return 0, False
+        tokens = list(request.all_token_ids[:n])
+        self.stats.add("lookups")
+        self.stats.add("lookup_tokens", n)
+        try:
+            res = self.client.lookup(tokens, salt=st.salt, session=st.session)
+        except Exception as exc:  # noqa: BLE001 - the engine must never fail because of the cache
+            res = None
+            err: str | None = f"{type(exc).__name__}: {exc}"
+        else:
+            err = res.error
+        if err is not None:
+            self._failed("lookup", err)
+            self.stats.add("lookup_errors")
+            return 0, False
+        self.breaker.succeeded()
+        st.leased = True
+        hit = int(res.hit_tokens) if res is not None else 0
+        hit = min(plan.floor_to(hit, self.chunk), plan.floor_to(n, self.chunk))
+        st.hit_tokens = hit
+        st.saved_upto = max(st.saved_upto, hit)  # those chunks are on the server already
+        st.stored = max(st.stored, hit)
+        self.stats.add("hit_tokens", hit)
+        ext = plan.usable_hit(hit, n, num_computed_tokens)
+        if ext == 0:
+            self._release(st)
+        return ext, False
+
+    def update_state_after_alloc(self, request: Any, num_external_tokens: int) -> None:
+        st = self.reqs.get(request.request_id)
+        if st is None:
+            return
+        st.external_tokens = num_external_tokens
+        st.load_pending = num_external_tokens > 0
+        if num_external_tokens > 0:
+            self.stats.add("external_tokens", num_external_tokens)
+        else:
+            self._release(st)
+
+    def build_connector_meta(self, so: Any) -> KVServerConnectorMetadata:
+        meta = KVServerConnectorMetadata()
+        for new in so.scheduled_new_reqs:
+            st = self.reqs.get(new.req_id)
+            if st is None:  # never looked up (should not happen): track it for saving only
+                st = self._new_state(new.req_id, None, None)
+            st.block_ids = list(new.block_ids[0])
+            self._plan(meta, st, int(new.num_computed_tokens), so.num_scheduled_tokens.get(new.req_id, 0),
+                       new.prompt_token_ids)
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            st = self.reqs.get(req_id)
+            if st is None:
+                continue
+            new_blocks = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                st.block_ids = list(new_blocks[0]) if new_blocks is not None else []
+            elif new_blocks is not None:
+                st.block_ids.extend(new_blocks[0])
+            self._plan(meta, st, int(cached.num_computed_tokens[i]), so.num_scheduled_tokens.get(req_id, 0),
+                       None)
+        return meta
+
+    def update_connector_output(self, report: Any) -> None:
+        """What the workers stored, and where loads failed (those chunks get stored again later).
+
+        A failed save is not retried: a store is best effort, and a dead server must not cost a
+        retry every step. The request simply misses next time.
+        """
+        if report is None:
+            return
+        failed_saves = getattr(report, "save_failed", {})
+        for req_id, end in getattr(report, "saved", {}).items():
+            st = self.reqs.get(req_id)
+            if st is not None and req_id not in failed_saves:
+                st.stored = max(st.stored, end)
+        for req_id, pos in getattr(report, "load_failed", {}).items():
+            st = self.reqs.get(req_id)
+            if st is not None:
+                st.load_failed = True
+                st.loaded_tokens = max(0, min(st.loaded_tokens, pos - st.local_computed))
+                st.saved_upto = min(st.saved_upto, plan.floor_to(pos, self.chunk))
+                st.stored = min(st.stored, plan.floor_to(pos, self.chunk))
+
+    def request_finished(self, request: Any) -> dict[str, Any] | None:
+        st = self.reqs.pop(request.request_id, None)
+        if st is None:
+            return None
+        self._release(st)
+        return {"kvserver": {"hit_tokens": st.hit_tokens, "loaded_tokens": st.loaded_tokens,
+                             "load_failed": st.load_failed, "stored_tokens": st.stored}}
+
+    def close(self) -> None:
+        for st in self.reqs.values():
+            self._release(st)
+        self.reqs.clear()
+        if self.client is not None:
+            self.client.close()
+
+    # --- internals ------------------------------------------------------------------------
+    def _plan(self, meta: KVServerConnectorMetadata, st: _Req, num_computed: int, num_scheduled: int,
+              prompt_tokens: list[int] | None) -> None:
+        if st.load_pending:
+            st.load_pending = False
+            end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
+            toks = self._tokens(st, end, prompt_tokens)
+            nblocks = end // self.block_size
+            if len(toks) == end and len(st.block_ids) >= nblocks:
+                meta.loads.append(LoadJob(st.req_id, st.session, toks, st.block_ids[:nblocks],
+                                          st.local_computed, end, st.salt))
+                st.loaded_tokens = st.external_tokens
+                st.leased = False  # the worker releases the session once the load is done
+            else:  # cannot happen with vLLM 0.32's allocation; never load what we cannot name
+                log.error("KVServerConnector: request %s has %d blocks for a %d-token load; not loading",
+                          st.req_id, len(st.block_ids), end)
+        if self.cfg.save_policy == "none" or self.client is None:
+            return
+        limit = self._num_prompt_tokens(st, prompt_tokens) if self.cfg.save_policy == "prompt" else 1 << 62
+        end = plan.save_end(st.saved_upto, num_computed + num_scheduled, limit, self.chunk)
+        if end is None:
+            return
+        toks = self._tokens(st, end, prompt_tokens)
+        nblocks = end // self.block_size
+        if len(toks) < end or len(st.block_ids) < nblocks:
+            return
+        meta.saves.append(SaveJob(st.req_id, toks, st.block_ids[:nblocks], st.saved_upto, st.salt))
+        st.saved_upto = end
+
+    @staticmethod
+    def _tokens(st: _Req, end: int, prompt_tokens: list[int] | None) -> list[int]:
+        if st.request is not None:
+            return list(st.request.all_token_ids[:end])
+        return list((prompt_tokens or [])[:end])
+
+    @staticmethod
+    def _num_prompt_tokens(st: _Req, prompt_tokens: list[int] | None) -> int:
+        if st.request is not None:
+            return int(st.request.num_prompt_tokens)
+        return len(prompt_tokens or [])
+
+    def _state(self, request: Any) -> _Req:
+        st = self.reqs.get(request.request_id)
+        if st is None:
+            st = self._new_state(request.request_id, request, getattr(request, "cache_salt", None))
+        st.request = request
+        return st
+
+    def _new_state(self, req_id: str, request: Any, cache_salt: str | None) -> _Req:
+        st = _Req(req_id=req_id, request=request, salt=plan.key_salt(cache_salt),
+                  session=f"{self._session_prefix}:{req_id}"[:128])
+        self.reqs[req_id] = st
+        return st
+
+    def _release(self, st: _Req) -> None:
+        if not st.leased or self.client is None:
+            return
+        st.leased = False
+        try:
+            self.client.release(st.session)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("KVServerConnector: release failed: %s", exc)
+
+    def _failed(self, op: str, err: str) -> None:
+        log.warning("KVServerConnector: %s failed (%s); recomputing, retrying the server later", op, err)
+        self.breaker.failed()

@@ -1,0 +1,57 @@
+"""Connector counters, reported through vLLM's KVConnectorStats hooks.
+
+vLLM collects worker stats every step (`get_kv_connector_stats`), ships them to the scheduler,
+aggregates them with the scheduler side's, and logs `reduce()` when stats logging is on. Counts only:
+no request ids, no salts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+COUNTERS = (
+    "lookups", "lookup_errors", "lookup_tokens", "hit_tokens", "external_tokens",
+    "loads", "load_errors", "loaded_tokens", "failed_blocks", "load_s",
+    "saves", "save_errors", "saved_chunks", "save_s", "skipped_server_down",
+)
+
+
+@dataclass
+class KVServerConnectorStats(KVConnectorStats):
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in COUNTERS:
+            self.data.setdefault(name, 0)
+
+    def add(self, name: str, value: float = 1) -> None:
+        self.data[name] = self.data.get(name, 0) + value
+
+    def reset(self) -> None:
+        self.data = {name: 0 for name in COUNTERS}
+
+    def aggregate(self, other: KVConnectorStats) -> KVServerConnectorStats:
+        for name, value in other.data.items():
+            if isinstance(value, (int, float)):
+                self.data[name] = self.data.get(name, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = {k: v for k, v in self.data.items() if isinstance(v, (int, float))}
+        asked = out.get("lookup_tokens", 0)
+        out["hit_rate"] = round(out.get("hit_tokens", 0) / asked, 4) if asked else 0.0
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(self.data.get(name) for name in COUNTERS)
+
+    def take(self) -> KVServerConnectorStats | None:
+        """A copy of the counters since the last take (None when nothing happened), then reset."""
+        if self.is_empty():
+            return None
+        snap = KVServerConnectorStats(data=dict(self.data))
+        self.reset()
+        return snap

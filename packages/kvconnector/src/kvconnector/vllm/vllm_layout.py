@@ -1,0 +1,60 @@
+"""The cache layout of a vLLM engine, computed identically on both sides of the connector.
+
+The scheduler side has no tensors: it derives the layout from vLLM's KVCacheConfig (the attention
+spec of KV cache group 0). The worker side derives it from the registered tensors. Both must give
+the same LayoutDescriptor (same fingerprint), or lookups and stores would name different objects;
+the worker checks this and disables the connector on a mismatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvprotocol import LayoutDescriptor
+
+from ..layouts import layout_from_tensor, vllm_cpu_layout
+
+
+class UnsupportedLayout(ValueError):
+    """This engine's KV cache cannot be cached by KVServerConnector (logged; the engine runs without it)."""
+
+
+def attention_group(kv_cache_config: Any) -> tuple[list[str], Any]:
+    """(layer names, attention spec) of the single full-attention KV cache group we support."""
+    groups = list(kv_cache_config.kv_cache_groups)
+    if len(groups) != 1:
+        raise UnsupportedLayout(f"{len(groups)} KV cache groups (hybrid models are not supported yet)")
+    spec = groups[0].kv_cache_spec
+    kind = type(spec).__name__
+    if kind != "FullAttentionSpec" or getattr(spec, "sliding_window", None):
+        raise UnsupportedLayout(f"KV cache spec {kind} is not supported (full attention only)")
+    if getattr(spec, "head_size_v", spec.head_size) != spec.head_size:
+        raise UnsupportedLayout("different K and V head sizes are not supported")
+    return list(groups[0].layer_names), spec
+
+
+def scheduler_layout(kv_cache_config: Any, chunk_size: int) -> LayoutDescriptor:
+    layer_names, spec = attention_group(kv_cache_config)
+    return vllm_cpu_layout(num_layers=len(layer_names), num_kv_heads=int(spec.num_kv_heads),
+                           head_dim=int(spec.head_size), block_size=int(spec.block_size),
+                           dtype=spec.dtype, chunk_size=chunk_size)
+
+
+def worker_layout(kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int
+                  ) -> tuple[LayoutDescriptor, list[Any]]:
+    """Layout from the registered tensors, and the tensors in layer order (group 0's order)."""
+    layer_names, spec = attention_group(kv_cache_config)
+    missing = [n for n in layer_names if n not in kv_caches]
+    if missing:
+        raise UnsupportedLayout(f"registered KV caches lack layers {missing[:3]}")
+    tensors = [kv_caches[n] for n in layer_names]
+    first = tensors[0]
+    for name, t in zip(layer_names, tensors, strict=True):
+        if t.device.type != "cpu":
+            raise UnsupportedLayout(f"layer {name} KV is on {t.device}; this connector handles CPU KV")
+        if not t.is_contiguous() or tuple(t.shape) != tuple(first.shape) or t.dtype != first.dtype:
+            raise UnsupportedLayout(f"layer {name} KV is not a contiguous tensor like the first layer's")
+    layout = layout_from_tensor(first, "vllm_cpu", int(spec.block_size), chunk_size,
+                                num_layers=len(layer_names))
+    return layout, tensors
