@@ -1,0 +1,84 @@
+"""Fixtures for the real-vLLM tests: the tiny model, kvservers, and the no-connector reference run.
+
+Engines always run in subprocesses of the .venv-vllm interpreter (scripts/make-vllm-env.sh), so
+these tests collect under any interpreter; tests marked `vllm_engine` skip, with the reason, only
+when .venv-vllm is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvserver_proc import KVServer
+from tiny_model import random_prompt
+from vllm_harness import VLLM_PYTHON, EngineRun, build_model, next_turn, prompt, run_engine
+
+# Prompts shared by the tests. Chunk size 256, block size 32: 700 tokens hold 2 full chunks.
+P_LONG = random_prompt(700, seed=11)
+P_TURN1 = random_prompt(600, seed=12)
+TURN2_TEXT = random_prompt(200, seed=13)
+P_SALTED = random_prompt(640, seed=14)
+MAX_TOKENS = 8
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "vllm_engine: runs real vLLM engines from .venv-vllm")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if VLLM_PYTHON.exists():
+        return
+    skip = pytest.mark.skip(reason=f"{VLLM_PYTHON} missing: build it with scripts/make-vllm-env.sh")
+    for item in items:
+        if item.get_closest_marker("vllm_engine"):
+            item.add_marker(skip)
+
+
+def kv_config(url: str, policy: str = "recompute", **extra: Any) -> dict[str, Any]:
+    return {
+        "kv_connector": "KVServerConnector",
+        "kv_connector_module_path": "kvconnector.vllm",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": policy,
+        "kv_connector_extra_config": {"kvserver_url": url, **extra},
+    }
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"{VLLM_PYTHON} missing: build it with scripts/make-vllm-env.sh")
+    return build_model(tmp_path_factory.mktemp("tiny-llama") / "model")
+
+
+@pytest.fixture(scope="session")
+def reference(model_dir: Path) -> EngineRun:
+    """Greedy outputs of every test prompt, no connector, no prefix caching: plain recompute.
+
+    Batches: 0 P_LONG, 1 P_TURN1, 2 turn 2 of P_TURN1, 3 P_SALTED.
+    """
+    return run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)], [next_turn(1, 0, TURN2_TEXT)],
+                                  [prompt(P_SALTED, "tenant-a")]],
+                      max_tokens=MAX_TOKENS, llm_kwargs={"enable_prefix_caching": False})
+
+
+ServerFactory = Callable[..., KVServer]
+
+
+@pytest.fixture(scope="module")
+def kvserver_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+    servers: list[KVServer] = []
+
+    def make(*args: str) -> KVServer:
+        log = tmp_path_factory.mktemp("kvserver") / "kvserver.log"
+        s = KVServer(log, "--l1-size-gb", "0.25", *args).start()
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.stop()
