@@ -144,16 +144,39 @@ class CacheService:
             await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
         return self.lookup(f, hashes)  # no await since the wait: the prefix is recomputed and leased at once
 
-    def query(self, f: dict[str, Any]) -> dict[str, Any]:
+    def _query_keys(self, f: dict[str, Any]) -> tuple[list[bytes], list[list[IKey]]]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
         hashes = self._hashes(f["tokens"])
-        chunks = []
-        for h in hashes:
-            keys = [k for r in range(ks[1]) for k in self._keys(ks, salt, r, h)]
-            chunks.append({"hash": h.hex(), "l1": sum(self.l1.ready(k) is not None for k in keys),
-                           "objects": len(keys)})
-        hit = self._prefix_hits(ks, salt, hashes)
+        return hashes, [[k for r in range(ks[1]) for k in self._keys(ks, salt, r, h)] for h in hashes]
+
+    def query(self, f: dict[str, Any]) -> dict[str, Any]:
+        """Per-chunk presence in L1 (objects ready of objects needed) and the reusable prefix."""
+        hashes, per_chunk = self._query_keys(f)
+        chunks = [{"hash": h.hex(), "l1": sum(self.l1.ready(k) is not None for k in keys), "objects": len(keys)}
+                  for h, keys in zip(hashes, per_chunk)]
+        hit = self._prefix_hits(self._ks(f["keyspace"]), f.get("salt", ""), hashes)
         return {"chunks": chunks, "prefix_tokens": hit * self.chunk_size, "chunk_size": self.chunk_size}
+
+    async def query_l2(self, f: dict[str, Any]) -> dict[str, Any]:
+        """query, plus presence per L2 tier: `l2` when one tier is configured, `l2.<i>` for each of several.
+
+        A tier that is down or slower than the prefetch timeout reports nothing for that query.
+        """
+        result = self.query(f)
+        if self.l2 is None:
+            return result
+        _, per_chunk = self._query_keys(f)
+        flat = [k for keys in per_chunk for k in keys]
+        per_tier = await self.l2.presence(flat)
+        names = ["l2"] if len(per_tier) == 1 else [f"l2.{i}" for i in range(len(per_tier))]
+        for name, present in zip(names, per_tier):
+            if present is None:
+                continue
+            pos = 0
+            for chunk, keys in zip(result["chunks"], per_chunk):
+                chunk[name] = sum(present[pos : pos + len(keys)])
+                pos += len(keys)
+        return result
 
     def set_pinned(self, f: dict[str, Any], pinned: bool) -> dict[str, Any]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")

@@ -64,6 +64,7 @@ class KVServer:
             self.cache.l2 = self.l2
             self.cache.on_commit.append(self.l2.enqueue)
             self.handlers["lookup"] = self._lookup_l2
+            self.handlers["query"] = self._query_l2
         self.ready = False  # true while the control plane serves (the HTTP /readyz answer)
         self.http: Any = None
         if config.http_port:
@@ -98,6 +99,9 @@ class KVServer:
 
     async def _lookup_l2(self, f: dict[str, Any], _frames: list[memoryview]) -> Result:
         return await self.cache.lookup_l2(f), []
+
+    async def _query_l2(self, f: dict[str, Any], _frames: list[memoryview]) -> Result:
+        return await self.cache.query_l2(f), []
 
     def describe(self) -> dict[str, Any]:
         l1, c = self.l1, self.cache

@@ -66,6 +66,26 @@ class TierManager:
         self._tasks = [asyncio.create_task(self._writer(), name=f"l2-writer-{i}") for i in range(self._writers)]
         self._tasks.append(asyncio.create_task(self._usage_loop(), name="l2-usage"))
 
+    async def presence(self, keys: Sequence[IKey]) -> list[list[bool] | None]:
+        """Per tier, which keys it holds: one batched `contains` each, bounded by the prefetch timeout.
+
+        None stands for a tier that is down, failing or too slow: presence is unknown, not absent.
+        """
+        names = [key_str(k) for k in keys]
+
+        async def one(tier: Tier) -> list[bool] | None:
+            if not tier.available:
+                return None
+            try:
+                return list(await asyncio.wait_for(tier.adapter.contains(names), self.prefetch_timeout))
+            except L2Error as exc:
+                tier.failed(exc)
+            except TimeoutError:
+                pass
+            return None
+
+        return list(await asyncio.gather(*(one(t) for t in self.tiers)))
+
     async def stop(self, drain_timeout: float = 5.0) -> None:
         """Flush what is queued (bounded), then stop tasks and close adapters."""
         if self._queue is not None and self._tasks:
