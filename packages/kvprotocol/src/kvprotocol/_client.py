@@ -23,6 +23,7 @@ from ._messages import PROTOCOL_VERSION, pack, unpack_header
 
 Buffer = bytes | bytearray | memoryview
 DEFAULT_TIMEOUT = 5.0
+TOKEN_ENV = "KVSERVER_API_TOKEN"  # the same variable configures the server, so one setting serves a host
 
 
 @dataclass(slots=True)
@@ -41,8 +42,16 @@ def _configure(sock: zmq.Socket) -> None:  # type: ignore[type-arg]
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
 
 
-def _envelope(rid: int, op: str, fields: dict[str, Any]) -> bytes:
-    return pack({"v": PROTOCOL_VERSION, "id": rid, "op": op, **fields})
+def _envelope(rid: int, op: str, fields: dict[str, Any], token: str | None) -> bytes:
+    head: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": rid, "op": op}
+    if token:
+        head["auth"] = token
+    return pack({**head, **fields})
+
+
+def _token(token: str | None) -> str | None:
+    """The API token: explicit, else $KVSERVER_API_TOKEN; servers bound beyond loopback require it."""
+    return token if token is not None else os.environ.get(TOKEN_ENV) or None
 
 
 def _parse(parts: Sequence[zmq.Frame]) -> tuple[int, dict[str, Any]]:
@@ -68,9 +77,11 @@ def _start_id() -> int:
 class Client:
     """Blocking client; thread-safe (one request at a time per client)."""
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, context: zmq.Context | None = None) -> None:  # type: ignore[type-arg]
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, context: zmq.Context | None = None,  # type: ignore[type-arg]
+                 token: str | None = None) -> None:
         self.url = url
         self.timeout = timeout
+        self._token = _token(token)
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock)
@@ -84,7 +95,7 @@ class Client:
         with self._lock:
             rid = next(self._ids)
             try:
-                self._sock.send_multipart([_envelope(rid, op, fields), *frames], copy=False, flags=zmq.NOBLOCK)
+                self._sock.send_multipart([_envelope(rid, op, fields, self._token), *frames], copy=False, flags=zmq.NOBLOCK)
             except zmq.Again as exc:
                 raise RequestTimeout(f"{op}: cannot queue request to {self.url}") from exc
             while True:
@@ -109,9 +120,10 @@ class Client:
 class AsyncClient:
     """asyncio client: many requests in flight on one DEALER socket, matched to replies by id."""
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, token: str | None = None) -> None:
         self.url = url
         self.timeout = timeout
+        self._token = _token(token)
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock)
@@ -127,7 +139,7 @@ class AsyncClient:
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            await self._sock.send_multipart([_envelope(rid, op, fields), *frames], copy=False)
+            await self._sock.send_multipart([_envelope(rid, op, fields, self._token), *frames], copy=False)
             return await asyncio.wait_for(fut, self.timeout if timeout is None else timeout)
         except TimeoutError as exc:
             raise RequestTimeout(f"{op}: no reply from {self.url} within the timeout") from exc

@@ -171,7 +171,10 @@ def validate_request(msg: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
     if not isinstance(op, str) or op not in SCHEMA:
         raise ValidationError(ErrorCode.UNKNOWN_OP, f"unknown op {str(op)[:40]!r}")
     spec = SCHEMA[op]
-    extra = set(msg) - set(spec) - {"v", "id", "op"}
+    auth = msg.get("auth")
+    if auth is not None and (not isinstance(auth, str) or len(auth) > 1024):
+        raise ValidationError(ErrorCode.BAD_FIELD, "auth must be a string of at most 1024 chars")
+    extra = set(msg) - set(spec) - {"v", "id", "op", "auth"}
     if extra:
         raise ValidationError(ErrorCode.BAD_FIELD, f"unexpected fields for {op}: {sorted(map(str, extra))[:8]}")
     fields: dict[str, Any] = {}

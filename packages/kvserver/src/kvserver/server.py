@@ -7,6 +7,7 @@ and the loop keeps serving.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
 import logging
 import os
@@ -23,7 +24,7 @@ from kvprotocol._messages import error_reply, ok_reply, pack, request_id_of, unp
 
 from .arena import Arena, arena_name
 from .cache import CacheService
-from .config import ServerConfig
+from .config import ServerConfig, is_loopback
 from .eviction import make_policy
 from .l1 import L1Cache, State
 from .l2 import build_tier_manager
@@ -33,6 +34,7 @@ MAX_FRAME_BYTES = 1 << 31  # hard ZMQ limit; larger messages drop the connection
 Result = tuple[dict[str, Any], list[Any]]
 Handler = Callable[[dict[str, Any], list[memoryview]], Result | Awaitable[Result]]
 DATA_OPS = frozenset({"commit"})  # the only op that carries data frames in
+OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
 
 
 class KVServer:
@@ -52,6 +54,8 @@ class KVServer:
         self.op_counts: dict[str, int] = {}
         self.observers: list[Callable[[str, float, str | None], None]] = []  # (op, seconds, error code)
         self._engine_ids = itertools.count(1)
+        # Beyond loopback (allowed only with a token or --insecure) every op but ping needs the token.
+        self._zmq_token = None if is_loopback(config.host) else config.api_token
         self._stop = asyncio.Event()
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -138,6 +142,8 @@ class KVServer:
             msg = unpack_header(header_frame)
             rid = request_id_of(msg)
             rid, op, fields = validate_request(msg)
+            if self._zmq_token is not None and op not in OPEN_OPS:
+                self._check_token(msg.get("auth"))
             if frames and op not in DATA_OPS:
                 raise ValidationError(ErrorCode.BAD_FIELD, f"{op} takes no data frames")
             out = self.handlers[op](fields, frames)
@@ -157,6 +163,12 @@ class KVServer:
         for observer in self.observers:
             observer(op, elapsed, code)
         return reply, data
+
+    def _check_token(self, auth: object) -> None:
+        assert self._zmq_token is not None
+        if not isinstance(auth, str) or not hmac.compare_digest(auth.encode(), self._zmq_token.encode()):
+            raise ValidationError(ErrorCode.UNAUTHORIZED, "this server needs its API token ('auth' field; "
+                                                          "clients read $KVSERVER_API_TOKEN)")
 
     async def _serve_loop(self) -> None:
         while True:
