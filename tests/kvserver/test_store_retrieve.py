@@ -124,3 +124,16 @@ def test_tcp_commit_checks_frame_sizes(server):
         assert lookup(c, ks, TOKENS) == 0  # nothing half-committed
         c.call("commit", frames=[payload(1, size)], store_id=reply["store_id"])
         assert lookup(c, ks, TOKENS) == 256
+
+
+def test_engine_table_dedupes_reregistration_and_stays_bounded(server):
+    with server.client() as c:
+        layout = tiny_layout().to_wire()
+        first = c.call("register_engine", model="m", world_size=1, rank=0, groups=[layout], host="h", pid=7).result
+        again = c.call("register_engine", model="m", world_size=1, rank=0, groups=[layout], host="h", pid=7).result
+        assert again["engine_id"] == first["engine_id"]
+        for i in range(300):
+            c.call("register_engine", model="m", world_size=1, rank=0, groups=[layout], host="h", pid=100 + i)
+        engines = c.call("describe").result["engines"]
+        assert len(engines) == 256
+        assert engines[-1]["pid"] == 399 and first["engine_id"] not in {e["id"] for e in engines}

@@ -49,6 +49,9 @@ class Counters:
     expired_stores: int = 0
 
 
+MAX_ENGINES = 256  # registrations kept for describe; the oldest go first
+
+
 def _fail(code: ErrorCode, message: str) -> ValidationError:
     return ValidationError(code, message)
 
@@ -98,8 +101,17 @@ class CacheService:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         for layout in f["groups"]:
             self.object_sizes[layout.fingerprint] = layout.object_bytes
-        self.engines[engine_id] = Engine(engine_id, f["model"], f["world_size"], f["rank"],
-                                         [g.to_wire() for g in f["groups"]], f.get("host", ""), f.get("pid", 0))
+        engine = Engine(engine_id, f["model"], f["world_size"], f["rank"], [g.to_wire() for g in f["groups"]],
+                        f.get("host", ""), f.get("pid", 0))
+        # The same process registering again (a reconnect) keeps its id; the table stays bounded.
+        for old in list(self.engines.values()):
+            if (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
+                    engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid) and engine.pid:
+                del self.engines[old.id]
+                engine.id = engine_id = old.id
+        self.engines[engine_id] = engine
+        while len(self.engines) > MAX_ENGINES:
+            del self.engines[next(iter(self.engines))]
         return {
             "engine_id": engine_id,
             "arena": {"name": self.l1.arena.name, "size": self.l1.arena.size},
