@@ -7,22 +7,14 @@ when .venv-vllm is missing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from kvserver_proc import KVServer
-from tiny_model import random_prompt
+from kvserver_proc import KVServer, ServerFactory
+from vllm_cases import MAX_TOKENS, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT
 from vllm_harness import VLLM_PYTHON, EngineRun, build_model, next_turn, prompt, run_engine
-
-# Prompts shared by the tests. Chunk size 256, block size 32: 700 tokens hold 2 full chunks.
-P_LONG = random_prompt(700, seed=11)
-P_TURN1 = random_prompt(600, seed=12)
-TURN2_TEXT = random_prompt(200, seed=13)
-P_SALTED = random_prompt(640, seed=14)
-MAX_TOKENS = 8
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -36,16 +28,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("vllm_engine"):
             item.add_marker(skip)
-
-
-def kv_config(url: str, policy: str = "recompute", **extra: Any) -> dict[str, Any]:
-    return {
-        "kv_connector": "KVServerConnector",
-        "kv_connector_module_path": "kvconnector.vllm",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": policy,
-        "kv_connector_extra_config": {"kvserver_url": url, **extra},
-    }
 
 
 @pytest.fixture(scope="session")
@@ -64,9 +46,6 @@ def reference(model_dir: Path) -> EngineRun:
     return run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)], [next_turn(1, 0, TURN2_TEXT)],
                                   [prompt(P_SALTED, "tenant-a")]],
                       max_tokens=MAX_TOKENS, llm_kwargs={"enable_prefix_caching": False})
-
-
-ServerFactory = Callable[..., KVServer]
 
 
 @pytest.fixture(scope="module")

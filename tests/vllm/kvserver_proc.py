@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kvprotocol import Client, KVProtocolError
@@ -72,3 +73,6 @@ class KVServer:
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
+
+
+ServerFactory = Callable[..., KVServer]

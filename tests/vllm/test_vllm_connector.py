@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MAX_TOKENS, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT, ServerFactory, kv_config
+from kvserver_proc import ServerFactory
+from vllm_cases import MAX_TOKENS, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT, kv_config
 from vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MAX_TOKENS, P_LONG, ServerFactory, kv_config
+from kvserver_proc import ServerFactory
+from vllm_cases import MAX_TOKENS, P_LONG, kv_config
 from vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine

@@ -1,0 +1,24 @@
+"""Prompts and connector configs shared by the real-vLLM tests (a plain module: test files import it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tiny_model import random_prompt
+
+# Prompts shared by the tests. Chunk size 256, block size 32: 700 tokens hold 2 full chunks.
+P_LONG = random_prompt(700, seed=11)
+P_TURN1 = random_prompt(600, seed=12)
+TURN2_TEXT = random_prompt(200, seed=13)
+P_SALTED = random_prompt(640, seed=14)
+MAX_TOKENS = 8
+
+
+def kv_config(url: str, policy: str = "recompute", **extra: Any) -> dict[str, Any]:
+    return {
+        "kv_connector": "KVServerConnector",
+        "kv_connector_module_path": "kvconnector.vllm",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": policy,
+        "kv_connector_extra_config": {"kvserver_url": url, **extra},
+    }
