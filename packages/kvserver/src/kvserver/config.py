@@ -5,11 +5,12 @@ Precedence: command-line flag > environment variable > config file > default.
 
 from __future__ import annotations
 
-import ipaddress
 import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from kvprotocol import exposure_refusal, is_loopback
 
 from .eviction import POLICIES
 
@@ -106,18 +107,7 @@ def exposure_problem(config: ServerConfig) -> str | None:
     if not exposed:
         return None
     flag, host = exposed[0]
-    return (f"refusing to listen on non-loopback address {host} ({flag}) without an API token: "
-            "set --api-token (or KVSERVER_API_TOKEN), bind 127.0.0.1, or pass --insecure to accept "
-            "an unauthenticated endpoint")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return exposure_refusal(host, flag, "KVSERVER_API_TOKEN")
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -7,7 +7,6 @@ and the loop keeps serving.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import logging
 import os
@@ -20,11 +19,12 @@ import zmq.asyncio
 
 import kvprotocol
 from kvprotocol import ErrorCode, ValidationError, validate_request
+from kvprotocol import is_loopback, tokens_equal
 from kvprotocol._messages import error_reply, ok_reply, pack, request_id_of, unpack_header
 
 from .arena import Arena, arena_name
 from .cache import CacheService
-from .config import ServerConfig, is_loopback
+from .config import ServerConfig
 from .eviction import make_policy
 from .l1 import L1Cache, State
 from .l2 import build_tier_manager
@@ -166,7 +166,7 @@ class KVServer:
 
     def _check_token(self, auth: object) -> None:
         assert self._zmq_token is not None
-        if not isinstance(auth, str) or not hmac.compare_digest(auth.encode(), self._zmq_token.encode()):
+        if not isinstance(auth, str) or not tokens_equal(auth, self._zmq_token):
             raise ValidationError(ErrorCode.UNAUTHORIZED, "this server needs its API token ('auth' field; "
                                                           "clients read $KVSERVER_API_TOKEN)")
 

@@ -6,25 +6,15 @@ before the app is built, so a busy port is a one-line error rather than a stack 
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+from kvprotocol import exposure_refusal, is_loopback
 
 
 def exposure_problem(host: str, token: str | None, insecure: bool) -> str | None:
     if token or insecure or is_loopback(host):
         return None
-    return (f"refusing to listen on non-loopback address {host} (--host) without an API token: set "
-            "--api-token (or KVCLI_COORDINATOR_API_TOKEN), bind 127.0.0.1, or pass --insecure to accept "
-            "an unauthenticated endpoint")
+    return exposure_refusal(host, "--host", "KVCLI_COORDINATOR_API_TOKEN")
 
 
 def bind(host: str, port: int) -> socket.socket:

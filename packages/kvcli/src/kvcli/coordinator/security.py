@@ -2,16 +2,15 @@
 
 A non-loopback bind needs a token (or an explicit --insecure). Read-only endpoints are open while
 listening on loopback; mutating ones (membership changes) need the token whenever one is set.
-(kvcli must not import kvserver, so these few lines are kept here rather than shared.)
+The primitives live in kvprotocol, shared with kvserver.
 """
 
 from __future__ import annotations
 
-import hmac
-
 from fastapi import Request
 
-from .binding import is_loopback
+from kvprotocol import bearer_matches, is_loopback
+
 from .errors import ApiError
 
 
@@ -22,8 +21,7 @@ def _check(request: Request, token: str | None) -> None:
     if not header:
         raise ApiError(401, "UNAUTHORIZED", "this endpoint needs 'Authorization: Bearer <token>'",
                        headers={"WWW-Authenticate": "Bearer"})
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token.encode()):
+    if not bearer_matches(header, token):
         raise ApiError(403, "FORBIDDEN", "invalid bearer token")
 
 

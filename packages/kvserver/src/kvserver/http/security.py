@@ -7,22 +7,12 @@ Mutating endpoints need the token whenever one is configured.
 
 from __future__ import annotations
 
-import hmac
-
 from fastapi import Request
 
-from ..config import ServerConfig, is_loopback
+from kvprotocol import bearer_matches, is_loopback
+
+from ..config import ServerConfig
 from .errors import ApiError
-
-
-def token_matches(header: str | None, token: str) -> bool:
-    """Constant-time compare of an `Authorization: Bearer <token>` header with the configured token."""
-    if not header:
-        return False
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "bearer" or not value:
-        return False
-    return hmac.compare_digest(value.strip().encode(), token.encode())
 
 
 def check_bearer(request: Request, token: str | None) -> None:
@@ -32,7 +22,7 @@ def check_bearer(request: Request, token: str | None) -> None:
     if not header:
         raise ApiError(401, "UNAUTHORIZED", "this endpoint needs 'Authorization: Bearer <token>'",
                        headers={"WWW-Authenticate": "Bearer"})
-    if not token_matches(header, token):
+    if not bearer_matches(header, token):
         raise ApiError(403, "FORBIDDEN", "invalid bearer token")
 
 
