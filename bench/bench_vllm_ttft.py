@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,8 +33,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "vllm"))
 
+from kvserver_proc import KVSERVER_BIN, KVServer  # noqa: E402
 from tiny_model import BENCH, build_llama, random_prompt  # noqa: E402
-from vllm_harness import EngineRun, EngineRunError, prompt, run_engine  # noqa: E402
+from vllm_harness import VLLM_PYTHON, EngineRun, EngineRunError, prompt, run_engine  # noqa: E402
 
 BLOCK_SIZE = 64
 CONFIGS = ("none", "example", "offload", "kvserver")
@@ -51,12 +50,6 @@ def _ttft_engine(model: Path, prompts: list[list[int]], kv: dict[str, Any] | Non
                       kv_transfer_config=kv, env=env, llm_kwargs=llm_kwargs, timeout=1200)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def bench_none(model: Path, p: list[int], max_len: int) -> dict[str, Any]:
     run = _ttft_engine(model, [p, p], None, max_len)
     b = run.batches
@@ -67,7 +60,7 @@ def bench_none(model: Path, p: list[int], max_len: int) -> dict[str, Any]:
 
 def bench_example(model: Path, p: list[int], max_len: int, tmp: Path) -> dict[str, Any]:
     store = tmp / "example-connector"
-    store.mkdir()
+    store.mkdir(parents=True)
     kv = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
           "kv_connector_extra_config": {"shared_storage_path": str(store)}}
     a = _ttft_engine(model, [p], kv, max_len)
@@ -100,22 +93,17 @@ def bench_offload(model: Path, p: list[int], max_len: int) -> dict[str, Any]:
 
 
 def bench_kvserver(model: Path, p: list[int], max_len: int, tmp: Path) -> dict[str, Any]:
-    server_bin = ROOT / ".venv" / "bin" / "kvserver"
+    if not KVSERVER_BIN.exists():
+        return {"skipped": f"{KVSERVER_BIN} missing (run `uv sync`)"}
+    probe = subprocess.run([str(VLLM_PYTHON), "-c", "import kvconnector.vllm.connector"], capture_output=True,
+                           text=True)
+    if probe.returncode != 0:
+        return {"skipped": f"kvconnector.vllm not importable: {probe.stderr.strip().splitlines()[-1:]}"}
+    server = KVServer(tmp / "kvserver.log", "--l1-size-gb", "2").start()
     try:
-        import kvconnector.vllm  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        return {"skipped": f"kvconnector.vllm not importable: {exc}"}
-    if not server_bin.exists():
-        return {"skipped": f"{server_bin} missing (run `uv sync`)"}
-    port = _free_port()
-    log = open(tmp / "kvserver.log", "wb")
-    proc = subprocess.Popen([str(server_bin), "start", "--port", str(port), "--l1-size-gb", "2"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        time.sleep(1.5)
         kv = {"kv_connector": "KVServerConnector", "kv_connector_module_path": "kvconnector.vllm",
-              "kv_role": "kv_both",
-              "kv_connector_extra_config": {"kvserver_url": f"tcp://127.0.0.1:{port}", "mode": "auto"}}
+              "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+              "kv_connector_extra_config": {"kvserver_url": server.url, "mode": "auto"}}
         a = _ttft_engine(model, [p], kv, max_len)
         b = _ttft_engine(model, [p], kv, max_len)
         rb = b.batches[1].requests[0]
@@ -123,12 +111,7 @@ def bench_kvserver(model: Path, p: list[int], max_len: int, tmp: Path) -> dict[s
                 "hit_cached_tokens": rb.num_cached_tokens, "loaded_tokens": rb.connector_loaded_tokens,
                 "tokens": [a.batches[1].requests[0].token_ids, rb.token_ids]}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        server.stop()
 
 
 def main() -> int:
@@ -137,6 +120,8 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse/build the bench model here")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every configuration this many times; the table shows medians")
     args = ap.parse_args()
     configs = [c for c in args.configs.split(",") if c]
     unknown = set(configs) - set(CONFIGS)
@@ -150,23 +135,35 @@ def main() -> int:
         print(f"model: {BENCH} ({BENCH.kv_bytes_per_token_fp32 // 1024} KiB KV/token), "
               f"built in {time.perf_counter() - t:.1f}s", flush=True)
         p = random_prompt(args.prompt_len, seed=7, vocab_size=BENCH.vocab_size)
-        results: dict[str, Any] = {}
-        for c in configs:
-            t = time.perf_counter()
-            if c == "none":
-                results[c] = bench_none(model, p, max_len)
-            elif c == "example":
-                results[c] = bench_example(model, p, max_len, tmp)
-            elif c == "offload":
-                results[c] = bench_offload(model, p, max_len)
-            else:
-                results[c] = bench_kvserver(model, p, max_len, tmp)
-            shown = {k: v for k, v in results[c].items() if k != "tokens"}
-            print(f"[{c}] {json.dumps(shown)} ({time.perf_counter() - t:.0f}s)", flush=True)
+        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+        for rep in range(args.repeat):
+            for c in configs:
+                t = time.perf_counter()
+                if c == "none":
+                    r = bench_none(model, p, max_len)
+                elif c == "example":
+                    r = bench_example(model, p, max_len, tmp / f"{rep}")
+                elif c == "offload":
+                    r = bench_offload(model, p, max_len)
+                else:
+                    r = bench_kvserver(model, p, max_len, tmp)
+                runs[c].append(r)
+                shown = {k: v for k, v in r.items() if k != "tokens"}
+                print(f"[{c} #{rep + 1}] {json.dumps(shown)} ({time.perf_counter() - t:.0f}s)", flush=True)
+        results = {c: _median(rs) for c, rs in runs.items()}
     _report(results, args.prompt_len)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps({"median": results, "runs": runs}, indent=2))
     return 0
+
+
+def _median(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per key: the median of numeric values over the repeats, else the first run's value."""
+    out: dict[str, Any] = {}
+    for k, v in rs[0].items():
+        nums = [r[k] for r in rs if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+        out[k] = statistics.median(nums) if len(nums) == len(rs) and nums else v
+    return out
 
 
 def _report(results: dict[str, Any], n: int) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvserver_proc import KVServer, ServerFactory
-from vllm_cases import MAX_TOKENS, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT
+from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT
 from vllm_harness import VLLM_PYTHON, EngineRun, build_model, next_turn, prompt, run_engine
 
 
@@ -41,10 +41,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def reference(model_dir: Path) -> EngineRun:
     """Greedy outputs of every test prompt, no connector, no prefix caching: plain recompute.
 
-    Batches: 0 P_LONG, 1 P_TURN1, 2 turn 2 of P_TURN1, 3 P_SALTED.
+    Batches: 0 P_LONG, 1 P_TURN1, 2 turn 2 of P_TURN1, 3 P_SALTED, 4 P_GEN, 5 turn 2 of P_GEN.
     """
     return run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)], [next_turn(1, 0, TURN2_TEXT)],
-                                  [prompt(P_SALTED, "tenant-a")]],
+                                  [prompt(P_SALTED, "tenant-a")], [prompt(P_GEN)], [next_turn(4, 0, TURN2_TEXT)]],
                       max_tokens=MAX_TOKENS, llm_kwargs={"enable_prefix_caching": False})
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvserver_proc import ServerFactory
-from vllm_cases import MAX_TOKENS, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT, kv_config
+from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT, kv_config
 from vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
@@ -30,15 +30,18 @@ class TwoEngines:
 @pytest.fixture(scope="module")
 def two_engines(model_dir: Path, kvserver_factory: ServerFactory) -> TwoEngines:
     server = kvserver_factory()
-    kv = kv_config(server.url)
-    # A: batches 0 P_LONG, 1 P_TURN1 (turn 1 of a chat), 2 P_SALTED under tenant-a.
-    a = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)], [prompt(P_SALTED, "tenant-a")]],
-                   max_tokens=MAX_TOKENS, kv_transfer_config=kv)
+    # A (storing generated tokens too): batches 0 P_LONG, 1 P_TURN1 (turn 1 of a chat), 2 P_SALTED
+    # under tenant-a, 3 P_GEN (turn 1 of another chat).
+    a = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)], [prompt(P_SALTED, "tenant-a")], [prompt(P_GEN)]],
+                   max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url, save_policy="all"))
     turn1_out = a.batches[1].requests[0].token_ids
-    # B: 0 P_LONG again, 1 turn 2 of the chat, 2 P_SALTED under tenant-b, 3 P_SALTED under tenant-a.
+    gen_out = a.batches[3].requests[0].token_ids
+    # B: 0 P_LONG again, 1 turn 2 of the chat, 2 P_SALTED under tenant-b, 3 P_SALTED under tenant-a,
+    # 4 turn 2 of the P_GEN chat.
     b = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1 + turn1_out + TURN2_TEXT)],
-                               [prompt(P_SALTED, "tenant-b")], [prompt(P_SALTED, "tenant-a")]],
-                   max_tokens=MAX_TOKENS, kv_transfer_config=kv)
+                               [prompt(P_SALTED, "tenant-b")], [prompt(P_SALTED, "tenant-a")],
+                               [prompt(P_GEN + gen_out + TURN2_TEXT)]],
+                   max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
     return TwoEngines(a, b)
 
 
@@ -66,8 +69,18 @@ def test_multi_turn_reuses_turn_one_chunks(two_engines: TwoEngines, reference: E
     assert a.batches[1].requests[0].token_ids == reference.batches[1].requests[0].token_ids
     r = b.batches[1].requests[0]
     assert r.prompt_len == len(P_TURN1) + MAX_TOKENS + len(TURN2_TEXT)
-    assert r.connector_loaded_tokens == 2 * CHUNK  # turn 1's prompt chunks (save_policy "prompt")
+    assert r.connector_loaded_tokens == 2 * CHUNK  # turn 1's full chunks
     assert r.token_ids == reference.batches[2].requests[0].token_ids
+
+
+def test_save_policy_all_stores_generated_tokens(two_engines: TwoEngines, reference: EngineRun) -> None:
+    a, b = two_engines.a, two_engines.b
+    assert a.batches[3].requests[0].token_ids == reference.batches[4].requests[0].token_ids
+    # Chunk 1 (tokens 256-511) holds 250 prompt and 6 generated tokens: stored under "all" only.
+    assert a.batches[3].requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 2 * CHUNK
+    r = b.batches[4].requests[0]
+    assert r.connector_loaded_tokens == 2 * CHUNK
+    assert r.token_ids == reference.batches[5].requests[0].token_ids
 
 
 def test_cache_salt_isolates_tenants(two_engines: TwoEngines, reference: EngineRun) -> None:

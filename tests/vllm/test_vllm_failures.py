@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvserver_proc import ServerFactory
-from vllm_cases import MAX_TOKENS, P_LONG, kv_config
+from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, kv_config
 from vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
@@ -32,8 +32,10 @@ def test_server_killed_between_engines(model_dir: Path, kvserver_factory: Server
                                        reference: EngineRun) -> None:
     server = kvserver_factory()
     kv = kv_config(server.url, timeout_s=1.0)
-    a = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
+    a = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_GEN)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
     assert a.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 512
+    # save_policy "prompt" (the default) stores only chunks made of prompt tokens
+    assert a.requests[1].kv_transfer_params["kvserver"]["stored_tokens"] == 256
     server.kill()
     b = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_LONG[:600])]], max_tokens=MAX_TOKENS,
                    kv_transfer_config=kv)

@@ -48,8 +48,8 @@ def test_key_salt_hides_and_separates_salts() -> None:
     validate_salt(a)
 
 
-@pytest.mark.parametrize("name,want", [("/tmp/x/model", "tmp/x/model"), ("meta-llama/Llama-3-8B", "meta-llama/Llama-3-8B"),
-                                       ("a b", "a_b")])
+@pytest.mark.parametrize("name,want", [("/tmp/x/model", "tmp/x/model"),
+                                       ("meta-llama/Llama-3-8B", "meta-llama/Llama-3-8B"), ("a b", "a_b")])
 def test_model_key_is_a_valid_model_name(name: str, want: str) -> None:
     from kvprotocol import validate_model
 

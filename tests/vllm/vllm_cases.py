@@ -11,6 +11,9 @@ P_LONG = random_prompt(700, seed=11)
 P_TURN1 = random_prompt(600, seed=12)
 TURN2_TEXT = random_prompt(200, seed=13)
 P_SALTED = random_prompt(640, seed=14)
+# 506 prompt tokens + 8 generated: the KV of token 511 exists after the 6th decode step, so chunk 1
+# is full of prompt *and generated* tokens: stored only with save_policy "all".
+P_GEN = random_prompt(506, seed=15)
 MAX_TOKENS = 8
 
 
