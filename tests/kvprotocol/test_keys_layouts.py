@@ -21,6 +21,7 @@ def test_fingerprint_changes_with_every_field_that_changes_the_bytes():
         dataclasses.replace(BASE, block_bytes=8192),
         dataclasses.replace(BASE, chunk_size=512),
         dataclasses.replace(BASE, block_shape=(2, 32, 32)),
+        dataclasses.replace(BASE, variant="amx"),
     ]
     fps = {v.fingerprint for v in variants} | {BASE.fingerprint}
     assert len(fps) == len(variants) + 1
@@ -29,7 +30,7 @@ def test_fingerprint_changes_with_every_field_that_changes_the_bytes():
 
 @pytest.mark.parametrize("bad", [
     dict(tag="Bad Tag"), dict(dtype="float128"), dict(num_layers=0), dict(block_size=0),
-    dict(chunk_size=100), dict(block_bytes=-1), dict(block_shape=(0,)),
+    dict(chunk_size=100), dict(block_bytes=-1), dict(block_shape=(0,)), dict(variant="AMX!"),
 ])
 def test_bad_layouts_are_rejected(bad):
     with pytest.raises(ValidationError):

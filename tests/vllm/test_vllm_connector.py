@@ -97,3 +97,6 @@ def test_scheduler_and_worker_compute_the_same_layout(two_engines: TwoEngines) -
                                     run.log))
         tensor_fps = set(re.findall(r"registered \d+ layers, tensor layout ([0-9a-f]{16})", run.log))
         assert len(config_fps) == 1 and config_fps == tensor_fps, run.log[-3000:]
+        # the CPU attention ISA packs each block, so it is part of the fingerprint (never "unknown")
+        isas = set(re.findall(r"config layout [0-9a-f]{16} \(isa (\w+)\)", run.log))
+        assert len(isas) == 1 and isas <= {"vec", "vec16", "amx", "neon", "vsx", "vxe", "rvv"}, run.log[-3000:]

@@ -35,9 +35,11 @@ class LayoutDescriptor:
     chunk_size: int
     block_shape: tuple[int, ...] = ()
     stacked: bool = False
+    variant: str = ""  # what else decides the bytes, e.g. the CPU attention ISA that packs a block
 
     def __post_init__(self) -> None:
         _check(bool(_TAG_RE.match(self.tag)), f"bad layout tag {self.tag!r}")
+        _check(self.variant == "" or bool(_TAG_RE.match(self.variant)), f"bad layout variant {self.variant!r}")
         _check(self.dtype in DTYPES, f"unknown dtype {self.dtype!r}")
         _check(1 <= self.num_layers <= 4096, "num_layers out of range")
         _check(1 <= self.block_size <= 65536, "block_size out of range")
@@ -61,7 +63,7 @@ class LayoutDescriptor:
         """16 hex chars naming what the bytes mean; any change of layout or dtype changes it."""
         canon = msgpack.packb(
             [self.tag, self.dtype, self.num_layers, self.block_size, self.block_bytes, self.chunk_size,
-             list(self.block_shape)],
+             list(self.block_shape), self.variant],
         )
         return blake3(b"kv-layout-v1" + canon).hexdigest()[:16]
 
@@ -75,7 +77,7 @@ class LayoutDescriptor:
         if not isinstance(data, dict):
             raise ValidationError(ErrorCode.BAD_FIELD, "layout must be a map")
         fields = {"tag": str, "dtype": str, "num_layers": int, "block_size": int, "block_bytes": int,
-                  "chunk_size": int, "block_shape": list, "stacked": bool}
+                  "chunk_size": int, "block_shape": list, "stacked": bool, "variant": str}
         required = {"tag", "dtype", "num_layers", "block_size", "block_bytes", "chunk_size"}
         extra = set(data) - set(fields)
         _check(not extra, f"unexpected layout fields {sorted(map(str, extra))}", ErrorCode.BAD_FIELD)

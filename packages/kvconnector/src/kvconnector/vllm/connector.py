@@ -29,7 +29,7 @@ from .metadata import KVServerConnectorMetadata
 from .plan import model_key
 from .scheduler import SchedulerSide
 from .stats import KVServerConnectorStats
-from .vllm_layout import UnsupportedLayout, scheduler_layout, worker_layout
+from .vllm_layout import UnsupportedLayout, attention_isa, scheduler_layout, worker_layout
 from .worker import WorkerSide
 
 if TYPE_CHECKING:
@@ -54,8 +54,10 @@ class KVServerConnector(KVConnectorBase_V1):
         self.cfg.check_block_size(block_size)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
+        self._isa = ""
         try:
-            layout = scheduler_layout(kv_cache_config, self.cfg.chunk_size)
+            self._isa = attention_isa(vllm_config, kv_cache_config)
+            layout = scheduler_layout(kv_cache_config, self.cfg.chunk_size, self._isa)
         except UnsupportedLayout as exc:
             log.error("KVServerConnector disabled: %s", exc)
             layout = None
@@ -67,8 +69,9 @@ class KVServerConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerSide(self.cfg, client, block_size)
         else:
             self._worker = WorkerSide(self.cfg, client, layout)
-        log.info("KVServerConnector %s: server %s, mode %s, config layout %s", role.name.lower(),
-                 self.cfg.kvserver_url, self.cfg.mode, layout.fingerprint if layout else "unsupported")
+        log.info("KVServerConnector %s: server %s, mode %s, config layout %s (isa %s)", role.name.lower(),
+                 self.cfg.kvserver_url, self.cfg.mode, layout.fingerprint if layout else "unsupported",
+                 self._isa or "unknown")
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -99,7 +102,7 @@ class KVServerConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
         try:
-            layout, tensors = worker_layout(self._kv_cache_config, kv_caches, self.cfg.chunk_size)
+            layout, tensors = worker_layout(self._kv_cache_config, kv_caches, self.cfg.chunk_size, self._isa)
         except (UnsupportedLayout, ValueError) as exc:
             log.error("KVServerConnector disabled on this worker: %s", exc)
             self._worker.enabled = False

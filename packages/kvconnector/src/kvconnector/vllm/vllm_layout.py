@@ -8,6 +8,7 @@ the worker checks this and disables the connector on a mismatch.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,14 +35,30 @@ def attention_group(kv_cache_config: Any) -> tuple[list[str], Any]:
     return list(groups[0].layer_names), spec
 
 
-def scheduler_layout(kv_cache_config: Any, chunk_size: int) -> LayoutDescriptor:
+def attention_isa(vllm_config: Any, kv_cache_config: Any) -> str:
+    """The CPU attention ISA that packs each block (vec, vec16, amx, neon, ...), exactly as vLLM picks it.
+
+    The packing inside a block differs per ISA, so it is part of the layout fingerprint: an AMX host
+    and an AVX-512 host sharing an L2 tier then miss instead of reading each other's bytes wrongly.
+    """
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except ImportError as exc:  # never guess: without the ISA the bytes' meaning is unknown
+        raise UnsupportedLayout(f"cannot tell vLLM's CPU attention ISA: {exc}") from exc
+    _, spec = attention_group(kv_cache_config)
+    return str(_get_attn_isa(vllm_config.model_config.dtype, int(spec.block_size), int(spec.head_size),
+                             vllm_config.cache_config.cache_dtype))
+
+
+def scheduler_layout(kv_cache_config: Any, chunk_size: int, isa: str) -> LayoutDescriptor:
     layer_names, spec = attention_group(kv_cache_config)
-    return vllm_cpu_layout(num_layers=len(layer_names), num_kv_heads=int(spec.num_kv_heads),
-                           head_dim=int(spec.head_size), block_size=int(spec.block_size),
-                           dtype=spec.dtype, chunk_size=chunk_size)
+    layout = vllm_cpu_layout(num_layers=len(layer_names), num_kv_heads=int(spec.num_kv_heads),
+                             head_dim=int(spec.head_size), block_size=int(spec.block_size),
+                             dtype=spec.dtype, chunk_size=chunk_size)
+    return dataclasses.replace(layout, variant=isa)
 
 
-def worker_layout(kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int
+def worker_layout(kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
                   ) -> tuple[LayoutDescriptor, list[Any]]:
     """Layout from the registered tensors, and the tensors in layer order (group 0's order)."""
     layer_names, spec = attention_group(kv_cache_config)
@@ -57,4 +74,4 @@ def worker_layout(kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size
             raise UnsupportedLayout(f"layer {name} KV is not a contiguous tensor like the first layer's")
     layout = layout_from_tensor(first, "vllm_cpu", int(spec.block_size), chunk_size,
                                 num_layers=len(layer_names))
-    return layout, tensors
+    return dataclasses.replace(layout, variant=isa), tensors
