@@ -13,14 +13,47 @@ Each batch is one `LLM.generate` call, timed on its own. A prompt may instead be
 an earlier request of this engine: {"extend": [batch, index], "append": [...]} means that request's
 prompt + its generated tokens + append (a multi-turn chat). RESULT: {"init_s", "batches":
 [{"wall_s", "requests": [{"prompt_len", "token_ids", "num_cached_tokens", "kv_transfer_params"}]}]}.
+
+Optional SPEC keys: "gates": {"<batch index>": path} waits (up to 120 s) for that file before the
+batch, so a test can change the world (start a server) between two batches of one engine;
+"connector_stats": true sums, per batch, the KV connector stats that vLLM's scheduler routes into
+its SchedulerStats (the `get_kv_connector_stats` hook) into RESULT's batches[i]["connector_stats"].
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
+
+
+def _capture_connector_stats(llm: Any) -> dict[str, float]:
+    """Sum what the scheduler puts into SchedulerStats.kv_connector_stats (in-process engine core)."""
+    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    totals: dict[str, float] = {}
+    make_stats = sched.make_stats
+
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        stats = make_stats(*args, **kwargs)
+        payload = getattr(stats, "kv_connector_stats", None) or {}
+        for name, value in payload.items():
+            if isinstance(value, (int, float)):
+                totals[name] = totals.get(name, 0) + value
+        return stats
+
+    sched.make_stats = capture
+    return totals
+
+
+def _wait_for(path: str, timeout: float = 120.0) -> None:
+    open(path + ".waiting", "w").close()  # tells the test this engine reached the gate
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {path} never opened")
+        time.sleep(0.05)
 
 
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -40,14 +73,22 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("kv_transfer_config"):
         kwargs["kv_transfer_config"] = spec["kv_transfer_config"]
     kwargs.update(spec.get("llm_kwargs", {}))
+    if spec.get("connector_stats"):
+        kwargs["disable_log_stats"] = False
     llm = LLM(**kwargs)
     init_s = time.perf_counter() - t0
+    totals = _capture_connector_stats(llm) if spec.get("connector_stats") else None
+    gates: dict[str, str] = spec.get("gates", {})
 
     params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8), ignore_eos=True,
                             detokenize=False)
     batches: list[dict[str, Any]] = []
     sent: list[list[list[int]]] = []  # the prompt of every request so far, for "extend"
-    for batch in spec["batches"]:
+    for index, batch in enumerate(spec["batches"]):
+        if str(index) in gates:
+            _wait_for(gates[str(index)])
+        if totals is not None:
+            totals.clear()
         prompts = []
         for p in batch:
             if "extend" in p:
@@ -72,6 +113,8 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
                 "kv_transfer_params": out.kv_transfer_params,
             })
         batches.append({"wall_s": wall, "requests": requests})
+        if totals is not None:
+            batches[-1]["connector_stats"] = dict(totals)
     return {"init_s": init_s, "batches": batches}
 
 

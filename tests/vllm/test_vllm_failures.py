@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
+from kvprotocol import Client
 from kvserver_proc import ServerFactory
-from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, kv_config
+from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_TURN1, kv_config
 from vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
@@ -45,3 +47,49 @@ def test_server_killed_between_engines(model_dir: Path, kvserver_factory: Server
     for r in b.requests:
         assert r.kv_transfer_params["kvserver"]["hit_tokens"] == 0
         assert r.kv_transfer_params["kvserver"]["stored_tokens"] == 0  # the store failed, and it knows
+
+
+def test_server_absent_at_start_then_back(model_dir: Path, kvserver_factory: ServerFactory,
+                                          reference: EngineRun, tmp_path: Path) -> None:
+    """No server when the engine starts: it runs, recomputes, and reconnects once the server is up.
+
+    The connector's counters reach vLLM's scheduler stats (the get_kv_connector_stats hook) and
+    tell both halves of the story.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvserver_proc import KVServer
+
+    server = KVServer(tmp_path / "kvserver.log", "--l1-size-gb", "0.25")  # its port, not started yet
+    gate = tmp_path / "server-up"
+    kv = kv_config(server.url, timeout_s=1.0, retry_after_s=0.1)
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(run_engine, model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)]],
+                             max_tokens=MAX_TOKENS, kv_transfer_config=kv,
+                             extra_spec={"gates": {"1": str(gate)}, "connector_stats": True})
+        waiting = Path(str(gate) + ".waiting")
+        while not waiting.exists():
+            assert not future.done(), future.result()
+            time.sleep(0.1)
+        server.start()
+        try:
+            # The server comes back "a while later": after a timeout the EngineClient fails fast for
+            # its backoff (min(1 s, timeout)), so a request right at that moment would still miss.
+            time.sleep(1.5)
+            gate.touch()
+            run = future.result()
+            with Client(server.url) as c:
+                described = c.call("describe").result
+        finally:
+            server.stop()
+    down, up = run.batches
+    assert down.requests[0].token_ids == reference.batches[0].requests[0].token_ids
+    assert down.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 0
+    assert down.connector_stats is not None
+    assert down.connector_stats["lookup_errors"] + down.connector_stats["skipped_server_down"] >= 1
+    assert down.connector_stats["saved_chunks"] == 0
+    assert up.requests[0].token_ids == reference.batches[1].requests[0].token_ids
+    assert up.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 512
+    assert up.connector_stats is not None
+    assert up.connector_stats["lookups"] >= 1 and up.connector_stats["saved_chunks"] == 2
+    assert described["counters"]["stored_objects"] == 2 and described["counters"]["lookups"] >= 1

@@ -36,6 +36,7 @@ class RequestResult:
 class BatchResult:
     wall_s: float
     requests: list[RequestResult]
+    connector_stats: dict[str, float] | None = None  # with extra_spec={"connector_stats": True}
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ def run_engine(
     env: dict[str, str] | None = None,
     timeout: float = 600.0,
     workdir: Path | None = None,
+    extra_spec: dict[str, Any] | None = None,
 ) -> EngineRun:
     """Runs one engine in a new .venv-vllm process; each batch is one `LLM.generate` call."""
     if block_size % 32:
@@ -121,7 +123,7 @@ def run_engine(
         spec = {
             "model": str(model_dir), "block_size": block_size, "max_model_len": max_model_len,
             "max_tokens": max_tokens, "kv_transfer_config": kv_transfer_config,
-            "llm_kwargs": llm_kwargs or {}, "batches": batches,
+            "llm_kwargs": llm_kwargs or {}, "batches": batches, **(extra_spec or {}),
         }
         spec_path, result_path = work / "spec.json", work / "result.json"
         result_path.unlink(missing_ok=True)
@@ -139,7 +141,8 @@ def run_engine(
             raise EngineRunError(f"engine exited with {proc.returncode}:\n{log[-6000:]}")
         raw = json.loads(result_path.read_text())
         out = [
-            BatchResult(b["wall_s"], [RequestResult(**r) for r in b["requests"]]) for b in raw["batches"]
+            BatchResult(b["wall_s"], [RequestResult(**r) for r in b["requests"]], b.get("connector_stats"))
+            for b in raw["batches"]
         ]
         return EngineRun(init_s=raw["init_s"], total_s=total, batches=out, log=log)
     finally:
