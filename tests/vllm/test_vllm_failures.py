@@ -93,3 +93,25 @@ def test_server_absent_at_start_then_back(model_dir: Path, kvserver_factory: Ser
     assert up.connector_stats is not None
     assert up.connector_stats["lookups"] >= 1 and up.connector_stats["saved_chunks"] == 2
     assert described["counters"]["stored_objects"] == 2 and described["counters"]["lookups"] >= 1
+
+
+def test_roles_producer_saves_only_consumer_loads_only(model_dir: Path, kvserver_factory: ServerFactory,
+                                                      reference: EngineRun) -> None:
+    server = kvserver_factory()
+    producer = {**kv_config(server.url), "kv_role": "kv_producer"}
+    a = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_LONG)]], max_tokens=MAX_TOKENS,
+                   kv_transfer_config=producer, llm_kwargs={"enable_prefix_caching": False})
+    want = reference.batches[0].requests[0].token_ids
+    first, second = a.requests
+    assert first.kv_transfer_params["kvserver"]["stored_tokens"] == 512
+    assert second.kv_transfer_params["kvserver"]["hit_tokens"] == 0  # a producer never looks up
+    assert second.connector_loaded_tokens == 0 and second.token_ids == want
+    consumer = {**kv_config(server.url), "kv_role": "kv_consumer"}
+    b = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)]], max_tokens=MAX_TOKENS,
+                   kv_transfer_config=consumer)
+    loaded, fresh = b.requests
+    assert loaded.connector_loaded_tokens == 512 and loaded.token_ids == want
+    assert fresh.kv_transfer_params["kvserver"]["stored_tokens"] == 0  # a consumer never stores
+    assert fresh.token_ids == reference.batches[1].requests[0].token_ids
+    with Client(server.url) as c:
+        assert c.call("describe").result["counters"]["stored_objects"] == 2  # only the producer's

@@ -70,3 +70,15 @@ def test_config_defaults_and_errors() -> None:
     cfg.check_block_size(32)
     with pytest.raises(ValueError, match="multiple"):
         config.parse_config({"chunk_size": 100}).check_block_size(32)
+
+
+def test_roles_select_loading_and_saving() -> None:
+    cfg = config.parse_config({"save_policy": "all"})
+    both = cfg.apply_role(is_producer=True, is_consumer=True)
+    assert both.load and both.save_policy == "all"
+    producer = cfg.apply_role(is_producer=True, is_consumer=False)
+    assert not producer.load and producer.save_policy == "all"
+    consumer = cfg.apply_role(is_producer=False, is_consumer=True)
+    assert consumer.load and consumer.save_policy == "none"
+    with pytest.raises(ValueError):
+        config.parse_config({"load": False})  # derived from kv_role, not a user key

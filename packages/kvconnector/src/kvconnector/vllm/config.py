@@ -6,6 +6,7 @@ silently disable caching, and the parsing needs neither vLLM nor torch (unit-tes
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,12 @@ class ConnectorConfig:
     model_name: str | None = None
     retry_after_s: float = 2.0
     debug_fail_load_chunks: tuple[int, ...] = ()
+    load: bool = True  # not a key: False for kv_role "kv_producer" (saves only); see apply_role
+
+    def apply_role(self, is_producer: bool, is_consumer: bool) -> ConnectorConfig:
+        """kv_producer saves only, kv_consumer loads only, kv_both does both."""
+        return dataclasses.replace(self, load=is_consumer,
+                                   save_policy=self.save_policy if is_producer else "none")
 
     def check_block_size(self, block_size: int) -> None:
         if block_size <= 0 or self.chunk_size % block_size:

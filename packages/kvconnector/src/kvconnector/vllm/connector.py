@@ -49,7 +49,9 @@ class KVServerConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        self.cfg: ConnectorConfig = parse_config(self._kv_transfer_config.kv_connector_extra_config)
+        tc = self._kv_transfer_config
+        self.cfg: ConnectorConfig = parse_config(tc.kv_connector_extra_config).apply_role(
+            tc.is_kv_producer, tc.is_kv_consumer)
         block_size = int(vllm_config.cache_config.block_size)
         self.cfg.check_block_size(block_size)
         self._scheduler: SchedulerSide | None = None

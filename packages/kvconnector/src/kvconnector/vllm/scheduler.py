@@ -56,7 +56,7 @@ class SchedulerSide:
         st.load_pending = False
         st.local_computed = num_computed_tokens
         n = int(request.num_tokens)
-        if n <= self.chunk or self.client is None:
+        if n <= self.chunk or self.client is None or not self.cfg.load:  # kv_producer: saves only
             return 0, False
         if not self.breaker.allow():
             self.stats.add("skipped_server_down")
