@@ -26,3 +26,16 @@ def test_query_shows_l1_and_l2_presence(server_factory, tmp_path: Path) -> None:
         assert after["prefix_tokens"] == 0  # query reports; it never prefetches
         other = c.call("query", keyspace=ks.to_wire(), tokens=pack_tokens(prompt(2, seed=999))).result
         assert [(ch["l1"], ch["l2"]) for ch in other["chunks"]] == [(0, 0)] * 2
+
+
+def test_query_with_an_unreachable_tier_reports_l1_only(server_factory) -> None:
+    from serverproc import free_port
+
+    s = server_factory("--l1-size-gb", "0.01", "--l2", f"redis://127.0.0.1:{free_port()}/0")  # nothing there
+    with s.client() as c:
+        ks, _ = register(c)
+        target = prompt(2, seed=70)
+        store(c, ks, target, data(70))
+        for _ in range(2):  # also once the tier is known to be down
+            chunks = c.call("query", keyspace=ks.to_wire(), tokens=pack_tokens(target)).result["chunks"]
+            assert [(ch["l1"], "l2" in ch) for ch in chunks] == [(1, False)] * 2

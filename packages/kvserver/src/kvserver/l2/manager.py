@@ -74,10 +74,12 @@ class TierManager:
         names = [key_str(k) for k in keys]
 
         async def one(tier: Tier) -> list[bool] | None:
-            if not tier.available:
+            if not tier.available():
                 return None
             try:
-                return list(await asyncio.wait_for(tier.adapter.contains(names), self.prefetch_timeout))
+                present = list(await asyncio.wait_for(tier.adapter.contains(names), self.prefetch_timeout))
+                tier.succeeded()
+                return present
             except L2Error as exc:
                 tier.failed(exc)
             except TimeoutError:
