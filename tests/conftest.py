@@ -29,6 +29,8 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
     yield make
     for proc in started:
         proc.stop()
+        # a server the test killed leaves its segment behind (as a crash would): clean it up
+        Path(f"/dev/shm/kvserver-{proc.port}").unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -72,7 +72,9 @@ class KVServer:
             self.proc.wait()
 
     def kill(self) -> None:
+        """Crash the server; its stale shm segment (what a crash leaves) is removed here."""
         self.stop(signal.SIGKILL)
+        Path(f"/dev/shm/kvtest{self.port}-{self.port}").unlink(missing_ok=True)
 
 
 ServerFactory = Callable[..., KVServer]
