@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +13,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from serverproc import BIN, free_port
+from serverproc import BIN, ManagedProcess, free_port
 
 T = TypeVar("T")
 
@@ -32,7 +31,7 @@ def wait_for(probe: Callable[[], T], timeout: float = 10.0, interval: float = 0.
 
 
 @dataclass
-class CoordinatorProc:
+class CoordinatorProc(ManagedProcess):
     port: int
     args: list[str]
     log_path: Path
@@ -46,9 +45,7 @@ class CoordinatorProc:
     def start(self, timeout: float = 20.0) -> CoordinatorProc:
         cmd = [str(BIN / "kvcli"), "coordinator", "--port", str(self.port), *self.args]
         env = {k: v for k, v in os.environ.items() if k != "KVCLI_COORDINATOR_API_TOKEN"}
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**env, **self.env},
-                                     start_new_session=True)
+        self.proc = self.spawn(cmd, {**env, **self.env})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -60,23 +57,6 @@ class CoordinatorProc:
                 time.sleep(0.05)
         raise RuntimeError(f"coordinator did not answer within {timeout}s: {self.log()}")
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
-        finally:
-            self._log.close()
-
-    def kill(self) -> None:
-        self.stop(signal.SIGKILL)
 
     def get(self, path: str, **kw: Any) -> httpx.Response:
         return httpx.get(self.url + path, timeout=10, **kw)

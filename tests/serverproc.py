@@ -22,8 +22,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class ManagedProcess:
+    """Spawn, log, stop and kill one child process (its own session, output to `log_path`)."""
+
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None
+
+    def spawn(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        return self.proc
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+
 @dataclass
-class ServerProc:
+class ServerProc(ManagedProcess):
     port: int
     args: list[str]
     log_path: Path
@@ -43,9 +74,7 @@ class ServerProc:
         cmd = [str(BIN / "kvserver"), "start", "--port", str(self.port), *self.args]
         # always explicit: the default port 8080 would collide between parallel servers
         cmd += ["--http-port", str(self.http_port)]
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **self.env}, start_new_session=True)
+        self.spawn(cmd, {**os.environ, **self.env})
         deadline = time.monotonic() + timeout
         with Client(self.url, timeout=0.5) as c:
             while time.monotonic() < deadline:
@@ -58,23 +87,6 @@ class ServerProc:
                     time.sleep(0.05)
         raise RuntimeError(f"kvserver did not answer within {timeout}s: {self.log()}")
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
-        finally:
-            self._log.close()
-
-    def kill(self) -> None:
-        self.stop(signal.SIGKILL)
 
     def client(self, timeout: float = 5.0) -> Client:
         return Client(self.url, timeout=timeout)

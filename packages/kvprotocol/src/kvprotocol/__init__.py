@@ -10,13 +10,14 @@ from ._keys import ObjectKey, validate_model, validate_salt
 from ._layout import DTYPES, LAYOUT_TAGS, LayoutDescriptor
 from ._messages import MAX_TOKENS, PROTOCOL_VERSION, SCHEMA, validate_request
 from ._keyspace import KeySpace
-from ._security import bearer_matches, exposure_refusal, is_loopback, tokens_equal
+from ._security import (bearer_matches, bearer_refusal, exposure_refusal, is_loopback, listen_socket,
+                        tokens_equal)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_TIMEOUT", "DTYPES", "LAYOUT_TAGS", "MAX_TOKENS", "PROTOCOL_VERSION", "SCHEMA", "ZERO_HASH",
-    "AsyncClient", "Client", "bearer_matches", "exposure_refusal", "is_loopback", "tokens_equal", "ErrorCode", "KVProtocolError", "KeySpace", "LayoutDescriptor", "ObjectKey",
+    "AsyncClient", "Client", "bearer_matches", "bearer_refusal", "exposure_refusal", "listen_socket", "is_loopback", "tokens_equal", "ErrorCode", "KVProtocolError", "KeySpace", "LayoutDescriptor", "ObjectKey",
     "Reply", "RequestTimeout", "ServerError", "ValidationError", "chunk_hashes", "pack_tokens",
     "unpack_tokens", "validate_model", "validate_request", "validate_salt",
 ]

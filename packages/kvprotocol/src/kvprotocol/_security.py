@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import socket
 
 
 def is_loopback(host: str) -> bool:
@@ -29,6 +30,31 @@ def bearer_matches(header: str | None, token: str) -> bool:
         return False
     scheme, _, value = header.partition(" ")
     return scheme.lower() == "bearer" and bool(value) and tokens_equal(value.strip(), token)
+
+
+def bearer_refusal(header: str | None, token: str | None) -> tuple[int, str, str] | None:
+    """Why a request with this Authorization header is refused, as (HTTP status, code, message), or None."""
+    if token is None:
+        return None
+    if not header:
+        return 401, "UNAUTHORIZED", "this endpoint needs 'Authorization: Bearer <token>'"
+    if not bearer_matches(header, token):
+        return 403, "FORBIDDEN", "invalid bearer token"
+    return None
+
+
+def listen_socket(host: str, port: int, backlog: int = 128) -> socket.socket:
+    """A bound, listening TCP socket: binding before any app starts makes a busy port a one-line error."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def exposure_refusal(host: str, flag: str, token_env: str) -> str:

@@ -27,7 +27,9 @@ from .._output import fail
 def command(host: str, port: int, instance_timeout: float, fanout_timeout: float, api_token: str | None,
             insecure: bool, log_level: str) -> None:
     """Run the fleet coordinator: soft-state membership, fleet status and fleet lookup over HTTP."""
-    from ..coordinator.binding import bind, exposure_problem
+    from kvprotocol import listen_socket
+
+    from ..coordinator.binding import exposure_problem
 
     api_token = api_token or None
     if api_token is not None and any(ch.isspace() for ch in api_token):
@@ -43,7 +45,7 @@ def command(host: str, port: int, instance_timeout: float, fanout_timeout: float
         logging.getLogger("kvcli.coordinator").warning(
             "--insecure: membership endpoints accept unauthenticated requests")
     try:
-        sock = bind(host, port)
+        sock = listen_socket(host, port, backlog=512)
     except OSError as exc:
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
     import uvicorn  # heavy imports only once the socket is ours

@@ -9,21 +9,16 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from kvprotocol import bearer_matches, is_loopback
+from kvprotocol import bearer_refusal, is_loopback
 
 from ..config import ServerConfig
 from .errors import ApiError
 
 
 def check_bearer(request: Request, token: str | None) -> None:
-    if token is None:
-        return
-    header = request.headers.get("authorization")
-    if not header:
-        raise ApiError(401, "UNAUTHORIZED", "this endpoint needs 'Authorization: Bearer <token>'",
-                       headers={"WWW-Authenticate": "Bearer"})
-    if not bearer_matches(header, token):
-        raise ApiError(403, "FORBIDDEN", "invalid bearer token")
+    refusal = bearer_refusal(request.headers.get("authorization"), token)
+    if refusal is not None:
+        raise ApiError(*refusal, headers={"WWW-Authenticate": "Bearer"} if refusal[0] == 401 else None)
 
 
 class Guard:

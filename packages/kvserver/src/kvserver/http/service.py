@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import uvicorn
+
+from kvprotocol import listen_socket
 
 from .app import create_app
 from .metrics import ServerMetrics
@@ -31,25 +32,12 @@ class _EmbeddedServer(uvicorn.Server):
         yield  # the host process owns SIGINT/SIGTERM
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
-
-
 class HttpService:
     def __init__(self, server: KVServer) -> None:
         cfg = server.config
         try:
-            self.sock = bind_socket(cfg.http_host, cfg.http_port)
+            self.sock = listen_socket(cfg.http_host, cfg.http_port)
+            self.sock.setblocking(False)
         except OSError as exc:
             raise OSError(f"cannot listen for HTTP on {cfg.http_host}:{cfg.http_port}: {exc.strerror or exc}") from exc
         self.metrics = ServerMetrics(server)
