@@ -53,11 +53,3 @@ class Arena:
             pass  # a view is still exported (e.g. a frame in flight); the unlink below still frees it
         self.path.unlink(missing_ok=True)
 
-
-def attach(name: str, size: int) -> mmap.mmap:
-    """Map an existing arena (engine side helper; the server never calls this)."""
-    fd = os.open(SHM_DIR / name, os.O_RDWR)
-    try:
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)

@@ -76,14 +76,15 @@ class CacheService:
         model, world, groups = ks
         return [(model, fp, world, rank, g, salt, chunk_hash) for g, fp in enumerate(groups)]
 
+    def _chunk_keys(self, ks: KeySpaceT, salt: str, chunk_hash: bytes) -> list[IKey]:
+        """Every (rank, group) object of one chunk: all of them must be present for a hit."""
+        return [k for rank in range(ks[1]) for k in self._keys(ks, salt, rank, chunk_hash)]
+
     def _prefix_hits(self, ks: KeySpaceT, salt: str, hashes: list[bytes]) -> int:
         """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1."""
-        world = ks[1]
         for i, h in enumerate(hashes):
-            for rank in range(world):
-                for key in self._keys(ks, salt, rank, h):
-                    if self.l1.ready(key) is None:
-                        return i
+            if any(self.l1.ready(key) is None for key in self._chunk_keys(ks, salt, h)):
+                return i
         return len(hashes)
 
     def _hashes(self, tokens: bytes) -> list[bytes]:
@@ -128,12 +129,9 @@ class CacheService:
         c.lookups += 1
         c.lookup_tokens += len(f["tokens"]) // 4
         c.lookup_hit_tokens += hit * self.chunk_size
-        leased: list[IKey] = []
-        for h in hashes[:hit]:
-            for rank in range(ks[1]):
-                for key in self._keys(ks, salt, rank, h):
-                    self.l1.touch(key)
-                    leased.append(key)
+        leased = [key for h in hashes[:hit] for key in self._chunk_keys(ks, salt, h)]
+        for key in leased:
+            self.l1.touch(key)
         if "session" in f:
             self._drop_session(f["session"])  # a repeated lookup replaces the earlier leases
             for key in leased:
@@ -152,32 +150,35 @@ class CacheService:
         hashes = self._hashes(f["tokens"])
         hit = self._prefix_hits(ks, salt, hashes)
         if self.l2 is not None and hit < len(hashes):
-            chunks = [[k for r in range(ks[1]) for k in self._keys(ks, salt, r, h)] for h in hashes]
+            chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
             await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
         return self.lookup(f, hashes)  # no await since the wait: the prefix is recomputed and leased at once
 
     def _query_keys(self, f: dict[str, Any]) -> tuple[list[bytes], list[list[IKey]]]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
         hashes = self._hashes(f["tokens"])
-        return hashes, [[k for r in range(ks[1]) for k in self._keys(ks, salt, r, h)] for h in hashes]
+        return hashes, [self._chunk_keys(ks, salt, h) for h in hashes]
 
     def query(self, f: dict[str, Any]) -> dict[str, Any]:
         """Per-chunk presence in L1 (objects ready of objects needed) and the reusable prefix."""
+        return self._query(f)[0]
+
+    def _query(self, f: dict[str, Any]) -> tuple[dict[str, Any], list[list[IKey]]]:
         hashes, per_chunk = self._query_keys(f)
         chunks = [{"hash": h.hex(), "l1": sum(self.l1.ready(k) is not None for k in keys), "objects": len(keys)}
                   for h, keys in zip(hashes, per_chunk)]
         hit = self._prefix_hits(self._ks(f["keyspace"]), f.get("salt", ""), hashes)
-        return {"chunks": chunks, "prefix_tokens": hit * self.chunk_size, "chunk_size": self.chunk_size}
+        result = {"chunks": chunks, "prefix_tokens": hit * self.chunk_size, "chunk_size": self.chunk_size}
+        return result, per_chunk
 
     async def query_l2(self, f: dict[str, Any]) -> dict[str, Any]:
         """query, plus presence per L2 tier: `l2` when one tier is configured, `l2.<i>` for each of several.
 
         A tier that is down or slower than the prefetch timeout reports nothing for that query.
         """
-        result = self.query(f)
+        result, per_chunk = self._query(f)
         if self.l2 is None:
             return result
-        _, per_chunk = self._query_keys(f)
         flat = [k for keys in per_chunk for k in keys]
         per_tier = await self.l2.presence(flat)
         names = ["l2"] if len(per_tier) == 1 else [f"l2.{i}" for i in range(len(per_tier))]
@@ -194,9 +195,8 @@ class CacheService:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
         changed = 0
         for h in self._hashes(f["tokens"]):
-            for rank in range(ks[1]):
-                for key in self._keys(ks, salt, rank, h):
-                    changed += self.l1.set_pinned(key, pinned)
+            for key in self._chunk_keys(ks, salt, h):
+                changed += self.l1.set_pinned(key, pinned)
         return {"objects": changed}
 
     # -- store ---------------------------------------------------------------------------------
