@@ -78,13 +78,16 @@ class CacheService:
 
     def _chunk_keys(self, ks: KeySpaceT, salt: str, chunk_hash: bytes) -> list[IKey]:
         """Every (rank, group) object of one chunk: all of them must be present for a hit."""
-        return [k for rank in range(ks[1]) for k in self._keys(ks, salt, rank, chunk_hash)]
+        model, world, groups = ks
+        return [(model, fp, world, rank, g, salt, chunk_hash) for rank in range(world) for g, fp in enumerate(groups)]
 
     def _prefix_hits(self, ks: KeySpaceT, salt: str, hashes: list[bytes]) -> int:
         """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1."""
+        ready = self.l1.ready  # the hot path of every lookup: plain loops, no generators
         for i, h in enumerate(hashes):
-            if any(self.l1.ready(key) is None for key in self._chunk_keys(ks, salt, h)):
-                return i
+            for key in self._chunk_keys(ks, salt, h):
+                if ready(key) is None:
+                    return i
         return len(hashes)
 
     def _hashes(self, tokens: bytes) -> list[bytes]:
