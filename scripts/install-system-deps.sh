@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # System packages the test suite needs (Debian): redis-server and redis-cli for the L2 tests, which
-# start their own redis-server processes (standalone and a 3-node cluster). Idempotent: apt-get runs
+# start their own redis-server processes (standalone and a 3-node cluster); systemd-analyze for the
+# deployment-file tests. Idempotent: apt-get runs
 # only when something is missing. Needs root (or sudo) for the install itself.
 set -euo pipefail
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)  # verifies deploy/systemd/kvserver.service
 
 if [ ${#missing[@]} -eq 0 ]; then
     echo "install-system-deps: all present ($(redis-server --version | cut -d' ' -f3))"
