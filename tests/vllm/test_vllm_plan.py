@@ -72,6 +72,15 @@ def test_config_defaults_and_errors() -> None:
         config.parse_config({"chunk_size": 100}).check_block_size(32)
 
 
+def test_server_url_falls_back_to_the_environment() -> None:
+    env = {"KVSERVER_URL": "tcp://10.1.2.3:5555"}
+    assert config.parse_config({}, env).kvserver_url == "tcp://10.1.2.3:5555"
+    assert config.parse_config({"kvserver_url": "tcp://127.0.0.1:6000"}, env).kvserver_url == "tcp://127.0.0.1:6000"
+    assert config.parse_config({}, {}).kvserver_url == config.DEFAULT_URL
+    with pytest.raises(ValueError, match="tcp:// or ipc://"):
+        config.parse_config({}, {"KVSERVER_URL": "10.1.2.3:5555"})
+
+
 def test_roles_select_loading_and_saving() -> None:
     cfg = config.parse_config({"save_policy": "all"})
     both = cfg.apply_role(is_producer=True, is_consumer=True)

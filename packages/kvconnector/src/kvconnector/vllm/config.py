@@ -7,6 +7,7 @@ silently disable caching, and the parsing needs neither vLLM nor torch (unit-tes
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ SAVE_POLICIES = ("prompt", "all", "none")
 class ConnectorConfig:
     """Options (keys of `kv_connector_extra_config`).
 
-    kvserver_url     ZMQ endpoint of the kvserver (default tcp://127.0.0.1:5555)
+    kvserver_url     ZMQ endpoint of the kvserver (default: $KVSERVER_URL, else tcp://127.0.0.1:5555)
     mode             data plane: "auto" (shm when the server's arena is mappable, else tcp), "shm", "tcp"
     timeout_s        per-operation timeout towards the server; on a timeout the engine recomputes
     save_policy      "prompt": store full chunks of prompts; "all": also chunks filled by generated
@@ -65,9 +66,18 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def parse_config(extra: Mapping[str, Any] | None) -> ConnectorConfig:
-    """Build a ConnectorConfig from kv_connector_extra_config; unknown keys and bad values raise ValueError."""
+URL_ENV = "KVSERVER_URL"  # how a container learns its node's server (e.g. tcp://$(HOST_IP):5555)
+
+
+def parse_config(extra: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> ConnectorConfig:
+    """Build a ConnectorConfig from kv_connector_extra_config; unknown keys and bad values raise ValueError.
+
+    kvserver_url: the key if set, else $KVSERVER_URL, else the loopback default.
+    """
     extra = dict(extra or {})
+    env_url = (os.environ if environ is None else environ).get(URL_ENV)
+    if "kvserver_url" not in extra and env_url:
+        extra["kvserver_url"] = env_url
     unknown = sorted(set(extra) - set(_TYPES))
     if unknown:
         raise ValueError(f"KVServerConnector: unknown kv_connector_extra_config keys {unknown}; "
