@@ -17,10 +17,10 @@ from serverproc import ServerProc, free_port
 
 REQUIRED = (
     "kvserver_lookup_requests_total", "kvserver_lookup_tokens_total", "kvserver_lookup_hit_tokens_total",
-    "kvserver_store_bytes_total", "kvserver_retrieve_bytes_total", "kvserver_request_seconds_bucket",
-    "kvserver_request_seconds_count", "kvserver_request_seconds_sum", "kvserver_l1_used_bytes",
+    "kvserver_store_bytes_total", "kvserver_retrieve_bytes_total", "kvserver_request_duration_seconds_bucket",
+    "kvserver_request_duration_seconds_count", "kvserver_request_duration_seconds_sum", "kvserver_tier_used_bytes",
     "kvserver_l1_capacity_bytes", "kvserver_objects", "kvserver_evictions_total", "kvserver_leases_active",
-    "kvserver_errors_total", "kvserver_build_info",
+    "kvserver_errors_total", "kvserver_build_info", "process_cpu_seconds_total", "process_resident_memory_bytes",
 )
 
 
@@ -51,6 +51,14 @@ def test_exposition_parses_and_names_every_required_metric(srv: ServerProc) -> N
     assert value(samples, "kvserver_build_info", version="0.1.0") == 1
     status = httpx.get(f"{srv.http_url}/v1/status", timeout=5).json()
     assert value(samples, "kvserver_l1_capacity_bytes") == status["l1"]["capacity_bytes"]
+    # Error counters start at zero for every code, so alerts and rate() have a series from the start.
+    assert value(samples, "kvserver_errors_total", code="NO_SPACE") == status["errors"].get("NO_SPACE", 0)
+    assert value(samples, "kvserver_errors_total", code="UNKNOWN_OP") >= 1
+    # No series repeats another: each (name, labels) once in the text, and L1 bytes only per tier.
+    text = httpx.get(f"{srv.http_url}/metrics", timeout=5).text
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert len(lines) == len(parse_metrics(text))
+    assert "kvserver_l1_used_bytes" not in text
     om = httpx.get(f"{srv.http_url}/metrics", timeout=5,
                    headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert om.headers["content-type"].startswith("application/openmetrics-text")
@@ -76,7 +84,7 @@ def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
         assert value(m2, "kvserver_store_bytes_total", tier="l1") == value(m1, "kvserver_store_bytes_total",
                                                                            tier="l1") + 2 * 2048
         assert value(m2, "kvserver_objects", tier="l1") == value(m1, "kvserver_objects", tier="l1") + 2
-        assert value(m2, "kvserver_l1_used_bytes") >= value(m1, "kvserver_l1_used_bytes") + 2 * 2048
+        assert value(m2, "kvserver_tier_used_bytes", tier="l1") >= value(m1, "kvserver_tier_used_bytes", tier="l1") + 2 * 2048
 
         hit = lookup(c, ks, tokens, session="s1")
         assert hit == 2 * CHUNK
@@ -98,9 +106,9 @@ def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
         m5 = scrape(srv)
         assert value(m5, "kvserver_errors_total", code="UNKNOWN_OP") == value(
             m4, "kvserver_errors_total", code="UNKNOWN_OP") + 2
-        assert value(m5, "kvserver_request_seconds_count", op="lookup") == value(
-            m0, "kvserver_request_seconds_count", op="lookup") + 2
-        assert value(m5, "kvserver_request_seconds_count", op="invalid") >= 2
+        assert value(m5, "kvserver_request_duration_seconds_count", op="lookup") == value(
+            m0, "kvserver_request_duration_seconds_count", op="lookup") + 2
+        assert value(m5, "kvserver_request_duration_seconds_count", op="invalid") >= 2
 
 
 def test_evictions_are_counted(server_factory) -> None:

@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, Histogram
+from kvprotocol import ErrorCode
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -122,7 +123,6 @@ class ServerCollector(Collector):
                         tiers, "used_bytes")
         yield _per_tier(CounterMetricFamily("kvserver_evictions", "Objects evicted, per tier.", labels=["tier"]),
                         tiers, "evictions")
-        yield GaugeMetricFamily("kvserver_l1_used_bytes", "L1 arena bytes allocated.", value=l1["used_bytes"])
         yield GaugeMetricFamily("kvserver_l1_capacity_bytes", "L1 arena size.", value=l1["capacity_bytes"])
         yield GaugeMetricFamily("kvserver_leases_active", "Objects held by at least one read lease.",
                                 value=l1["leased"])
@@ -137,8 +137,9 @@ class ServerCollector(Collector):
         yield CounterMetricFamily("kvserver_no_space", "Object reservations refused because L1 was full.",
                                   value=c["no_space"])
         errors = CounterMetricFamily("kvserver_errors", "Error replies, by error code.", labels=["code"])
-        for code, n in sorted(d["errors"].items()):
-            errors.add_metric([code], n)
+        # Every code from zero, so rate() and alerts see a series before the first error of a kind.
+        for code in sorted({*map(str, ErrorCode), *d["errors"]}):
+            errors.add_metric([code], d["errors"].get(code, 0))
         yield errors
         yield from _l2_families(tiers, d.get("l2_queue"))
 
@@ -170,7 +171,8 @@ class ServerMetrics:
         disable_created_metrics()  # *_created series only add noise here (process-wide switch)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ServerCollector(server))
-        self.request_seconds = Histogram("kvserver_request_seconds", "Control-plane request latency, by op.",
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        self.request_seconds = Histogram("kvserver_request_duration_seconds", "Control-plane request latency, by op.",
                                          ["op"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.http_requests = Counter("kvserver_http_requests", "Admin API requests, by route and status.",
                                      ["route", "status"], registry=self.registry)
