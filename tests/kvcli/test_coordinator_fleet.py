@@ -3,6 +3,8 @@ heartbeat, timeout and coordinator restart; fleet status with an instance killed
 
 from __future__ import annotations
 
+import re
+
 import httpx
 
 from coordproc import CoordinatorProc, wait_for
@@ -43,6 +45,9 @@ def test_register_heartbeat_deregister_and_timeout(server_factory, coordinator_f
     samples = parse_metrics(coord.get("/metrics").text)
     assert value(samples, "kvcoordinator_instance_timeouts_total") == 1
     assert value(samples, "kvcoordinator_deregistrations_total") == 1
+    log = coord.log()  # membership changes are logged at INFO, each naming the instance
+    for what, who in (("registered", srv), ("registered", doomed), ("deregistered", srv), ("timed out", doomed)):
+        assert re.search(rf"INFO kvcli.coordinator: instance \w+ {what}.*zmq={re.escape(who.url)}", log), (what, log)
 
 
 def test_coordinator_down_then_restarted(server_factory, coordinator_factory) -> None:

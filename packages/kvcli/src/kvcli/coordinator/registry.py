@@ -7,6 +7,7 @@ under the same ZMQ url (a restart) replaces its old entry, so a crashed server n
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -14,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_INSTANCES = 4096
+log = logging.getLogger("kvcli.coordinator")
+_DROP_WORDS = {"replaced": "replaced by a new registration of its url", "deregistrations": "deregistered",
+               "timeouts": "timed out (no heartbeat)"}
 
 
 @dataclass
@@ -66,6 +70,8 @@ class Registry:
         inst.last_seen = self.clock()
         self.instances[inst.id] = inst
         self.counts["registrations"] += 1
+        log.info("instance %s registered: zmq=%s http=%s version=%s (%d instances)", inst.id, inst.zmq_url,
+                 inst.http_url, inst.version, len(self.instances))
         return inst
 
     def heartbeat(self, instance_id: str, stats: dict[str, Any]) -> Instance | None:
@@ -118,5 +124,7 @@ class Registry:
     def _drop(self, inst: Instance, why: str) -> None:
         del self.instances[inst.id]
         self.counts[why] += 1
+        log.info("instance %s %s: zmq=%s, last heartbeat %.1fs ago (%d instances)", inst.id, _DROP_WORDS[why],
+                 inst.zmq_url, self.clock() - inst.last_seen, len(self.instances))
         for hook in self.on_drop:
             hook(inst, why)
