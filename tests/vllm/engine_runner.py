@@ -17,7 +17,8 @@ prompt + its generated tokens + append (a multi-turn chat). RESULT: {"init_s", "
 Optional SPEC keys: "gates": {"<batch index>": path} waits (up to 120 s) for that file before the
 batch, so a test can change the world (start a server) between two batches of one engine;
 "connector_stats": true sums, per batch, the KV connector stats that vLLM's scheduler routes into
-its SchedulerStats (the `get_kv_connector_stats` hook) into RESULT's batches[i]["connector_stats"].
+its SchedulerStats (the `get_kv_connector_stats` hook) into RESULT's batches[i]["connector_stats"], and
+puts the connector's `vllm:kvserver_*` counters from vLLM's Prometheus registry into RESULT["prometheus"].
 """
 
 from __future__ import annotations
@@ -115,7 +116,18 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         batches.append({"wall_s": wall, "requests": requests})
         if totals is not None:
             batches[-1]["connector_stats"] = dict(totals)
-    return {"init_s": init_s, "batches": batches}
+    result: dict[str, Any] = {"init_s": init_s, "batches": batches}
+    if totals is not None:
+        result["prometheus"] = _connector_prometheus()
+    return result
+
+
+def _connector_prometheus() -> dict[str, float]:
+    """The connector's series in vLLM's Prometheus registry (what vLLM's /metrics would serve)."""
+    from prometheus_client import REGISTRY
+
+    return {s.name: s.value for family in REGISTRY.collect() for s in family.samples
+            if s.name.startswith("vllm:kvserver_") and s.name.endswith("_total")}
 
 
 def main(argv: list[str]) -> int:

@@ -93,6 +93,11 @@ def test_server_absent_at_start_then_back(model_dir: Path, kvserver_factory: Ser
     assert up.connector_stats is not None
     assert up.connector_stats["lookups"] >= 1 and up.connector_stats["saved_chunks"] == 2
     assert described["counters"]["stored_objects"] == 2 and described["counters"]["lookups"] >= 1
+    # The same counters reach vLLM's own Prometheus registry (its /metrics), summed over the run.
+    assert run.prometheus is not None
+    for name in ("lookups", "lookup_errors", "saved_chunks", "lookup_tokens", "hit_tokens"):
+        total = down.connector_stats.get(name, 0) + up.connector_stats.get(name, 0)
+        assert run.prometheus[f"vllm:kvserver_{name}_total"] == total, name
 
 
 def test_roles_producer_saves_only_consumer_loads_only(model_dir: Path, kvserver_factory: ServerFactory,

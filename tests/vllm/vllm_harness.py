@@ -45,6 +45,7 @@ class EngineRun:
     total_s: float
     batches: list[BatchResult]
     log: str = field(repr=False, default="")
+    prometheus: dict[str, float] | None = None  # the connector's vllm:kvserver_* counters, with connector_stats
 
     @property
     def requests(self) -> list[RequestResult]:
@@ -144,7 +145,7 @@ def run_engine(
             BatchResult(b["wall_s"], [RequestResult(**r) for r in b["requests"]], b.get("connector_stats"))
             for b in raw["batches"]
         ]
-        return EngineRun(init_s=raw["init_s"], total_s=total, batches=out, log=log)
+        return EngineRun(init_s=raw["init_s"], total_s=total, batches=out, log=log, prometheus=raw.get("prometheus"))
     finally:
         if tmp_ctx is not None:
             tmp_ctx.cleanup()

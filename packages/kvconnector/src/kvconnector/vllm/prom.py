@@ -1,0 +1,59 @@
+"""The connector's counters in vLLM's own /metrics, so vLLM dashboards show cache use.
+
+vLLM's PrometheusStatLogger calls `observe` with each step's aggregated KVServerConnectorStats
+payload (scheduler and workers summed); every counter of stats.COUNTERS becomes one Prometheus
+counter named `vllm:kvserver_<name>` with vLLM's per-engine labels (model name, engine index).
+Labels stay vLLM's: never request ids or salts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, PromMetric, PromMetricT
+
+
+from .stats import COUNTERS
+
+PREFIX = "vllm:kvserver_"
+_HELP = {
+    "lookups": "Lookups the connector sent to kvserver.",
+    "lookup_errors": "Lookups that failed (the request recomputed).",
+    "lookup_tokens": "Prompt tokens the connector asked kvserver about.",
+    "hit_tokens": "Prompt tokens kvserver held (the reusable prefix).",
+    "external_tokens": "Tokens vLLM chose to load from kvserver.",
+    "loads": "Load jobs run by workers.",
+    "load_errors": "Load jobs that failed (their blocks were recomputed).",
+    "loaded_tokens": "Tokens loaded from kvserver into vLLM's KV cache.",
+    "failed_blocks": "Blocks reported failed to vLLM (recomputed).",
+    "load_s": "Seconds workers spent loading.",
+    "saves": "Save jobs run by workers.",
+    "save_errors": "Save jobs that failed.",
+    "saved_chunks": "Chunks written to kvserver.",
+    "save_s": "Seconds workers spent saving.",
+    "skipped_server_down": "Lookups skipped while the server was marked down.",
+}
+
+
+def metric_name(counter: str) -> str:
+    """`load_s` -> `vllm:kvserver_load_seconds`; the client library adds `_total`."""
+    return PREFIX + (counter[:-2] + "_seconds" if counter.endswith("_s") else counter)
+
+
+class KVServerPromMetrics(KVConnectorPromMetrics):
+    def __init__(self, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
+                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._bound: dict[tuple[int, str], Any] = {}
+        for name in COUNTERS:
+            counter = self._counter_cls(name=metric_name(name), documentation=_HELP.get(name, name),
+                                        labelnames=labelnames)
+            for engine_idx, values in per_engine_labelvalues.items():
+                self._bound[(engine_idx, name)] = counter.labels(*values)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in transfer_stats_data.items():
+            bound = self._bound.get((engine_idx, name))
+            if bound is not None and isinstance(value, int | float) and value > 0:
+                bound.inc(value)
