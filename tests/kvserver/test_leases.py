@@ -57,6 +57,6 @@ def test_retrieve_refreshes_and_release_returns_leases(server):
         lookup(c, ks, TOKENS, session="s")
         lookup(c, ks, TOKENS, session="s")  # a repeated lookup replaces, never stacks, leases
         assert c.call("describe").result["l1"]["leased"] == 2
-        assert c.call("release", session="s").result == {"released": True}
+        assert c.call("release", session="s").result == {"released": True, "intact": True}
         assert c.call("describe").result["l1"]["leased"] == 0
-        assert c.call("release", session="s").result == {"released": False}
+        assert c.call("release", session="s").result == {"released": False, "intact": False}
