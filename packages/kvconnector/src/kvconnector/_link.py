@@ -188,7 +188,6 @@ class EngineLink:
             arena.close()
             if attempt == 0:
                 self.registration = self._register(deadline)
-        self.invalidate()
         raise ArenaChanged(f"/dev/shm/{reg.arena_name} is not the arena of the server at {self.server.url}")
 
     def check_arena(self) -> None:
@@ -197,7 +196,8 @@ class EngineLink:
         if self.arena is None or not self.arena.is_current() or reg is None \
                 or self.arena.nonce() != reg.arena_nonce:
             self.invalidate()
-            raise ArenaChanged("the shm arena was recreated (server restart) during the operation")
+            raise ArenaChanged("the shm arena changed during the operation (a server restart, or the name "
+                               "no longer leads to this server's arena)")
 
     def _unmap(self) -> None:
         if self.arena is not None:
