@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kvserver.arena import HEADER_BYTES, Arena
+from kvserver.arena import Arena
 from kvserver.eviction import LRUPolicy
 from kvserver.l1 import L1Cache, State
 from kvserver.slab import ALIGN, ExtentAllocator, SlabAllocator
@@ -56,7 +56,7 @@ def test_objects_never_overlap():
 
 @pytest.fixture
 def l1():
-    arena = Arena("kvserver-unit-test-l1", HEADER_BYTES + 4 * ALIGN)
+    arena = Arena("kvserver-unit-test-l1", 4 * ALIGN)
     yield L1Cache(arena, LRUPolicy())
     arena.close()
 

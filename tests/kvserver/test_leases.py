@@ -142,8 +142,8 @@ def test_expired_session_is_not_intact_even_if_leased_again(server_factory):
 
 def test_late_writer_cannot_reach_a_reused_slot(server_factory):
     """A reservation that expires keeps its slot out of use for a lease TTL; its commit is refused."""
-    obj = tiny_layout().object_bytes  # 16 KiB: the arena below has room for exactly 4 + the header page
-    srv = server_factory("--l1-size-gb", str((4096 + 4 * obj) / (1 << 30)), "--lease-ttl", "2")
+    obj = tiny_layout().object_bytes  # 16 KiB: the arena below has room for exactly 4
+    srv = server_factory("--l1-size-gb", str(4 * obj / (1 << 30)), "--lease-ttl", "2")
     with srv.client() as c:
         ks, reg = register(c)
         arena = ArenaMap(reg["arena"]["name"], reg["arena"]["size"])

@@ -55,7 +55,7 @@ class GatedRelay:
 
 def test_tcp_reply_bytes_do_not_change_after_the_lease_ends(server_factory):
     obj = BIG.object_bytes
-    srv = server_factory("--l1-size-gb", str((4096 + 2 * obj) / (1 << 30)), "--lease-ttl", "30")
+    srv = server_factory("--l1-size-gb", str(2 * obj / (1 << 30)), "--lease-ttl", "30")
     t1, t2, t3 = ([k * 1000 + i for i in range(256)] for k in (1, 2, 3))
     relay = GatedRelay(srv.port)
     got: list = []

@@ -188,7 +188,7 @@ class EngineLink:
             arena.close()
             if attempt == 0:
                 self.registration = self._register(deadline)
-        raise ArenaChanged(f"/dev/shm/{reg.arena_name} is not the arena of the server at {self.server.url}")
+        raise ArenaChanged(f"/dev/shm/{arena.name} is not the arena of the server at {self.server.url}")
 
     def check_arena(self) -> None:
         """Raise ArenaChanged when the arena we copied through is no longer the server's."""

@@ -110,13 +110,17 @@ def check_free_space(name: str, size: int) -> None:
 
 
 class Arena:
-    """A shared-memory region with a writable memoryview over it; the caller holds its ArenaLock."""
+    """A shared-memory region with a writable memoryview over it; the caller holds its ArenaLock.
 
-    def __init__(self, name: str, size: int) -> None:
-        if size <= HEADER_BYTES:
-            raise ValueError(f"arena size must exceed its {HEADER_BYTES}-byte header")
+    `capacity` bytes for objects lie above the header page, so the segment is HEADER_BYTES larger.
+    """
+
+    def __init__(self, name: str, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError("arena capacity must be positive")
         self.name = name
-        self.size = size
+        self.capacity = capacity
+        self.size = size = capacity + HEADER_BYTES  # what engines map
         self.path = SHM_DIR / name
         self.nonce = secrets.token_hex(NONCE_BYTES)
         self.removed_stale = self.path.exists()

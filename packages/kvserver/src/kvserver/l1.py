@@ -41,7 +41,7 @@ class L1Cache:
     def __init__(self, arena: Arena, policy: EvictionPolicy) -> None:
         self.arena = arena
         self.policy = policy
-        self.alloc = SlabAllocator(arena.size - HEADER_BYTES, base=HEADER_BYTES)  # the header is not ours
+        self.alloc = SlabAllocator(arena.capacity, base=HEADER_BYTES)  # the header page is not ours
         self.entries: dict[IKey, Entry] = {}
         self.evictions = 0
         # maintained incrementally so describe() and /metrics never scan the index

@@ -22,7 +22,7 @@ from kvprotocol import ErrorCode, ValidationError, validate_request
 from kvprotocol import is_loopback, tokens_equal
 from kvprotocol._messages import error_reply, ok_reply, pack, request_id_of, unpack_header
 
-from .arena import Arena, ArenaLock, arena_name, check_free_space
+from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
 from .cache import CacheService
 from .config import ServerConfig
 from .eviction import make_policy
@@ -57,7 +57,7 @@ class KVServer:
                 self._sock.bind(config.zmq_url)
             except zmq.ZMQError as exc:
                 raise RuntimeError(f"cannot bind {config.zmq_url}: {exc}") from None
-            check_free_space(name, config.l1_bytes)
+            check_free_space(name, config.l1_bytes + HEADER_BYTES)
             self.arena = Arena(name, config.l1_bytes)
             self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl)
@@ -124,7 +124,7 @@ class KVServer:
             "uptime_s": round(time.time() - self.started, 3),
             "config": self.config.public(),
             "l1": {
-                "capacity_bytes": self.arena.size,
+                "capacity_bytes": self.arena.capacity,
                 "used_bytes": l1.used_bytes,
                 "objects": l1.count(State.READY),
                 "writing": l1.count(State.WRITING),
