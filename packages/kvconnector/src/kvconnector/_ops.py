@@ -116,9 +116,10 @@ def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tok
          tables: Sequence[np.ndarray], skip: int, num: int, salt: str) -> int:
     """Write engine blocks covering tokens [skip, num) from the cache; returns the tokens loaded.
 
-    Ends this rank's leases of the session, whatever happens: on success by a release that proves
-    the leases were held until the copy finished (so no slot could have been reused under it);
-    if they were not, the copy may hold another object's bytes and the load fails (LeaseLost).
+    Ends this rank's leases of the session, whatever happens. In shm mode, on success, by a release
+    that proves the leases were held until the copy finished (so no slot could have been reused
+    under it); if they were not, the copy may hold another object's bytes and the load fails
+    (LeaseLost). tcp frames are copies the server took under the lease, so they need no such proof.
     """
     try:
         loaded, lease = _load(link, copier, deadline, session, tokens, tables, skip, num, salt)
@@ -145,7 +146,7 @@ def _give_back(link: EngineLink, deadline: Deadline, session: str) -> None:
 
 def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tokens: np.ndarray,
           tables: Sequence[np.ndarray], skip: int, num: int, salt: str) -> tuple[int, int | None]:
-    """The load itself: (tokens loaded, the lease number the objects were read under or None)."""
+    """The load itself: (tokens loaded, the lease number an shm copy was made under, else None)."""
     if skip < 0 or num < 0:
         raise ValueError("skip_tokens and num_tokens must be >= 0")
     if num <= skip:
@@ -179,8 +180,9 @@ def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, to
     for g, m in enumerate(moves):
         copier.scatter(g, objs.addrs[g], m)
     copier.finish()
-    if mode == "shm":
-        link.check_arena()  # the bytes came from the arena the replying server owns
+    if mode != "shm":
+        return num - skip, None
+    link.check_arena()  # the bytes came from the arena the replying server owns
     return num - skip, lease
 
 
