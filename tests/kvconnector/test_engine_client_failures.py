@@ -131,7 +131,8 @@ class HostileServer:
         self.port = free_port()
         self.url = f"tcp://127.0.0.1:{self.port}"
         self.arena = f"kvconnector-hostile-{uuid.uuid4().hex[:12]}"
-        (SHM_DIR / self.arena).write_bytes(bytes(4096))
+        self.nonce = os.urandom(16)
+        (SHM_DIR / self.arena).write_bytes((b"KVSARENA" + self.nonce).ljust(4096, b"\0"))  # a real header
         self.ops: list[str] = []
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -144,10 +145,10 @@ class HostileServer:
         self.ops.append(op)
         obj = GEO.layout().object_bytes
         results = {
-            "register_engine": {"engine_id": "e1", "arena": {"name": self.arena, "size": 4096}, "chunk_size": 64,
-                                "groups": []},
+            "register_engine": {"engine_id": "e1", "chunk_size": 64, "groups": [],
+                                "arena": {"name": self.arena, "size": 4096, "nonce": self.nonce.hex()}},
             "lookup": {"hit_tokens": 64, "hit_chunks": 1, "num_chunks": 1, "chunk_size": 64},
-            "retrieve": {"objects": [{"chunk": 0, "group": 0, "size": obj, "offset": 1 << 40}]},
+            "retrieve": {"objects": [{"chunk": 0, "group": 0, "size": obj, "offset": 1 << 40}], "lease": 1},
             "store": {"store_id": "st1", "slots": [{"chunk": 0, "group": 0, "status": "reserved", "size": obj,
                                                    "offset": 4000}]},
         }

@@ -75,6 +75,7 @@ class KVServer:
         """Crash the server; its stale shm segment (what a crash leaves) is removed here."""
         self.stop(signal.SIGKILL)
         Path(f"/dev/shm/kvtest{self.port}-{self.port}").unlink(missing_ok=True)
+        Path(f"/dev/shm/kvtest{self.port}-{self.port}.lock").unlink(missing_ok=True)
 
 
 ServerFactory = Callable[..., KVServer]

@@ -3,7 +3,10 @@
 Why a class of its own: the arena file is recreated under the same name when a server restarts, so a
 mapping can silently go stale. `is_current()` compares the mapped file's identity (device, inode)
 with what the name points to now; while we hold the mapping, its inode cannot be reused, so "same
-identity before and after an operation" proves no other arena was created in between.
+identity before and after an operation" proves no other arena was created in between. The
+arena's first bytes carry the server's instance nonce (docs/protocol.md, "Arena header"): a mapping
+whose nonce differs from the one register_engine returned is some other server's arena (or a stale
+one), and is never read or written.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from pathlib import Path
 import numpy as np
 
 SHM_DIR = Path("/dev/shm")
+MAGIC = b"KVSARENA"  # arena header: MAGIC, then the 16-byte instance nonce; objects start at 4096
+NONCE_BYTES = 16
 
 
 def shm_exists(name: str) -> bool:
@@ -59,6 +64,11 @@ class ArenaMap:
         except OSError:
             return False
         return (st.st_dev, st.st_ino) == self.identity
+
+    def nonce(self) -> str:
+        """The instance nonce in the mapped arena's header (hex), or "" when there is no header."""
+        head = bytes(self.mm[: len(MAGIC) + NONCE_BYTES])
+        return head[len(MAGIC):].hex() if head.startswith(MAGIC) else ""
 
     def check_range(self, offset: object, size: object) -> None:
         """Refuse offsets from a reply that would reach outside the mapping (never segfault)."""

@@ -36,6 +36,10 @@ class ArenaChanged(Exception):
     """The shm arena was recreated (server restart) while an operation was using it."""
 
 
+class LeaseLost(Exception):
+    """The server dropped this rank's leases before its copy finished: the bytes may be foreign."""
+
+
 class Deadline:
     """The time left to one API call; every server call inside it gets only what remains."""
 
@@ -109,6 +113,7 @@ class Registration:
     arena_name: str
     arena_size: int
     chunk_size: int
+    arena_nonce: str = ""
 
 
 class EngineLink:
@@ -144,7 +149,7 @@ class EngineLink:
             raise ValueError(f"server chunk_size {chunk_size} differs from the layouts' chunk_size")
         arena = reply.get("arena") or {}
         return Registration(str(reply["engine_id"]), str(arena.get("name", "")), int(arena.get("size", 0)),
-                            chunk_size)
+                            chunk_size, str(arena.get("nonce", "")))
 
     def ensure(self, deadline: Deadline) -> str:
         """Register if needed and make sure the arena mapping is current; returns "shm" or "tcp"."""
@@ -162,8 +167,8 @@ class EngineLink:
         if arena is None or not arena.is_current() or (arena.name, arena.size) != (reg.arena_name, reg.arena_size):
             self._unmap()
             try:
-                self.arena = ArenaMap(reg.arena_name, reg.arena_size)
-            except (OSError, ValueError):
+                self.arena = self._map(deadline)
+            except (OSError, ValueError, ArenaChanged):
                 if self.requested_mode == "shm":
                     raise
                 return "tcp"  # auto: the arena is not mappable from here (another container, permissions)
@@ -171,11 +176,28 @@ class EngineLink:
                 self.copier.attach_arena(self.arena.address, self.arena.size)
         return mode
 
+    def _map(self, deadline: Deadline) -> ArenaMap:
+        """Map the registered arena and prove it is the server's (its header nonce); a mismatch means
+        our registration predates a restart, so register once more before giving up."""
+        for attempt in range(2):
+            reg = self.registration
+            assert reg is not None
+            arena = ArenaMap(reg.arena_name, reg.arena_size)
+            if reg.arena_nonce and arena.nonce() == reg.arena_nonce:
+                return arena
+            arena.close()
+            if attempt == 0:
+                self.registration = self._register(deadline)
+        raise ArenaChanged(f"/dev/shm/{arena.name} is not the arena of the server at {self.server.url}")
+
     def check_arena(self) -> None:
         """Raise ArenaChanged when the arena we copied through is no longer the server's."""
-        if self.arena is None or not self.arena.is_current():
+        reg = self.registration
+        if self.arena is None or not self.arena.is_current() or reg is None \
+                or self.arena.nonce() != reg.arena_nonce:
             self.invalidate()
-            raise ArenaChanged("the shm arena was recreated (server restart) during the operation")
+            raise ArenaChanged("the shm arena changed during the operation (a server restart, or the name "
+                               "no longer leads to this server's arena)")
 
     def _unmap(self) -> None:
         if self.arena is not None:

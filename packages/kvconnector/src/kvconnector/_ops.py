@@ -15,7 +15,7 @@ import numpy as np
 from kvprotocol import ErrorCode, ServerError, pack_tokens
 
 from . import copy as kvcopy
-from ._link import Deadline, EngineLink
+from ._link import Deadline, EngineLink, LeaseLost
 from ._transfer import Copier, Moves, check_blocks, load_moves, save_moves
 
 RELEASE_CODES = (ErrorCode.UNKNOWN_SESSION, ErrorCode.NOT_LEASED)
@@ -62,10 +62,14 @@ def load_blocks(link: EngineLink, tables: Sequence[np.ndarray], skip: int, num: 
     return sorted(out)
 
 
-def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, session: str | None) -> int:
+def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, session: str | None,
+           rank: int | None = None) -> int:
+    """Hit tokens; with a session, lease the hit objects of every rank (or of `rank` only) to it."""
     fields: dict[str, Any] = {"keyspace": link.keyspace.to_wire(), "tokens": pack_tokens(tokens), "salt": salt}
     if session is not None:
         fields["session"] = session
+        if rank is not None:
+            fields["rank"] = rank
     result = link.call("lookup", deadline, **fields).result
     if int(result["chunk_size"]) != link.layouts[0].chunk_size:
         raise ServerError(ErrorCode.LAYOUT_MISMATCH, f"server chunk_size {result['chunk_size']} "
@@ -110,11 +114,43 @@ def _object_addrs(link: EngineLink, mode: str, objects: list[dict[str, Any]], fr
 
 def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tokens: np.ndarray,
          tables: Sequence[np.ndarray], skip: int, num: int, salt: str) -> int:
-    """Write engine blocks covering tokens [skip, num) from the cache; returns the tokens loaded."""
+    """Write engine blocks covering tokens [skip, num) from the cache; returns the tokens loaded.
+
+    Ends this rank's leases of the session, whatever happens. In shm mode, on success, by a release
+    that proves the leases were held until the copy finished (so no slot could have been reused
+    under it); if they were not, the copy may hold another object's bytes and the load fails
+    (LeaseLost). tcp frames are copies the server took under the lease, so they need no such proof.
+    """
+    try:
+        loaded, lease = _load(link, copier, deadline, session, tokens, tables, skip, num, salt)
+    except BaseException:
+        _give_back(link, deadline, session)
+        raise
+    if lease is None:
+        _give_back(link, deadline, session)
+        return loaded
+    result = link.call("release", deadline, session=session, rank=link.rank, lease=lease).result
+    if result.get("intact") is not True:
+        raise LeaseLost(f"the leases of session {session!r} ended before rank {link.rank}'s copy finished "
+                        "(expired or dropped); the copied bytes are not trusted")
+    return loaded
+
+
+def _give_back(link: EngineLink, deadline: Deadline, session: str) -> None:
+    """Best effort: return this rank's leases (the server also expires them after its lease TTL)."""
+    try:
+        link.call("release", _grace(deadline), session=session, rank=link.rank)
+    except Exception:
+        pass
+
+
+def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tokens: np.ndarray,
+          tables: Sequence[np.ndarray], skip: int, num: int, salt: str) -> tuple[int, int | None]:
+    """The load itself: (tokens loaded, the lease number an shm copy was made under, else None)."""
     if skip < 0 or num < 0:
         raise ValueError("skip_tokens and num_tokens must be >= 0")
     if num <= skip:
-        return 0
+        return 0, None
     chunk = link.layouts[0].chunk_size
     start, end = skip // chunk, _ceil(num, chunk)
     moves: list[Moves] = []
@@ -129,21 +165,25 @@ def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tok
     fields = {"session": session, "rank": link.rank, "start_chunk": start, "end_chunk": end, "mode": mode}
     try:
         reply = link.call("retrieve", deadline, **fields)
-    except ServerError as exc:  # the lease expired or was never taken here: lease again, then retry
+    except ServerError as exc:  # this rank's lease expired or was never taken here: lease again, then retry
         if exc.code not in RELEASE_CODES or tokens.shape[0] < end * chunk:
             raise
-        hit = lookup(link, deadline, tokens[: end * chunk], salt, session)
+        hit = lookup(link, deadline, tokens[: end * chunk], salt, session, rank=link.rank)
         if hit < end * chunk:
             raise ServerError(ErrorCode.NOT_LEASED, f"only {hit} of the {end * chunk} tokens to load are cached "
                                                     "now") from exc
         reply = link.call("retrieve", deadline, **fields)
+    lease = reply.result.get("lease")
+    if not isinstance(lease, int) or isinstance(lease, bool):
+        raise ValueError("retrieve reply carries no lease number")
     objs = _object_addrs(link, mode, reply.result.get("objects", []), reply.frames, start, end)
     for g, m in enumerate(moves):
         copier.scatter(g, objs.addrs[g], m)
     copier.finish()
-    if mode == "shm":
-        link.check_arena()  # the bytes came from the arena the replying server owns
-    return num - skip
+    if mode != "shm":
+        return num - skip, None
+    link.check_arena()  # the bytes came from the arena the replying server owns
+    return num - skip, lease
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from kvprotocol import (ErrorCode, LayoutDescriptor, RequestTimeout, ServerError
                         validate_salt)
 
 from . import _ops
-from ._link import ArenaChanged, Deadline, EngineLink, Unavailable
+from ._link import ArenaChanged, Deadline, EngineLink, LeaseLost, Unavailable
 from ._transfer import Copier, HostCopier
 
 log = logging.getLogger("kvconnector.engine_client")
@@ -80,6 +80,8 @@ def _kind(exc: BaseException) -> str:
         return f"server:{exc.code}"
     if isinstance(exc, ArenaChanged):
         return "arena_changed"
+    if isinstance(exc, LeaseLost):
+        return "lease_lost"
     if isinstance(exc, (ValueError, TypeError, ValidationError)):
         return "invalid"
     if isinstance(exc, zmq.ZMQError):
@@ -119,6 +121,10 @@ class EngineClient:
         self._lock = threading.RLock()
         self._warner = _Warner(warn_interval)
         self._closed = False
+
+    @property
+    def rank(self) -> int:
+        return self._link.rank
 
     @property
     def layouts(self) -> list[LayoutDescriptor]:
@@ -198,6 +204,10 @@ class EngineClient:
         block_ids are the request's blocks from token 0 (or one such list per group). Blocks before
         skip_tokens (which must be block-aligned) are never written. On any failure ok is False and
         failed_block_ids lists every block of the range: their contents are undefined.
+
+        A load ends this rank's leases of the session (success or not): ok is True only when the
+        server confirms they were held until the copy finished. A later load of the same session
+        leases this rank's objects again by itself.
         """
         with self._lock:
             tables: list[Any] = []
@@ -244,7 +254,8 @@ class EngineClient:
     # -- scheduler side -----------------------------------------------------------------------------
     def lookup(self, tokens: Any, salt: str = "", session: str | None = None) -> LookupResult:
         """Tokens of the longest cached prefix (a multiple of chunk_size); with a session, the hit
-        objects of every rank stay leased until release(session) or the server's lease TTL."""
+        objects of every rank stay leased until each rank's load (or release(session, rank)) gives
+        its part back, release(session) gives all back, or the server's lease TTL passes."""
         with self._lock:
             try:
                 deadline = self._deadline()
@@ -253,11 +264,15 @@ class EngineClient:
             except Exception as exc:
                 return LookupResult(0, self._failed("lookup", exc))
 
-    def release(self, session: str) -> None:
-        """Return the session's leases (a no-op for unknown sessions); never raises."""
+    def release(self, session: str, rank: int | None = None) -> None:
+        """Return the session's leases: of every rank (the scheduler, for a hit it will not load), or
+        of one rank (a worker that will not load its part); a no-op for unknown sessions; never raises."""
         with self._lock:
             try:
-                self._link.call("release", self._deadline(), session=session)
+                fields: dict[str, Any] = {"session": session}
+                if rank is not None:
+                    fields["rank"] = int(rank)
+                self._link.call("release", self._deadline(), **fields)
             except Exception as exc:
                 self._failed("release", exc)
 

@@ -103,6 +103,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "tokens": Field(_tokens),
         "salt": Field(validate_salt, _OPT),
         "session": Field(_SESSION, _OPT),
+        "rank": Field(_int(0, MAX_WORLD_SIZE - 1), _OPT),  # with session: lease only this rank's objects
     },
     "query": {
         "keyspace": Field(_keyspace),
@@ -127,7 +128,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "end_chunk": Field(_int(0, MAX_CHUNKS)),
         "mode": Field(_str(8, MODES), _OPT),
     },
-    "release": {"session": Field(_SESSION)},
+    "release": {  # without rank: the whole session; with rank (+ lease from retrieve): that reader only
+        "session": Field(_SESSION),
+        "rank": Field(_int(0, MAX_WORLD_SIZE - 1), _OPT),
+        "lease": Field(_int(1, MAX_ID), _OPT),
+    },
     "end_session": {"session": Field(_SESSION)},
     "pin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "salt": Field(validate_salt, _OPT)},
     "unpin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "salt": Field(validate_salt, _OPT)},

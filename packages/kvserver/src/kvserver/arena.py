@@ -3,40 +3,141 @@
 It is a file under /dev/shm (what shm_open creates on Linux), sized with ftruncate so pages are only
 backed when touched. Its name derives from the ZMQ port, so a crashed server's segment is found and
 removed by the next server started on that port.
+
+One server per arena, always: a server first takes an exclusive lock (`<name>.lock` next to the
+segment, held for its whole life), and only a server holding it may remove or create the segment.
+A second server for the same name finds the lock taken and stops without touching anything. The
+first HEADER_BYTES of the segment carry a magic and a random instance nonce, which register_engine
+also returns: an engine that mapped some other file under the name (a stale or foreign arena)
+sees a different nonce and misses instead of reading it.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import mmap
 import os
+import secrets
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
+HEADER_BYTES = 4096  # one page: magic + nonce; objects live above it
+MAGIC = b"KVSARENA"
+NONCE_BYTES = 16
 
 
 def arena_name(port: int, prefix: str = "kvserver") -> str:
     return f"{prefix}-{port}"
 
 
-class Arena:
-    """A shared-memory region with a writable memoryview over it."""
+class ArenaBusy(RuntimeError):
+    """Another live server holds this arena's lock."""
 
-    def __init__(self, name: str, size: int) -> None:
-        if size <= 0:
-            raise ValueError("arena size must be positive")
+
+class ShmTooSmall(RuntimeError):
+    """/dev/shm has less free space than the arena needs."""
+
+
+class ArenaLock:
+    """An exclusive flock on /dev/shm/<name>.lock, with the owner's pid written into it.
+
+    The lock file is only ever unlinked by its lock holder; after locking we check that the path
+    still names the file we locked (a previous holder may have unlinked it meanwhile), so two
+    servers can never both believe they hold the lock.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.path = SHM_DIR / f"{name}.lock"
+        for _ in range(100):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                owner = _read_pid(fd)
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+                    raise ArenaBusy(f"another kvserver{f' (pid {owner})' if owner else ''} owns the arena "
+                                    f"/dev/shm/{name}; stop it first, or start this one with another "
+                                    "--port or --shm-prefix") from None
+                raise
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._fd: int | None = fd
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+                return
+            os.close(fd)  # we locked a file its holder unlinked on the way out: try the new one
+        raise ArenaBusy(f"could not lock {self.path}: it keeps being replaced")
+
+    def release(self) -> None:
+        """Unlink the lock file while still holding it, then let go; safe to call twice."""
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _read_pid(fd: int) -> int:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def check_free_space(name: str, size: int) -> None:
+    """Refuse an arena that /dev/shm cannot hold (a sparse file would die of SIGBUS later instead).
+
+    A stale segment of the same name (ours to remove) counts as free.
+    """
+    st = os.statvfs(SHM_DIR)
+    free = st.f_bavail * st.f_frsize
+    try:
+        free += os.stat(SHM_DIR / name).st_blocks * 512
+    except FileNotFoundError:
+        pass
+    if size > free:
+        gib = 1 << 30
+        raise ShmTooSmall(
+            f"--l1-size-gb needs {size / gib:.2f} GiB in /dev/shm but only {free / gib:.2f} GiB is free. "
+            "Give the server more shared memory (docker run --shm-size=<size>, e.g. --shm-size=8g; "
+            "Kubernetes: mount an emptyDir with medium: Memory and a sizeLimit at /dev/shm) "
+            "or lower --l1-size-gb.")
+
+
+class Arena:
+    """A shared-memory region with a writable memoryview over it; the caller holds its ArenaLock.
+
+    `capacity` bytes for objects lie above the header page, so the segment is HEADER_BYTES larger.
+    """
+
+    def __init__(self, name: str, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError("arena capacity must be positive")
         self.name = name
-        self.size = size
+        self.capacity = capacity
+        self.size = size = capacity + HEADER_BYTES  # what engines map
         self.path = SHM_DIR / name
+        self.nonce = secrets.token_hex(NONCE_BYTES)
         self.removed_stale = self.path.exists()
         if self.removed_stale:
-            self.path.unlink()
+            self.path.unlink()  # its owner is gone: we hold the lock that every live owner holds
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, size)
-            self._mmap = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                os.ftruncate(fd, size)
+                self._mmap = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            except BaseException:
+                self.path.unlink(missing_ok=True)
+                raise
         finally:
             os.close(fd)
         self.view = memoryview(self._mmap)
+        self.view[: len(MAGIC) + NONCE_BYTES] = MAGIC + bytes.fromhex(self.nonce)
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         self.view[offset : offset + len(data)] = data
@@ -52,4 +153,3 @@ class Arena:
         except (BufferError, ValueError):
             pass  # a view is still exported (e.g. a frame in flight); the unlink below still frees it
         self.path.unlink(missing_ok=True)
-

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from kvprotocol import ErrorCode, ValidationError, chunk_hashes
 
 from .l1 import IKey, L1Cache, State
-from .sessions import KeySpaceT, Session, SessionTable, Slot, StoreTxn
+from .leases import Leases, rank_keys
+from .sessions import KeySpaceT, SessionTable, Slot, StoreTxn, new_store_id
 
 if TYPE_CHECKING:
     from .l2 import TierManager
@@ -47,6 +48,8 @@ class Counters:
     retrieved_bytes: int = 0
     expired_sessions: int = 0
     expired_stores: int = 0
+    broken_reads: int = 0  # releases that found their leases gone: the reader's copy was thrown away
+    late_commits: int = 0  # commits that arrived after their reservation's deadline
 
 
 MAX_ENGINES = 256  # registrations kept for describe; the oldest go first
@@ -61,6 +64,7 @@ class CacheService:
         self.l1 = l1
         self.chunk_size = chunk_size
         self.table = SessionTable(lease_ttl)
+        self.leases = Leases(l1, self.table)
         self.engines: dict[str, Engine] = {}
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
         self.counters = Counters()
@@ -73,8 +77,7 @@ class CacheService:
         return (keyspace["model"], keyspace["world_size"], tuple(keyspace["groups"]))
 
     def _keys(self, ks: KeySpaceT, salt: str, rank: int, chunk_hash: bytes) -> list[IKey]:
-        model, world, groups = ks
-        return [(model, fp, world, rank, g, salt, chunk_hash) for g, fp in enumerate(groups)]
+        return rank_keys(ks, salt, rank, [chunk_hash])
 
     def _chunk_keys(self, ks: KeySpaceT, salt: str, chunk_hash: bytes) -> list[IKey]:
         """Every (rank, group) object of one chunk: all of them must be present for a hit."""
@@ -99,7 +102,7 @@ class CacheService:
             if layout.chunk_size != self.chunk_size:
                 raise _fail(ErrorCode.LAYOUT_MISMATCH,
                             f"layout chunk_size {layout.chunk_size} != server chunk_size {self.chunk_size}")
-            if layout.object_bytes > self.l1.arena.size:
+            if layout.object_bytes > self.l1.alloc.capacity:
                 raise _fail(ErrorCode.NO_SPACE, "one object is larger than the whole L1 arena")
         if f["rank"] >= f["world_size"]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
@@ -118,7 +121,7 @@ class CacheService:
             del self.engines[next(iter(self.engines))]
         return {
             "engine_id": engine_id,
-            "arena": {"name": self.l1.arena.name, "size": self.l1.arena.size},
+            "arena": {"name": self.l1.arena.name, "size": self.l1.arena.size, "nonce": self.l1.arena.nonce},
             "chunk_size": self.chunk_size,
             "groups": [g.fingerprint for g in f["groups"]],
         }
@@ -132,15 +135,15 @@ class CacheService:
         c.lookups += 1
         c.lookup_tokens += len(f["tokens"]) // 4
         c.lookup_hit_tokens += hit * self.chunk_size
-        leased = [key for h in hashes[:hit] for key in self._chunk_keys(ks, salt, h)]
-        for key in leased:
-            self.l1.touch(key)
-        if "session" in f:
-            self._drop_session(f["session"])  # a repeated lookup replaces the earlier leases
-            for key in leased:
-                self.l1.lease(key)
-            self.table.sessions[f["session"]] = Session(
-                f["session"], ks, salt, hashes, hit, leased, self.table.deadline())
+        rank = f.get("rank")
+        if rank is not None and rank >= ks[1]:
+            raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+        touch = self.l1.touch
+        for h in hashes[:hit]:
+            for key in self._chunk_keys(ks, salt, h):
+                touch(key)
+        if "session" in f:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
+            self.leases.take(f["session"], ks, salt, hashes, hit, rank)
         return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
                 "chunk_size": self.chunk_size}
 
@@ -216,7 +219,7 @@ class CacheService:
         start = f.get("start_chunk", 0)
         if start > len(hashes):
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
-        txn = StoreTxn(self.table.new_store_id(), f.get("mode", "shm"), f.get("session"), [],
+        txn = StoreTxn(new_store_id(), f.get("mode", "shm"), f.get("session"), [],
                        self.table.deadline())
         reply_slots = []
         for chunk in range(start, len(hashes)):
@@ -245,6 +248,12 @@ class CacheService:
     def commit(self, store_id: str, frames: list[memoryview]) -> dict[str, Any]:
         txn = self.table.stores.get(store_id)
         if txn is None:
+            raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
+        if txn.expires <= time.monotonic():  # expired, the sweep just has not run yet: same answer
+            del self.table.stores[store_id]
+            self.leases.end_write(txn)
+            self.counters.late_commits += 1
+            self.counters.expired_stores += 1
             raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
         if txn.mode == "tcp":
             if len(frames) != len(txn.slots):
@@ -275,50 +284,47 @@ class CacheService:
         return {"aborted": len(txn.slots)}
 
     def _abort_txn(self, txn: StoreTxn) -> None:
-        for slot in txn.slots:
-            self.l1.abort_write(slot.key)
+        self.leases.end_write(txn)
 
     # -- retrieve ------------------------------------------------------------------------------
-    def retrieve(self, f: dict[str, Any]) -> tuple[dict[str, Any], list[memoryview]]:
-        session = self.table.sessions.get(f["session"])
-        if session is None:
-            raise _fail(ErrorCode.UNKNOWN_SESSION, f"no live session {f['session']!r} (lookup first)")
+    def retrieve(self, f: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
+        """Offsets (shm) or copies (tcp) of one rank's leased objects, and the reader's lease number.
+
+        tcp frames are copies, never views of the arena: a frame may wait in ZMQ's queue after the
+        lease ends, and a view would then send whatever object reuses the slot.
+        """
         start, end, rank = f["start_chunk"], f["end_chunk"], f["rank"]
-        if rank >= session.keyspace[1]:
-            raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
-        if not start <= end <= session.hit_chunks:
+        reader = self.leases.reader(f["session"], rank)
+        if not start <= end <= reader.hit_chunks:
             raise _fail(ErrorCode.NOT_LEASED, f"chunks [{start}, {end}) not within the leased prefix "
-                                              f"of {session.hit_chunks} chunks")
-        session.expires = self.table.deadline()
+                                              f"of {reader.hit_chunks} chunks")
         mode = f.get("mode", "shm")
         objects, frames = [], []
         for chunk in range(start, end):
-            for group, key in enumerate(self._keys(session.keyspace, session.salt, rank, session.hashes[chunk])):
+            for group, key in enumerate(self._keys(reader.keyspace, reader.salt, rank, reader.hashes[chunk])):
                 entry = self.l1.entries[key]  # leased, so present and ready
                 obj = {"chunk": chunk, "group": group, "size": entry.size}
                 if mode == "shm":
                     obj["offset"] = entry.offset
                 else:
-                    frames.append(self.l1.arena.read(entry.offset, entry.size))
+                    frames.append(bytes(self.l1.arena.read(entry.offset, entry.size)))
                 objects.append(obj)
                 self.counters.retrieved_bytes += entry.size
         self.counters.retrieves += 1
-        return {"objects": objects}, frames
+        return {"objects": objects, "lease": reader.lease}, frames
 
     # -- sessions ------------------------------------------------------------------------------
-    def _drop_session(self, session_id: str) -> bool:
-        session = self.table.sessions.pop(session_id, None)
-        if session is None:
-            return False
-        for key in session.leased:
-            self.l1.unlease(key)
-        return True
-
-    def release(self, session_id: str) -> dict[str, Any]:
-        return {"released": self._drop_session(session_id)}
+    def release(self, f: dict[str, Any]) -> dict[str, Any]:
+        """`{released, intact}`: see leases.Leases.release."""
+        if "lease" in f and "rank" not in f:
+            raise _fail(ErrorCode.BAD_FIELD, "release: lease needs rank")
+        result = self.leases.release(f["session"], f.get("rank"), f.get("lease"))
+        if "lease" in f and not result["intact"]:
+            self.counters.broken_reads += 1
+        return result
 
     def end_session(self, session_id: str) -> dict[str, Any]:
-        released = self._drop_session(session_id)
+        released = self.leases.drop(session_id)
         aborted = 0
         for txn in [t for t in self.table.stores.values() if t.session == session_id]:
             del self.table.stores[txn.id]
@@ -327,14 +333,9 @@ class CacheService:
         return {"released": released, "aborted_stores": aborted}
 
     def expire(self, now: float | None = None) -> None:
-        sessions, stores = self.table.expired(now)
-        for s in sessions:
-            for key in s.leased:
-                self.l1.unlease(key)
-        for t in stores:
-            self._abort_txn(t)
-        self.counters.expired_sessions += len(sessions)
-        self.counters.expired_stores += len(stores)
+        sessions, stores = self.leases.expire(now)
+        self.counters.expired_sessions += sessions
+        self.counters.expired_stores += stores
 
     def clear(self) -> dict[str, Any]:
         return {"removed": self.l1.clear()}

@@ -3,15 +3,20 @@
 An object is WRITING (reserved, invisible to readers) or READY. Eviction never takes an object that
 is writing, read-leased or pinned; when nothing can be evicted, `reserve` returns None and the
 caller answers "no space" instead of blocking.
+
+Slots of writes that may still be in flight (a client reservation that expired or was aborted)
+are quarantined: the key leaves the index at once, but the slot stays allocated until the
+quarantine ends, so a late writer can only scribble on memory nobody reads.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
-from .arena import Arena
+from .arena import HEADER_BYTES, Arena
 from .eviction import EvictionPolicy
 from .slab import SlabAllocator
 
@@ -36,13 +41,15 @@ class L1Cache:
     def __init__(self, arena: Arena, policy: EvictionPolicy) -> None:
         self.arena = arena
         self.policy = policy
-        self.alloc = SlabAllocator(arena.size)
+        self.alloc = SlabAllocator(arena.capacity, base=HEADER_BYTES)  # the header page is not ours
         self.entries: dict[IKey, Entry] = {}
         self.evictions = 0
         # maintained incrementally so describe() and /metrics never scan the index
         self.n_writing = 0
         self.n_leased = 0
         self.n_pinned = 0
+        self._quarantine: deque[tuple[float, int, int]] = deque()  # (until, offset, size), in `until` order
+        self.quarantined_bytes = 0
         self.on_evict: list[Callable[[IKey], None]] = []
 
     # -- queries -------------------------------------------------------------------------------
@@ -76,7 +83,7 @@ class L1Cache:
     def reserve(self, key: IKey, size: int) -> Entry | None:
         """Allocate a WRITING slot for a key that is not present; evicts as needed."""
         assert key not in self.entries
-        if size > self.arena.size:
+        if size > self.alloc.capacity:
             return None
         offset = self.alloc.alloc(size)
         while offset is None:
@@ -111,6 +118,33 @@ class L1Cache:
         entry = self.entries.get(key)
         if entry is not None and entry.state is State.WRITING:
             self._drop(key)
+
+    def quarantine_write(self, key: IKey, until: float) -> None:
+        """Drop a WRITING object from the index but keep its slot allocated until `until`.
+
+        `until` must not decrease from one call to the next (callers pass now + a fixed TTL).
+        """
+        entry = self.entries.get(key)
+        if entry is None or entry.state is not State.WRITING:
+            return
+        del self.entries[key]
+        self.n_writing -= 1
+        self._quarantine.append((until, entry.offset, entry.size))
+        self.quarantined_bytes += entry.size
+
+    def drain_quarantine(self, now: float) -> int:
+        """Free the quarantined slots whose time is up; returns how many."""
+        freed = 0
+        while self._quarantine and self._quarantine[0][0] <= now:
+            _, offset, size = self._quarantine.popleft()
+            self.alloc.free(offset)
+            self.quarantined_bytes -= size
+            freed += 1
+        return freed
+
+    @property
+    def quarantined_slots(self) -> int:
+        return len(self._quarantine)
 
     # -- leases and pins -----------------------------------------------------------------------
     def lease(self, key: IKey) -> None:

@@ -22,7 +22,7 @@ from kvprotocol import ErrorCode, ValidationError, validate_request
 from kvprotocol import is_loopback, tokens_equal
 from kvprotocol._messages import error_reply, ok_reply, pack, request_id_of, unpack_header
 
-from .arena import Arena, arena_name
+from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
 from .cache import CacheService
 from .config import ServerConfig
 from .eviction import make_policy
@@ -41,13 +41,29 @@ class KVServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.started = time.time()
-        self.arena = Arena(arena_name(config.port, config.shm_prefix), config.l1_bytes)
-        self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
-        self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl)
+        self.http: Any = None
+        # One server per arena: lock, then bind, and only then touch /dev/shm. A second server on a
+        # busy port or arena fails before it could disturb the first; a failed start removes only
+        # what it created (close() below is safe on a half-built server).
+        name = arena_name(config.port, config.shm_prefix)
+        self._lock: ArenaLock | None = ArenaLock(name)
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
         try:
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+            try:
+                self._sock.bind(config.zmq_url)
+            except zmq.ZMQError as exc:
+                raise RuntimeError(f"cannot bind {config.zmq_url}: {exc}") from None
+            check_free_space(name, config.l1_bytes + HEADER_BYTES)
+            self.arena = Arena(name, config.l1_bytes)
+            self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
+            self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl)
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
-        except Exception:
-            self.arena.close()
+        except BaseException:
+            self.close()
             raise
         self._answering: set[asyncio.Task[None]] = set()  # with L2, requests run as tasks (see _serve_loop)
         self.errors: dict[str, int] = {}
@@ -57,12 +73,6 @@ class KVServer:
         # Beyond loopback (allowed only with a token or --insecure) every op but ping needs the token.
         self._zmq_token = None if is_loopback(config.host) else config.api_token
         self._stop = asyncio.Event()
-        self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        self._sock.bind(config.zmq_url)
         self.handlers: dict[str, Handler] = self._builtin_handlers()
         if self.l2 is not None:
             self.cache.l2 = self.l2
@@ -70,7 +80,6 @@ class KVServer:
             self.handlers["lookup"] = self._lookup_l2
             self.handlers["query"] = self._query_l2
         self.ready = False  # true while the control plane serves (the HTTP /readyz answer)
-        self.http: Any = None
         if config.http_port:
             from .http.service import HttpService  # FastAPI is only imported when the API is on
 
@@ -94,7 +103,7 @@ class KVServer:
             "commit": lambda f, fr: (c.commit(f["store_id"], fr), []),
             "abort": lambda f, fr: (c.abort(f["store_id"]), []),
             "retrieve": lambda f, fr: c.retrieve(f),
-            "release": lambda f, fr: (c.release(f["session"]), []),
+            "release": lambda f, fr: (c.release(f), []),
             "end_session": lambda f, fr: (c.end_session(f["session"]), []),
             "clear": lambda f, fr: (c.clear(), []),
             "pin": lambda f, fr: (c.set_pinned(f, True), []),
@@ -115,13 +124,15 @@ class KVServer:
             "uptime_s": round(time.time() - self.started, 3),
             "config": self.config.public(),
             "l1": {
-                "capacity_bytes": self.arena.size,
+                "capacity_bytes": self.arena.capacity,
                 "used_bytes": l1.used_bytes,
                 "objects": l1.count(State.READY),
                 "writing": l1.count(State.WRITING),
                 "leased": l1.leased_objects(),
                 "pinned": l1.pinned_objects(),
                 "evictions": l1.evictions,
+                "quarantined": l1.quarantined_slots,
+                "quarantined_bytes": l1.quarantined_bytes,
                 "arena": self.arena.name,
             },
             "engines": [vars(e) for e in c.engines.values()],
@@ -233,8 +244,14 @@ class KVServer:
         self._stop.set()
 
     def close(self) -> None:
-        if getattr(self, "http", None) is not None:
+        """Release everything this server created, in reverse order; safe on a half-built server."""
+        if self.http is not None:
             self.http.close()
         self._sock.close(linger=0)
         self._ctx.term()
-        self.arena.close()
+        arena: Arena | None = getattr(self, "arena", None)
+        if arena is not None:
+            arena.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None

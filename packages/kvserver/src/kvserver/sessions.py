@@ -1,13 +1,22 @@
-"""Read sessions (leases taken by lookup) and store transactions (reserved slots), both with TTLs.
+"""Read sessions (leases taken by lookup, held per reader rank) and store transactions, both with TTLs.
 
 A crashed engine never pins memory forever: an expired session gives its leases back and an expired
-store transaction frees its reserved slots.
+store transaction frees its reserved slots (after a quarantine, see cache.py).
+
+Why leases are per reader: with tensor parallelism every rank of an engine loads its own objects of
+the same session, at its own pace. A session therefore holds one `Reader` per rank, each with its
+own lease set; a rank's release returns only its leases, and the session ends when every reader
+has released (or on expiry, a rank-less release, or end_session). Each reader incarnation gets a
+server-unique `lease` number: retrieve hands it out, and release reports whether the reader that
+holds that number still held its leases. A reader whose leases were dropped (expiry, a replacing
+lookup, someone else's release) can never see its number again, so a copy made under it is known
+to be unsafe even if a new reader for the same rank exists by then.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -15,15 +24,25 @@ from .l1 import Entry, IKey
 
 KeySpaceT = tuple[str, int, tuple[str, ...]]  # (model, world_size, group fingerprints)
 
+_lease_numbers = itertools.count(1)  # never repeats within a server process
+
 
 @dataclass(slots=True)
-class Session:
-    id: str
+class Reader:
+    """One rank's hold on the hit prefix of a lookup: exactly these keys are leased for it."""
+
     keyspace: KeySpaceT
     salt: str
     hashes: list[bytes]
     hit_chunks: int
-    leased: list[IKey]
+    keys: list[IKey]
+    lease: int = field(default_factory=lambda: next(_lease_numbers))
+
+
+@dataclass(slots=True)
+class Session:
+    id: str
+    readers: dict[int, Reader]  # rank -> its lease set
     expires: float
 
 
@@ -45,21 +64,19 @@ class StoreTxn:
     committed: bool = False
 
 
+def new_store_id() -> str:
+    """128 random bits: a store id can be neither guessed nor enumerated by another client."""
+    return "st-" + secrets.token_hex(16)
+
+
 @dataclass
 class SessionTable:
     lease_ttl: float
     sessions: dict[str, Session] = field(default_factory=dict)
     stores: dict[str, StoreTxn] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self._ids = itertools.count(1)
-        self._prefix = os.urandom(4).hex()
-
     def deadline(self) -> float:
         return time.monotonic() + self.lease_ttl
-
-    def new_store_id(self) -> str:
-        return f"st-{self._prefix}-{next(self._ids)}"
 
     def expired(self, now: float | None = None) -> tuple[list[Session], list[StoreTxn]]:
         """Remove and return sessions and store transactions past their deadline."""

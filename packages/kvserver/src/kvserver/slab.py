@@ -20,9 +20,9 @@ def _round_up(n: int, to: int) -> int:
 class ExtentAllocator:
     """First-fit over sorted free extents, coalescing on free."""
 
-    def __init__(self, size: int) -> None:
-        self._starts: list[int] = [0]
-        self._lengths: dict[int, int] = {0: size}
+    def __init__(self, size: int, base: int = 0) -> None:
+        self._starts: list[int] = [base]
+        self._lengths: dict[int, int] = {base: size}
 
     def alloc(self, length: int) -> int | None:
         for start in self._starts:
@@ -68,11 +68,11 @@ class _Slab:
 
 
 class SlabAllocator:
-    """alloc(size) -> offset or None; free(offset)."""
+    """alloc(size) -> offset or None; free(offset). Offsets lie in [base, base + capacity)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, base: int = 0) -> None:
         self.capacity = capacity
-        self._extents = ExtentAllocator(capacity)
+        self._extents = ExtentAllocator(capacity, base)
         self._classes: dict[int, list[_Slab]] = {}  # slot size -> slabs with free slots
         self._slab_of: dict[int, tuple[int, _Slab]] = {}  # slab base -> (slot size, slab)
         self._owner: dict[int, tuple[int, _Slab]] = {}  # allocated offset -> (slot size, slab)

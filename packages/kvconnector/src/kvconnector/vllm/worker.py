@@ -104,6 +104,7 @@ class WorkerSide:
         bs = self.layout.block_size if self.layout else 1
         wanted = list(job.block_ids[job.skip_tokens // bs: job.num_tokens // bs])
         if not self.enabled or self.layout is None:
+            self._release(job.session)
             self._fail(job, wanted, "connector disabled on this worker")
             return
         t = time.perf_counter()
@@ -111,10 +112,8 @@ class WorkerSide:
             res = self.client.load(job.session, job.tokens, job.block_ids, skip_tokens=job.skip_tokens,
                                    num_tokens=job.num_tokens, salt=job.salt)
             ok, err, bad, loaded = res.ok, res.error, list(res.failed_block_ids), res.loaded_tokens
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - load already gave this rank's leases back
             ok, err, bad, loaded = False, f"{type(exc).__name__}: {exc}", wanted, 0
-        finally:
-            self._release(job.session)
         self.stats.add("load_s", time.perf_counter() - t)
         self.stats.add("loads")
         if ok and not bad and self.cfg.debug_fail_load_chunks:
@@ -151,7 +150,8 @@ class WorkerSide:
         return bad
 
     def _release(self, session: str) -> None:
+        """Give back this rank's leases only: the other ranks may still be copying theirs."""
         try:
-            self.client.release(session)
+            self.client.release(session, rank=self.client.rank)
         except Exception as exc:  # noqa: BLE001
             log.debug("KVServerConnector: release failed: %s", exc)

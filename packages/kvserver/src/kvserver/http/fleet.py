@@ -60,7 +60,7 @@ class FleetAgent:
 
     def registration(self) -> dict[str, Any]:
         cfg = self.server.config
-        return {"zmq_url": self.zmq_url, "http_url": self.http_url, "l1_capacity_bytes": self.server.arena.size,
+        return {"zmq_url": self.zmq_url, "http_url": self.http_url, "l1_capacity_bytes": self.server.arena.capacity,
                 "version": kvprotocol.__version__, "chunk_size": cfg.chunk_size,
                 "heartbeat_interval": cfg.heartbeat_interval, **self._stats()}
 

@@ -136,6 +136,10 @@ class ServerCollector(Collector):
                                   value=c["deduplicated_objects"])
         yield CounterMetricFamily("kvserver_no_space", "Object reservations refused because L1 was full.",
                                   value=c["no_space"])
+        yield CounterMetricFamily("kvserver_broken_reads", "Reader releases whose leases had ended before the "
+                                  "copy finished (the copy was discarded).", value=c["broken_reads"])
+        yield GaugeMetricFamily("kvserver_quarantined_bytes", "L1 bytes of abandoned write slots held back for "
+                                "one lease TTL.", value=l1["quarantined_bytes"])
         errors = CounterMetricFamily("kvserver_errors", "Error replies, by error code.", labels=["code"])
         # Every code from zero, so rate() and alerts see a series before the first error of a kind.
         for code in sorted({*map(str, ErrorCode), *d["errors"]}):

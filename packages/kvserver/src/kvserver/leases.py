@@ -1,0 +1,140 @@
+"""Read leases per session and reader rank, and quarantine of abandoned write slots.
+
+Why a module of its own: these are the rules that keep a slot's bytes from ever being handed out
+under another object's name, and they are easiest to check in one place:
+
+* A reader (one rank of one session) holds a lease on each of its objects from lookup until its
+  own release, the session's expiry, a lookup that replaces it, or end_session. Eviction never
+  takes a leased object, so while a reader's leases are held its slots cannot be reused.
+* `release(session, rank, lease)` tells the reader whether the leases of the incarnation it
+  retrieved under (its `lease` number) were still held when it released, i.e. whether they were
+  held for the whole copy. If not, the copy may contain another object's bytes and must be
+  thrown away (the engine recomputes).
+* A reservation that ends without a commit while a writer might still be copying into it
+  (expired or aborted, shm mode) keeps its slot out of use for one lease TTL.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kvprotocol import ErrorCode, ValidationError
+
+from .l1 import IKey, L1Cache
+from .sessions import KeySpaceT, Reader, Session, SessionTable, StoreTxn
+
+
+def rank_keys(ks: KeySpaceT, salt: str, rank: int, hashes: list[bytes]) -> list[IKey]:
+    """The objects of one rank, every group, for the given chunk hashes, in chunk order."""
+    model, world, groups = ks
+    return [(model, fp, world, rank, g, salt, h) for h in hashes for g, fp in enumerate(groups)]
+
+
+class Leases:
+    def __init__(self, l1: L1Cache, table: SessionTable) -> None:
+        self.l1 = l1
+        self.table = table
+
+    # -- readers -------------------------------------------------------------------------------
+    def take(self, session_id: str, ks: KeySpaceT, salt: str, hashes: list[bytes], hit: int,
+             rank: int | None) -> None:
+        """Lease the hit prefix to the session: for every rank (replacing the whole session), or for
+        one rank (replacing only that rank's reader). Runs in one event-loop step, so an object that
+        is unleased and leased again here can never be evicted in between."""
+        session = self.table.sessions.get(session_id)
+        if rank is None or session is None:
+            self.drop(session_id)
+            session = Session(session_id, {}, self.table.deadline())
+            self.table.sessions[session_id] = session
+        else:
+            old = session.readers.pop(rank, None)
+            if old is not None:
+                self._unlease(old.keys)
+        lease = self.l1.lease
+        for r in range(ks[1]) if rank is None else (rank,):
+            keys = rank_keys(ks, salt, r, hashes[:hit])
+            for key in keys:
+                lease(key)
+            session.readers[r] = Reader(ks, salt, hashes, hit, keys)
+        session.expires = self.table.deadline()
+
+    def reader(self, session_id: str, rank: int) -> Reader:
+        """The live reader of one rank (retrieve); refreshes the session's deadline."""
+        session = self.table.sessions.get(session_id)
+        if session is None:
+            raise ValidationError(ErrorCode.UNKNOWN_SESSION, f"no live session {session_id!r} (lookup first)")
+        reader = session.readers.get(rank)
+        if reader is None:
+            world = next(iter(session.readers.values())).keyspace[1]
+            if rank >= world:
+                raise ValidationError(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+            raise ValidationError(ErrorCode.NOT_LEASED, f"rank {rank} holds no leases in session {session_id!r} "
+                                                        "(released; lookup again)")
+        session.expires = self.table.deadline()
+        return reader
+
+    def release(self, session_id: str, rank: int | None, lease: int | None) -> dict[str, Any]:
+        """Give back one rank's leases (or, without a rank, the whole session's).
+
+        `intact` is true when the leases released are the ones the caller holds: with `lease`, the
+        rank's reader is still the incarnation with that number. A mismatched number releases
+        nothing (the current reader belongs to a later lookup).
+        """
+        session = self.table.sessions.get(session_id)
+        if session is None:
+            return {"released": False, "intact": False}
+        if rank is None:
+            self.drop(session_id)
+            return {"released": True, "intact": True}
+        reader = session.readers.get(rank)
+        if reader is None or (lease is not None and reader.lease != lease):
+            return {"released": False, "intact": False}
+        del session.readers[rank]
+        self._unlease(reader.keys)
+        if not session.readers:
+            del self.table.sessions[session_id]
+        return {"released": True, "intact": True}
+
+    def drop(self, session_id: str) -> bool:
+        session = self.table.sessions.pop(session_id, None)
+        if session is None:
+            return False
+        self._end(session)
+        return True
+
+    def _end(self, session: Session) -> None:
+        for reader in session.readers.values():
+            self._unlease(reader.keys)
+        session.readers.clear()
+
+    def _unlease(self, keys: list[IKey]) -> None:
+        unlease = self.l1.unlease
+        for key in keys:
+            unlease(key)
+
+    # -- writers -------------------------------------------------------------------------------
+    def end_write(self, txn: StoreTxn, now: float | None = None) -> None:
+        """A reservation ends without a commit. In shm mode the writer maps the arena and may still
+        be copying (a stalled process, an asynchronous DMA): its slots are quarantined for one lease
+        TTL instead of being handed to the next writer. In tcp mode the server writes the bytes
+        itself at commit, so the slots are free at once."""
+        if txn.mode == "tcp":
+            for slot in txn.slots:
+                self.l1.abort_write(slot.key)
+            return
+        until = (time.monotonic() if now is None else now) + self.table.lease_ttl
+        for slot in txn.slots:
+            self.l1.quarantine_write(slot.key, until)
+
+    # -- expiry ----------------------------------------------------------------------------------
+    def expire(self, now: float | None = None) -> tuple[int, int]:
+        """End expired sessions and reservations, free finished quarantines; returns the counts."""
+        now = time.monotonic() if now is None else now
+        sessions, stores = self.table.expired(now)
+        for s in sessions:
+            self._end(s)
+        for t in stores:
+            self.end_write(t, now)
+        self.l1.drain_quarantine(now)
+        return len(sessions), len(stores)

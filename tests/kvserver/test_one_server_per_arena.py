@@ -1,0 +1,81 @@
+"""One server per arena, always: a second server never touches a live server's segment, a failed
+start leaves nothing behind, and an arena that /dev/shm cannot hold is refused with the fix named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout
+from serverproc import BIN
+
+OBJ = tiny_layout().object_bytes
+
+
+def start_fails(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [str(BIN / "kvserver"), "start", "--http-port", "0", "--l1-size-gb", "0.05", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0, done.stdout + done.stderr
+    return done
+
+
+def test_second_server_leaves_the_first_fully_working(server_factory):
+    srv = server_factory("--l1-size-gb", "0.05")
+    seg = Path(f"/dev/shm/kvserver-{srv.port}")
+    inode = seg.stat().st_ino
+    with srv.client() as c:
+        ks, reg = register(c)
+        arena = ArenaMap(reg["arena"]["name"], reg["arena"]["size"])
+        first = list(range(512))
+        store(c, ks, first, lambda ch, g: payload(ch, OBJ), mode="shm", arena=arena)
+
+        same_port = start_fails("--port", str(srv.port))
+        assert "owns the arena" in same_port.stderr and f"pid {srv.proc.pid}" in same_port.stderr
+        other_addr = start_fails("--host", "127.0.0.2", "--port", str(srv.port))  # binds, but the arena is taken
+        assert "owns the arena" in other_addr.stderr
+        other_prefix = start_fails("--shm-prefix", "kvtest-other", "--port", str(srv.port))
+        assert "cannot bind" in other_prefix.stderr
+        assert not Path(f"/dev/shm/kvtest-other-{srv.port}").exists()  # a failed start removes what it made
+        assert not Path(f"/dev/shm/kvtest-other-{srv.port}.lock").exists()
+
+        assert seg.stat().st_ino == inode  # the live segment was never replaced
+        # shm writers (old mapping), a fresh mapping and tcp readers all agree
+        second = list(range(10_000, 10_512))
+        store(c, ks, second, lambda ch, g: payload(50 + ch, OBJ), mode="shm", arena=arena)
+        fresh = ArenaMap(reg["arena"]["name"], reg["arena"]["size"])
+        for tokens, seed in ((first, 0), (second, 50)):
+            assert lookup(c, ks, tokens, session="check") == 512
+            tcp = retrieve(c, "check", 0, 2, mode="tcp")
+            assert tcp == {(0, 0): payload(seed, OBJ), (1, 0): payload(seed + 1, OBJ)}
+            assert retrieve(c, "check", 0, 2, mode="shm", arena=fresh) == tcp
+            c.call("release", session="check")
+        arena.close()
+        fresh.close()
+    assert srv.stop() == 0
+    assert not seg.exists() and not Path(f"{seg}.lock").exists()
+
+
+def test_arena_larger_than_free_shm_is_refused_with_the_fix(server_factory):
+    st = os.statvfs("/dev/shm")
+    free_gb = st.f_bavail * st.f_frsize / (1 << 30)
+    too_big = min(4096, int(free_gb) + 2)
+    srv = server_factory(start=False)
+    done = start_fails("--port", str(srv.port), "--l1-size-gb", str(too_big))
+    assert "--shm-size" in done.stderr and "emptyDir" in done.stderr and "--l1-size-gb" in done.stderr
+    assert not Path(f"/dev/shm/kvserver-{srv.port}").exists()
+    assert not Path(f"/dev/shm/kvserver-{srv.port}.lock").exists()
+
+
+def test_a_crashed_servers_lock_does_not_block_a_restart(server_factory):
+    srv = server_factory("--l1-size-gb", "0.01")
+    lock = Path(f"/dev/shm/kvserver-{srv.port}.lock")
+    assert lock.read_text() == str(srv.proc.pid)
+    srv.kill()
+    assert lock.exists()  # left behind, but nobody holds it
+    again = server_factory("--l1-size-gb", "0.01", port=srv.port)
+    assert lock.read_text() == str(again.proc.pid) and "removed a stale segment" in again.log()
+    with again.client() as c:
+        ks, _ = register(c)
+        store(c, ks, list(range(256)), lambda ch, g: payload(7, OBJ))
+        assert lookup(c, ks, list(range(256))) == 256
