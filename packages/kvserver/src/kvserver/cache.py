@@ -65,6 +65,7 @@ class CacheService:
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
         self.counters = Counters()
         self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
+        self.on_commit_txn: list[Callable[[StoreTxn], None]] = []  # e.g. KV events (need tokens, keyspace)
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ class CacheService:
         if start > len(hashes):
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
         txn = StoreTxn(self.table.new_store_id(), f.get("mode", "shm"), f.get("session"), [],
-                       self.table.deadline())
+                       self.table.deadline(), keyspace=ks, salt=salt, tokens=f["tokens"], hashes=hashes)
         reply_slots = []
         for chunk in range(start, len(hashes)):
             for group, key in enumerate(self._keys(ks, salt, rank, hashes[chunk])):
@@ -265,6 +266,8 @@ class CacheService:
         keys = [s.key for s in txn.slots]
         for hook in self.on_commit:
             hook(keys)
+        for txn_hook in self.on_commit_txn:
+            txn_hook(txn)
         return {"committed": len(txn.slots)}
 
     def abort(self, store_id: str) -> dict[str, Any]:

@@ -44,6 +44,7 @@ class L1Cache:
         self.n_leased = 0
         self.n_pinned = 0
         self.on_evict: list[Callable[[IKey], None]] = []
+        self.on_clear: list[Callable[[IKey], None]] = []  # each object `clear` removes
 
     # -- queries -------------------------------------------------------------------------------
     def ready(self, key: IKey) -> Entry | None:
@@ -142,6 +143,8 @@ class L1Cache:
         for key in doomed:
             self.policy.on_remove(key)
             self._drop(key)
+            for hook in self.on_clear:
+                hook(key)
         return len(doomed)
 
     def _drop(self, key: IKey) -> None:

@@ -69,6 +69,15 @@ class KVServer:
             self.cache.on_commit.append(self.l2.enqueue)
             self.handlers["lookup"] = self._lookup_l2
             self.handlers["query"] = self._query_l2
+        self.kv_events: Any = None
+        if config.kv_events_endpoint:
+            from .kvevents import KVEvents
+
+            try:
+                self.kv_events = KVEvents(config, self.l1, self.cache)
+            except Exception:
+                self.close()
+                raise
         self.ready = False  # true while the control plane serves (the HTTP /readyz answer)
         self.http: Any = None
         if config.http_port:
@@ -131,6 +140,7 @@ class KVServer:
             "errors": dict(self.errors),
             "ops": dict(self.op_counts),
             **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),
+            **({"kv_events": self.kv_events.describe()} if self.kv_events is not None else {}),
         }
 
     # -- dispatch --------------------------------------------------------------------------------
@@ -203,6 +213,8 @@ class KVServer:
     async def serve(self) -> None:
         if self.l2 is not None:
             await self.l2.start()
+        if self.kv_events is not None:
+            self.kv_events.start()
         tasks = [asyncio.create_task(self._serve_loop(), name="zmq"),
                  asyncio.create_task(self._expiry_loop(), name="expiry")]
         http_task = asyncio.create_task(self.http.serve(), name="http") if self.http else None
@@ -228,6 +240,8 @@ class KVServer:
             await asyncio.gather(*tasks, *self._answering, return_exceptions=True)
             if self.l2 is not None:
                 await self.l2.stop()  # flushes the write-behind queue (bounded) before the arena goes
+            if self.kv_events is not None:
+                await self.kv_events.stop()
 
     def stop(self) -> None:
         self._stop.set()
@@ -235,6 +249,8 @@ class KVServer:
     def close(self) -> None:
         if getattr(self, "http", None) is not None:
             self.http.close()
+        if getattr(self, "kv_events", None) is not None:
+            self.kv_events.close()
         self._sock.close(linger=0)
         self._ctx.term()
         self.arena.close()
