@@ -72,7 +72,8 @@ def _has_probe(batches: list[Batch], i: int) -> bool:
     return any(ev["type"] == "BlockStored" and ev["token_ids"][0] == PROBE + i for b in batches for ev in b.events)
 
 
-def sync(sub: Subscriber, c: Client, ks: KeySpace, replay_endpoint: str) -> list[Batch]:
+def sync(sub: Subscriber, c: Client, ks: KeySpace, replay_endpoint: str,
+         plain: tuple[str, str] | None = None) -> list[Batch]:
     """Every batch from seq 0 on, with `sub` live from here on: the way a router joins a publisher.
 
     Probe chunks are stored until the subscription delivers (ZMQ's slow joiner), then what the live
@@ -80,13 +81,13 @@ def sync(sub: Subscriber, c: Client, ks: KeySpace, replay_endpoint: str) -> list
     """
     size = tiny_layout().object_bytes
     for i in range(200):
-        store(c, ks, [PROBE + i] * CHUNK, lambda ch, g: payload(i, size))
+        store(c, ks, [PROBE + i] * CHUNK, lambda ch, g, seed=i: payload(seed, size))
         first = sub.recv(timeout_ms=100)
         if first is None:
             continue
         live = [first]
-        live += sub.recv_until(lambda bs: _has_probe(live + bs, i))
-        missed = [b for b in replay(replay_endpoint, 0) if b.seq < first.seq]
+        live += sub.recv_until(lambda bs, head=live, probe=i: _has_probe(head + bs, probe))
+        missed = [b for b in replay(replay_endpoint, 0, plain=plain) if b.seq < first.seq]
         batches = missed + live
         assert [b.seq for b in batches] == list(range(len(batches)))  # nothing lost, nothing twice
         return batches

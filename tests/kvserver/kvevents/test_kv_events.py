@@ -137,6 +137,7 @@ def test_late_subscriber_replays_what_it_missed(event_server: EventServer):
     tail = replay(event_server.replay_endpoint, everything[-1].seq)
     assert [(b.seq, b.payload) for b in tail] == [(everything[-1].seq, everything[-1].payload)]
     assert replay(event_server.replay_endpoint, 10**9) == []
+    assert event_server.proc.stop() == 0  # the sockets close cleanly on SIGTERM
 
 
 def test_malformed_replay_requests_are_ignored(event_server: EventServer):

@@ -72,7 +72,7 @@ class ZmqEventPublisher:
             raise
 
     @staticmethod
-    def _secure(sock: zmq.Socket, domain: str, password: str | None) -> None:  # type: ignore[type-arg]
+    def _secure(sock: zmq.Socket, domain: str, password: str | None) -> None:
         if password is not None:
             sock.plain_server = True
             sock.zap_domain = domain.encode()
