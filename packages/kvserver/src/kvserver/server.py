@@ -74,7 +74,7 @@ class KVServer:
             from .kvevents import KVEvents
 
             try:
-                self.kv_events = KVEvents(config, self.l1, self.cache)
+                self.kv_events = KVEvents(config, self.l1, self.cache, self.l2)
             except Exception:
                 self.close()
                 raise

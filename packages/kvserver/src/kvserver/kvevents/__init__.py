@@ -13,6 +13,7 @@ from kvprotocol import is_loopback
 from ..config import endpoint_host
 
 from .publisher import PLAIN_USER, ZmqEventPublisher
+from .l2tracker import L2EventTracker, tier_media
 from .tracker import EventBatcher, L1EventTracker
 from .wire import END_SEQ, HASH_FORMATS, MEDIUM_L1, decode_batch, encode_batch
 
@@ -20,8 +21,10 @@ if TYPE_CHECKING:
     from ..cache import CacheService
     from ..config import ServerConfig
     from ..l1 import L1Cache
+    from ..l2 import TierManager
 
 __all__ = ["END_SEQ", "HASH_FORMATS", "MEDIUM_L1", "PLAIN_USER", "EventBatcher", "KVEvents", "L1EventTracker",
+           "L2EventTracker",
            "ZmqEventPublisher", "decode_batch", "encode_batch"]
 
 
@@ -34,7 +37,7 @@ def needs_auth(endpoint: str | None) -> bool:
 class KVEvents:
     """The publisher, batcher and L1 tracker of one server, hooked into its cache."""
 
-    def __init__(self, config: ServerConfig, l1: L1Cache, cache: CacheService) -> None:
+    def __init__(self, config: ServerConfig, l1: L1Cache, cache: CacheService, l2: TierManager | None = None) -> None:
         assert config.kv_events_endpoint
         token = config.api_token  # None here means --insecure (config.py refuses the rest)
         self.publisher = ZmqEventPublisher(
@@ -46,6 +49,12 @@ class KVEvents:
         cache.on_commit_txn.append(self.l1.committed)
         l1.on_evict.append(self.l1.removed)
         l1.on_clear.append(self.l1.removed)
+        self.l2: L2EventTracker | None = None
+        if l2 is not None:
+            media = tier_media([t.describe()["tier"] for t in l2.tiers])
+            self.l2 = L2EventTracker(self.l1, self.batcher, media, config.chunk_size)
+            l2.on_put.append(self.l2.put)
+            l2.on_missing.append(self.l2.missing)
 
     def start(self) -> None:
         self.publisher.start()
@@ -59,4 +68,5 @@ class KVEvents:
         self.publisher.close()
 
     def describe(self) -> dict[str, Any]:
-        return {**self.publisher.describe(), "l1_blocks": self.l1.blocks}
+        return {**self.publisher.describe(), "l1_blocks": self.l1.blocks,
+                **({"l2_blocks": self.l2.blocks()} if self.l2 is not None else {})}

@@ -86,13 +86,16 @@ class L1EventTracker:
         self._complete: dict[NsChunk, list[IKey]] = {}
         self._members: dict[IKey, list[NsChunk]] = {}
         self._holders: dict[tuple[str, bytes], int] = {}  # (model, chunk hash) -> namespaces holding it
+        # with L2 events on: each complete chunk's tokens and parent hash, for the L2 tracker
+        self.keep_info = False
+        self._info: dict[NsChunk, tuple[bytes, bytes | None]] = {}
 
     @property
     def blocks(self) -> int:
         """Blocks currently announced as stored."""
         return len(self._holders)
 
-    def _ext(self, chunk_hash: bytes) -> bytes | int:
+    def ext(self, chunk_hash: bytes) -> bytes | int:
         return external_hash(chunk_hash, self.batcher.hash_format)
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -111,6 +114,10 @@ class L1EventTracker:
             if any(self.l1.ready(k) is None for k in keys):
                 continue  # other ranks or groups still to come
             self._complete[ident] = keys
+            if self.keep_info:
+                c = self.chunk_size
+                self._info[ident] = (bytes(txn.tokens[chunk * c * 4 : (chunk + 1) * c * 4]),
+                                     txn.hashes[chunk - 1] if chunk > 0 else None)
             for k in keys:
                 self._members.setdefault(k, []).append(ident)
             holders = self._holders.get((model, h), 0)
@@ -124,8 +131,8 @@ class L1EventTracker:
         assert txn.hashes is not None
         c = self.chunk_size
         tokens = np.frombuffer(txn.tokens, dtype="<u4", count=(last + 1 - first) * c, offset=first * c * 4)
-        parent = self._ext(txn.hashes[first - 1]) if first > 0 else None
-        return block_stored([self._ext(h) for h in txn.hashes[first : last + 1]], parent, tokens.tolist(), c,
+        parent = self.ext(txn.hashes[first - 1]) if first > 0 else None
+        return block_stored([self.ext(h) for h in txn.hashes[first : last + 1]], parent, tokens.tolist(), c,
                             self.medium)
 
     def removed(self, key: IKey) -> None:
@@ -134,6 +141,7 @@ class L1EventTracker:
         if not idents:
             return
         for ident in idents:
+            self._info.pop(ident, None)
             for other in self._complete.pop(ident, ()):
                 members = self._members.get(other)
                 if members is not None and other != key:
@@ -146,7 +154,18 @@ class L1EventTracker:
                 self._holders[(model, h)] = holders
             else:
                 del self._holders[(model, h)]
-                self.batcher.add(model, block_removed([self._ext(h)], self.medium))
+                self.batcher.add(model, block_removed([self.ext(h)], self.medium))
+
+    def chunks_of(self, key: IKey) -> list[NsChunk]:
+        """The complete chunks this object belongs to (usually one; none when its chunk is incomplete)."""
+        return self._members.get(key, [])
+
+    def keys_of(self, ident: NsChunk) -> list[IKey]:
+        return self._complete.get(ident, [])
+
+    def info(self, ident: NsChunk) -> tuple[bytes, bytes | None] | None:
+        """(the chunk's tokens as packed uint32, its parent's chunk hash) while kept."""
+        return self._info.get(ident)
 
     def started(self) -> None:
         """A fresh server holds nothing: tell subscribers to forget what an earlier process announced."""
