@@ -75,7 +75,7 @@ class L2EventTracker:
                     ext = self.l1.ext
                     self.batcher.add(ident[0], block_stored(
                         [ext(ident[4])], ext(parent) if parent is not None else None,
-                        np.frombuffer(tokens, dtype="<u4").tolist(), self.chunk_size, self.media[tier]))
+                        np.frombuffer(tokens, dtype="<u4"), self.chunk_size, self.media[tier]))
 
     def missing(self, tier: int, keys: list[IKey]) -> None:
         written, announced = self._written[tier], self._announced[tier]

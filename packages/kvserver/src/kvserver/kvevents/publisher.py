@@ -110,7 +110,7 @@ class ZmqEventPublisher:
         try:
             self._pub.send_multipart([topic, seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK)
             self.published += 1
-        except zmq.Again:
+        except zmq.ZMQError:  # Again at the high-water mark; anything else must not reach the server loop
             self.refused += 1
         self._buffer.append((seq, topic, payload))
         return seq

@@ -132,8 +132,7 @@ class L1EventTracker:
         c = self.chunk_size
         tokens = np.frombuffer(txn.tokens, dtype="<u4", count=(last + 1 - first) * c, offset=first * c * 4)
         parent = self.ext(txn.hashes[first - 1]) if first > 0 else None
-        return block_stored([self.ext(h) for h in txn.hashes[first : last + 1]], parent, tokens.tolist(), c,
-                            self.medium)
+        return block_stored([self.ext(h) for h in txn.hashes[first : last + 1]], parent, tokens, c, self.medium)
 
     def removed(self, key: IKey) -> None:
         """After an object left L1 (evicted or cleared): the chunks it completed are gone."""
