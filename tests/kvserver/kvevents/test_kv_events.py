@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import CHUNK, BlockIndex, EventServer, start_event_server, sync
+from kvevents_util import CHUNK, BlockIndex, EventServer, start_event_server, sync
 from kvhelpers import lookup, payload, register, store, tiny_layout
 from kvprotocol import chunk_hashes, pack_tokens
 from kvsub import Subscriber, replay
@@ -157,3 +157,29 @@ def test_malformed_replay_requests_are_ignored(event_server: EventServer):
     with event_server.proc.client() as c:
         kv = c.call("describe").result["kv_events"]
     assert kv["bad_replays"] >= 1 and kv["replays"] >= 1
+
+
+def test_a_restarted_subscriber_replays_exactly_what_it_missed(event_server: EventServer):
+    sub = event_server.subscriber()
+    with event_server.proc.client() as c:
+        ks, _ = register(c, layouts=[tiny_layout()])
+        index = BlockIndex()
+        index.apply(sync(sub, c, ks, event_server.replay_endpoint))
+        store(c, ks, TOKENS, _data)
+        index.apply(sub.recv_until(lambda bs: len(bs) == 1))
+        sub.close()  # the router restarts; meanwhile the cache moves on
+        longer = [*TOKENS[: 4 * CHUNK], *range(9000, 9000 + CHUNK)]
+        store(c, ks, longer, _data)
+        c.call("clear")
+        store(c, ks, TOKENS[:CHUNK], _data)
+
+        sub = event_server.subscriber()
+        missed = sync(sub, c, ks, event_server.replay_endpoint, start=index.seqs[-1] + 1)
+        events = [ev for b in missed for ev in b.events]
+        assert events[0]["type"] == "BlockStored" and events[0]["token_ids"] == longer[4 * CHUNK :]
+        assert events[1]["type"] == "BlockRemoved" and set(index.blocks) <= set(events[1]["block_hashes"])
+        assert events[2]["type"] == "BlockStored" and events[2]["token_ids"] == TOKENS[:CHUNK]
+        index.apply(missed)
+        _assert_index_matches_cache(c, ks, index, [TOKENS, longer])
+        assert len(index.blocks) == 2  # the first chunk again, and the last probe
+    sub.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import sync
+from kvevents_util import sync
 from kvhelpers import register, tiny_layout
 from kvserver.config import ServerConfig
 from kvserver.kvevents import PLAIN_USER

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from conftest import CHUNK, BlockIndex, start_event_server, sync
+from kvevents_util import CHUNK, BlockIndex, start_event_server, sync
 from kvhelpers import lookup, payload, register, store, tiny_layout
 from kvprotocol import chunk_hashes, pack_tokens
 
@@ -40,11 +40,21 @@ def test_fs_tier_blocks_follow_write_behind_and_observed_misses(server_factory, 
         assert all(ev["type"] == "BlockStored" and ev["block_size"] == CHUNK for ev in fs)
         assert c.call("describe").result["kv_events"]["l2_blocks"]["kvserver_l2_fs"] >= 3
 
-        # L1 cleared: the L1 blocks go, the fs blocks stay; then the files go behind the server's back
-        # and the next lookup's prefetch finds them missing: the fs blocks are removed too
+        # L1 cleared: the L1 blocks go, the fs blocks stay; a lookup loads them back from fs, and
+        # L1 announces them again
         c.call("clear")
         removed = sub.recv_until(lambda bs: any(ev["type"] == "BlockRemoved" for b in bs for ev in b.events))
         assert all(ev["medium"] == "kvserver_l1" for b in removed for ev in b.events)
+        assert lookup(c, ks, TOKENS) == 3 * CHUNK
+        [back] = sub.recv_until(lambda bs: len(bs) == 1)
+        [ev] = back.events
+        assert (ev["type"], ev["medium"], ev["block_hashes"], ev["parent_block_hash"], ev["token_ids"]) == \
+            ("BlockStored", "kvserver_l1", hashes, None, TOKENS)
+
+        # then the files go behind the server's back, and the next lookup's prefetch finds them
+        # missing: the fs blocks are removed too
+        c.call("clear")
+        sub.recv_until(lambda bs: len(bs) == 1)
         shutil.rmtree(root / "objects")
         assert lookup(c, ks, TOKENS) == 0
         gone = sub.recv_until(lambda bs: len([h for ev in _events(bs, "kvserver_l2_fs")

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from conftest import CHUNK, start_event_server
+from kvevents_util import CHUNK, start_event_server
 from kvhelpers import payload, register, store, tiny_layout
 from kvprotocol import chunk_hashes, pack_tokens
 from kvserver.kvevents import END_SEQ

@@ -66,6 +66,8 @@ class CacheService:
         self.counters = Counters()
         self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
         self.on_commit_txn: list[Callable[[StoreTxn], None]] = []  # e.g. KV events (need tokens, keyspace)
+        # after an L2 prefetch: (keyspace, salt, tokens, chunk hashes, first chunk that missed before)
+        self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -156,6 +158,8 @@ class CacheService:
         if self.l2 is not None and hit < len(hashes):
             chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
             await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
+            for hook in self.on_prefetched:
+                hook(ks, salt, f["tokens"], hashes, hit)
         return self.lookup(f, hashes)  # no await since the wait: the prefix is recomputed and leased at once
 
     def _query_keys(self, f: dict[str, Any]) -> tuple[list[bytes], list[list[IKey]]]:

@@ -52,6 +52,7 @@ class KVEvents:
         self.l1 = L1EventTracker(l1, self.batcher, config.chunk_size)
         self.failures = 0  # hook calls that raised (logged; the cache op goes on)
         cache.on_commit_txn.append(self._guard(self.l1.committed))
+        cache.on_prefetched.append(self._guard(self.l1.prefetched))
         l1.on_evict.append(self._guard(self.l1.removed))
         l1.on_clear.append(self._guard(self.l1.removed))
         self.l2: L2EventTracker | None = None

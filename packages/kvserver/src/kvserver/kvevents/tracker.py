@@ -28,7 +28,7 @@ from .wire import MEDIUM_L1, Event, all_blocks_cleared, block_removed, block_sto
 
 if TYPE_CHECKING:
     from ..l1 import IKey, L1Cache
-    from ..sessions import StoreTxn
+    from ..sessions import KeySpaceT, StoreTxn
 
 NsChunk = tuple[str, int, tuple[str, ...], str, bytes]  # (model, world, group fingerprints, salt, chunk hash)
 
@@ -103,36 +103,40 @@ class L1EventTracker:
         """After a commit: announce the chunks this commit completed (runs of adjacent chunks)."""
         if txn.keyspace is None or not txn.slots or txn.hashes is None:
             return
-        model, world, groups = txn.keyspace
+        self._check(txn.keyspace, txn.salt, txn.tokens, txn.hashes, sorted({slot.chunk for slot in txn.slots}))
+
+    def prefetched(self, ks: KeySpaceT, salt: str, tokens: bytes, hashes: list[bytes], first_miss: int) -> None:
+        """After an L2 prefetch: announce the chunks it completed in L1 (loads still running are not seen)."""
+        self._check(ks, salt, tokens, hashes, list(range(first_miss, len(hashes))))
+
+    def _check(self, ks: KeySpaceT, salt: str, tokens: bytes, hashes: list[bytes], chunks: list[int]) -> None:
+        model, world, groups = ks
         announced: list[int] = []
-        for chunk in sorted({slot.chunk for slot in txn.slots}):
-            h = txn.hashes[chunk]
-            ident: NsChunk = (model, world, groups, txn.salt, h)
+        for chunk in chunks:
+            h = hashes[chunk]
+            ident: NsChunk = (model, world, groups, salt, h)
             if ident in self._complete:
                 continue
-            keys = [(model, fp, world, rank, g, txn.salt, h) for rank in range(world) for g, fp in enumerate(groups)]
+            keys = [(model, fp, world, rank, g, salt, h) for rank in range(world) for g, fp in enumerate(groups)]
             if any(self.l1.ready(k) is None for k in keys):
                 continue  # other ranks or groups still to come
             self._complete[ident] = keys
             if self.keep_info:
                 c = self.chunk_size
-                self._info[ident] = (bytes(txn.tokens[chunk * c * 4 : (chunk + 1) * c * 4]),
-                                     txn.hashes[chunk - 1] if chunk > 0 else None)
+                self._info[ident] = (bytes(tokens[chunk * c * 4 : (chunk + 1) * c * 4]),
+                                     hashes[chunk - 1] if chunk > 0 else None)
             for k in keys:
                 self._members.setdefault(k, []).append(ident)
             holders = self._holders.get((model, h), 0)
             self._holders[(model, h)] = holders + 1
             if holders == 0:
                 announced.append(chunk)
-        for first, last in _runs(announced):
-            self.batcher.add(model, self._stored_event(txn, first, last))
-
-    def _stored_event(self, txn: StoreTxn, first: int, last: int) -> Event:
-        assert txn.hashes is not None
         c = self.chunk_size
-        tokens = np.frombuffer(txn.tokens, dtype="<u4", count=(last + 1 - first) * c, offset=first * c * 4)
-        parent = self.ext(txn.hashes[first - 1]) if first > 0 else None
-        return block_stored([self.ext(h) for h in txn.hashes[first : last + 1]], parent, tokens, c, self.medium)
+        for first, last in _runs(announced):
+            ids = np.frombuffer(tokens, dtype="<u4", count=(last + 1 - first) * c, offset=first * c * 4)
+            parent = self.ext(hashes[first - 1]) if first > 0 else None
+            self.batcher.add(model, block_stored([self.ext(h) for h in hashes[first : last + 1]], parent, ids, c,
+                                                 self.medium))
 
     def removed(self, key: IKey) -> None:
         """After an object left L1 (evicted or cleared): the chunks it completed are gone."""
