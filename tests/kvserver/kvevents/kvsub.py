@@ -38,6 +38,7 @@ class Subscriber:
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.IPV6, 1)  # also reaches tcp://[::1]:port
         if plain is not None:
             self.sub.plain_username, self.sub.plain_password = (p.encode() for p in plain)
         self.sub.setsockopt(zmq.SUBSCRIBE, topic)
@@ -69,6 +70,7 @@ def replay(endpoint: str, start: int, *, plain: tuple[str, str] | None = None,
     try:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IPV6, 1)
         if plain is not None:
             sock.plain_username, sock.plain_password = (p.encode() for p in plain)
         sock.connect(endpoint)

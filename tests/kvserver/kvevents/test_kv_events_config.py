@@ -68,3 +68,15 @@ def test_off_loopback_the_sockets_take_the_api_token(server_factory):
     assert replay(replay_endpoint, 0, plain=creds)[0].events == [{"type": "AllBlocksCleared"}]
     for sub in (anonymous, wrong, good):
         sub.close()
+
+
+def test_ipv6_loopback_and_ipc_endpoints(server_factory, tmp_path):
+    rep = free_port()
+    srv = server_factory("--kv-events-endpoint", f"ipc://{tmp_path}/events.ipc",
+                         "--kv-events-replay-endpoint", f"tcp://[::1]:{rep}")
+    assert replay(f"tcp://[::1]:{rep}", 0)[0].events == [{"type": "AllBlocksCleared"}]
+    sub = Subscriber(f"ipc://{tmp_path}/events.ipc")
+    with srv.client() as c:
+        ks, _ = register(c, layouts=[tiny_layout()])
+        assert sync(sub, c, ks, f"tcp://[::1]:{rep}")[0].seq == 0
+    sub.close()

@@ -61,11 +61,13 @@ class ZmqEventPublisher:
             self._pub.setsockopt(zmq.LINGER, 0)
             self._pub.setsockopt(zmq.SNDHWM, hwm)
             self._secure(self._pub, "pub", pub_password)
+            self._pub.setsockopt(zmq.IPV6, int("[" in endpoint))  # tcp://[::1]:5557 needs it
             self._pub.bind(endpoint)
             if self._replay is not None and replay_endpoint:
                 self._replay.setsockopt(zmq.LINGER, 0)
                 self._replay.setsockopt(zmq.MAXMSGSIZE, 1024)  # a request is 8 bytes
                 self._secure(self._replay, "replay", replay_password)
+                self._replay.setsockopt(zmq.IPV6, int("[" in replay_endpoint))
                 self._replay.bind(replay_endpoint)
         except Exception:
             self.close()
