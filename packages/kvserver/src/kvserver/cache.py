@@ -69,6 +69,9 @@ class CacheService:
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
         self.counters = Counters()
         self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
+        self.on_commit_txn: list[Callable[[StoreTxn], None]] = []  # e.g. KV events (need tokens, keyspace)
+        # after an L2 prefetch: (keyspace, salt, tokens, chunk hashes, first chunk that missed before)
+        self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -158,6 +161,8 @@ class CacheService:
         if self.l2 is not None and hit < len(hashes):
             chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
             await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
+            for hook in self.on_prefetched:
+                hook(ks, salt, f["tokens"], hashes, hit)
         return self.lookup(f, hashes)  # no await since the wait: the prefix is recomputed and leased at once
 
     def _query_keys(self, f: dict[str, Any]) -> tuple[list[bytes], list[list[IKey]]]:
@@ -220,7 +225,7 @@ class CacheService:
         if start > len(hashes):
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
         txn = StoreTxn(new_store_id(), f.get("mode", "shm"), f.get("session"), [],
-                       self.table.deadline())
+                       self.table.deadline(), keyspace=ks, salt=salt, tokens=f["tokens"], hashes=hashes)
         reply_slots = []
         for chunk in range(start, len(hashes)):
             for group, key in enumerate(self._keys(ks, salt, rank, hashes[chunk])):
@@ -274,6 +279,8 @@ class CacheService:
         keys = [s.key for s in txn.slots]
         for hook in self.on_commit:
             hook(keys)
+        for txn_hook in self.on_commit_txn:
+            txn_hook(txn)
         return {"committed": len(txn.slots)}
 
     def abort(self, store_id: str) -> dict[str, Any]:

@@ -63,6 +63,18 @@ def main() -> None:
               help="Write-behind queue length (objects); overflow is dropped and counted.")
 @click.option("--l2-prefetch-timeout", default=0.5, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds a lookup waits for L2 objects to load into L1.")
+@click.option("--kv-events-endpoint", default=None, metavar="URL",
+              help="Publish KV events for KV-aware routers on this ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 "
+                   "(off by default; see docs/kv-events.md).")
+@click.option("--kv-events-replay-endpoint", default=None, metavar="URL",
+              help="ZMQ ROUTER endpoint where subscribers fetch batches they missed, e.g. tcp://127.0.0.1:5558.")
+@click.option("--kv-events-buffer", default=10_000, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="Event batches kept for replay.")
+@click.option("--kv-events-topic", default="kv@{host}@{model}", show_default=True,
+              help="ZMQ topic of each batch; {host} is this host's name, {model} the model of its events.")
+@click.option("--kv-events-hash-format", default="bytes", show_default=True, type=click.Choice(["bytes", "int"]),
+              help="Block hashes as our 32-byte chunk hashes, or their low 64 bits as ints (like "
+                   "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).")
 def start(**options: Any) -> None:
     """Start the cache server in the foreground."""
     options["api_token"] = options.get("api_token") or None  # an empty env var means "no token"
@@ -96,7 +108,8 @@ async def _run(config: ServerConfig) -> int:
         f"kvserver {__version__} ready in {time.perf_counter() - t0:.2f}s: zmq={config.zmq_url} "
         f"l1={config.l1_bytes / (1 << 30):.2f} GiB shm=/dev/shm/{server.arena.name}{stale} "
         f"policy={config.eviction_policy} chunk={config.chunk_size}"
-        + (f" http=http://{config.http_host}:{server.http.port}" if server.http else ""),
+        + (f" http=http://{config.http_host}:{server.http.port}" if server.http else "")
+        + (f" kv_events={config.kv_events_endpoint}" if config.kv_events_endpoint else ""),
         err=False,
     )
     sys.stdout.flush()

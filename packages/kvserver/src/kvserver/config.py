@@ -41,6 +41,12 @@ class ServerConfig:
     # fleet coordinator
     coordinator: str | None = None
     heartbeat_interval: float = 5.0
+    # KV events for KV-aware routers (docs/kv-events.md); off unless an endpoint is set
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_buffer: int = 10_000
+    kv_events_topic: str = "kv@{host}@{model}"
+    kv_events_hash_format: str = "bytes"
 
     def __post_init__(self) -> None:
         if not 0 < self.l1_size_gb <= 4096:
@@ -60,6 +66,9 @@ class ServerConfig:
             raise ValueError("coordinator must be an http:// or https:// URL")
         if not 0 < self.heartbeat_interval <= 3600:
             raise ValueError("heartbeat_interval must be in (0, 3600] seconds")
+        kv_events_problem = _kv_events_problem(self)
+        if kv_events_problem:
+            raise ValueError(kv_events_problem)
         problem = exposure_problem(self)
         if problem:
             raise ValueError(problem)
@@ -104,10 +113,50 @@ def exposure_problem(config: ServerConfig) -> str | None:
     exposed = [(flag, host) for flag, host, on in (("--host", config.host, True),
                                                    ("--http-host", config.http_host, config.http_port != 0))
                if on and not is_loopback(host)]
+    for flag, endpoint in (("--kv-events-endpoint", config.kv_events_endpoint),
+                           ("--kv-events-replay-endpoint", config.kv_events_replay_endpoint)):
+        host = endpoint_host(endpoint) if endpoint else None
+        if host is not None and not is_loopback(host):
+            exposed.append((flag, host))
     if not exposed:
         return None
     flag, host = exposed[0]
     return exposure_refusal(host, flag, "KVSERVER_API_TOKEN")
+
+
+def endpoint_host(endpoint: str) -> str | None:
+    """The host of a tcp:// endpoint (brackets stripped); None for ipc:// (a socket file)."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme == "ipc":
+        return None
+    host = rest.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def _kv_events_problem(config: ServerConfig) -> str | None:
+    for flag, endpoint in (("--kv-events-endpoint", config.kv_events_endpoint),
+                           ("--kv-events-replay-endpoint", config.kv_events_replay_endpoint)):
+        if endpoint is None:
+            continue
+        scheme, _, rest = endpoint.partition("://")
+        if scheme == "ipc" and rest:
+            continue
+        port = rest.rpartition(":")[2]
+        if scheme != "tcp" or not endpoint_host(endpoint) or not port.isdigit() or not 0 < int(port) <= 65535:
+            return f"{flag} must be tcp://HOST:PORT or ipc://PATH (the server binds it), not {endpoint!r}"
+    if config.kv_events_replay_endpoint and not config.kv_events_endpoint:
+        return "--kv-events-replay-endpoint needs --kv-events-endpoint"
+    if config.kv_events_endpoint and config.kv_events_endpoint == config.kv_events_replay_endpoint:
+        return "--kv-events-endpoint and --kv-events-replay-endpoint must differ"
+    if not 1 <= config.kv_events_buffer <= 1_000_000:
+        return "kv_events_buffer must be in [1, 1000000] batches"
+    if config.kv_events_hash_format not in ("bytes", "int"):
+        return "kv_events_hash_format must be 'bytes' or 'int'"
+    try:
+        config.kv_events_topic.format(host="h", model="m")
+    except (KeyError, IndexError, ValueError) as exc:
+        return f"kv_events_topic may only use {{host}} and {{model}}: {exc}"
+    return None
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -51,6 +51,7 @@ class L1Cache:
         self._quarantine: deque[tuple[float, int, int]] = deque()  # (until, offset, size), in `until` order
         self.quarantined_bytes = 0
         self.on_evict: list[Callable[[IKey], None]] = []
+        self.on_clear: list[Callable[[IKey], None]] = []  # each object `clear` removes
 
     # -- queries -------------------------------------------------------------------------------
     def ready(self, key: IKey) -> Entry | None:
@@ -176,6 +177,8 @@ class L1Cache:
         for key in doomed:
             self.policy.on_remove(key)
             self._drop(key)
+            for hook in self.on_clear:
+                hook(key)
         return len(doomed)
 
     def _drop(self, key: IKey) -> None:

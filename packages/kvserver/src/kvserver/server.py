@@ -79,6 +79,15 @@ class KVServer:
             self.cache.on_commit.append(self.l2.enqueue)
             self.handlers["lookup"] = self._lookup_l2
             self.handlers["query"] = self._query_l2
+        self.kv_events: Any = None
+        if config.kv_events_endpoint:
+            from .kvevents import KVEvents
+
+            try:
+                self.kv_events = KVEvents(config, self.l1, self.cache, self.l2)
+            except Exception:
+                self.close()
+                raise
         self.ready = False  # true while the control plane serves (the HTTP /readyz answer)
         if config.http_port:
             from .http.service import HttpService  # FastAPI is only imported when the API is on
@@ -142,6 +151,7 @@ class KVServer:
             "errors": dict(self.errors),
             "ops": dict(self.op_counts),
             **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),
+            **({"kv_events": self.kv_events.describe()} if self.kv_events is not None else {}),
         }
 
     # -- dispatch --------------------------------------------------------------------------------
@@ -214,6 +224,8 @@ class KVServer:
     async def serve(self) -> None:
         if self.l2 is not None:
             await self.l2.start()
+        if self.kv_events is not None:
+            self.kv_events.start()
         tasks = [asyncio.create_task(self._serve_loop(), name="zmq"),
                  asyncio.create_task(self._expiry_loop(), name="expiry")]
         http_task = asyncio.create_task(self.http.serve(), name="http") if self.http else None
@@ -239,6 +251,8 @@ class KVServer:
             await asyncio.gather(*tasks, *self._answering, return_exceptions=True)
             if self.l2 is not None:
                 await self.l2.stop()  # flushes the write-behind queue (bounded) before the arena goes
+            if self.kv_events is not None:
+                await self.kv_events.stop()
 
     def stop(self) -> None:
         self._stop.set()
@@ -247,6 +261,8 @@ class KVServer:
         """Release everything this server created, in reverse order; safe on a half-built server."""
         if self.http is not None:
             self.http.close()
+        if getattr(self, "kv_events", None) is not None:
+            self.kv_events.close()
         self._sock.close(linger=0)
         self._ctx.term()
         arena: Arena | None = getattr(self, "arena", None)

@@ -62,6 +62,11 @@ class StoreTxn:
     slots: list[Slot]
     expires: float
     committed: bool = False
+    # what KV events need to describe the chunks at commit (see kvevents/tracker.py)
+    keyspace: KeySpaceT | None = None
+    salt: str = ""
+    tokens: bytes = b""
+    hashes: list[bytes] | None = None
 
 
 def new_store_id() -> str:

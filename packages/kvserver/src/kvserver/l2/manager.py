@@ -54,6 +54,9 @@ class TierManager:
         self._queue: asyncio.Queue[QueueItem] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.prefetcher = Prefetcher(self)
+        # observers (KV events): keys a tier now holds, and keys a tier was found not to hold
+        self.on_put: list[Callable[[int, list[IKey]], None]] = []
+        self.on_missing: list[Callable[[int, list[IKey]], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -163,6 +166,8 @@ class TierManager:
             tier.succeeded()
             tier.stats.puts += len(batch)
             tier.stats.put_bytes += sum(len(b) for _, b in batch)
+            for hook in self.on_put:
+                hook(index, [key for key, _, _, targets in live if index in targets])
 
     # -- prefetch --------------------------------------------------------------------------------
     async def prefetch(self, chunks: Sequence[Sequence[IKey]], first_miss: int,

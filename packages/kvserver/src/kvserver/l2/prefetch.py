@@ -116,6 +116,8 @@ class Prefetcher:
                     where[key] = index
                 else:
                     rest.append(key)
+            for hook in self.m.on_missing:
+                hook(index, rest)
             todo = rest
         return where
 
@@ -160,13 +162,15 @@ class Prefetcher:
             tier.stats.gets += len(items)
             tier.stats.get_bytes += sum(len(b) for b in blobs if b is not None)
             results = await asyncio.to_thread(self._decode, names, blobs, [e for _, e, _ in items])
-            doomed = []
+            doomed, gone = [], []
             for (key, entry, future), name, result in zip(items, names, results, strict=True):
                 if result is None:
                     tier.stats.misses += 1
+                    gone.append(key)
                 elif isinstance(result, CorruptObject):
                     tier.stats.corrupt += 1
                     doomed.append(name)
+                    gone.append(key)
                     log.warning("L2 tier %s: corrupt object deleted (%s)", tier.url, result)
                 elif isinstance(result, UndecryptableObject):
                     tier.stats.undecryptable += 1
@@ -174,6 +178,8 @@ class Prefetcher:
                     done.add(key)
                     tier.stats.hits += 1
                     self.loaded += 1
+            for hook in self.m.on_missing:
+                hook(index, gone)
             if index > 0 and done:
                 self.m.enqueue(sorted(done, key=lambda k: k[6]), tuple(range(index)))  # promote upwards
             if doomed:
