@@ -80,6 +80,8 @@ def _kind(exc: BaseException) -> str:
         return f"server:{exc.code}"
     if isinstance(exc, ArenaChanged):
         return "arena_changed"
+    if isinstance(exc, _ops.ChecksumMismatch):
+        return "checksum_mismatch"
     if isinstance(exc, (ValueError, TypeError, ValidationError)):
         return "invalid"
     if isinstance(exc, zmq.ZMQError):
@@ -119,6 +121,8 @@ class EngineClient:
         self._lock = threading.RLock()
         self._warner = _Warner(warn_interval)
         self._closed = False
+        self.verify_failures = 0  # loads failed because an object's bytes did not match its checksum
+        self.verify_failed_objects = 0
 
     @property
     def layouts(self) -> list[LayoutDescriptor]:
@@ -211,6 +215,9 @@ class EngineClient:
                                    int(skip_tokens), int(num_tokens), salt)
                 return LoadResult(True, loaded, [], None)
             except Exception as exc:
+                if isinstance(exc, _ops.ChecksumMismatch):
+                    self.verify_failures += 1
+                    self.verify_failed_objects += exc.objects
                 error = self._failed("load", exc)
                 try:
                     failed = _ops.load_blocks(self._link, tables, int(skip_tokens), int(num_tokens))
