@@ -107,6 +107,7 @@ class WorkerSide:
             self._fail(job, wanted, "connector disabled on this worker")
             return
         t = time.perf_counter()
+        verify_before = self.client.verify_failures
         try:
             res = self.client.load(job.session, job.tokens, job.block_ids, skip_tokens=job.skip_tokens,
                                    num_tokens=job.num_tokens, salt=job.salt)
@@ -115,6 +116,7 @@ class WorkerSide:
             ok, err, bad, loaded = False, f"{type(exc).__name__}: {exc}", wanted, 0
         finally:
             self._release(job.session)
+        self.stats.add("verify_failures", self.client.verify_failures - verify_before)
         self.stats.add("load_s", time.perf_counter() - t)
         self.stats.add("loads")
         if ok and not bad and self.cfg.debug_fail_load_chunks:
