@@ -6,15 +6,15 @@ on the thread count, on where segments or thread ranges cut it, or on which back
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvprotocol.kvsum import kvsum64
-
 from kvconnector import _copy_fallback as fb
 from kvconnector import _kvcopy as ext
-
+from kvprotocol.kvsum import kvsum64
 from test_copy_kernels import ref_kvsum64
 
 BACKENDS = [pytest.param(ext, id="cpp"), pytest.param(fb, id="fallback")]
@@ -36,7 +36,7 @@ def object_plans(draw: st.DrawFn) -> tuple[list[tuple[int, int]], list[tuple[int
     rows, engine = [], 0
     for off, size in objs:
         cuts = sorted(set([0, size] + draw(st.lists(st.integers(0, size), max_size=6))))
-        for a, b in zip(cuts, cuts[1:]):
+        for a, b in itertools.pairwise(cuts):
             if draw(st.integers(0, 5)) == 0:
                 continue  # a gap: summed from the object
             rows.append((engine, off + a, b - a))

@@ -14,7 +14,6 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from engine_kv_helpers import Geometry, block_of
 from kvconnector.engine_client import EngineClient
 from kvprotocol import Client, KeySpace, pack_tokens

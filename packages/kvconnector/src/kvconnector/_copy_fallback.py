@@ -8,6 +8,7 @@ specification of the checksum (kvsum64, defined in csrc/checksum.h and docs/layo
 from __future__ import annotations
 
 import ctypes
+import itertools
 from typing import Any
 
 import numpy as np
@@ -130,7 +131,7 @@ def _check_cover(rows: list[tuple[int, int, int, int]], objs: list[tuple[int, in
     """The checks of the C++ plan: disjoint objects, segments inside them, no object byte twice."""
     base = dst_base if is_dst else src_base
     spans = sorted((base + o, base + o + n, k) for k, (o, n) in enumerate(objs))
-    for (_, end, _), (start, _, _) in zip(spans, spans[1:]):
+    for (_, end, _), (start, _, _) in itertools.pairwise(spans):
         if end > start:
             raise ValueError("objects overlap")
     starts = [s for s, _, _ in spans]
@@ -148,7 +149,7 @@ def _check_cover(rows: list[tuple[int, int, int, int]], objs: list[tuple[int, in
             n -= take
     for c in covered:
         c.sort()
-        for (_, b), (a, _) in zip(c, c[1:]):
+        for (_, b), (a, _) in itertools.pairwise(c):
             if a < b:
                 raise ValueError("two segments cover the same object bytes")
 
