@@ -67,7 +67,7 @@ CASES = [
      "NOT_LEASED"),
     ("reversed range", lambda: [req("retrieve", session="held", rank=0, start_chunk=2, end_chunk=1)], "NOT_LEASED"),
     ("session id too long", lambda: [req("release", session="x" * 1000)], "BAD_FIELD"),
-    ("unknown store", lambda: [req("commit", store_id="st-nope")], "UNKNOWN_STORE"),
+    ("unknown store", lambda: [req("commit", store_id="st-nope", checksums=[])], "UNKNOWN_STORE"),
     ("data frames on lookup", lambda: [req("lookup", keyspace=ks_wire(), tokens=TOK), b"payload"], "BAD_FIELD"),
     ("oversize header", lambda: [req("ping") + b"\x00" * (5 << 20)], "TOO_LARGE"),
     ("deeply nested", lambda: [b"\x91" * 100_000 + b"\x00"], "BAD_FRAME"),

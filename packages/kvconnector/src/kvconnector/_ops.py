@@ -19,6 +19,16 @@ from ._link import Deadline, EngineLink, LeaseLost
 from ._transfer import Copier, Moves, check_blocks, load_moves, save_moves
 
 RELEASE_CODES = (ErrorCode.UNKNOWN_SESSION, ErrorCode.NOT_LEASED)
+U64_MAX = (1 << 64) - 1
+
+
+class ChecksumMismatch(Exception):
+    """Bytes read from the cache are not the bytes their writer committed: the load failed."""
+
+    def __init__(self, objects: int, chunks: list[int]) -> None:
+        super().__init__(f"{objects} object(s) failed verification (chunks {chunks[:8]}): "
+                         "corrupt or never written; recomputing")
+        self.objects = objects
 
 
 def as_tokens(tokens: Any) -> np.ndarray:
@@ -79,9 +89,11 @@ def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, 
 
 @dataclass
 class _Objects:
-    """Absolute host addresses of the objects of one transfer, per group, in chunk order."""
+    """Absolute host addresses of the objects of one transfer, per group, in chunk order, and the
+    checksums their writers committed."""
 
     addrs: list[np.ndarray]
+    checksums: list[list[int]]
     keepalive: Any = None
 
 
@@ -96,11 +108,16 @@ def _object_addrs(link: EngineLink, mode: str, objects: list[dict[str, Any]], fr
     if mode == "tcp" and len(frames) != len(objects):
         raise ValueError(f"retrieve returned {len(frames)} data frames for {len(objects)} objects")
     addrs = [np.zeros(end - start, dtype=np.int64) for _ in range(groups)]
+    sums = [[0] * (end - start) for _ in range(groups)]
     for i, obj in enumerate(objects):
         c, g = obj["chunk"], obj["group"]
         size = link.layouts[g].object_bytes
         if obj.get("size") != size:
             raise ValueError(f"object of chunk {c} has {obj.get('size')} bytes, layout says {size}")
+        checksum = obj.get("checksum")
+        if not isinstance(checksum, int) or isinstance(checksum, bool) or not 0 <= checksum <= U64_MAX:
+            raise ValueError(f"object of chunk {c} comes without a valid checksum")
+        sums[g][c - start] = checksum
         if mode == "shm":
             assert link.arena is not None
             link.arena.check_range(obj.get("offset"), size)
@@ -109,7 +126,7 @@ def _object_addrs(link: EngineLink, mode: str, objects: list[dict[str, Any]], fr
             if len(frames[i]) != size:
                 raise ValueError(f"data frame of chunk {c} has {len(frames[i])} bytes, expected {size}")
             addrs[g][c - start] = kvcopy.address_of(frames[i])
-    return _Objects(addrs, frames)
+    return _Objects(addrs, sums, frames)
 
 
 def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tokens: np.ndarray,
@@ -177,9 +194,12 @@ def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, to
     if not isinstance(lease, int) or isinstance(lease, bool):
         raise ValueError("retrieve reply carries no lease number")
     objs = _object_addrs(link, mode, reply.result.get("objects", []), reply.frames, start, end)
-    for g, m in enumerate(moves):
-        copier.scatter(g, objs.addrs[g], m)
+    bad: list[int] = []
+    for g, m in enumerate(moves):  # verified while scattering: a mismatch fails the whole load
+        bad += [start + i for i in copier.scatter(g, objs.addrs[g], m, objs.checksums[g])]
     copier.finish()
+    if bad:
+        raise ChecksumMismatch(len(bad), sorted(set(bad)))
     if mode != "shm":
         return num - skip, None
     link.check_arena()  # the bytes came from the arena the replying server owns
@@ -251,15 +271,21 @@ def _fill_and_commit(link: EngineLink, copier: Copier, deadline: Deadline, mode:
             ends = np.cumsum(sizes)
             frames = [memoryview(buf[e - z : e]) for e, z in zip(ends, sizes, strict=True)]
             addrs = [kvcopy.address_of(buf) + int(e - z) for e, z in zip(ends, sizes, strict=True)]
+        checksums: list[int | None] = [None] * len(reserved)
         for g, lay in enumerate(link.layouts):
             idx = [i for i, s in enumerate(reserved) if s["group"] == g]
             if idx:
                 moves = save_moves(tables[g], lay.blocks_per_chunk, [reserved[i]["chunk"] for i in idx])
-                copier.gather(g, np.asarray([addrs[i] for i in idx], dtype=np.int64), moves)
+                sums = copier.gather(g, np.asarray([addrs[i] for i in idx], dtype=np.int64), moves)
+                for j, i in enumerate(idx):
+                    checksums[i] = None if sums is None else sums[j]
         copier.finish()
+        # the commit proves the write: the checksum of each object as gathered (or, for copiers that
+        # cannot sum while copying, as it lies in host memory once the copy is done)
+        proof = [kvcopy.checksum(a, z) if c is None else c for a, z, c in zip(addrs, sizes, checksums, strict=True)]
         if mode == "shm":
             link.check_arena()  # we wrote into the arena of the server that reserved the slots
-        link.call("commit", deadline, frames=frames, store_id=store_id)
+        link.call("commit", deadline, frames=frames, store_id=store_id, checksums=proof)
     except BaseException:
         try:  # best effort: the server also expires reservations after its lease TTL
             link.call("abort", _grace(deadline), store_id=store_id)

@@ -82,6 +82,8 @@ def _kind(exc: BaseException) -> str:
         return "arena_changed"
     if isinstance(exc, LeaseLost):
         return "lease_lost"
+    if isinstance(exc, _ops.ChecksumMismatch):
+        return "checksum_mismatch"
     if isinstance(exc, (ValueError, TypeError, ValidationError)):
         return "invalid"
     if isinstance(exc, zmq.ZMQError):
@@ -121,6 +123,8 @@ class EngineClient:
         self._lock = threading.RLock()
         self._warner = _Warner(warn_interval)
         self._closed = False
+        self.verify_failures = 0  # loads failed because an object's bytes did not match its checksum
+        self.verify_failed_objects = 0
 
     @property
     def rank(self) -> int:
@@ -221,6 +225,9 @@ class EngineClient:
                                    int(skip_tokens), int(num_tokens), salt)
                 return LoadResult(True, loaded, [], None)
             except Exception as exc:
+                if isinstance(exc, _ops.ChecksumMismatch):
+                    self.verify_failures += 1
+                    self.verify_failed_objects += exc.objects
                 error = self._failed("load", exc)
                 try:
                     failed = _ops.load_blocks(self._link, tables, int(skip_tokens), int(num_tokens))

@@ -77,6 +77,20 @@ def _keyspace(v: Any) -> dict[str, Any]:
     }
 
 
+MAX_CHECKSUMS = MAX_CHUNKS * MAX_GROUPS
+U64_MAX = (1 << 64) - 1
+
+
+def _checksums(v: Any) -> list[int]:
+    """One kvsum64 (uint64) per reserved slot of a store, in slot order: the proof of the write."""
+    if not isinstance(v, list) or len(v) > MAX_CHECKSUMS:
+        raise ValidationError(ErrorCode.BAD_FIELD, f"checksums must be a list of at most {MAX_CHECKSUMS} uint64")
+    for x in v:
+        if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x <= U64_MAX:
+            raise ValidationError(ErrorCode.BAD_FIELD, "checksums must be unsigned 64-bit integers")
+    return v
+
+
 def _layouts(v: Any) -> list[LayoutDescriptor]:
     if not isinstance(v, list) or not 1 <= len(v) <= MAX_GROUPS:
         raise ValidationError(ErrorCode.BAD_FIELD, f"groups must be a list of 1-{MAX_GROUPS} layouts")
@@ -119,7 +133,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "mode": Field(_str(8, MODES), _OPT),
         "session": Field(_SESSION, _OPT),
     },
-    "commit": {"store_id": Field(_str(64))},
+    "commit": {"store_id": Field(_str(64)), "checksums": Field(_checksums)},
     "abort": {"store_id": Field(_str(64))},
     "retrieve": {
         "session": Field(_SESSION),

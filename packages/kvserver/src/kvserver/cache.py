@@ -250,7 +250,7 @@ class CacheService:
         self.counters.stores += 1
         return {"store_id": txn.id if txn.slots else None, "slots": reply_slots}
 
-    def commit(self, store_id: str, frames: list[memoryview]) -> dict[str, Any]:
+    def commit(self, store_id: str, frames: list[memoryview], checksums: list[int]) -> dict[str, Any]:
         txn = self.table.stores.get(store_id)
         if txn is None:
             raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
@@ -260,6 +260,8 @@ class CacheService:
             self.counters.late_commits += 1
             self.counters.expired_stores += 1
             raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
+        if len(checksums) != len(txn.slots):
+            raise _fail(ErrorCode.BAD_FIELD, f"expected {len(txn.slots)} checksums, got {len(checksums)}")
         if txn.mode == "tcp":
             if len(frames) != len(txn.slots):
                 raise _fail(ErrorCode.BAD_FIELD, f"expected {len(txn.slots)} data frames, got {len(frames)}")
@@ -272,7 +274,8 @@ class CacheService:
         elif frames:
             raise _fail(ErrorCode.BAD_FIELD, "shm-mode commit takes no data frames")
         del self.table.stores[store_id]
-        for slot in txn.slots:
+        for slot, checksum in zip(txn.slots, checksums, strict=True):
+            slot.entry.checksum = checksum  # never verified here: the server does not read the bytes
             self.l1.finish_write(slot.key)
             self.counters.stored_bytes += slot.entry.size
         self.counters.stored_objects += len(txn.slots)
@@ -310,7 +313,7 @@ class CacheService:
         for chunk in range(start, end):
             for group, key in enumerate(self._keys(reader.keyspace, reader.salt, rank, reader.hashes[chunk])):
                 entry = self.l1.entries[key]  # leased, so present and ready
-                obj = {"chunk": chunk, "group": group, "size": entry.size}
+                obj = {"chunk": chunk, "group": group, "size": entry.size, "checksum": entry.checksum}
                 if mode == "shm":
                     obj["offset"] = entry.offset
                 else:

@@ -109,7 +109,7 @@ class KVServer:
             "lookup": lambda f, fr: (c.lookup(f), []),
             "query": lambda f, fr: (c.query(f), []),
             "store": lambda f, fr: (c.store(f), []),
-            "commit": lambda f, fr: (c.commit(f["store_id"], fr), []),
+            "commit": lambda f, fr: (c.commit(f["store_id"], fr, f["checksums"]), []),
             "abort": lambda f, fr: (c.abort(f["store_id"]), []),
             "retrieve": lambda f, fr: c.retrieve(f),
             "release": lambda f, fr: (c.release(f), []),

@@ -108,12 +108,14 @@ class WorkerSide:
             self._fail(job, wanted, "connector disabled on this worker")
             return
         t = time.perf_counter()
+        verify_before = self.client.verify_failures
         try:
             res = self.client.load(job.session, job.tokens, job.block_ids, skip_tokens=job.skip_tokens,
                                    num_tokens=job.num_tokens, salt=job.salt)
             ok, err, bad, loaded = res.ok, res.error, list(res.failed_block_ids), res.loaded_tokens
         except Exception as exc:  # noqa: BLE001 - load already gave this rank's leases back
             ok, err, bad, loaded = False, f"{type(exc).__name__}: {exc}", wanted, 0
+        self.stats.add("verify_failures", self.client.verify_failures - verify_before)
         self.stats.add("load_s", time.perf_counter() - t)
         self.stats.add("loads")
         if ok and not bad and self.cfg.debug_fail_load_chunks:
