@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvprotocol import Client, KVProtocolError
+from kvprotocol import Client, KVProtocolError, is_loopback
 
 BIN = Path(sys.executable).parent
 
@@ -76,7 +76,9 @@ class ServerProc(ManagedProcess):
         cmd += ["--http-port", str(self.http_port)]
         self.spawn(cmd, {**os.environ, **self.env})
         deadline = time.monotonic() + timeout
-        with Client(self.url, timeout=0.5) as c:
+        while self.curve and not self._pub_path().exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with Client(self.url, timeout=0.5, server_key=self.server_key) as c:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"kvserver exited with {self.proc.returncode}: {self.log()}")
@@ -88,5 +90,29 @@ class ServerProc(ManagedProcess):
         raise RuntimeError(f"kvserver did not answer within {timeout}s: {self.log()}")
 
 
+    @property
+    def token(self) -> str | None:
+        """The configured token (flag or env), else None: clients then read the default token file."""
+        if "--api-token" in self.args:
+            return self.args[self.args.index("--api-token") + 1]
+        return self.env.get("KVSERVER_API_TOKEN") or None
+
+    @property
+    def curve(self) -> bool:
+        """Does this server encrypt its ZMQ plane (--curve, or a non-loopback --host)?"""
+        if "--curve" in self.args or "--no-curve" in self.args:
+            return "--curve" in self.args
+        host = self.args[self.args.index("--host") + 1] if "--host" in self.args else "127.0.0.1"
+        return not is_loopback(host)
+
+    def _pub_path(self) -> Path:
+        state = self.env.get("KVSERVER_STATE_DIR") or os.environ["KVSERVER_STATE_DIR"]
+        return Path(state) / f"curve-{self.port}.pub"
+
+    @property
+    def server_key(self) -> str | None:
+        """The server's CURVE public key, which clients of a CURVE server must be given."""
+        return self._pub_path().read_text().strip() if self.curve else None
+
     def client(self, timeout: float = 5.0) -> Client:
-        return Client(self.url, timeout=timeout)
+        return Client(self.url, timeout=timeout, token=self.token, server_key=self.server_key)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvprotocol import ErrorCode, ValidationError, chunk_hashes
+from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
 
 from .l1 import IKey, L1Cache, State
 from .sessions import KeySpaceT, Session, SessionTable, Slot, StoreTxn
@@ -50,6 +50,9 @@ class Counters:
 
 
 MAX_ENGINES = 256  # registrations kept for describe; the oldest go first
+MAX_SESSIONS = 4096  # live read sessions per server (an identity is the one server credential for now)
+MAX_SESSION_OBJECTS = 1 << 22  # chunk hashes + leased keys all live sessions keep, in total
+MAX_STORES = 4096  # store transactions in flight per server
 
 
 def _fail(code: ErrorCode, message: str) -> ValidationError:
@@ -66,6 +69,7 @@ class CacheService:
         self.counters = Counters()
         self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
+        self.session_objects = 0  # sum of len(hashes) + len(leased) over live sessions
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -90,8 +94,28 @@ class CacheService:
                     return i
         return len(hashes)
 
-    def _hashes(self, tokens: bytes) -> list[bytes]:
+    def _hashes(self, tokens: bytes, per_chunk: int) -> list[bytes]:
+        """The chunk hashes, after checking the request names at most MAX_KEYS objects (before any work)."""
+        chunks = len(tokens) // 4 // self.chunk_size
+        if chunks * per_chunk > MAX_KEYS:
+            raise _fail(ErrorCode.TOO_LARGE, f"{chunks} chunks x {per_chunk} objects each is over "
+                                             f"{MAX_KEYS} objects per request")
         return chunk_hashes(tokens, self.chunk_size)
+
+    @staticmethod
+    def _per_chunk(f: dict[str, Any]) -> int:
+        return int(f["keyspace"]["world_size"]) * len(f["keyspace"]["groups"])
+
+    def _admit_session(self, session_id: str, objects: int) -> None:
+        """Refuse a new session past the per-server caps (after sweeping expired ones)."""
+        if session_id in self.table.sessions:
+            return
+        if len(self.table.sessions) >= MAX_SESSIONS or self.session_objects + objects > MAX_SESSION_OBJECTS:
+            self.expire()
+        if len(self.table.sessions) >= MAX_SESSIONS:
+            raise _fail(ErrorCode.TOO_MANY, f"{MAX_SESSIONS} sessions are live; end some first")
+        if self.session_objects + objects > MAX_SESSION_OBJECTS:
+            raise _fail(ErrorCode.TOO_MANY, "live sessions hold too many objects; end some first")
 
     # -- engines -------------------------------------------------------------------------------
     def register_engine(self, f: dict[str, Any], engine_id: str) -> dict[str, Any]:
@@ -126,7 +150,9 @@ class CacheService:
     # -- lookup / query --------------------------------------------------------------------------
     def lookup(self, f: dict[str, Any], hashes: list[bytes] | None = None) -> dict[str, Any]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"]) if hashes is None else hashes
+        hashes = self._hashes(f["tokens"], self._per_chunk(f)) if hashes is None else hashes
+        if "session" in f:
+            self._admit_session(f["session"], len(hashes) * (1 + self._per_chunk(f)))
         hit = self._prefix_hits(ks, salt, hashes)
         c = self.counters
         c.lookups += 1
@@ -141,6 +167,7 @@ class CacheService:
                 self.l1.lease(key)
             self.table.sessions[f["session"]] = Session(
                 f["session"], ks, salt, hashes, hit, leased, self.table.deadline())
+            self.session_objects += len(hashes) + len(leased)
         return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
                 "chunk_size": self.chunk_size}
 
@@ -150,7 +177,9 @@ class CacheService:
         The answer counts only what is in L1 when the wait ends; see l2/prefetch.py.
         """
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"])
+        hashes = self._hashes(f["tokens"], self._per_chunk(f))
+        if "session" in f:
+            self._admit_session(f["session"], len(hashes) * (1 + self._per_chunk(f)))
         hit = self._prefix_hits(ks, salt, hashes)
         if self.l2 is not None and hit < len(hashes):
             chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
@@ -159,7 +188,7 @@ class CacheService:
 
     def _query_keys(self, f: dict[str, Any]) -> tuple[list[bytes], list[list[IKey]]]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"])
+        hashes = self._hashes(f["tokens"], self._per_chunk(f))
         return hashes, [self._chunk_keys(ks, salt, h) for h in hashes]
 
     def query(self, f: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +226,7 @@ class CacheService:
     def set_pinned(self, f: dict[str, Any], pinned: bool) -> dict[str, Any]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
         changed = 0
-        for h in self._hashes(f["tokens"]):
+        for h in self._hashes(f["tokens"], self._per_chunk(f)):
             for key in self._chunk_keys(ks, salt, h):
                 changed += self.l1.set_pinned(key, pinned)
         return {"objects": changed}
@@ -212,7 +241,11 @@ class CacheService:
             if fp not in self.object_sizes:
                 raise _fail(ErrorCode.LAYOUT_MISMATCH, f"layout {fp} is not registered by any engine")
             sizes.append(self.object_sizes[fp])
-        hashes = self._hashes(f["tokens"])
+        hashes = self._hashes(f["tokens"], len(ks[2]))
+        if len(self.table.stores) >= MAX_STORES:
+            self.expire()
+        if len(self.table.stores) >= MAX_STORES:
+            raise _fail(ErrorCode.TOO_MANY, f"{MAX_STORES} stores are in flight; commit or abort some first")
         start = f.get("start_chunk", 0)
         if start > len(hashes):
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
@@ -310,6 +343,7 @@ class CacheService:
         session = self.table.sessions.pop(session_id, None)
         if session is None:
             return False
+        self.session_objects -= len(session.hashes) + len(session.leased)
         for key in session.leased:
             self.l1.unlease(key)
         return True
@@ -329,6 +363,7 @@ class CacheService:
     def expire(self, now: float | None = None) -> None:
         sessions, stores = self.table.expired(now)
         for s in sessions:
+            self.session_objects -= len(s.hashes) + len(s.leased)
             for key in s.leased:
                 self.l1.unlease(key)
         for t in stores:

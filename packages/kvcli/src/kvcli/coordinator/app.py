@@ -26,7 +26,7 @@ from .models import LookupBody, Registration, Stats
 from .registry import Registry, RegistryFull
 from .security import Guard
 
-MAX_BODY_BYTES = 32 << 20
+MAX_BODY_BYTES = 8 << 20  # 1M tokens as a JSON list
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Bearer-token checks for the admin API.
 
-Health probes are always open. Read-only endpoints are open while the API listens on loopback;
-once it listens on a network address (which needs a token or `--insecure`), they need the token too.
-Mutating endpoints need the token whenever one is configured.
+Health probes are always open. Status and metrics (aggregates, no cache contents) are open while
+the API listens on loopback; beyond loopback they need the token too. Key queries (they reveal what
+is cached) and mutations need the server's token always: the configured one, or the one generated
+into the default 0600 token file.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ def check_bearer(request: Request, token: str | None) -> None:
 class Guard:
     """FastAPI dependencies for the two access levels, bound to one server's config."""
 
-    def __init__(self, config: ServerConfig) -> None:
-        self.token = config.api_token
-        self.read_token = None if is_loopback(config.http_host) else config.api_token
+    def __init__(self, config: ServerConfig, token: str) -> None:
+        self.token = token
+        self.read_token = None if is_loopback(config.http_host) else token
 
     def read(self, request: Request) -> None:
         check_bearer(request, self.read_token)
