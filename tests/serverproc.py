@@ -11,7 +11,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvprotocol import Client, KVProtocolError, is_loopback
+import httpx
+
+from kvprotocol import Client, KVProtocolError, is_loopback, resolve_token
 
 BIN = Path(sys.executable).parent
 
@@ -113,6 +115,12 @@ class ServerProc(ManagedProcess):
     def server_key(self) -> str | None:
         """The server's CURVE public key, which clients of a CURVE server must be given."""
         return self._pub_path().read_text().strip() if self.curve else None
+
+    def http(self, timeout: float = 5.0) -> httpx.Client:
+        """An admin API client with this server's token (configured, or from its default file)."""
+        token = resolve_token(self.token, self.http_url)
+        return httpx.Client(base_url=self.http_url, timeout=timeout,
+                            headers={"Authorization": f"Bearer {token}"} if token else {})
 
     def client(self, timeout: float = 5.0) -> Client:
         return Client(self.url, timeout=timeout, token=self.token, server_key=self.server_key)
