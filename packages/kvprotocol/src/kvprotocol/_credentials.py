@@ -126,7 +126,10 @@ def default_token(url: str) -> str | None:
     if not parsed.hostname or not is_loopback(parsed.hostname) or parsed.port is None:
         return None
     path = token_path(parsed.port)
-    if not path.exists():
+    try:
+        if not path.exists():
+            return None
+    except OSError:  # e.g. another user's state directory: not ours to read
         return None
     owner = listener_uid(parsed.port)
     if owner is not None and owner != os.getuid():
