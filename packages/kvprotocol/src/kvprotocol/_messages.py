@@ -17,8 +17,8 @@ from ._keys import MAX_GROUPS, MAX_WORLD_SIZE, validate_fingerprint, validate_mo
 from ._layout import LayoutDescriptor
 
 PROTOCOL_VERSION = 1
-MAX_HEADER_BYTES = 4 << 20  # the msgpack header frame; object bytes travel in their own frames
 MAX_TOKENS = 1 << 20  # tokens in one request (4 MiB packed)
+MAX_HEADER_BYTES = 4 * MAX_TOKENS + (64 << 10)  # the msgpack header: MAX_TOKENS plus the other fields
 MAX_CHUNKS = 1 << 14
 MAX_ID = (1 << 63) - 1
 MAX_KEYS = 1 << 16  # objects one request may name (chunks x world_size x groups): bounds its work

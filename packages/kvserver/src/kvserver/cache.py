@@ -197,9 +197,10 @@ class CacheService:
 
     def _query(self, f: dict[str, Any]) -> tuple[dict[str, Any], list[list[IKey]]]:
         hashes, per_chunk = self._query_keys(f)
-        chunks = [{"hash": h.hex(), "l1": sum(self.l1.ready(k) is not None for k in keys), "objects": len(keys)}
+        ready = self.l1.ready
+        chunks = [{"hash": h.hex(), "l1": sum(1 for k in keys if ready(k) is not None), "objects": len(keys)}
                   for h, keys in zip(hashes, per_chunk)]
-        hit = self._prefix_hits(self._ks(f["keyspace"]), f.get("salt", ""), hashes)
+        hit = next((i for i, ch in enumerate(chunks) if ch["l1"] < ch["objects"]), len(chunks))  # one walk
         result = {"chunks": chunks, "prefix_tokens": hit * self.chunk_size, "chunk_size": self.chunk_size}
         return result, per_chunk
 
