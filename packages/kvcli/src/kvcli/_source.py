@@ -6,7 +6,6 @@ probe the TCP port: "connection refused" and "timeout" are different problems fo
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from typing import Any

@@ -198,9 +198,9 @@ class CacheService:
     def _query(self, f: dict[str, Any]) -> tuple[dict[str, Any], list[list[IKey]]]:
         hashes, per_chunk = self._query_keys(f)
         ready = self.l1.ready
-        chunks = [{"hash": h.hex(), "l1": sum(1 for k in keys if ready(k) is not None), "objects": len(keys)}
-                  for h, keys in zip(hashes, per_chunk)]
-        hit = next((i for i, ch in enumerate(chunks) if ch["l1"] < ch["objects"]), len(chunks))  # one walk
+        present = [sum(1 for k in keys if ready(k) is not None) for keys in per_chunk]
+        chunks = [{"hash": h.hex(), "l1": n, "objects": len(keys)} for h, n, keys in zip(hashes, present, per_chunk)]
+        hit = next((i for i, (n, keys) in enumerate(zip(present, per_chunk)) if n < len(keys)), len(chunks))
         result = {"chunks": chunks, "prefix_tokens": hit * self.chunk_size, "chunk_size": self.chunk_size}
         return result, per_chunk
 
