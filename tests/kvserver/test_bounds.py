@@ -180,3 +180,18 @@ def test_http_bodies_are_capped_before_parsing(srv) -> None:
     assert declared.status_code == 413 and declared.json()["error"]["code"] == "TOO_LARGE"
     assert streamed.status_code == 413
     assert worst < GENEROUS_S
+
+
+def test_unauthenticated_http_bodies_are_refused_before_parsing(srv) -> None:
+    """FastAPI parses a body before its dependencies run: the token is checked before that."""
+    body = b'{"model": "m", "world_size": 1, "groups": ["0123456789abcdef"], "tokens": [' + \
+        b"1234567," * ((7 << 20) // 8) + b"1]}"  # just under the 8 MiB cap
+    with PingWatch(srv.url) as watch, httpx.Client(base_url=srv.http_url, timeout=30) as h:
+        t0 = time.perf_counter()
+        anon = h.post("/v1/query", content=body, headers={"Content-Type": "application/json"})
+        took = time.perf_counter() - t0
+    worst = max(watch.latencies)
+    print(f"unauthenticated 7 MiB query body: refused in {took * 1000:.1f} ms; concurrent ping worst "
+          f"{worst * 1000:.1f} ms")
+    assert anon.status_code == 401 and anon.json()["error"]["code"] == "UNAUTHORIZED"
+    assert worst < GENEROUS_S

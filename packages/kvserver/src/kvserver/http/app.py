@@ -19,11 +19,12 @@ from .errors import install_error_handlers
 from .limits import RequestLimits
 from .metrics import ServerMetrics
 from .models import PinBody, QueryBody
-from .security import Guard
+from .security import BearerGate, Guard
 
 if TYPE_CHECKING:
     from ..server import KVServer
 
+KEY_PATHS = frozenset({"/v1/query", "/v1/clear", "/v1/pin", "/v1/unpin"})  # token checked before the body
 MAX_BODY_BYTES = 8 << 20  # 1M tokens of up to 7 digits as a JSON list; refused before parsing beyond
 
 
@@ -40,6 +41,7 @@ def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAP
     app = FastAPI(title="kvserver admin API", version=kvprotocol.__version__,
                   description="Health, status, metrics and key management of one kvserver.")
     install_error_handlers(app)
+    app.add_middleware(BearerGate, token=server.auth.token, paths=KEY_PATHS)
     app.add_middleware(RequestLimits, max_body=MAX_BODY_BYTES, counter=metrics.http_requests)
     read, write = [Depends(guard.read)], [Depends(guard.write)]
 

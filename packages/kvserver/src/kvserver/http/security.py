@@ -9,11 +9,12 @@ into the default 0600 token file.
 from __future__ import annotations
 
 from fastapi import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvprotocol import bearer_refusal, is_loopback
 
 from ..config import ServerConfig
-from .errors import ApiError
+from .errors import ApiError, error_response
 
 
 def check_bearer(request: Request, token: str | None) -> None:
@@ -34,3 +35,25 @@ class Guard:
 
     def write(self, request: Request) -> None:
         check_bearer(request, self.token)
+
+
+class BearerGate:
+    """ASGI middleware: refuse a key endpoint without the token before its body is read.
+
+    FastAPI parses a request's JSON body before it runs dependencies, so the `Guard` alone would let
+    an unauthenticated client make the server parse megabytes of JSON on its loop first.
+    """
+
+    def __init__(self, app: ASGIApp, token: str, paths: frozenset[str]) -> None:
+        self.app, self.token, self.paths = app, token, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") in self.paths:
+            header = dict(scope.get("headers") or []).get(b"authorization")
+            refusal = bearer_refusal(header.decode("latin-1") if header else None, self.token)
+            if refusal is not None:
+                status, code, message = refusal
+                headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+                await error_response(status, code, message, headers)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
