@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+import httpx
 import pytest
 
 from coordproc import wait_for
@@ -43,3 +44,14 @@ def test_fleet_token_goes_only_to_trusted_hosts(server_factory, coordinator_fact
         assert row["reachable"] is True and row["status"]["config"]["api_token"] == "<set>"
     else:  # asked without credentials: the instance refuses, the token never left the coordinator
         assert row["reachable"] is False and "HTTP 401" in row["error"]
+
+
+def test_coordinator_reads_its_token_from_a_file(coordinator_factory, tmp_path) -> None:
+    path = tmp_path / "fleet-token"
+    path.write_text(TOKEN + "\n")
+    coord = coordinator_factory("--api-token-file", str(path))
+    body = {"zmq_url": "tcp://127.0.0.1:1", "http_url": None, "l1_capacity_bytes": 1, "version": "0",
+            "heartbeat_interval": 1.0}
+    assert httpx.post(f"{coord.url}/v1/instances", json=body, timeout=5).status_code == 401
+    ok = httpx.post(f"{coord.url}/v1/instances", json=body, timeout=5, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert ok.status_code == 201, ok.text
