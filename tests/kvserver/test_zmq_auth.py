@@ -34,6 +34,10 @@ def test_default_token_is_generated_private_and_found_by_same_user_clients(serve
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert (state / f"token-{srv.http_port}").read_text() == token_file.read_text()
     assert str(token_file) in srv.log()  # the banner says where clients find it
+    busy = subprocess.run([str(BIN / "kvserver"), "start", "--port", str(srv.port), "--http-port", "0",
+                           "--api-token", "another-token"], capture_output=True, text=True, timeout=30)
+    assert busy.returncode != 0  # a server that cannot bind the port never overwrites its owner's file
+    assert token_file.read_text() != "another-token"
     with Client(srv.url, timeout=5) as same_user:  # zero configuration: reads the default file
         register(same_user)
         assert same_user.call("clear").result == {"removed": 0}
@@ -66,6 +70,8 @@ def test_configured_token_is_enforced_on_loopback_zmq_and_http(server_factory, m
         described = good.call("describe").result
         assert described["config"]["api_token"] == "<set>" and TOKEN not in str(described)
         assert described["errors"]["UNAUTHORIZED"] == 2
+    with Client(srv.url, timeout=5) as same_user:  # the server published its configured token too
+        assert same_user.call("clear").result == {"removed": 0}
     monkeypatch.setenv("KVSERVER_API_TOKEN", TOKEN)  # the one variable every client reads
     with Client(srv.url, timeout=5) as from_env:
         assert from_env.call("clear").result == {"removed": 0}

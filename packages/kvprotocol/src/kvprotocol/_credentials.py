@@ -1,7 +1,8 @@
 """Where credentials live and how every client finds them without configuration.
 
-A server with no configured token generates one at first start into `<state dir>/token-<port>`
-(0600, in a 0700 directory of the server's user), for its ZMQ port and its HTTP port. A client of
+A server with no configured token generates one at first start; it writes its token (generated or
+configured) into `<state dir>/token-<port>` (0600, in a 0700 directory of the server's user) for its
+ZMQ port and its HTTP port once each is bound. A client of
 the same OS user reads it automatically for a loopback URL; a process of another user cannot. The
 server's CURVE key pair lives next to it (`curve-<port>.key`, `curve-<port>.pub`).
 
@@ -88,20 +89,35 @@ def token_path(port: int) -> Path:
     return state_dir() / f"token-{port}"
 
 
-def ensure_default_token(ports: list[int]) -> str:
-    """The token in the first port's default file (created if absent), copied to the other ports' files."""
-    private_dir(state_dir())
-    first = token_path(ports[0])
+def load_or_new_token(port: int) -> str:
+    """The token in the port's default file (a restart keeps it), else a new random one (not written yet)."""
+    path = token_path(port)
     try:
-        token = read_private(first)
+        return read_private(path)
     except CredentialError:
-        if first.exists() and first.stat().st_uid != os.getuid():
-            raise
-        token = secrets.token_urlsafe(32)
-        write_private(first, token)
-    for port in ports[1:]:
-        write_private(token_path(port), token)
-    return token
+        try:
+            if path.exists() and path.stat().st_uid != os.getuid():
+                raise
+        except OSError as exc:
+            raise CredentialError(f"cannot use {path}: {exc.strerror or exc}") from exc
+        return secrets.token_urlsafe(32)
+
+
+def publish_token(ports: list[int], token: str) -> None:
+    """Write the token into each port's default file (0600, in the 0700 state directory).
+
+    Called once a port is bound, so a server that fails to start never overwrites the file of the
+    server that owns the port.
+    """
+    private_dir(state_dir())
+    for port in ports:
+        path = token_path(port)
+        try:
+            if read_private(path) == token:
+                continue
+        except CredentialError:
+            pass
+        write_private(path, token)
 
 
 def listener_uid(port: int) -> int | None:

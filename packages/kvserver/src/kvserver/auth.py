@@ -2,8 +2,8 @@
 
 Every ZMQ op but ping and every HTTP endpoint but the probes, status and metrics needs the token,
 on loopback too: with the default configuration a process of another OS user can neither read nor
-write KV, pin nor clear. Same-user clients find the generated token in a 0600 file (see
-kvprotocol._credentials). Beyond loopback the ZMQ plane is also encrypted with CURVE.
+write KV, pin nor clear. Same-user clients find the token (generated or configured) in a 0600 file
+the server writes once its ports are bound (see kvprotocol._credentials). Beyond loopback the ZMQ plane is also encrypted with CURVE.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import zmq
 
 from kvprotocol import is_loopback, tokens_equal
-from kvprotocol._credentials import curve_paths, ensure_default_token, ensure_server_keypair, token_path
+from kvprotocol._credentials import curve_paths, ensure_server_keypair, load_or_new_token, publish_token, token_path
 
 from .config import ServerConfig
 
@@ -24,12 +24,15 @@ log = logging.getLogger("kvserver")
 class ServerAuth:
     def __init__(self, config: ServerConfig) -> None:
         self.generated = config.api_token is None
-        ports = [p for p in (config.port, config.http_port) if p]
-        self.token: str = config.api_token or ensure_default_token(ports)
-        self.token_file: Path | None = token_path(config.port) if self.generated else None
+        self.token: str = config.api_token or load_or_new_token(config.port)
+        self.token_file: Path = token_path(config.port)
         self.curve = config.curve if config.curve is not None else not is_loopback(config.host)
         self.public_key_file: Path | None = curve_paths(config.port)[1] if self.curve else None
         self._keys = ensure_server_keypair(config.port) if self.curve else None
+
+    def publish(self, port: int) -> None:
+        """Write the token for a port this server has bound, for same-user clients to find."""
+        publish_token([port], self.token)
 
     def secure(self, sock: zmq.Socket) -> None:  # type: ignore[type-arg]
         """Make a ROUTER socket a CURVE server (before it binds) when CURVE is on."""
@@ -49,7 +52,7 @@ class ServerAuth:
 
     def describe(self) -> str:
         """One line for the start banner: where clients find the credentials."""
-        parts = [f"token={self.token_file}" if self.token_file else "token=configured"]
+        parts = [f"token={self.token_file}" + ("" if self.generated else " (configured)")]
         if self.public_key_file is not None:
             parts.append(f"curve-key={self.public_key_file}")
         return " ".join(parts)

@@ -73,6 +73,7 @@ class KVServer:
         self.auth.secure(self._sock)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._sock.bind(config.zmq_url)
+        self.auth.publish(config.port)  # only once the port is ours
         self.handlers: dict[str, Handler] = self._builtin_handlers()
         if self.l2 is not None:
             self.cache.l2 = self.l2
@@ -86,6 +87,7 @@ class KVServer:
 
             try:
                 self.http = HttpService(self)
+                self.auth.publish(self.http.port)
             except Exception:
                 self.close()
                 raise
