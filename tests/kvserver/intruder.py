@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import httpx
 
@@ -30,8 +31,8 @@ def main() -> None:
     url, http_url, arena, token_file, ks_json, tokens_hex = sys.argv[1:7]
     ks, tokens = json.loads(ks_json), bytes.fromhex(tokens_hex)
     out: dict[str, str] = {}
-    out["read_token_file"] = attempt(lambda: open(token_file).read())
-    out["open_arena"] = attempt(lambda: open(f"/dev/shm/{arena}", "rb").read(1))
+    out["read_token_file"] = attempt(lambda: Path(token_file).read_text())
+    out["open_arena"] = attempt(lambda: Path(f"/dev/shm/{arena}").read_bytes())
     keys = {"keyspace": ks, "tokens": tokens, "salt": "victim"}
     with Client(url, timeout=5) as c:  # finds no token: none in its env, the owner's file is unreadable
         out["ping"] = attempt(lambda: c.call("ping"))

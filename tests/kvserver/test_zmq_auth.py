@@ -35,7 +35,7 @@ def test_default_token_is_generated_private_and_found_by_same_user_clients(serve
     assert (state / f"token-{srv.http_port}").read_text() == token_file.read_text()
     assert str(token_file) in srv.log()  # the banner says where clients find it
     busy = subprocess.run([str(BIN / "kvserver"), "start", "--port", str(srv.port), "--http-port", "0",
-                           "--api-token", "another-token"], capture_output=True, text=True, timeout=30)
+                           "--api-token", "another-token"], capture_output=True, text=True, check=False, timeout=30)
     assert busy.returncode != 0  # a server that cannot bind the port never overwrites its owner's file
     assert token_file.read_text() != "another-token"
     with Client(srv.url, timeout=5) as same_user:  # zero configuration: reads the default file
@@ -97,9 +97,8 @@ def test_beyond_loopback_curve_is_on_and_a_client_without_the_key_gets_nothing(s
         with pytest.raises(RequestTimeout):
             plain.call("ping")
     wrong_key = zmq.curve_keypair()[0].decode()
-    with Client(srv.url, timeout=1, token=TOKEN, server_key=wrong_key) as wrong:
-        with pytest.raises(RequestTimeout):
-            wrong.call("ping")
+    with Client(srv.url, timeout=1, token=TOKEN, server_key=wrong_key) as wrong, pytest.raises(RequestTimeout):
+        wrong.call("ping")
     with Client(srv.url, timeout=5, token="bad", server_key=srv.server_key) as no_token:  # CURVE and token
         assert no_token.call("ping").result["protocol"] == PROTOCOL_VERSION
         assert _refused(no_token, "describe") == "UNAUTHORIZED"
@@ -118,15 +117,14 @@ def test_curve_on_loopback_carries_kv(server_factory):
         toks = list(range(512))
         store(c, ks, toks, lambda ch, g: bytes([ch]) * tiny_layout().object_bytes)
         assert lookup(c, ks, toks) == 512
-    with Client(srv.url, timeout=1) as plain:
-        with pytest.raises(RequestTimeout):
-            plain.call("ping")
+    with Client(srv.url, timeout=1) as plain, pytest.raises(RequestTimeout):
+        plain.call("ping")
 
 
 def test_no_curve_beyond_loopback_needs_insecure():
     cmd = [str(BIN / "kvserver"), "start", "--port", str(free_port()), "--http-port", "0", "--host", "0.0.0.0",
            "--api-token", TOKEN, "--no-curve"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=30)
     assert done.returncode == 2 and "without CURVE" in done.stderr
 
 
