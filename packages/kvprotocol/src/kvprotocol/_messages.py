@@ -17,10 +17,11 @@ from ._keys import MAX_GROUPS, MAX_WORLD_SIZE, validate_fingerprint, validate_mo
 from ._layout import LayoutDescriptor
 
 PROTOCOL_VERSION = 1
-MAX_HEADER_BYTES = 4 << 20  # the msgpack header frame; object bytes travel in their own frames
 MAX_TOKENS = 1 << 20  # tokens in one request (4 MiB packed)
+MAX_HEADER_BYTES = 4 * MAX_TOKENS + (64 << 10)  # the msgpack header: MAX_TOKENS plus the other fields
 MAX_CHUNKS = 1 << 14
 MAX_ID = (1 << 63) - 1
+MAX_KEYS = 1 << 16  # objects one request may name (chunks x world_size x groups): bounds its work
 MODES = ("shm", "tcp")
 
 
@@ -70,9 +71,12 @@ def _keyspace(v: Any) -> dict[str, Any]:
     groups = v["groups"]
     if not isinstance(groups, list) or not 1 <= len(groups) <= MAX_GROUPS:
         raise ValidationError(ErrorCode.BAD_FIELD, f"groups must be a list of 1-{MAX_GROUPS} fingerprints")
+    world = _int(1, MAX_WORLD_SIZE)(v["world_size"])
+    if world * len(groups) > MAX_KEYS:
+        raise ValidationError(ErrorCode.TOO_LARGE, f"world_size x groups over {MAX_KEYS} objects per chunk")
     return {
         "model": validate_model(v["model"]),
-        "world_size": _int(1, MAX_WORLD_SIZE)(v["world_size"]),
+        "world_size": world,
         "groups": [validate_fingerprint(g) for g in groups],
     }
 
