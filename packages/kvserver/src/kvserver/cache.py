@@ -90,8 +90,16 @@ class CacheService:
                     return i
         return len(hashes)
 
-    def _hashes(self, tokens: bytes) -> list[bytes]:
-        return chunk_hashes(tokens, self.chunk_size)
+    def _hashes(self, f: dict[str, Any]) -> list[bytes]:
+        """The request's chunk hashes, its per-chunk extra keys folded in (kvprotocol's one definition).
+
+        Runs before a handler changes anything, so an extra key beyond the last full chunk is refused
+        with OUT_OF_RANGE and no effect.
+        """
+        try:
+            return chunk_hashes(f["tokens"], self.chunk_size, f.get("extra", ()))
+        except IndexError as exc:
+            raise _fail(ErrorCode.OUT_OF_RANGE, str(exc)) from None
 
     # -- engines -------------------------------------------------------------------------------
     def register_engine(self, f: dict[str, Any], engine_id: str) -> dict[str, Any]:
@@ -126,7 +134,7 @@ class CacheService:
     # -- lookup / query --------------------------------------------------------------------------
     def lookup(self, f: dict[str, Any], hashes: list[bytes] | None = None) -> dict[str, Any]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"]) if hashes is None else hashes
+        hashes = self._hashes(f) if hashes is None else hashes
         hit = self._prefix_hits(ks, salt, hashes)
         c = self.counters
         c.lookups += 1
@@ -150,7 +158,7 @@ class CacheService:
         The answer counts only what is in L1 when the wait ends; see l2/prefetch.py.
         """
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"])
+        hashes = self._hashes(f)
         hit = self._prefix_hits(ks, salt, hashes)
         if self.l2 is not None and hit < len(hashes):
             chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
@@ -159,7 +167,7 @@ class CacheService:
 
     def _query_keys(self, f: dict[str, Any]) -> tuple[list[bytes], list[list[IKey]]]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"])
+        hashes = self._hashes(f)
         return hashes, [self._chunk_keys(ks, salt, h) for h in hashes]
 
     def query(self, f: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +205,7 @@ class CacheService:
     def set_pinned(self, f: dict[str, Any], pinned: bool) -> dict[str, Any]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
         changed = 0
-        for h in self._hashes(f["tokens"]):
+        for h in self._hashes(f):
             for key in self._chunk_keys(ks, salt, h):
                 changed += self.l1.set_pinned(key, pinned)
         return {"objects": changed}
@@ -212,7 +220,7 @@ class CacheService:
             if fp not in self.object_sizes:
                 raise _fail(ErrorCode.LAYOUT_MISMATCH, f"layout {fp} is not registered by any engine")
             sizes.append(self.object_sizes[fp])
-        hashes = self._hashes(f["tokens"])
+        hashes = self._hashes(f)
         start = f.get("start_chunk", 0)
         if start > len(hashes):
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
