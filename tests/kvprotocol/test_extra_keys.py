@@ -59,7 +59,8 @@ def _msg(extra):
 
 @pytest.mark.parametrize("extra,code", [
     ("x", ErrorCode.BAD_FIELD), ([[0, b"\x00" * 31]], ErrorCode.BAD_FIELD), ([[1, D1], [0, D2]], ErrorCode.BAD_FIELD),
-    ([[0, D1, 3]], ErrorCode.BAD_FIELD), ([[-1, D1]], ErrorCode.OUT_OF_RANGE), ([[1 << 20, D1]], ErrorCode.OUT_OF_RANGE),
+    ([[0, D1, 3]], ErrorCode.BAD_FIELD), ([[-1, D1]], ErrorCode.OUT_OF_RANGE),
+    ([[1 << 20, D1]], ErrorCode.OUT_OF_RANGE),
     ([[0, D1]] * 20000, ErrorCode.BAD_FIELD),
 ])
 def test_schema_refuses_malformed_extra(extra, code):

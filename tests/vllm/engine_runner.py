@@ -16,7 +16,9 @@ prompt + its generated tokens + append (a multi-turn chat). RESULT: {"init_s", "
 
 Optional SPEC keys: "gates": {"<batch index>": path} waits (up to 120 s) for that file before the
 batch, so a test can change the world (start a server) between two batches of one engine;
-"connector_stats": true sums, per batch, the KV connector stats that vLLM's scheduler routes into
+"force_async_scheduling": true turns vLLM's async scheduling back on after the CPU platform
+turned it off; a prompt may carry "lora": [name, int id, adapter dir]; RESULT also says
+"async_scheduling" (what the engine ran with). "connector_stats": true sums, per batch, the KV connector stats that vLLM's scheduler routes into
 its SchedulerStats (the `get_kv_connector_stats` hook) into RESULT's batches[i]["connector_stats"].
 """
 
@@ -56,8 +58,33 @@ def _wait_for(path: str, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def _force_async_scheduling() -> None:
+    """TEST ONLY: vLLM's CPU platform turns async scheduling off in check_and_update_config ("not
+    required on CPU"); turn it back on after that hook, to run the connector under async scheduling."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
+
+    def patched(cls: Any, vllm_config: Any) -> None:
+        original(cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = True
+
+    CpuPlatform.check_and_update_config = classmethod(patched)  # type: ignore[method-assign]
+
+
+def _lora(p: dict[str, Any]) -> Any:
+    if not p.get("lora"):
+        return None
+    from vllm.lora.request import LoRARequest
+
+    name, int_id, path = p["lora"]
+    return LoRARequest(name, int_id, path)
+
+
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
+    if spec.get("force_async_scheduling"):
+        _force_async_scheduling()
     from vllm import LLM, SamplingParams
 
     kwargs: dict[str, Any] = dict(
@@ -77,6 +104,7 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         kwargs["disable_log_stats"] = False
     llm = LLM(**kwargs)
     init_s = time.perf_counter() - t0
+    async_on = bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
     totals = _capture_connector_stats(llm) if spec.get("connector_stats") else None
     gates: dict[str, str] = spec.get("gates", {})
 
@@ -90,7 +118,9 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         if totals is not None:
             totals.clear()
         prompts = []
+        loras = []
         for p in batch:
+            loras.append(_lora(p))
             if "extend" in p:
                 b, i = p["extend"]
                 ids = sent[b][i] + batches[b]["requests"][i]["token_ids"] + list(p.get("append", []))
@@ -101,7 +131,8 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
                 prompt["cache_salt"] = p["cache_salt"]
             prompts.append(prompt)
         t = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        lora_arg = loras if any(x is not None for x in loras) else None
+        outs = llm.generate(prompts, params, use_tqdm=False, lora_request=lora_arg)
         wall = time.perf_counter() - t
         requests = []
         sent.append([pr["prompt_token_ids"] for pr in prompts])
@@ -115,7 +146,7 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         batches.append({"wall_s": wall, "requests": requests})
         if totals is not None:
             batches[-1]["connector_stats"] = dict(totals)
-    return {"init_s": init_s, "batches": batches}
+    return {"init_s": init_s, "batches": batches, "async_scheduling": async_on}
 
 
 def main(argv: list[str]) -> int:

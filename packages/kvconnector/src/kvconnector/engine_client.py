@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-from kvprotocol import (ErrorCode, ExtraKeys, LayoutDescriptor, RequestTimeout, ServerError, ValidationError, validate_model,
-                        validate_salt)
+from kvprotocol import (ErrorCode, ExtraKeys, LayoutDescriptor, RequestTimeout, ServerError, ValidationError,
+                        validate_model, validate_salt)
 
 from . import _ops
 from ._link import ArenaChanged, Deadline, EngineLink, Unavailable

@@ -5,7 +5,8 @@ Never imports torch: it runs on hosts with no GPU.
 
 from ._client import DEFAULT_TIMEOUT, AsyncClient, Client, Reply
 from ._errors import ErrorCode, KVProtocolError, RequestTimeout, ServerError, ValidationError
-from ._hashing import EXTRA_DIGEST_BYTES, ZERO_HASH, ExtraKeys, check_extra, chunk_hashes, pack_tokens, unpack_tokens
+from ._hashing import (EXTRA_DIGEST_BYTES, ZERO_HASH, ExtraKeys, check_extra, chunk_hashes, pack_tokens,
+                       unpack_tokens)
 from ._keys import ObjectKey, validate_model, validate_salt
 from ._layout import DTYPES, LAYOUT_TAGS, LayoutDescriptor
 from ._messages import MAX_TOKENS, PROTOCOL_VERSION, SCHEMA, validate_request
@@ -16,8 +17,9 @@ from ._security import (bearer_matches, bearer_refusal, exposure_refusal, is_loo
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "DTYPES", "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra", "LAYOUT_TAGS", "MAX_TOKENS", "PROTOCOL_VERSION", "SCHEMA", "ZERO_HASH",
+    "DEFAULT_TIMEOUT", "DTYPES", "LAYOUT_TAGS", "MAX_TOKENS", "PROTOCOL_VERSION", "SCHEMA", "ZERO_HASH",
     "AsyncClient", "Client", "bearer_matches", "bearer_refusal", "exposure_refusal", "listen_socket", "is_loopback", "tokens_equal", "ErrorCode", "KVProtocolError", "KeySpace", "LayoutDescriptor", "ObjectKey",
     "Reply", "RequestTimeout", "ServerError", "ValidationError", "chunk_hashes", "pack_tokens",
     "unpack_tokens", "validate_model", "validate_request", "validate_salt",
+    "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra",
 ]
