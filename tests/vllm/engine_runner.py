@@ -17,7 +17,8 @@ prompt + its generated tokens + append (a multi-turn chat). RESULT: {"init_s", "
 Optional SPEC keys: "gates": {"<batch index>": path} waits (up to 120 s) for that file before the
 batch, so a test can change the world (start a server) between two batches of one engine;
 "force_async_scheduling": true turns vLLM's async scheduling back on after the CPU platform
-turned it off; a prompt may carry "lora": [name, int id, adapter dir]; RESULT also says
+turned it off; a prompt may carry "lora": [name, int id, adapter dir], or be {"text", "image_seed"}
+for the tiny_vlm model; RESULT also says
 "async_scheduling" (what the engine ran with). "connector_stats": true sums, per batch, the KV connector stats that vLLM's scheduler routes into
 its SchedulerStats (the `get_kv_connector_stats` hook) into RESULT's batches[i]["connector_stats"].
 """
@@ -82,6 +83,7 @@ def _lora(p: dict[str, Any]) -> Any:
 
 
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tiny_vlm
     t0 = time.perf_counter()
     if spec.get("force_async_scheduling"):
         _force_async_scheduling()
@@ -124,6 +126,11 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
             if "extend" in p:
                 b, i = p["extend"]
                 ids = sent[b][i] + batches[b]["requests"][i]["token_ids"] + list(p.get("append", []))
+            elif "text" in p:  # a tiny_vlm prompt: text with one <image>, the image drawn from a seed
+                from tiny_vlm import image
+
+                prompts.append({"prompt": p["text"], "multi_modal_data": {"image": image(p["image_seed"])}})
+                continue
             else:
                 ids = list(p["prompt_token_ids"])
             prompt: dict[str, Any] = {"prompt_token_ids": ids}
@@ -135,10 +142,10 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         outs = llm.generate(prompts, params, use_tqdm=False, lora_request=lora_arg)
         wall = time.perf_counter() - t
         requests = []
-        sent.append([pr["prompt_token_ids"] for pr in prompts])
-        for pr, out in zip(prompts, outs, strict=True):
+        sent.append([list(out.prompt_token_ids) for out in outs])
+        for out in outs:
             requests.append({
-                "prompt_len": len(pr["prompt_token_ids"]),
+                "prompt_len": len(out.prompt_token_ids),
                 "token_ids": list(out.outputs[0].token_ids),
                 "num_cached_tokens": out.num_cached_tokens,
                 "kv_transfer_params": out.kv_transfer_params,

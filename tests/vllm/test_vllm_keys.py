@@ -47,3 +47,27 @@ def test_lora_adapters_never_share_kv_and_reuse_their_own(model_dir: Path, kvser
     assert got_a.connector_loaded_tokens == 512 and got_a.token_ids == want_a
     assert plain.kv_transfer_params["kvserver"]["hit_tokens"] == 0  # no adapter: neither one's KV
     assert plain.token_ids == reference.batches[0].requests[0].token_ids
+
+
+def test_weights_updated_in_place_are_another_model(kvserver_factory: ServerFactory, tmp_path: Path) -> None:
+    """Same path, same served name, new weights (a persistent cache would otherwise serve stale KV)."""
+    from vllm_harness import build_model
+
+    path = tmp_path / "model"
+    build_model(path, {"seed": 1})
+    server = kvserver_factory()
+    kv = kv_config(server.url)
+    old = run_engine(path, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
+    assert old.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 512
+    build_model(path, {"seed": 2})  # overwrites the safetensors file: same names, sizes and header
+    new = run_engine(path, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
+    r = new.requests[0]
+    assert r.kv_transfer_params["kvserver"]["hit_tokens"] == 0 and r.connector_loaded_tokens == 0
+    assert r.token_ids != old.requests[0].token_ids  # the weights really changed
+    assert _model_key(new) != _model_key(old)
+
+
+def _model_key(run: EngineRun) -> str:
+    keys = {line.split("model key ", 1)[1].split()[0] for line in run.log.splitlines() if "model key " in line}
+    assert len(keys) == 1, keys  # the scheduler's and the worker's agree
+    return keys.pop()

@@ -85,6 +85,15 @@ def build_adapter(out_dir: Path, base_dir: Path, seed: int, timeout: float = 300
     return Path(out_dir)
 
 
+def build_vlm(out_dir: Path, timeout: float = 300) -> Path:
+    """Build the tiny Idefics3 of tiny_vlm.py with the .venv-vllm interpreter."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tiny_vlm import build_idefics3; "
+            "build_idefics3(sys.argv[2])")
+    subprocess.run([str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir)],
+                   check=True, capture_output=True, timeout=timeout, env=engine_env(Path(out_dir).parent / "vllm-cache"))
+    return Path(out_dir)
+
+
 def prompt(tokens: list[int], cache_salt: str | None = None,
            lora: tuple[str, int, str] | None = None) -> dict[str, Any]:
     """A token-id prompt; lora = (adapter name, int id, adapter directory) runs it with that adapter."""
