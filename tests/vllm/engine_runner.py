@@ -17,9 +17,9 @@ prompt + its generated tokens + append (a multi-turn chat). RESULT: {"init_s", "
 Optional SPEC keys: "gates": {"<batch index>": path} waits (up to 120 s) for that file before the
 batch, so a test can change the world (start a server) between two batches of one engine;
 "force_async_scheduling": true turns vLLM's async scheduling back on after the CPU platform
-turned it off; a prompt may carry "lora": [name, int id, adapter dir], or be {"text", "image_seed"}
-for the tiny_vlm model; RESULT also says
-"async_scheduling" (what the engine ran with). "connector_stats": true sums, per batch, the KV connector stats that vLLM's scheduler routes into
+turned it off (RESULT's "async_scheduling" says what the engine ran with); a prompt may carry
+"lora": [name, int id, adapter dir], or be {"text", "image_seed"} for the tiny_vlm model;
+"connector_stats": true sums, per batch, the KV connector stats that vLLM's scheduler routes into
 its SchedulerStats (the `get_kv_connector_stats` hook) into RESULT's batches[i]["connector_stats"].
 """
 

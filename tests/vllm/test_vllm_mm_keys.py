@@ -2,7 +2,7 @@
 Request, MultiModalFeatureSpec, PlaceholderRange, LoRARequest), checked against vLLM's own
 per-block extra keys (`generate_block_hash_extra_keys`) over the same token ranges.
 
-Why not a multimodal engine: see docs/vllm.md ("Multimodal requests").
+A real multimodal engine runs in test_vllm_multimodal.py; this checks the derivation case by case.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def test_images_behind_the_same_placeholders_never_share_kv(vlm_dir: Path, kvser
     server = kvserver_factory("--chunk-size", "64")
     run = run_engine(vlm_dir, [[a], [b], [a], [b]], max_tokens=MAX_TOKENS,
                      kv_transfer_config=kv_config(server.url, chunk_size=64), llm_kwargs=VLM)
-    first_a, first_b, again_a, again_b = run.requests
+    _, first_b, again_a, again_b = run.requests
     kv = [r.kv_transfer_params["kvserver"] for r in run.requests]
     assert kv[0]["hit_tokens"] == 0 and kv[0]["stored_tokens"] == 128
     assert kv[1]["hit_tokens"] == 64  # the text-only chunk 0 is shared; the image's chunk is not

@@ -90,7 +90,8 @@ def build_vlm(out_dir: Path, timeout: float = 300) -> Path:
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from tiny_vlm import build_idefics3; "
             "build_idefics3(sys.argv[2])")
     subprocess.run([str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir)],
-                   check=True, capture_output=True, timeout=timeout, env=engine_env(Path(out_dir).parent / "vllm-cache"))
+                   check=True, capture_output=True, timeout=timeout,
+                   env=engine_env(Path(out_dir).parent / "vllm-cache"))
     return Path(out_dir)
 
 
