@@ -70,4 +70,4 @@ def test_schema_refuses_malformed_extra(extra, code):
 
 
 def test_schema_accepts_pairs_as_lists():
-    assert validate_request(_msg([[0, D1], [3, D2]]))[2]["extra"] == [(0, D1), (3, D2)]
+    assert validate_request(_msg([[0, D1], [3, D2]]))[2].extra == [(0, D1), (3, D2)]

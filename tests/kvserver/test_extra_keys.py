@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from blake3 import blake3
 
+from kvprotocol.kvsum import kvsum64
 from kvhelpers import lookup, payload, register, retrieve
 from kvprotocol import ServerError, chunk_hashes, pack_tokens
 
@@ -17,7 +18,8 @@ def _store(c, ks, extra, seed):
     reply = c.call("store", keyspace=ks.to_wire(), tokens=pack_tokens(TOKENS), rank=0, mode="tcp",
                    extra=extra).result
     reserved = [s for s in reply["slots"] if s["status"] == "reserved"]
-    c.call("commit", frames=[payload(seed + s["chunk"], s["size"]) for s in reserved], store_id=reply["store_id"])
+    frames = [payload(seed + s["chunk"], s["size"]) for s in reserved]
+    c.call("commit", frames=frames, store_id=reply["store_id"], checksums=[kvsum64(f) for f in frames])
     return reply
 
 

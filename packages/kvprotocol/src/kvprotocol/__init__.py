@@ -13,6 +13,8 @@ from ._keys import ObjectKey, validate_model, validate_salt
 from ._layout import DTYPES, LAYOUT_TAGS, MAX_OBJECT_BYTES, LayoutDescriptor
 from ._messages import MAX_KEYS, MAX_TOKENS, PROTOCOL_VERSION, SCHEMA, validate_request
 from ._keyspace import KeySpace
+from . import _replies as replies
+from . import _requests as requests
 from ._security import (bearer_matches, bearer_refusal, exposure_refusal, is_loopback, listen_socket,
                         tokens_equal)
 
@@ -20,10 +22,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_TIMEOUT", "DTYPES", "LAYOUT_TAGS", "MAX_TOKENS", "PROTOCOL_VERSION", "SCHEMA", "ZERO_HASH",
-    "AsyncClient", "Client", "bearer_matches", "bearer_refusal", "exposure_refusal", "listen_socket", "is_loopback", "tokens_equal", "ErrorCode", "KVProtocolError", "KeySpace", "LayoutDescriptor", "ObjectKey",
+    "AsyncClient", "Client", "bearer_matches", "bearer_refusal", "exposure_refusal", "listen_socket", "is_loopback",
+    "tokens_equal", "ErrorCode", "KVProtocolError", "KeySpace", "LayoutDescriptor", "ObjectKey",
     "Reply", "RequestTimeout", "ServerError", "ValidationError", "chunk_hashes", "pack_tokens",
     "unpack_tokens", "validate_model", "validate_request", "validate_salt",
     "SERVER_KEY_ENV", "STATE_DIR_ENV", "TOKEN_ENV", "TOKEN_FILE_ENV", "CredentialError", "resolve_server_key",
     "resolve_token", "MAX_KEYS", "MAX_OBJECT_BYTES",
-    "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra",
+    "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra", "replies", "requests",
 ]

@@ -15,12 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
 from ._credentials import resolve_server_key, resolve_token
 from ._errors import KVProtocolError, RequestTimeout, ServerError
 from ._messages import PROTOCOL_VERSION, pack, unpack_header
+from ._replies import Reply_, reply_of
+from ._requests import Request
 
 Buffer = bytes | bytearray | memoryview
 DEFAULT_TIMEOUT = 5.0
@@ -52,6 +55,22 @@ def _envelope(rid: int, op: str, fields: dict[str, Any], token: str | None) -> b
     if token:
         head["auth"] = token
     return pack({**head, **fields})
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _encode(req: Request, rid: int, token: str | None) -> bytes:
+    """A typed request as its header frame: the envelope (version, id, token) is filled in here."""
+    req.v, req.id, req.auth = PROTOCOL_VERSION, rid, token or None
+    return _ENCODER.encode(req)
+
+
+def _typed(req: Request, reply: Reply) -> tuple[Reply_, list[memoryview]]:
+    try:
+        return reply_of(req, reply.result), reply.frames
+    except msgspec.ValidationError as exc:
+        raise KVProtocolError(f"{req.op_name()}: malformed reply from server: {exc}") from exc
 
 
 def _token(token: str | None, url: str) -> str | None:
@@ -95,12 +114,21 @@ class Client:
         self._lock = threading.Lock()
 
     def call(self, op: str, frames: Sequence[Buffer] = (), timeout: float | None = None, **fields: Any) -> Reply:
-        """Send one request and wait for its reply; raises ServerError, RequestTimeout."""
+        """Send one untyped request (a map of fields) and wait for its reply; raises ServerError, RequestTimeout."""
+        return self._roundtrip(op, lambda rid: _envelope(rid, op, fields, self._token), frames, timeout)
+
+    def send(self, req: Request, frames: Sequence[Buffer] = (), timeout: float | None = None
+             ) -> tuple[Reply_, list[memoryview]]:
+        """Send one typed request; returns its typed reply (kvprotocol._replies) and any data frames."""
+        reply = self._roundtrip(req.op_name(), lambda rid: _encode(req, rid, self._token), frames, timeout)
+        return _typed(req, reply)
+
+    def _roundtrip(self, op: str, header: Any, frames: Sequence[Buffer], timeout: float | None) -> Reply:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._lock:
             rid = next(self._ids)
             try:
-                self._sock.send_multipart([_envelope(rid, op, fields, self._token), *frames], copy=False, flags=zmq.NOBLOCK)
+                self._sock.send_multipart([header(rid), *frames], copy=False, flags=zmq.NOBLOCK)
             except zmq.Again as exc:
                 raise RequestTimeout(f"{op}: cannot queue request to {self.url}") from exc
             while True:
@@ -139,13 +167,22 @@ class AsyncClient:
         self._reader: asyncio.Task[None] | None = None
 
     async def call(self, op: str, frames: Sequence[Buffer] = (), timeout: float | None = None, **fields: Any) -> Reply:
+        return await self._roundtrip(op, lambda rid: _envelope(rid, op, fields, self._token), frames, timeout)
+
+    async def send(self, req: Request, frames: Sequence[Buffer] = (), timeout: float | None = None
+                   ) -> tuple[Reply_, list[memoryview]]:
+        """Send one typed request; returns its typed reply (kvprotocol._replies) and any data frames."""
+        reply = await self._roundtrip(req.op_name(), lambda rid: _encode(req, rid, self._token), frames, timeout)
+        return _typed(req, reply)
+
+    async def _roundtrip(self, op: str, header: Any, frames: Sequence[Buffer], timeout: float | None) -> Reply:
         if self._reader is None or self._reader.done():
             self._reader = asyncio.get_running_loop().create_task(self._read_loop())
         rid = next(self._ids)
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            await self._sock.send_multipart([_envelope(rid, op, fields, self._token), *frames], copy=False)
+            await self._sock.send_multipart([header(rid), *frames], copy=False)
             return await asyncio.wait_for(fut, self.timeout if timeout is None else timeout)
         except TimeoutError as exc:
             raise RequestTimeout(f"{op}: no reply from {self.url} within the timeout") from exc

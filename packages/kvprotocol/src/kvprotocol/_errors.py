@@ -45,7 +45,8 @@ class RequestTimeout(KVProtocolError):
 class ValidationError(KVProtocolError):
     """A message or value failed validation; `code` says which kind."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, rid: int = 0) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.rid = rid  # the id of the request it answers, where readable (0 otherwise)

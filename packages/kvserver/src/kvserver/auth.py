@@ -3,7 +3,8 @@
 Every ZMQ op but ping and every HTTP endpoint but the probes, status and metrics needs the token,
 on loopback too: with the default configuration a process of another OS user can neither read nor
 write KV, pin nor clear. Same-user clients find the token (generated or configured) in a 0600 file
-the server writes once its ports are bound (see kvprotocol._credentials). Beyond loopback the ZMQ plane is also encrypted with CURVE.
+the server writes once its ports are bound (see kvprotocol._credentials). Beyond loopback the ZMQ
+plane is also encrypted with CURVE.
 """
 
 from __future__ import annotations

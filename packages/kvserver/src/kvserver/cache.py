@@ -1,6 +1,6 @@
 """The cache service: lookup, store, commit, retrieve and friends over L1 and the session table.
 
-Handlers receive fields already validated by kvprotocol's schema and return (result, frames).
+Handlers receive typed requests (kvprotocol._requests Structs, already checked) and return results.
 Everything runs on the server's single event-loop thread, so no locks are needed and no operation
 ever waits on another.
 """
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
+from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve, Store
 
 from .l1 import IKey, L1Cache, State
 from .leases import Leases, rank_keys
@@ -78,10 +79,6 @@ class CacheService:
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
 
     # -- helpers -------------------------------------------------------------------------------
-    @staticmethod
-    def _ks(keyspace: dict[str, Any]) -> KeySpaceT:
-        return (keyspace["model"], keyspace["world_size"], tuple(keyspace["groups"]))
-
     def _keys(self, ks: KeySpaceT, salt: str, rank: int, chunk_hash: bytes) -> list[IKey]:
         return rank_keys(ks, salt, rank, [chunk_hash])
 
@@ -99,24 +96,24 @@ class CacheService:
                     return i
         return len(hashes)
 
-    def _hashes(self, f: dict[str, Any], per_chunk: int) -> list[bytes]:
+    def _hashes(self, f: KeysRequest, per_chunk: int) -> list[bytes]:
         """The request's chunk hashes, its per-chunk extra keys folded in (kvprotocol's one definition).
 
         Runs before a handler changes anything: a request naming more than MAX_KEYS objects is
         TOO_LARGE before any hashing, and an extra key beyond the last full chunk is OUT_OF_RANGE.
         """
-        chunks = len(f["tokens"]) // 4 // self.chunk_size
+        chunks = len(f.tokens) // 4 // self.chunk_size
         if chunks * per_chunk > MAX_KEYS:
             raise _fail(ErrorCode.TOO_LARGE, f"{chunks} chunks x {per_chunk} objects each is over "
                                              f"{MAX_KEYS} objects per request")
         try:
-            return chunk_hashes(f["tokens"], self.chunk_size, f.get("extra", ()))
+            return chunk_hashes(f.tokens, self.chunk_size, f.extra or ())
         except IndexError as exc:
             raise _fail(ErrorCode.OUT_OF_RANGE, str(exc)) from None
 
     @staticmethod
-    def _per_chunk(f: dict[str, Any]) -> int:
-        return int(f["keyspace"]["world_size"]) * len(f["keyspace"]["groups"])
+    def _per_chunk(f: KeysRequest) -> int:
+        return f.keyspace.per_chunk
 
     def _admit_session(self, session_id: str, objects: int) -> None:
         """Refuse a new session past the per-server caps (after sweeping expired ones)."""
@@ -130,23 +127,25 @@ class CacheService:
             raise _fail(ErrorCode.TOO_MANY, "live sessions hold too many objects; end some first")
 
     # -- engines -------------------------------------------------------------------------------
-    def register_engine(self, f: dict[str, Any], engine_id: str) -> dict[str, Any]:
-        for layout in f["groups"]:
+    def register_engine(self, f: RegisterEngine, engine_id: str) -> dict[str, Any]:
+        layouts = f.layouts()
+        for layout in layouts:
             if layout.chunk_size != self.chunk_size:
                 raise _fail(ErrorCode.LAYOUT_MISMATCH,
                             f"layout chunk_size {layout.chunk_size} != server chunk_size {self.chunk_size}")
             if layout.object_bytes > self.l1.alloc.capacity:
                 raise _fail(ErrorCode.NO_SPACE, "one object is larger than the whole L1 arena")
-        if f["rank"] >= f["world_size"]:
+        if f.rank >= f.world_size:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
-        for layout in f["groups"]:
+        for layout in layouts:
             self.object_sizes[layout.fingerprint] = layout.object_bytes
-        engine = Engine(engine_id, f["model"], f["world_size"], f["rank"], [g.to_wire() for g in f["groups"]],
-                        f.get("host", ""), f.get("pid", 0))
+        engine = Engine(engine_id, f.model, f.world_size, f.rank, [g.to_wire() for g in layouts],
+                        f.host or "", f.pid or 0)
         # The same process registering again (a reconnect) keeps its id; the table stays bounded.
         for old in list(self.engines.values()):
-            if (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
-                    engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid) and engine.pid:
+            same = (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
+                engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid)
+            if same and engine.pid:
                 del self.engines[old.id]
                 engine.id = engine_id = old.id
         self.engines[engine_id] = engine
@@ -156,59 +155,59 @@ class CacheService:
             "engine_id": engine_id,
             "arena": {"name": self.l1.arena.name, "size": self.l1.arena.size, "nonce": self.l1.arena.nonce},
             "chunk_size": self.chunk_size,
-            "groups": [g.fingerprint for g in f["groups"]],
+            "groups": [g.fingerprint for g in layouts],
         }
 
     # -- lookup / query --------------------------------------------------------------------------
-    def lookup(self, f: dict[str, Any], hashes: list[bytes] | None = None) -> dict[str, Any]:
-        ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
+    def lookup(self, f: Lookup, hashes: list[bytes] | None = None) -> dict[str, Any]:
+        ks, salt = f.keyspace.key(), f.salt
         hashes = self._hashes(f, self._per_chunk(f)) if hashes is None else hashes
-        if "session" in f:
-            self._admit_session(f["session"], len(hashes) * (1 + self._per_chunk(f)))
+        if f.session is not None:
+            self._admit_session(f.session, len(hashes) * (1 + self._per_chunk(f)))
         hit = self._prefix_hits(ks, salt, hashes)
         c = self.counters
         c.lookups += 1
-        c.lookup_tokens += len(f["tokens"]) // 4
+        c.lookup_tokens += len(f.tokens) // 4
         c.lookup_hit_tokens += hit * self.chunk_size
-        rank = f.get("rank")
+        rank = f.rank
         if rank is not None and rank >= ks[1]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         touch = self.l1.touch
         for h in hashes[:hit]:
             for key in self._chunk_keys(ks, salt, h):
                 touch(key)
-        if "session" in f:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
-            self.leases.take(f["session"], ks, salt, hashes, hit, rank)
+        if f.session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
+            self.leases.take(f.session, ks, salt, hashes, hit, rank)
         return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
                 "chunk_size": self.chunk_size}
 
-    async def lookup_l2(self, f: dict[str, Any]) -> dict[str, Any]:
+    async def lookup_l2(self, f: Lookup) -> dict[str, Any]:
         """lookup, after loading what L2 holds of the missing prefix into L1 (a bounded wait).
 
         The answer counts only what is in L1 when the wait ends; see l2/prefetch.py.
         """
-        ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
+        ks, salt = f.keyspace.key(), f.salt
         hashes = self._hashes(f, self._per_chunk(f))
-        if "session" in f:
-            self._admit_session(f["session"], len(hashes) * (1 + self._per_chunk(f)))
+        if f.session is not None:
+            self._admit_session(f.session, len(hashes) * (1 + self._per_chunk(f)))
         hit = self._prefix_hits(ks, salt, hashes)
         if self.l2 is not None and hit < len(hashes):
             chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
             await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
             for hook in self.on_prefetched:
-                hook(ks, salt, f["tokens"], hashes, hit)
+                hook(ks, salt, f.tokens, hashes, hit)
         return self.lookup(f, hashes)  # no await since the wait: the prefix is recomputed and leased at once
 
-    def _query_keys(self, f: dict[str, Any]) -> tuple[list[bytes], list[list[IKey]]]:
-        ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
+    def _query_keys(self, f: KeysRequest) -> tuple[list[bytes], list[list[IKey]]]:
+        ks, salt = f.keyspace.key(), f.salt
         hashes = self._hashes(f, self._per_chunk(f))
         return hashes, [self._chunk_keys(ks, salt, h) for h in hashes]
 
-    def query(self, f: dict[str, Any]) -> dict[str, Any]:
+    def query(self, f: Query) -> dict[str, Any]:
         """Per-chunk presence in L1 (objects ready of objects needed) and the reusable prefix."""
         return self._query(f)[0]
 
-    def _query(self, f: dict[str, Any]) -> tuple[dict[str, Any], list[list[IKey]]]:
+    def _query(self, f: Query) -> tuple[dict[str, Any], list[list[IKey]]]:
         hashes, per_chunk = self._query_keys(f)
         ready = self.l1.ready
         present = [sum(1 for k in keys if ready(k) is not None) for keys in per_chunk]
@@ -217,7 +216,7 @@ class CacheService:
         result = {"chunks": chunks, "prefix_tokens": hit * self.chunk_size, "chunk_size": self.chunk_size}
         return result, per_chunk
 
-    async def query_l2(self, f: dict[str, Any]) -> dict[str, Any]:
+    async def query_l2(self, f: Query) -> dict[str, Any]:
         """query, plus presence per L2 tier: `l2` when one tier is configured, `l2.<i>` for each of several.
 
         A tier that is down or slower than the prefetch timeout reports nothing for that query.
@@ -237,8 +236,8 @@ class CacheService:
                 pos += len(keys)
         return result
 
-    def set_pinned(self, f: dict[str, Any], pinned: bool) -> dict[str, Any]:
-        ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
+    def set_pinned(self, f: KeysRequest, pinned: bool) -> dict[str, Any]:
+        ks, salt = f.keyspace.key(), f.salt
         changed = 0
         for h in self._hashes(f, self._per_chunk(f)):
             for key in self._chunk_keys(ks, salt, h):
@@ -246,8 +245,8 @@ class CacheService:
         return {"objects": changed}
 
     # -- store ---------------------------------------------------------------------------------
-    def store(self, f: dict[str, Any]) -> dict[str, Any]:
-        ks, salt, rank = self._ks(f["keyspace"]), f.get("salt", ""), f["rank"]
+    def store(self, f: Store) -> dict[str, Any]:
+        ks, salt, rank = f.keyspace.key(), f.salt, f.rank
         if rank >= ks[1]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         sizes = []
@@ -260,11 +259,11 @@ class CacheService:
             self.expire()
         if len(self.table.stores) >= MAX_STORES:
             raise _fail(ErrorCode.TOO_MANY, f"{MAX_STORES} stores are in flight; commit or abort some first")
-        start = f.get("start_chunk", 0)
+        start = f.start_chunk
         if start > len(hashes):
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
-        txn = StoreTxn(new_store_id(), f.get("mode", "shm"), f.get("session"), [],
-                       self.table.deadline(), keyspace=ks, salt=salt, tokens=f["tokens"], hashes=hashes)
+        txn = StoreTxn(new_store_id(), f.mode, f.session, [],
+                       self.table.deadline(), keyspace=ks, salt=salt, tokens=f.tokens, hashes=hashes)
         reply_slots = []
         for chunk in range(start, len(hashes)):
             for group, key in enumerate(self._keys(ks, salt, rank, hashes[chunk])):
@@ -336,18 +335,18 @@ class CacheService:
         self.leases.end_write(txn)
 
     # -- retrieve ------------------------------------------------------------------------------
-    def retrieve(self, f: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
+    def retrieve(self, f: Retrieve) -> tuple[dict[str, Any], list[bytes]]:
         """Offsets (shm) or copies (tcp) of one rank's leased objects, and the reader's lease number.
 
         tcp frames are copies, never views of the arena: a frame may wait in ZMQ's queue after the
         lease ends, and a view would then send whatever object reuses the slot.
         """
-        start, end, rank = f["start_chunk"], f["end_chunk"], f["rank"]
-        reader = self.leases.reader(f["session"], rank)
+        start, end, rank = f.start_chunk, f.end_chunk, f.rank
+        reader = self.leases.reader(f.session, rank)
         if not start <= end <= reader.hit_chunks:
             raise _fail(ErrorCode.NOT_LEASED, f"chunks [{start}, {end}) not within the leased prefix "
                                               f"of {reader.hit_chunks} chunks")
-        mode = f.get("mode", "shm")
+        mode = f.mode
         objects, frames = [], []
         for chunk in range(start, end):
             for group, key in enumerate(self._keys(reader.keyspace, reader.salt, rank, reader.hashes[chunk])):
@@ -363,12 +362,10 @@ class CacheService:
         return {"objects": objects, "lease": reader.lease}, frames
 
     # -- sessions ------------------------------------------------------------------------------
-    def release(self, f: dict[str, Any]) -> dict[str, Any]:
+    def release(self, f: Release) -> dict[str, Any]:
         """`{released, intact}`: see leases.Leases.release."""
-        if "lease" in f and "rank" not in f:
-            raise _fail(ErrorCode.BAD_FIELD, "release: lease needs rank")
-        result = self.leases.release(f["session"], f.get("rank"), f.get("lease"))
-        if "lease" in f and not result["intact"]:
+        result = self.leases.release(f.session, f.rank, f.lease)
+        if f.lease is not None and not result["intact"]:
             self.counters.broken_reads += 1
         return result
 

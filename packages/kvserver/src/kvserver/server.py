@@ -18,8 +18,9 @@ import zmq
 import zmq.asyncio
 
 import kvprotocol
-from kvprotocol import ErrorCode, ValidationError, validate_request
-from kvprotocol._messages import MAX_HEADER_BYTES, error_reply, ok_reply, pack, request_id_of, unpack_header
+from kvprotocol import ErrorCode, ValidationError
+from kvprotocol._messages import MAX_HEADER_BYTES, decode_request, error_reply, ok_reply, pack
+from kvprotocol._requests import Request
 
 from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
 from .auth import ServerAuth
@@ -31,8 +32,7 @@ from .l2 import build_tier_manager
 
 log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
-Handler = Callable[[dict[str, Any], list[memoryview]], Result | Awaitable[Result]]
-DATA_OPS = frozenset({"commit"})  # the only op that carries data frames in
+Handler = Callable[[Any, list[memoryview]], Result | Awaitable[Result]]  # (typed request, data frames)
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
 
 
@@ -113,24 +113,24 @@ class KVServer:
             "ping": lambda f, fr: ({"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION,
                                     "time": time.time()}, []),
             "describe": lambda f, fr: (self.describe(), []),
-            "register_engine": lambda f, fr: (c.register_engine(f, f"eng-{os.getpid()}-{next(self._engine_ids)}"), []),
+            "register_engine": lambda r, fr: (c.register_engine(r, f"eng-{os.getpid()}-{next(self._engine_ids)}"), []),
             "lookup": lambda f, fr: (c.lookup(f), []),
             "query": lambda f, fr: (c.query(f), []),
             "store": lambda f, fr: (c.store(f), []),
-            "commit": lambda f, fr: (c.commit(f["store_id"], fr, f["checksums"]), []),
-            "abort": lambda f, fr: (c.abort(f["store_id"]), []),
+            "commit": lambda r, fr: (c.commit(r.store_id, fr, r.checksums), []),
+            "abort": lambda r, fr: (c.abort(r.store_id), []),
             "retrieve": lambda f, fr: c.retrieve(f),
             "release": lambda f, fr: (c.release(f), []),
-            "end_session": lambda f, fr: (c.end_session(f["session"]), []),
+            "end_session": lambda r, fr: (c.end_session(r.session), []),
             "clear": lambda f, fr: (c.clear(), []),
             "pin": lambda f, fr: (c.set_pinned(f, True), []),
             "unpin": lambda f, fr: (c.set_pinned(f, False), []),
         }
 
-    async def _lookup_l2(self, f: dict[str, Any], _frames: list[memoryview]) -> Result:
+    async def _lookup_l2(self, f: Any, _frames: list[memoryview]) -> Result:
         return await self.cache.lookup_l2(f), []
 
-    async def _query_l2(self, f: dict[str, Any], _frames: list[memoryview]) -> Result:
+    async def _query_l2(self, f: Any, _frames: list[memoryview]) -> Result:
         return await self.cache.query_l2(f), []
 
     def describe(self) -> dict[str, Any]:
@@ -164,35 +164,67 @@ class KVServer:
 
     # -- dispatch --------------------------------------------------------------------------------
     async def handle(self, header_frame: bytes, frames: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
-        """Turn one request into exactly one reply (header map, data frames); never raises."""
+        """ZMQ: turn one request frame into exactly one reply (header map, data frames); never raises."""
         started = time.perf_counter()
-        rid, op, code = 0, "invalid", None
+        rid, op = 0, "invalid"
         try:
-            msg = unpack_header(header_frame)
-            rid = request_id_of(msg)
-            rid, op, fields = validate_request(msg)
-            if op not in OPEN_OPS and not self.auth.accepts(msg.get("auth")):
+            rid, req = decode_request(header_frame)
+            op = req.op_name()
+            if op not in OPEN_OPS and not self.auth.accepts(req.auth):
                 raise ValidationError(ErrorCode.UNAUTHORIZED, "this server needs its API token ('auth' field; "
                                                               "clients read $KVSERVER_API_TOKEN or the token file)")
-            if frames and op not in DATA_OPS:
-                raise ValidationError(ErrorCode.BAD_FIELD, f"{op} takes no data frames")
-            out = self.handlers[op](fields, frames)
-            result, data = await out if asyncio.iscoroutine(out) else out  # type: ignore[misc]
+            result, data = await self._run(req, frames)
             reply = ok_reply(rid, result)
         except ValidationError as exc:
-            code = str(exc.code)
-            reply, data = error_reply(rid, exc.code, exc.message), []
+            rid = rid or exc.rid
+            reply, data = self._failed(rid, op, exc, started), []
         except Exception as exc:  # a failing handler must still answer, and the loop must go on
-            log.exception("handler for %s failed", op)
-            code = str(ErrorCode.INTERNAL)
-            reply, data = error_reply(rid, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:500]), []
-        if code is not None:
-            self.errors[code] = self.errors.get(code, 0) + 1
+            reply, data = self._failed(rid, op, exc, started), []
+        else:
+            self._account(op, started, None)
+        return reply, data
+
+    async def execute(self, req: Request) -> dict[str, Any]:
+        """HTTP: run one already-authenticated request through the same handlers and the same accounting
+        (ops, errors, latency) as the control plane; raises ValidationError like a handler."""
+        started = time.perf_counter()
+        op = req.op_name()
+        try:
+            result, _ = await self._run(req, [])
+        except Exception as exc:
+            self._failed(0, op, exc, started)
+            raise
+        self._account(op, started, None)
+        return dict(result)
+
+    def count_refused(self, op: str, exc: Exception) -> None:
+        """HTTP: a body refused before it became a request still counts as an error of its op."""
+        if isinstance(exc, ValidationError):
+            self._failed(0, op, exc, time.perf_counter())
+
+    async def _run(self, req: Request, frames: list[memoryview]) -> Result:
+        op = req.op_name()
+        if frames and not req.DATA_IN:
+            raise ValidationError(ErrorCode.BAD_FIELD, f"{op} takes no data frames")
+        out = self.handlers[op](req, frames)
+        return await out if asyncio.iscoroutine(out) else out  # type: ignore[return-value]
+
+    def _failed(self, rid: int, op: str, exc: Exception, started: float) -> dict[str, Any]:
+        """Count one failed request and build its error reply."""
+        if isinstance(exc, ValidationError):
+            code, message = exc.code, exc.message
+        else:
+            log.exception("handler for %s failed", op, exc_info=exc)
+            code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:500]
+        self.errors[str(code)] = self.errors.get(str(code), 0) + 1
+        self._account(op, started, str(code))
+        return error_reply(rid, code, message)
+
+    def _account(self, op: str, started: float, code: str | None) -> None:
         self.op_counts[op] = self.op_counts.get(op, 0) + 1
         elapsed = time.perf_counter() - started
         for observer in self.observers:
             observer(op, elapsed, code)
-        return reply, data
 
     async def _serve_loop(self) -> None:
         while True:

@@ -7,18 +7,18 @@ the cache service needs no locks and HTTP never races the control plane. Mutatio
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from prometheus_client.exposition import choose_encoder
 
 import kvprotocol
+from kvprotocol._requests import Clear, KeysRequest, Pin, Query, Unpin
 
 from .errors import install_error_handlers
 from .limits import RequestLimits
 from .metrics import ServerMetrics
-from .models import PinBody, QueryBody
+from .models import decode_keys
 from .security import BearerGate, Guard
 
 if TYPE_CHECKING:
@@ -28,10 +28,14 @@ KEY_PATHS = frozenset({"/v1/query", "/v1/clear", "/v1/pin", "/v1/unpin"})  # tok
 MAX_BODY_BYTES = 8 << 20  # 1M tokens of up to 7 digits as a JSON list; refused before parsing beyond
 
 
-async def _call(server: KVServer, op: str, fields: dict[str, Any]) -> dict[str, Any]:
-    out = server.handlers[op](fields, [])
-    result, _frames = await out if asyncio.iscoroutine(out) else out  # type: ignore[misc]
-    return dict(result)
+async def _keys_op(server: KVServer, request: Request, cls: type[KeysRequest]) -> tuple[KeysRequest, dict[str, Any]]:
+    """Decode a key endpoint's body and run it through the server's one dispatch (counted like ZMQ)."""
+    try:
+        req = decode_keys(await request.body(), cls)
+    except Exception as exc:  # a refused body is an error reply of that op too
+        server.count_refused(str(cls.__struct_config__.tag), exc)
+        raise
+    return req, await server.execute(req)
 
 
 def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAPI:
@@ -69,26 +73,26 @@ def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAP
         return server.describe()
 
     @app.post("/v1/query", tags=["keys"], dependencies=write)  # reveals cache contents: token always
-    async def query(body: QueryBody) -> dict[str, Any]:
+    async def query(request: Request) -> dict[str, Any]:
         """Per-chunk presence of a token sequence and its reusable prefix; leases nothing."""
-        result = await _call(server, "query", body.to_fields("query"))
-        result["num_tokens"] = len(body.tokens)
+        req, result = await _keys_op(server, request, Query)
+        result["num_tokens"] = len(req.tokens) // 4
         return result
 
     @app.post("/v1/clear", tags=["keys"], dependencies=write)
     async def clear() -> dict[str, Any]:
         """Remove every ready, unleased object from L1."""
-        return await _call(server, "clear", {})
+        return await server.execute(Clear())
 
     @app.post("/v1/pin", tags=["keys"], dependencies=write)
-    async def pin(body: PinBody) -> dict[str, Any]:
+    async def pin(request: Request) -> dict[str, Any]:
         """Pin the ready objects of a token sequence so eviction never takes them."""
-        return await _call(server, "pin", body.to_fields("pin"))
+        return (await _keys_op(server, request, Pin))[1]
 
     @app.post("/v1/unpin", tags=["keys"], dependencies=write)
-    async def unpin(body: PinBody) -> dict[str, Any]:
+    async def unpin(request: Request) -> dict[str, Any]:
         """Make pinned objects of a token sequence evictable again."""
-        return await _call(server, "unpin", body.to_fields("unpin"))
+        return (await _keys_op(server, request, Unpin))[1]
 
     app.state.server = server
     app.state.metrics = metrics

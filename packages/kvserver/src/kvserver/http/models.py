@@ -1,46 +1,37 @@
-"""Request bodies of the admin API, and their conversion into kvprotocol-validated op fields.
+"""JSON bodies of the admin API's key endpoints, decoded by kvprotocol's typed definitions.
 
-Pydantic checks the JSON shape; kvprotocol's closed schema then checks the values exactly as it does
-for ZMQ requests, so both doors accept the same things.
+`KeysBody` (kvprotocol) checks the JSON shape, then becomes the op's request Struct, so the values are
+checked by the same definition as a ZMQ request: both doors accept exactly the same things.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import msgspec
 
-from pydantic import BaseModel, ConfigDict, Field
+from kvprotocol import MAX_TOKENS, ErrorCode, ValidationError
+from kvprotocol._messages import coded
+from kvprotocol._requests import KeysBody, KeysRequest
 
-from kvprotocol import MAX_TOKENS, PROTOCOL_VERSION, pack_tokens, validate_request
-
-Token = Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
-
-
-class KeysBody(BaseModel):
-    """Which objects: a keyspace (model, world size, one layout fingerprint per group) and tokens."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    model: str = Field(description="Model name as the engines register it.")
-    world_size: int = Field(ge=1, description="Tensor-parallel world size of the engines.")
-    groups: list[str] = Field(min_length=1, description="Layout fingerprints, one per object group.")
-    tokens: list[Token] = Field(max_length=MAX_TOKENS, description="Token ids of the prompt.")
-    salt: str | None = Field(default=None, description="Cache salt (tenant isolation), if any.")
-
-    def to_fields(self, op: str) -> dict[str, Any]:
-        """Run the ZMQ schema's checks for `op` (query, pin, unpin); raises kvprotocol ValidationError."""
-        msg: dict[str, Any] = {
-            "v": PROTOCOL_VERSION, "id": 0, "op": op,
-            "keyspace": {"model": self.model, "world_size": self.world_size, "groups": list(self.groups)},
-            "tokens": pack_tokens(self.tokens),
-        }
-        if self.salt is not None:
-            msg["salt"] = self.salt
-        return validate_request(msg)[2]
+from .errors import ApiError
 
 
-class QueryBody(KeysBody):
-    pass
-
-
-class PinBody(KeysBody):
-    pass
+def decode_keys(raw: bytes, cls: type[KeysRequest]) -> KeysRequest:
+    """The request Struct of a key endpoint's body; ApiError (400 BAD_JSON) or ValidationError."""
+    op = str(cls.__struct_config__.tag)
+    try:
+        parsed = msgspec.json.decode(raw)  # first: is it JSON at all (else a type error would hide that)
+    except msgspec.DecodeError:
+        raise ApiError(400, "BAD_JSON", "request body is not valid JSON") from None
+    try:
+        body = msgspec.convert(parsed, KeysBody, strict=True)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if "$.tokens" in text:  # token ids are checked here, the way the wire form cannot
+            if text.startswith("Expected `array` of length <="):
+                raise ValidationError(ErrorCode.TOO_LARGE, f"more than {MAX_TOKENS} tokens") from None
+            raise ValidationError(ErrorCode.BAD_FIELD, f"{op}: {text} (token ids are uint32)") from None
+        raise coded(exc, op) from None
+    try:
+        return body.request(cls)
+    except msgspec.ValidationError as exc:
+        raise coded(exc, op) from None

@@ -1,0 +1,256 @@
+"""Every request of the control plane as one msgspec Struct: the one definition of its fields and bounds.
+
+The same Structs decode a ZMQ msgpack header and an HTTP JSON body, so both doors accept exactly the
+same things. A request map is `{"v", "id", "op", "auth"?, ...fields}`; `op` is the Struct's tag.
+Simple bounds are msgspec `Meta` constraints; checks that span fields (or need a precise error code)
+live in `__post_init__` and raise kvprotocol's `ValidationError`, which msgspec lets through as is.
+
+To add an op: write its Struct here (a subclass of `Request` with `tag="name"`), add it to `REQUESTS`,
+write its reply Struct in `_replies.py` and map it in `REPLIES`, then give the server a handler.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+from msgspec import Meta
+
+from ._errors import ErrorCode, ValidationError
+from ._hashing import check_extra
+from ._keys import _FP_RE, _MODEL_RE, _SALT_RE, MAX_GROUPS, MAX_WORLD_SIZE
+from ._layout import LayoutDescriptor
+
+PROTOCOL_VERSION = 1
+MAX_TOKENS = 1 << 20  # tokens in one request (4 MiB packed)
+MAX_HEADER_BYTES = 4 * MAX_TOKENS + (64 << 10)  # the msgpack header: MAX_TOKENS plus the other fields
+MAX_CHUNKS = 1 << 14
+MAX_ID = (1 << 63) - 1
+MAX_KEYS = 1 << 16  # objects one request may name (chunks x world_size x groups): bounds its work
+MAX_CHECKSUMS = MAX_CHUNKS * MAX_GROUPS
+U64_MAX = (1 << 64) - 1
+MODES = ("shm", "tcp")
+
+Model = Annotated[str, Meta(pattern=_MODEL_RE.pattern)]
+Fingerprint = Annotated[str, Meta(pattern=_FP_RE.pattern)]
+Salt = Annotated[str, Meta(pattern=_SALT_RE.pattern)]
+WorldSize = Annotated[int, Meta(ge=1, le=MAX_WORLD_SIZE)]
+Rank = Annotated[int, Meta(ge=0, le=MAX_WORLD_SIZE - 1)]
+Chunk = Annotated[int, Meta(ge=0, le=MAX_CHUNKS)]
+SessionId = Annotated[str, Meta(min_length=1, max_length=128)]
+StoreId = Annotated[str, Meta(min_length=1, max_length=64)]
+Tokens = Annotated[bytes, Meta(max_length=4 * MAX_TOKENS)]  # packed uint32; over the bound: TOO_LARGE
+Checksum = Annotated[int, Meta(ge=0)]  # and <= U64_MAX (Commit.__post_init__: Meta stops at int64)
+Mode = Literal["shm", "tcp"]
+ExtraPair = tuple[Annotated[int, Meta(ge=0, le=MAX_CHUNKS)], bytes]
+
+
+class KeySpaceW(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Model, world size and one layout fingerprint per object group (kvprotocol.KeySpace on the wire)."""
+
+    model: Model
+    world_size: WorldSize
+    groups: Annotated[list[Fingerprint], Meta(min_length=1, max_length=MAX_GROUPS)]
+
+    def __post_init__(self) -> None:
+        if self.world_size * len(self.groups) > MAX_KEYS:
+            raise ValidationError(ErrorCode.TOO_LARGE, f"world_size x groups over {MAX_KEYS} objects per chunk")
+
+    @property
+    def per_chunk(self) -> int:
+        return self.world_size * len(self.groups)
+
+    def key(self) -> tuple[str, int, tuple[str, ...]]:
+        return (self.model, self.world_size, tuple(self.groups))
+
+
+class LayoutW(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A LayoutDescriptor on the wire; its value checks are the descriptor's own."""
+
+    tag: str
+    dtype: str
+    num_layers: int
+    block_size: int
+    block_bytes: int
+    chunk_size: int
+    block_shape: list[int] = []
+    stacked: bool = False
+    variant: str = ""
+
+    def __post_init__(self) -> None:
+        self.descriptor()
+
+    def descriptor(self) -> LayoutDescriptor:
+        return LayoutDescriptor(self.tag, self.dtype, self.num_layers, self.block_size, self.block_bytes,
+                                self.chunk_size, tuple(self.block_shape), self.stacked, self.variant)
+
+
+class Request(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_only=True):
+    """The envelope every request carries; `op` is the tag.
+
+    `v` and `id` are filled in by the client as it sends (0 = not set: the server refuses it), so a
+    request is built from its own fields only.
+    """
+
+    v: int = 0
+    id: Annotated[int, Meta(ge=0, le=MAX_ID)] = 0
+    auth: Annotated[str, Meta(max_length=1024)] | None = None
+    DATA_IN: ClassVar[bool] = False  # whether data frames may follow the header
+
+    def op_name(self) -> str:
+        return str(type(self).__struct_config__.tag)
+
+
+def _check_tokens(tokens: bytes) -> None:
+    if len(tokens) % 4:
+        raise ValidationError(ErrorCode.BAD_FIELD, "tokens length must be a multiple of 4")
+
+
+def _check_extra(extra: list[tuple[int, bytes]] | None) -> list[tuple[int, bytes]] | None:
+    if extra is None:
+        return None
+    if len(extra) > MAX_CHUNKS:
+        raise ValidationError(ErrorCode.BAD_FIELD, f"extra must be a list of at most {MAX_CHUNKS} pairs")
+    try:
+        return check_extra(extra)
+    except ValueError as exc:
+        raise ValidationError(ErrorCode.BAD_FIELD, str(exc)) from None
+
+
+class Ping(Request, tag="ping"):
+    pass
+
+
+class Describe(Request, tag="describe"):
+    pass
+
+
+class Clear(Request, tag="clear"):
+    pass
+
+
+class RegisterEngine(Request, tag="register_engine"):
+    model: Model
+    world_size: WorldSize
+    rank: Rank
+    groups: Annotated[list[LayoutW], Meta(min_length=1, max_length=MAX_GROUPS)]
+    host: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    pid: Annotated[int, Meta(ge=0, le=1 << 31)] | None = None
+
+    def layouts(self) -> list[LayoutDescriptor]:
+        return [g.descriptor() for g in self.groups]
+
+
+class KeysRequest(Request, kw_only=True):
+    """A request naming the objects of a token sequence: keyspace, tokens, extra keys, cache salt."""
+
+    keyspace: KeySpaceW
+    tokens: Tokens
+    extra: list[ExtraPair] | None = None
+    salt: Salt = ""
+
+    def __post_init__(self) -> None:
+        _check_tokens(self.tokens)
+        self.extra = _check_extra(self.extra)
+
+
+class Lookup(KeysRequest, tag="lookup"):
+    session: SessionId | None = None
+    rank: Rank | None = None  # with session: lease only this rank's objects
+
+
+class Query(KeysRequest, tag="query"):
+    pass
+
+
+class Pin(KeysRequest, tag="pin"):
+    pass
+
+
+class Unpin(KeysRequest, tag="unpin"):
+    pass
+
+
+class Store(KeysRequest, tag="store", kw_only=True):
+    rank: Rank
+    start_chunk: Chunk = 0
+    mode: Mode = "shm"
+    session: SessionId | None = None
+
+
+class Commit(Request, tag="commit"):
+    store_id: StoreId
+    checksums: Annotated[list[Checksum], Meta(max_length=MAX_CHECKSUMS)]  # one kvsum64 per reserved slot
+    DATA_IN: ClassVar[bool] = True  # tcp mode: one data frame per reserved slot
+
+    def __post_init__(self) -> None:
+        if any(c > U64_MAX for c in self.checksums):
+            raise ValidationError(ErrorCode.OUT_OF_RANGE, "checksums must be unsigned 64-bit integers")
+
+
+class Abort(Request, tag="abort"):
+    store_id: StoreId
+
+
+class Retrieve(Request, tag="retrieve"):
+    session: SessionId
+    rank: Rank
+    start_chunk: Chunk
+    end_chunk: Chunk
+    mode: Mode = "shm"
+
+
+class Release(Request, tag="release"):
+    """Without rank: the whole session; with rank (+ the lease number from retrieve): that reader only."""
+
+    session: SessionId
+    rank: Rank | None = None
+    lease: Annotated[int, Meta(ge=1, le=MAX_ID)] | None = None
+
+    def __post_init__(self) -> None:
+        if self.lease is not None and self.rank is None:
+            raise ValidationError(ErrorCode.BAD_FIELD, "release: lease needs rank")
+
+
+class EndSession(Request, tag="end_session"):
+    session: SessionId
+
+
+REQUESTS: dict[str, type[Request]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in (Ping, Describe, Clear, RegisterEngine, Lookup, Query, Store, Commit, Abort, Retrieve, Release,
+                EndSession, Pin, Unpin)
+}
+AnyRequest = (Ping | Describe | Clear | RegisterEngine | Lookup | Query | Store | Commit | Abort | Retrieve | Release
+              | EndSession | Pin | Unpin)
+
+
+def fields_of(req: Request) -> dict[str, Any]:
+    """The op's own fields (no envelope) as builtins: what a log line or test inspects."""
+    out = msgspec.structs.asdict(req)
+    for name in ("v", "id", "auth"):
+        out.pop(name, None)
+    return out
+
+
+Token = Annotated[int, Meta(ge=0, le=0xFFFFFFFF)]
+
+
+class KeysBody(msgspec.Struct, forbid_unknown_fields=True):
+    """The JSON body of the admin API's key endpoints (query, pin, unpin): tokens as a list of ids.
+
+    `request()` turns it into the op's request Struct, so the values are checked by the one definition.
+    """
+
+    model: str
+    world_size: int
+    groups: list[str]
+    tokens: Annotated[list[Token], Meta(max_length=MAX_TOKENS)]
+    salt: str | None = None
+
+    def request(self, cls: type[KeysRequest]) -> KeysRequest:
+        from ._hashing import pack_tokens
+
+        wire = {"keyspace": {"model": self.model, "world_size": self.world_size, "groups": self.groups},
+                "tokens": pack_tokens(self.tokens), "salt": self.salt or ""}
+        return msgspec.convert(wire, cls, strict=True)
