@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     NO_SPACE = "NO_SPACE"  # L1 full and nothing evictable
     LAYOUT_MISMATCH = "LAYOUT_MISMATCH"
     UNAUTHORIZED = "UNAUTHORIZED"
+    FORBIDDEN = "FORBIDDEN"  # an admin op (clear, full describe) sent with a tenant's token
     INTERNAL = "INTERNAL"  # a handler failed; the server keeps serving
 
 

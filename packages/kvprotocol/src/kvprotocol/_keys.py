@@ -12,6 +12,9 @@ from ._errors import ErrorCode, ValidationError
 _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,199}$")
 _SALT_RE = re.compile(r"^[A-Za-z0-9._:@+=/-]{0,128}$")
 _FP_RE = re.compile(r"^[0-9a-f]{16}$")
+# a salt inside a key: the server may put it in a tenant's namespace, `~tenant~salt` ("~" is not in
+# a client's salt, so no client can spell another tenant's prefix)
+_KEY_SALT_RE = re.compile(r"^(~[a-z][a-z0-9_-]{0,31}~)?[A-Za-z0-9._:@+=/-]{0,128}$")
 MAX_WORLD_SIZE = 4096
 MAX_GROUPS = 64
 
@@ -52,7 +55,8 @@ class ObjectKey:
     def __post_init__(self) -> None:
         validate_model(self.model)
         validate_fingerprint(self.layout_fingerprint)
-        validate_salt(self.salt)
+        if not isinstance(self.salt, str) or not _KEY_SALT_RE.match(self.salt):
+            raise ValidationError(ErrorCode.BAD_FIELD, "bad salt in an object key")
         if not (1 <= self.world_size <= MAX_WORLD_SIZE and 0 <= self.kv_rank < self.world_size):
             raise ValidationError(ErrorCode.OUT_OF_RANGE, "world_size/kv_rank out of range")
         if not 0 <= self.group < MAX_GROUPS:

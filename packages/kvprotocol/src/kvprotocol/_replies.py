@@ -24,18 +24,21 @@ class PingReply(Reply_):
 
 
 class DescribeReply(Reply_):
+    """The server's own token sees everything; a tenant's sees version, uptime and its own tenant row."""
+
     version: str
     protocol: int
     uptime_s: float
-    l1: dict[str, Any]
-    counters: dict[str, int]
-    errors: dict[str, int]
-    ops: dict[str, int]
-    sessions: int
-    stores_in_flight: int
+    tenants: dict[str, dict[str, Any]] = {}  # per-tenant usage, limits and counters
+    tenant: str | None = None  # set when a tenant asked
+    l1: dict[str, Any] = {}
+    counters: dict[str, int] = {}
+    errors: dict[str, int] = {}
+    ops: dict[str, int] = {}
+    sessions: int = 0
+    stores_in_flight: int = 0
     engines: list[dict[str, Any]] = []
     config: dict[str, Any] = {}
-    tenants: dict[str, dict[str, Any]] = {}
 
 
 class ClearReply(Reply_):

@@ -18,6 +18,7 @@ from kvprotocol import is_loopback, tokens_equal
 from kvprotocol._credentials import curve_paths, ensure_server_keypair, load_or_new_token, publish_token, token_path
 
 from .config import ServerConfig
+from .tenants import ADMIN, Identity, TenantBook, tenants_path
 
 log = logging.getLogger("kvserver")
 
@@ -30,6 +31,7 @@ class ServerAuth:
         self.curve = config.curve if config.curve is not None else not is_loopback(config.host)
         self.public_key_file: Path | None = curve_paths(config.port)[1] if self.curve else None
         self._keys = ensure_server_keypair(config.port) if self.curve else None
+        self.tenants = TenantBook(Path(config.tenants_file) if config.tenants_file else tenants_path(config.port))
 
     def publish(self, port: int) -> None:
         """Write the token for a port this server has bound, for same-user clients to find."""
@@ -50,6 +52,15 @@ class ServerAuth:
 
     def accepts(self, auth: object) -> bool:
         return isinstance(auth, str) and tokens_equal(auth, self.token)
+
+    def identify(self, auth: object) -> Identity | None:
+        """Who a token is: the server's own token is the admin (default tenant), else a tenant's, else None."""
+        if not isinstance(auth, str) or not auth:
+            return None
+        if tokens_equal(auth, self.token):
+            return ADMIN
+        tenant = self.tenants.identify(auth)
+        return None if tenant is None else Identity(tenant.name)
 
     def describe(self) -> str:
         """One line for the start banner: where clients find the credentials."""

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
 from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve, Store
 
-from .l1 import IKey, L1Cache, State
+from .l1 import IKey, L1Cache, State, tenant_of
 from .leases import Leases, rank_keys
 from .sessions import KeySpaceT, SessionTable, Slot, StoreTxn, new_store_id
+from .tenants import ADMIN, Identity, TenantBook
 
 if TYPE_CHECKING:
     from .l2 import TierManager
@@ -53,6 +54,24 @@ class Counters:
     late_commits: int = 0  # commits that arrived after their reservation's deadline
 
 
+@dataclass
+class TenantCounters:
+    """What one tenant did: the per-tenant rows of describe and /metrics."""
+
+    lookups: int = 0
+    lookup_tokens: int = 0
+    lookup_hit_tokens: int = 0
+    stores: int = 0
+    stored_objects: int = 0
+    stored_bytes: int = 0
+    retrieves: int = 0
+    retrieved_bytes: int = 0
+    quota_evictions: int = 0  # own objects evicted to make room within the tenant's L1 quota
+    quota_refusals: int = 0  # object reservations refused because the tenant's quota was full
+    refused_sessions: int = 0  # lookups refused at the tenant's session cap (TOO_MANY)
+    refused_stores: int = 0  # stores refused at the tenant's reservation cap (TOO_MANY)
+
+
 MAX_ENGINES = 256  # registrations kept for describe; the oldest go first
 MAX_SESSIONS = 4096  # live read sessions per server (an identity is the one server credential for now)
 MAX_SESSION_OBJECTS = 1 << 22  # chunk hashes + leased keys all live sessions keep, in total
@@ -64,8 +83,10 @@ def _fail(code: ErrorCode, message: str) -> ValidationError:
 
 
 class CacheService:
-    def __init__(self, l1: L1Cache, chunk_size: int, lease_ttl: float) -> None:
+    def __init__(self, l1: L1Cache, chunk_size: int, lease_ttl: float, tenants: TenantBook | None = None) -> None:
         self.l1 = l1
+        self.tenants = tenants
+        self.by_tenant: dict[str, TenantCounters] = {}
         self.chunk_size = chunk_size
         self.table = SessionTable(lease_ttl)
         self.leases = Leases(l1, self.table)
@@ -115,10 +136,31 @@ class CacheService:
     def _per_chunk(f: KeysRequest) -> int:
         return f.keyspace.per_chunk
 
-    def _admit_session(self, session_id: str, objects: int) -> None:
-        """Refuse a new session past the per-server caps (after sweeping expired ones)."""
+    def tenant(self, who: Identity) -> TenantCounters:
+        c = self.by_tenant.get(who.tenant)
+        if c is None:
+            c = self.by_tenant[who.tenant] = TenantCounters()
+        return c
+
+    def _limits(self, who: Identity) -> tuple[int | None, int, int]:
+        """(L1 quota bytes, max sessions, max stores) of the sender's tenant."""
+        if self.tenants is None:
+            return None, MAX_SESSIONS, MAX_STORES
+        t = self.tenants.get(who.tenant)
+        return t.l1_quota_bytes, t.max_sessions, t.max_stores
+
+    def _admit_session(self, session_id: str, objects: int, who: Identity = ADMIN) -> None:
+        """Refuse a new session past the per-server and per-tenant caps (after sweeping expired ones)."""
         if session_id in self.table.sessions:
             return
+        cap = self._limits(who)[1]
+        if len(self.table.sessions) >= cap:  # only then can the tenant be at its cap: count its sessions
+            prefix = who.scope("")
+            if sum(1 for s in self.table.sessions if s.startswith(prefix)) >= cap:
+                self.expire()
+                if sum(1 for s in self.table.sessions if s.startswith(prefix)) >= cap:
+                    self.tenant(who).refused_sessions += 1
+                    raise _fail(ErrorCode.TOO_MANY, f"tenant {who.tenant!r} has {cap} live sessions; end some first")
         if len(self.table.sessions) >= MAX_SESSIONS or self.leases.objects + objects > MAX_SESSION_OBJECTS:
             self.expire()
         if len(self.table.sessions) >= MAX_SESSIONS:
@@ -159,16 +201,21 @@ class CacheService:
         }
 
     # -- lookup / query --------------------------------------------------------------------------
-    def lookup(self, f: Lookup, hashes: list[bytes] | None = None) -> dict[str, Any]:
-        ks, salt = f.keyspace.key(), f.salt
+    def lookup(self, f: Lookup, who: Identity = ADMIN, hashes: list[bytes] | None = None) -> dict[str, Any]:
+        ks, salt = f.keyspace.key(), who.salt(f.salt)
         hashes = self._hashes(f, self._per_chunk(f)) if hashes is None else hashes
-        if f.session is not None:
-            self._admit_session(f.session, len(hashes) * (1 + self._per_chunk(f)))
+        session = None if f.session is None else who.scope(f.session)
+        if session is not None:
+            self._admit_session(session, len(hashes) * (1 + self._per_chunk(f)), who)
         hit = self._prefix_hits(ks, salt, hashes)
         c = self.counters
         c.lookups += 1
         c.lookup_tokens += len(f.tokens) // 4
         c.lookup_hit_tokens += hit * self.chunk_size
+        t = self.tenant(who)
+        t.lookups += 1
+        t.lookup_tokens += len(f.tokens) // 4
+        t.lookup_hit_tokens += hit * self.chunk_size
         rank = f.rank
         if rank is not None and rank >= ks[1]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
@@ -176,39 +223,39 @@ class CacheService:
         for h in hashes[:hit]:
             for key in self._chunk_keys(ks, salt, h):
                 touch(key)
-        if f.session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
-            self.leases.take(f.session, ks, salt, hashes, hit, rank)
+        if session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
+            self.leases.take(session, ks, salt, hashes, hit, rank)
         return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
                 "chunk_size": self.chunk_size}
 
-    async def lookup_l2(self, f: Lookup) -> dict[str, Any]:
+    async def lookup_l2(self, f: Lookup, who: Identity = ADMIN) -> dict[str, Any]:
         """lookup, after loading what L2 holds of the missing prefix into L1 (a bounded wait).
 
         The answer counts only what is in L1 when the wait ends; see l2/prefetch.py.
         """
-        ks, salt = f.keyspace.key(), f.salt
+        ks, salt = f.keyspace.key(), who.salt(f.salt)
         hashes = self._hashes(f, self._per_chunk(f))
         if f.session is not None:
-            self._admit_session(f.session, len(hashes) * (1 + self._per_chunk(f)))
+            self._admit_session(who.scope(f.session), len(hashes) * (1 + self._per_chunk(f)), who)
         hit = self._prefix_hits(ks, salt, hashes)
         if self.l2 is not None and hit < len(hashes):
             chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
             await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
             for hook in self.on_prefetched:
                 hook(ks, salt, f.tokens, hashes, hit)
-        return self.lookup(f, hashes)  # no await since the wait: the prefix is recomputed and leased at once
+        return self.lookup(f, who, hashes)  # no await since the wait: the prefix is recomputed and leased at once
 
-    def _query_keys(self, f: KeysRequest) -> tuple[list[bytes], list[list[IKey]]]:
-        ks, salt = f.keyspace.key(), f.salt
+    def _query_keys(self, f: KeysRequest, who: Identity) -> tuple[list[bytes], list[list[IKey]]]:
+        ks, salt = f.keyspace.key(), who.salt(f.salt)
         hashes = self._hashes(f, self._per_chunk(f))
         return hashes, [self._chunk_keys(ks, salt, h) for h in hashes]
 
-    def query(self, f: Query) -> dict[str, Any]:
+    def query(self, f: Query, who: Identity = ADMIN) -> dict[str, Any]:
         """Per-chunk presence in L1 (objects ready of objects needed) and the reusable prefix."""
-        return self._query(f)[0]
+        return self._query(f, who)[0]
 
-    def _query(self, f: Query) -> tuple[dict[str, Any], list[list[IKey]]]:
-        hashes, per_chunk = self._query_keys(f)
+    def _query(self, f: Query, who: Identity) -> tuple[dict[str, Any], list[list[IKey]]]:
+        hashes, per_chunk = self._query_keys(f, who)
         ready = self.l1.ready
         present = [sum(1 for k in keys if ready(k) is not None) for keys in per_chunk]
         chunks = [{"hash": h.hex(), "l1": n, "objects": len(keys)} for h, n, keys in zip(hashes, present, per_chunk)]
@@ -216,12 +263,12 @@ class CacheService:
         result = {"chunks": chunks, "prefix_tokens": hit * self.chunk_size, "chunk_size": self.chunk_size}
         return result, per_chunk
 
-    async def query_l2(self, f: Query) -> dict[str, Any]:
+    async def query_l2(self, f: Query, who: Identity = ADMIN) -> dict[str, Any]:
         """query, plus presence per L2 tier: `l2` when one tier is configured, `l2.<i>` for each of several.
 
         A tier that is down or slower than the prefetch timeout reports nothing for that query.
         """
-        result, per_chunk = self._query(f)
+        result, per_chunk = self._query(f, who)
         if self.l2 is None:
             return result
         flat = [k for keys in per_chunk for k in keys]
@@ -236,8 +283,8 @@ class CacheService:
                 pos += len(keys)
         return result
 
-    def set_pinned(self, f: KeysRequest, pinned: bool) -> dict[str, Any]:
-        ks, salt = f.keyspace.key(), f.salt
+    def set_pinned(self, f: KeysRequest, pinned: bool, who: Identity = ADMIN) -> dict[str, Any]:
+        ks, salt = f.keyspace.key(), who.salt(f.salt)
         changed = 0
         for h in self._hashes(f, self._per_chunk(f)):
             for key in self._chunk_keys(ks, salt, h):
@@ -245,8 +292,10 @@ class CacheService:
         return {"objects": changed}
 
     # -- store ---------------------------------------------------------------------------------
-    def store(self, f: Store) -> dict[str, Any]:
-        ks, salt, rank = f.keyspace.key(), f.salt, f.rank
+    def store(self, f: Store, who: Identity = ADMIN) -> dict[str, Any]:
+        ks, salt, rank = f.keyspace.key(), who.salt(f.salt), f.rank
+        quota, _, max_stores = self._limits(who)
+        t = self.tenant(who)
         if rank >= ks[1]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         sizes = []
@@ -259,11 +308,17 @@ class CacheService:
             self.expire()
         if len(self.table.stores) >= MAX_STORES:
             raise _fail(ErrorCode.TOO_MANY, f"{MAX_STORES} stores are in flight; commit or abort some first")
+        if len(self.table.stores) >= max_stores and \
+                sum(1 for x in self.table.stores.values() if x.owner == who.tenant) >= max_stores:
+            t.refused_stores += 1
+            raise _fail(ErrorCode.TOO_MANY, f"tenant {who.tenant!r} has {max_stores} stores in flight; "
+                                            "commit or abort some first")
         start = f.start_chunk
         if start > len(hashes):
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
-        txn = StoreTxn(new_store_id(), f.mode, f.session, [],
-                       self.table.deadline(), keyspace=ks, salt=salt, tokens=f.tokens, hashes=hashes)
+        txn = StoreTxn(new_store_id(), f.mode, None if f.session is None else who.scope(f.session), [],
+                       self.table.deadline(), keyspace=ks, salt=salt, tokens=f.tokens, hashes=hashes,
+                       owner=who.tenant)
         reply_slots = []
         for chunk in range(start, len(hashes)):
             for group, key in enumerate(self._keys(ks, salt, rank, hashes[chunk])):
@@ -272,6 +327,11 @@ class CacheService:
                     status = "present" if existing.state is State.READY else "writing"
                     self.counters.deduplicated_objects += 1
                     reply_slots.append({"chunk": chunk, "group": group, "status": status})
+                    continue
+                if quota is not None and not self._within_quota(who.tenant, quota, sizes[group], t):
+                    t.quota_refusals += 1
+                    self.counters.no_space += 1
+                    reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
                     continue
                 entry = self.l1.reserve(key, sizes[group])
                 if entry is None:
@@ -286,12 +346,28 @@ class CacheService:
         if txn.slots:
             self.table.stores[txn.id] = txn
         self.counters.stores += 1
+        t.stores += 1
         return {"store_id": txn.id if txn.slots else None, "slots": reply_slots}
 
-    def commit(self, store_id: str, frames: list[memoryview], checksums: list[int]) -> dict[str, Any]:
+    def _within_quota(self, tenant: str, quota: int, size: int, t: TenantCounters) -> bool:
+        """Make room for `size` more bytes within a tenant's quota, evicting its own objects first."""
+        used = self.l1.tenant_bytes
+        while used.get(tenant, 0) + size > quota:
+            if not self.l1.evict_one(lambda k: tenant_of(k) == tenant):
+                return False
+            t.quota_evictions += 1
+        return True
+
+    def _own_store(self, store_id: str, who: Identity) -> StoreTxn:
+        """The caller's store transaction; another tenant's is as unknown as one that never existed."""
         txn = self.table.stores.get(store_id)
-        if txn is None:
+        if txn is None or txn.owner != who.tenant:
             raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
+        return txn
+
+    def commit(self, store_id: str, frames: list[memoryview], checksums: list[int],
+               who: Identity = ADMIN) -> dict[str, Any]:
+        txn = self._own_store(store_id, who)
         if txn.expires <= time.monotonic():  # expired, the sweep just has not run yet: same answer
             del self.table.stores[store_id]
             self.leases.end_write(txn)
@@ -317,6 +393,9 @@ class CacheService:
             self.l1.finish_write(slot.key)
             self.counters.stored_bytes += slot.entry.size
         self.counters.stored_objects += len(txn.slots)
+        t = self.tenant(who)
+        t.stored_objects += len(txn.slots)
+        t.stored_bytes += sum(s.entry.size for s in txn.slots)
         keys = [s.key for s in txn.slots]
         for hook in self.on_commit:
             hook(keys)
@@ -324,10 +403,9 @@ class CacheService:
             txn_hook(txn)
         return {"committed": len(txn.slots)}
 
-    def abort(self, store_id: str) -> dict[str, Any]:
-        txn = self.table.stores.pop(store_id, None)
-        if txn is None:
-            raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
+    def abort(self, store_id: str, who: Identity = ADMIN) -> dict[str, Any]:
+        txn = self._own_store(store_id, who)
+        del self.table.stores[store_id]
         self._abort_txn(txn)
         return {"aborted": len(txn.slots)}
 
@@ -335,14 +413,14 @@ class CacheService:
         self.leases.end_write(txn)
 
     # -- retrieve ------------------------------------------------------------------------------
-    def retrieve(self, f: Retrieve) -> tuple[dict[str, Any], list[bytes]]:
+    def retrieve(self, f: Retrieve, who: Identity = ADMIN) -> tuple[dict[str, Any], list[bytes]]:
         """Offsets (shm) or copies (tcp) of one rank's leased objects, and the reader's lease number.
 
         tcp frames are copies, never views of the arena: a frame may wait in ZMQ's queue after the
         lease ends, and a view would then send whatever object reuses the slot.
         """
         start, end, rank = f.start_chunk, f.end_chunk, f.rank
-        reader = self.leases.reader(f.session, rank)
+        reader = self.leases.reader(who.scope(f.session), rank)
         if not start <= end <= reader.hit_chunks:
             raise _fail(ErrorCode.NOT_LEASED, f"chunks [{start}, {end}) not within the leased prefix "
                                               f"of {reader.hit_chunks} chunks")
@@ -359,17 +437,21 @@ class CacheService:
                 objects.append(obj)
                 self.counters.retrieved_bytes += entry.size
         self.counters.retrieves += 1
+        t = self.tenant(who)
+        t.retrieves += 1
+        t.retrieved_bytes += sum(o["size"] for o in objects)
         return {"objects": objects, "lease": reader.lease}, frames
 
     # -- sessions ------------------------------------------------------------------------------
-    def release(self, f: Release) -> dict[str, Any]:
+    def release(self, f: Release, who: Identity = ADMIN) -> dict[str, Any]:
         """`{released, intact}`: see leases.Leases.release."""
-        result = self.leases.release(f.session, f.rank, f.lease)
+        result = self.leases.release(who.scope(f.session), f.rank, f.lease)
         if f.lease is not None and not result["intact"]:
             self.counters.broken_reads += 1
         return result
 
-    def end_session(self, session_id: str) -> dict[str, Any]:
+    def end_session(self, session: str, who: Identity = ADMIN) -> dict[str, Any]:
+        session_id = who.scope(session)
         released = self.leases.drop(session_id)
         aborted = 0
         for txn in [t for t in self.table.stores.values() if t.session == session_id]:

@@ -50,6 +50,9 @@ def main() -> None:
                    "need. Default: generated at first start into $KVSERVER_STATE_DIR/token-<port> (0600).")
 @click.option("--api-token-file", envvar="KVSERVER_API_TOKEN_FILE", show_envvar=True, default=None,
               type=click.Path(dir_okay=False), metavar="PATH", help="Read the API token from this file.")
+@click.option("--tenants-file", default=None, type=click.Path(dir_okay=False), metavar="PATH",
+              help="Tenants and their token digests and limits (default: $KVSERVER_STATE_DIR/tenants-<port>.json, "
+                   "written by `kvserver tenant add`; re-read when it changes). See docs/security.md.")
 @click.option("--insecure", is_flag=True, default=False,
               help="Allow a non-loopback bind without a configured API token (or without CURVE).")
 @click.option("--curve/--no-curve", default=None,
@@ -101,6 +104,75 @@ def start(**options: Any) -> None:
         sys.exit(2)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(asyncio.run(_run(config)))
+
+
+@main.group()
+def tenant() -> None:
+    """Manage tenants: each gets its own token, key namespace, L1 quota and caps (docs/security.md)."""
+
+
+def _tenants_file(port: int, path: str | None) -> Path:
+    from .tenants import tenants_path
+
+    return Path(path) if path else tenants_path(port)
+
+
+_port_opt = click.option("--port", default=5555, show_default=True, type=int, envvar="KVSERVER_PORT",
+                         help="The server's ZMQ port (names its default tenants file).")
+_file_opt = click.option("--tenants-file", default=None, type=click.Path(dir_okay=False), metavar="PATH",
+                         envvar="KVSERVER_TENANTS_FILE", help="Tenants file (default: per port, in the state dir).")
+
+
+@tenant.command("add")
+@click.argument("name")
+@_port_opt
+@_file_opt
+@click.option("--l1-quota-gb", type=click.FloatRange(min=0), default=None, help="L1 bytes this tenant may hold.")
+@click.option("--max-sessions", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
+@click.option("--max-stores", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None,
+              help="Write the new token into this 0600 file instead of printing it.")
+def tenant_add(name: str, port: int, tenants_file: str | None, l1_quota_gb: float | None, max_sessions: int,
+               max_stores: int, token_file: str | None) -> None:
+    """Add a tenant (or give it a new token); prints its token once: only a digest is stored."""
+    from kvprotocol._credentials import write_private
+
+    from . import tenants
+
+    quota = None if l1_quota_gb is None else int(l1_quota_gb * (1 << 30))
+    try:
+        token = tenants.add(_tenants_file(port, tenants_file), name, quota, max_sessions, max_stores)
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if token_file:
+        write_private(Path(token_file), token + "\n")
+        click.echo(f"tenant {name}: token written to {token_file}")
+    else:
+        click.echo(token)
+
+
+@tenant.command("remove")
+@click.argument("name")
+@_port_opt
+@_file_opt
+def tenant_remove(name: str, port: int, tenants_file: str | None) -> None:
+    """Remove a tenant: its token stops working within a second; its cached objects age out."""
+    from . import tenants
+
+    if not tenants.remove(_tenants_file(port, tenants_file), name):
+        raise click.ClickException(f"no tenant {name!r}")
+
+
+@tenant.command("list")
+@_port_opt
+@_file_opt
+def tenant_list(port: int, tenants_file: str | None) -> None:
+    """Tenants and their limits (never tokens)."""
+    from . import tenants
+
+    for t in tenants.load(_tenants_file(port, tenants_file)).values():
+        quota = "-" if t.l1_quota_bytes is None else f"{t.l1_quota_bytes / (1 << 30):.3f} GiB"
+        click.echo(f"{t.name}\tl1_quota={quota}\tmax_sessions={t.max_sessions}\tmax_stores={t.max_stores}")
 
 
 async def _run(config: ServerConfig) -> int:

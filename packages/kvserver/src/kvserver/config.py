@@ -32,6 +32,7 @@ class ServerConfig:
     http_port: int = 8080
     api_token: str | None = None  # None: a token is generated into the default 0600 file (see auth.py)
     insecure: bool = False
+    tenants_file: str | None = None  # None: $KVSERVER_STATE_DIR/tenants-<port>.json (kvserver tenant add)
     curve: bool | None = None  # ZMQ CURVE encryption; None: on exactly when --host is not loopback
     # L2 tiers, in order: fs:///path, redis://host:port/db, redis+cluster://..., s3://bucket/prefix
     l2: tuple[str, ...] = ()

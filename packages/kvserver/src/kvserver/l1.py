@@ -23,6 +23,16 @@ from .slab import SlabAllocator
 IKey = tuple[str, str, int, int, int, str, bytes]  # (model, layout fp, world, rank, group, salt, chunk hash)
 
 
+def tenant_of(key: IKey) -> str:
+    """The tenant whose namespace a key's salt is in (`~name~salt`; plain salts: the default tenant)."""
+    salt = key[5]
+    if salt[:1] == "~":
+        end = salt.find("~", 1)
+        if end > 0:
+            return salt[1:end]
+    return "default"
+
+
 class State(enum.Enum):
     WRITING = "writing"
     READY = "ready"
@@ -53,6 +63,7 @@ class L1Cache:
         self.quarantined_bytes = 0
         self.on_evict: list[Callable[[IKey], None]] = []
         self.on_clear: list[Callable[[IKey], None]] = []  # each object `clear` removes
+        self.tenant_bytes: dict[str, int] = {}  # L1 bytes held per tenant (reserved or ready)
 
     # -- queries -------------------------------------------------------------------------------
     def ready(self, key: IKey) -> Entry | None:
@@ -100,7 +111,20 @@ class L1Cache:
         entry = Entry(offset, size)
         self.entries[key] = entry
         self.n_writing += 1
+        tenant = tenant_of(key)
+        self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + size
         return entry
+
+    def evict_one(self, only: Callable[[IKey], bool]) -> bool:
+        """Evict one evictable object that `only` accepts (a tenant over its quota evicts its own first)."""
+        victim = self.policy.pop_victim(lambda k: self.evictable(k) and only(k))  # type: ignore[arg-type]
+        if victim is None:
+            return False
+        self._drop(victim)  # type: ignore[arg-type]
+        self.evictions += 1
+        for hook in self.on_evict:
+            hook(victim)  # type: ignore[arg-type]
+        return True
 
     def finish_write(self, key: IKey) -> None:
         entry = self.entries[key]
@@ -131,6 +155,7 @@ class L1Cache:
             return
         del self.entries[key]
         self.n_writing -= 1
+        self._uncharge(key, entry.size)
         self._quarantine.append((until, entry.offset, entry.size))
         self.quarantined_bytes += entry.size
 
@@ -188,3 +213,12 @@ class L1Cache:
         self.n_leased -= entry.leases > 0
         self.n_pinned -= entry.pinned
         self.alloc.free(entry.offset)
+        self._uncharge(key, entry.size)
+
+    def _uncharge(self, key: IKey, size: int) -> None:
+        tenant = tenant_of(key)
+        left = self.tenant_bytes.get(tenant, 0) - size
+        if left > 0:
+            self.tenant_bytes[tenant] = left
+        else:
+            self.tenant_bytes.pop(tenant, None)

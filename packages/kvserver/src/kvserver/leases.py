@@ -25,6 +25,11 @@ from .l1 import IKey, L1Cache
 from .sessions import KeySpaceT, Reader, Session, SessionTable, StoreTxn
 
 
+def shown(session_id: str) -> str:
+    """A scoped session id (tenant NUL id, see tenants.Identity.scope) as its owner named it."""
+    return session_id.split("\x00", 1)[-1]
+
+
 def rank_keys(ks: KeySpaceT, salt: str, rank: int, hashes: list[bytes]) -> list[IKey]:
     """The objects of one rank, every group, for the given chunk hashes, in chunk order."""
     model, world, groups = ks
@@ -65,13 +70,13 @@ class Leases:
         """The live reader of one rank (retrieve); refreshes the session's deadline."""
         session = self.table.sessions.get(session_id)
         if session is None:
-            raise ValidationError(ErrorCode.UNKNOWN_SESSION, f"no live session {session_id!r} (lookup first)")
+            raise ValidationError(ErrorCode.UNKNOWN_SESSION, f"no live session {shown(session_id)!r} (lookup first)")
         reader = session.readers.get(rank)
         if reader is None:
             world = next(iter(session.readers.values())).keyspace[1]
             if rank >= world:
                 raise ValidationError(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
-            raise ValidationError(ErrorCode.NOT_LEASED, f"rank {rank} holds no leases in session {session_id!r} "
+            raise ValidationError(ErrorCode.NOT_LEASED, f"rank {rank} holds no leases in session {shown(session_id)!r} "
                                                         "(released; lookup again)")
         session.expires = self.table.deadline()
         return reader

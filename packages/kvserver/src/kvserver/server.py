@@ -24,16 +24,18 @@ from kvprotocol._requests import Request
 
 from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
 from .auth import ServerAuth
-from .cache import CacheService
+from .cache import CacheService, TenantCounters
 from .config import ServerConfig
 from .eviction import make_policy
 from .l1 import L1Cache, State
 from .l2 import build_tier_manager
+from .tenants import ADMIN, Identity
 
 log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
-Handler = Callable[[Any, list[memoryview]], Result | Awaitable[Result]]  # (typed request, data frames)
+Handler = Callable[[Any, list[memoryview], Identity], Result | Awaitable[Result]]
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
+ADMIN_OPS = frozenset({"clear"})  # touch every tenant's objects: the server's own token only
 
 
 def max_frame_bytes(arena_size: int) -> int:
@@ -69,7 +71,7 @@ class KVServer:
             check_free_space(name, config.l1_bytes + HEADER_BYTES)
             self.arena = Arena(name, config.l1_bytes)
             self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
-            self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl)
+            self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl, self.auth.tenants)
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
         except BaseException:
             self.close()
@@ -108,30 +110,57 @@ class KVServer:
 
     # -- ops -------------------------------------------------------------------------------------
     def _builtin_handlers(self) -> dict[str, Handler]:
+        """op -> handler(typed request, data frames, sender's identity)."""
         c = self.cache
         return {
-            "ping": lambda f, fr: ({"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION,
-                                    "time": time.time()}, []),
-            "describe": lambda f, fr: (self.describe(), []),
-            "register_engine": lambda r, fr: (c.register_engine(r, f"eng-{os.getpid()}-{next(self._engine_ids)}"), []),
-            "lookup": lambda f, fr: (c.lookup(f), []),
-            "query": lambda f, fr: (c.query(f), []),
-            "store": lambda f, fr: (c.store(f), []),
-            "commit": lambda r, fr: (c.commit(r.store_id, fr, r.checksums), []),
-            "abort": lambda r, fr: (c.abort(r.store_id), []),
-            "retrieve": lambda f, fr: c.retrieve(f),
-            "release": lambda f, fr: (c.release(f), []),
-            "end_session": lambda r, fr: (c.end_session(r.session), []),
-            "clear": lambda f, fr: (c.clear(), []),
-            "pin": lambda f, fr: (c.set_pinned(f, True), []),
-            "unpin": lambda f, fr: (c.set_pinned(f, False), []),
+            "ping": lambda r, fr, w: ({"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION,
+                                       "time": time.time()}, []),
+            "describe": lambda r, fr, w: (self.describe() if w.admin else self.describe_tenant(w), []),
+            "register_engine": lambda r, fr, w: (c.register_engine(r, f"eng-{os.getpid()}-{next(self._engine_ids)}"),
+                                                 []),
+            "lookup": lambda r, fr, w: (c.lookup(r, w), []),
+            "query": lambda r, fr, w: (c.query(r, w), []),
+            "store": lambda r, fr, w: (c.store(r, w), []),
+            "commit": lambda r, fr, w: (c.commit(r.store_id, fr, r.checksums, w), []),
+            "abort": lambda r, fr, w: (c.abort(r.store_id, w), []),
+            "retrieve": lambda r, fr, w: c.retrieve(r, w),
+            "release": lambda r, fr, w: (c.release(r, w), []),
+            "end_session": lambda r, fr, w: (c.end_session(r.session, w), []),
+            "clear": lambda r, fr, w: (c.clear(), []),
+            "pin": lambda r, fr, w: (c.set_pinned(r, True, w), []),
+            "unpin": lambda r, fr, w: (c.set_pinned(r, False, w), []),
         }
 
-    async def _lookup_l2(self, f: Any, _frames: list[memoryview]) -> Result:
-        return await self.cache.lookup_l2(f), []
+    async def _lookup_l2(self, r: Any, _frames: list[memoryview], who: Identity) -> Result:
+        return await self.cache.lookup_l2(r, who), []
 
-    async def _query_l2(self, f: Any, _frames: list[memoryview]) -> Result:
-        return await self.cache.query_l2(f), []
+    async def _query_l2(self, r: Any, _frames: list[memoryview], who: Identity) -> Result:
+        return await self.cache.query_l2(r, who), []
+
+    def tenants_usage(self, only: str | None = None) -> dict[str, dict[str, Any]]:
+        """Per-tenant usage and counters (the configured tenants and any that has been active)."""
+        c, book = self.cache, self.auth.tenants
+        names = {"default", *book.tenants, *c.by_tenant} if only is None else {only}
+        out: dict[str, dict[str, Any]] = {}
+        for name in sorted(names):
+            limits = book.get(name)
+            prefix = f"{name}\x00"
+            out[name] = {
+                "l1_used_bytes": self.l1.tenant_bytes.get(name, 0),
+                "l1_quota_bytes": limits.l1_quota_bytes,
+                "sessions": sum(1 for s in c.table.sessions if s.startswith(prefix)),
+                "stores_in_flight": sum(1 for t in c.table.stores.values() if t.owner == name),
+                "max_sessions": limits.max_sessions if name != "default" else None,
+                "max_stores": limits.max_stores if name != "default" else None,
+                **vars(c.by_tenant.get(name) or TenantCounters()),
+            }
+        return out
+
+    def describe_tenant(self, who: Identity) -> dict[str, Any]:
+        """What a tenant's token may see of describe: the server's identity and its own tenant only."""
+        return {"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION,
+                "uptime_s": round(time.time() - self.started, 3), "chunk_size": self.config.chunk_size,
+                "tenant": who.tenant, "tenants": self.tenants_usage(who.tenant)}
 
     def describe(self) -> dict[str, Any]:
         l1, c = self.l1, self.cache
@@ -156,6 +185,7 @@ class KVServer:
             "sessions": len(c.table.sessions),
             "stores_in_flight": len(c.table.stores),
             "counters": vars(c.counters),
+            "tenants": self.tenants_usage(),
             "errors": dict(self.errors),
             "ops": dict(self.op_counts),
             **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),
@@ -170,10 +200,13 @@ class KVServer:
         try:
             rid, req = decode_request(header_frame)
             op = req.op_name()
-            if op not in OPEN_OPS and not self.auth.accepts(req.auth):
-                raise ValidationError(ErrorCode.UNAUTHORIZED, "this server needs its API token ('auth' field; "
-                                                              "clients read $KVSERVER_API_TOKEN or the token file)")
-            result, data = await self._run(req, frames)
+            who = self.auth.identify(req.auth)
+            if who is None:
+                if op not in OPEN_OPS:
+                    raise ValidationError(ErrorCode.UNAUTHORIZED, "this server needs an API token ('auth' field; "
+                                          "clients read $KVSERVER_API_TOKEN or the token file)")
+                who = Identity("default")
+            result, data = await self._run(req, frames, who)
             reply = ok_reply(rid, result)
         except ValidationError as exc:
             rid = rid or exc.rid
@@ -184,13 +217,13 @@ class KVServer:
             self._account(op, started, None)
         return reply, data
 
-    async def execute(self, req: Request) -> dict[str, Any]:
+    async def execute(self, req: Request, who: Identity = ADMIN) -> dict[str, Any]:
         """HTTP: run one already-authenticated request through the same handlers and the same accounting
         (ops, errors, latency) as the control plane; raises ValidationError like a handler."""
         started = time.perf_counter()
         op = req.op_name()
         try:
-            result, _ = await self._run(req, [])
+            result, _ = await self._run(req, [], who)
         except Exception as exc:
             self._failed(0, op, exc, started)
             raise
@@ -202,11 +235,14 @@ class KVServer:
         if isinstance(exc, ValidationError):
             self._failed(0, op, exc, time.perf_counter())
 
-    async def _run(self, req: Request, frames: list[memoryview]) -> Result:
+    async def _run(self, req: Request, frames: list[memoryview], who: Identity) -> Result:
         op = req.op_name()
+        if op in ADMIN_OPS and not who.admin:
+            raise ValidationError(ErrorCode.FORBIDDEN, f"{op} is an admin op: it needs the server's own token, "
+                                                       "not a tenant's")
         if frames and not req.DATA_IN:
             raise ValidationError(ErrorCode.BAD_FIELD, f"{op} takes no data frames")
-        out = self.handlers[op](req, frames)
+        out = self.handlers[op](req, frames, who)
         return await out if asyncio.iscoroutine(out) else out  # type: ignore[return-value]
 
     def _failed(self, rid: int, op: str, exc: Exception, started: float) -> dict[str, Any]:

@@ -67,6 +67,7 @@ class StoreTxn:
     salt: str = ""
     tokens: bytes = b""
     hashes: list[bytes] | None = None
+    owner: str = "default"  # the tenant that reserved it: nobody else can commit or abort it
 
 
 def new_store_id() -> str:

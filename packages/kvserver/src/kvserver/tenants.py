@@ -1,0 +1,172 @@
+"""Tenants: who a credential is, and what that identity may name, hold and do.
+
+A tenant is an operator-chosen name with its own API token (`kvserver tenant add NAME`), kept in a
+0600 JSON file in the state directory (only a SHA-256 of each token is stored). The server derives
+everything from the credential, never from a field the client fills in:
+
+* keys: a tenant's cache salt is folded into `~NAME~salt` server-side, so no request of one tenant
+  can name an object of another (the default tenant keeps plain salts; `~` is not allowed in a
+  client's salt, so nobody can spell another tenant's prefix);
+* handles: session ids live in the tenant's own namespace and stores record their owner, so an id
+  of another tenant, guessed or replayed, is simply unknown (UNKNOWN_SESSION / UNKNOWN_STORE);
+* bounds: an L1 byte quota (stores evict the tenant's own objects first, then get `no_space`), and
+  caps on live sessions and store reservations (TOO_MANY).
+
+The server's own token is the `default` tenant with admin rights (clear, describe of everything).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvprotocol._credentials import private_dir, state_dir, write_private
+
+log = logging.getLogger("kvserver")
+
+DEFAULT = "default"
+TENANT_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+MAX_TENANTS = 64  # tenant names become metric labels: a bounded set
+DEFAULT_MAX_SESSIONS = 1024
+DEFAULT_MAX_STORES = 1024
+RELOAD_INTERVAL = 1.0  # seconds between re-reads of the tenants file on an unknown token
+
+
+def tenants_path(port: int) -> Path:
+    return state_dir() / f"tenants-{port}.json"
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    token_sha256: str = ""
+    l1_quota_bytes: int | None = None  # None: no quota (the arena is the bound)
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_stores: int = DEFAULT_MAX_STORES
+
+    def __post_init__(self) -> None:
+        if not TENANT_RE.match(self.name):
+            raise ValueError(f"tenant name {self.name!r}: 1-32 chars of [a-z0-9_-], starting with a letter")
+        if self.l1_quota_bytes is not None and self.l1_quota_bytes < 0:
+            raise ValueError("l1_quota_bytes must be >= 0")
+        if not (1 <= self.max_sessions <= 1 << 20 and 1 <= self.max_stores <= 1 << 20):
+            raise ValueError("max_sessions and max_stores must be in [1, 2**20]")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who sent a request: a tenant, and whether it holds the server's own (admin) token."""
+
+    tenant: str
+    admin: bool = False
+
+    def salt(self, salt: str) -> str:
+        """The key-space salt: the client's salt inside the tenant's namespace."""
+        return salt if self.tenant == DEFAULT else f"~{self.tenant}~{salt}"
+
+    def scope(self, handle: str) -> str:
+        """A session id inside the tenant's namespace (NUL cannot be part of a tenant name)."""
+        return f"{self.tenant}\x00{handle}"
+
+
+ADMIN = Identity(DEFAULT, admin=True)
+
+
+def tenant_of_salt(salt: str) -> str:
+    """The tenant a key-space salt belongs to (see Identity.salt)."""
+    if salt.startswith("~"):
+        end = salt.find("~", 1)
+        if end > 0:
+            return salt[1:end]
+    return DEFAULT
+
+
+def load(path: Path) -> dict[str, Tenant]:
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return {name: Tenant(name=name, **{k: v for k, v in entry.items() if k != "name"})
+            for name, entry in dict(data.get("tenants", {})).items()}
+
+
+def save(path: Path, tenants: dict[str, Tenant]) -> None:
+    private_dir(path.parent)
+    body = {"version": 1, "tenants": {t.name: {k: v for k, v in asdict(t).items() if k != "name"}
+                                      for t in tenants.values()}}
+    write_private(path, json.dumps(body, indent=2) + "\n")
+
+
+def add(path: Path, name: str, l1_quota_bytes: int | None = None, max_sessions: int = DEFAULT_MAX_SESSIONS,
+        max_stores: int = DEFAULT_MAX_STORES) -> str:
+    """Add (or re-key) a tenant; returns its new token, which is shown once and never stored."""
+    if name == DEFAULT:
+        raise ValueError("'default' is the server token's tenant; choose another name")
+    tenants = load(path)
+    if name not in tenants and len(tenants) >= MAX_TENANTS:
+        raise ValueError(f"at most {MAX_TENANTS} tenants")
+    token = "kvt-" + secrets.token_urlsafe(32)
+    tenants[name] = Tenant(name, token_digest(token), l1_quota_bytes, max_sessions, max_stores)
+    save(path, tenants)
+    return token
+
+
+def remove(path: Path, name: str) -> bool:
+    tenants = load(path)
+    if tenants.pop(name, None) is None:
+        return False
+    save(path, tenants)
+    return True
+
+
+@dataclass
+class TenantBook:
+    """The tenants a running server knows, re-read when its file changes (no restart needed)."""
+
+    path: Path
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+    _by_digest: dict[str, Tenant] = field(default_factory=dict)
+    _mtime: float = -1.0
+    _checked: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.reload()
+
+    def reload(self) -> None:
+        try:
+            mtime = self.path.stat().st_mtime if self.path.exists() else 0.0
+            if mtime == self._mtime:
+                return
+            tenants = load(self.path)
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("cannot read tenants file %s: %s (keeping the tenants known before)", self.path, exc)
+            return
+        self._mtime = mtime
+        self.tenants = dict(list(tenants.items())[:MAX_TENANTS])
+        self._by_digest = {t.token_sha256: t for t in self.tenants.values()}
+
+    def identify(self, token: str) -> Tenant | None:
+        tenant = self._by_digest.get(token_digest(token))
+        if tenant is None and time.monotonic() - self._checked >= RELOAD_INTERVAL:
+            self._checked = time.monotonic()
+            self.reload()
+            tenant = self._by_digest.get(token_digest(token))
+        return tenant
+
+    def get(self, name: str) -> Tenant:
+        """A tenant's limits; the default tenant (the server token) has only the server-wide ones."""
+        return self.tenants.get(name) or Tenant(name, max_sessions=1 << 20, max_stores=1 << 20)
+
+    def describe(self) -> dict[str, Any]:
+        return {t.name: {"l1_quota_bytes": t.l1_quota_bytes, "max_sessions": t.max_sessions,
+                         "max_stores": t.max_stores} for t in self.tenants.values()}
