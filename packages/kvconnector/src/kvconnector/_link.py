@@ -73,9 +73,10 @@ def is_local_url(url: str) -> bool:
 class ServerLink:
     """One DEALER client that is recreated after a timeout, with fail-fast back-off."""
 
-    def __init__(self, url: str, backoff: float) -> None:
+    def __init__(self, url: str, backoff: float, token: str | None = None) -> None:
         self.url = url
         self.backoff = backoff
+        self.token = token  # a tenant's token; None: $KVSERVER_API_TOKEN or the server's default token file
         self._client: Client | None = None
         self._down_until = 0.0
 
@@ -87,7 +88,7 @@ class ServerLink:
         if remaining <= 0:
             raise RequestTimeout(f"{op}: the operation ran out of time")
         if self._client is None:
-            self._client = Client(self.url, timeout=remaining)
+            self._client = Client(self.url, timeout=remaining, token=self.token)
         try:
             return self._client.call(op, frames=frames, timeout=remaining, **fields)
         except RequestTimeout:
@@ -124,10 +125,10 @@ class EngineLink:
     """Registration and data-plane mode of one engine rank; the arena mapping in shm mode."""
 
     def __init__(self, url: str, model: str, world_size: int, rank: int, layouts: Sequence[LayoutDescriptor],
-                 mode: str, backoff: float) -> None:
+                 mode: str, backoff: float, token: str | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self.server = ServerLink(url, backoff)
+        self.server = ServerLink(url, backoff, token)
         self.model, self.world_size, self.rank = model, world_size, rank
         self.layouts = list(layouts)
         self.keyspace = KeySpace.from_layouts(model, world_size, self.layouts)

@@ -100,8 +100,13 @@ class EngineClient:
 
     def __init__(self, url: str, model: str, world_size: int, rank: int, layouts: Sequence[LayoutDescriptor],
                  mode: str = "auto", timeout: float = 5.0, *, backoff: float | None = None,
-                 copy_backend: str = "auto", num_threads: int = 0, warn_interval: float = 30.0) -> None:
-        """Configuration errors raise ValueError here (at engine start), never later."""
+                 copy_backend: str = "auto", num_threads: int = 0, warn_interval: float = 30.0,
+                 token: str | None = None) -> None:
+        """Configuration errors raise ValueError here (at engine start), never later.
+
+        `token`: the credential (a tenant's token picks the tenant's namespace, quota and caps); None
+        reads $KVSERVER_API_TOKEN, else the server's default token file (same user, same host).
+        """
         validate_model(model)
         layouts = list(layouts)
         if not layouts:
@@ -118,7 +123,7 @@ class EngineClient:
         self.copy_backend = copy_backend
         self.num_threads = num_threads
         self._link = EngineLink(url, model, world_size, rank, layouts, mode,
-                                min(1.0, timeout) if backoff is None else backoff)
+                                min(1.0, timeout) if backoff is None else backoff, token)
         self._copier: Copier | None = None
         self._lock = threading.RLock()
         self._warner = _Warner(warn_interval)

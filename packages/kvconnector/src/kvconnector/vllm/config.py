@@ -33,6 +33,10 @@ class ConnectorConfig:
     model_id         an operator-chosen identity of the weights that replaces the model path and the
                      weight-file digest in the fingerprint: engines that load the same weights from
                      different paths share with it; never give two different weights one model_id
+    api_token        the credential towards the server, e.g. a tenant's token (`kvserver tenant add`):
+                     the tenant's key namespace, quota and caps apply; default: $KVSERVER_API_TOKEN,
+                     else $KVSERVER_API_TOKEN_FILE, else the server's default token file
+    token_file       read that credential from this file instead (a mounted secret)
     retry_after_s    after a failed server call, skip the server this long (doubling up to 30 s) so a
                      dead server costs one timeout, not one per request
     debug_fail_load_chunks  TEST ONLY fault injection: after each load, overwrite the blocks of these
@@ -50,6 +54,8 @@ class ConnectorConfig:
     model_name: str | None = None
     model_id: str | None = None
     retry_after_s: float = 2.0
+    api_token: str | None = dataclasses.field(default=None, repr=False)  # never in a log line
+    token_file: str | None = None
     debug_fail_load_chunks: tuple[int, ...] = ()
     debug_fail_plan_loads: bool = False  # TEST ONLY: take _plan's "cannot name the blocks" branch
     load: bool = True  # not a key: False for kv_role "kv_producer" (saves only); see apply_role
@@ -58,6 +64,16 @@ class ConnectorConfig:
         """kv_producer saves only, kv_consumer loads only, kv_both does both."""
         return dataclasses.replace(self, load=is_consumer,
                                    save_policy=self.save_policy if is_producer else "none")
+
+    def token(self) -> str | None:
+        """The configured credential (api_token, or token_file's content); None: the client's defaults."""
+        if self.token_file is None:
+            return self.api_token
+        from pathlib import Path
+
+        from kvprotocol._credentials import read_private
+
+        return read_private(Path(self.token_file), strict=False)
 
     def check_block_size(self, block_size: int) -> None:
         if block_size <= 0 or self.chunk_size % block_size:
@@ -70,6 +86,7 @@ class ConnectorConfig:
 _TYPES: dict[str, tuple[type, ...]] = {
     "kvserver_url": (str,), "mode": (str,), "timeout_s": (int, float), "save_policy": (str,),
     "chunk_size": (int,), "model_name": (str, type(None)), "model_id": (str, type(None)), "retry_after_s": (int, float),
+    "api_token": (str, type(None)), "token_file": (str, type(None)),
     "debug_fail_load_chunks": (list, tuple), "debug_fail_plan_loads": (bool,),
 }
 
@@ -110,6 +127,10 @@ def parse_config(extra: Mapping[str, Any] | None, environ: Mapping[str, str] | N
         raise ValueError("KVServerConnector: model_id must be 1-200 characters")
     if not 1 <= cfg.chunk_size <= 65536:
         raise ValueError("KVServerConnector: chunk_size must be in [1, 65536]")
+    if cfg.api_token is not None and cfg.token_file is not None:
+        raise ValueError("KVServerConnector: set api_token or token_file, not both")
+    if cfg.api_token is not None and (not cfg.api_token or any(ch.isspace() for ch in cfg.api_token)):
+        raise ValueError("KVServerConnector: api_token must be non-empty without whitespace")
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in cfg.debug_fail_load_chunks):
         raise ValueError("KVServerConnector: debug_fail_load_chunks must be non-negative ints")
     return cfg

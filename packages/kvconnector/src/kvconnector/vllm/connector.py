@@ -193,4 +193,5 @@ def _world_and_rank(vllm_config: VllmConfig, role: KVConnectorRole) -> tuple[int
 def _make_client(cfg: ConnectorConfig, model: str, world: int, rank: int, layout: Any) -> Any:
     from ..engine_client import EngineClient
 
-    return EngineClient(cfg.kvserver_url, model, world, rank, [layout], mode=cfg.mode, timeout=cfg.timeout_s)
+    return EngineClient(cfg.kvserver_url, model, world, rank, [layout], mode=cfg.mode, timeout=cfg.timeout_s,
+                        token=cfg.token())

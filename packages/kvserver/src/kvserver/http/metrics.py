@@ -146,6 +146,36 @@ class ServerCollector(Collector):
             errors.add_metric([code], d["errors"].get(code, 0))
         yield errors
         yield from _l2_families(tiers, d.get("l2_queue"))
+        yield from _tenant_families(d.get("tenants") or {})
+
+
+_TENANT_SERIES = (  # describe key, metric name, kind, help; label `tenant` (operator-chosen names, at most 64)
+    ("l1_used_bytes", "kvserver_tenant_l1_used_bytes", "gauge", "L1 bytes a tenant holds (reserved or ready)."),
+    ("l1_quota_bytes", "kvserver_tenant_l1_quota_bytes", "gauge", "A tenant's L1 quota (absent: none)."),
+    ("sessions", "kvserver_tenant_sessions_active", "gauge", "Live lookup sessions of a tenant."),
+    ("stores_in_flight", "kvserver_tenant_stores_in_flight", "gauge", "Reserved stores of a tenant."),
+    ("lookups", "kvserver_tenant_lookup_requests", "counter", "Lookups served, per tenant."),
+    ("lookup_tokens", "kvserver_tenant_lookup_tokens", "counter", "Tokens asked about by lookups, per tenant."),
+    ("lookup_hit_tokens", "kvserver_tenant_lookup_hit_tokens", "counter", "Prefix-hit tokens, per tenant."),
+    ("stored_bytes", "kvserver_tenant_store_bytes", "counter", "Bytes committed to L1, per tenant."),
+    ("retrieved_bytes", "kvserver_tenant_retrieve_bytes", "counter", "Bytes retrieved from L1, per tenant."),
+    ("quota_evictions", "kvserver_tenant_quota_evictions", "counter",
+     "Own objects evicted to stay within the tenant's L1 quota."),
+    ("quota_refusals", "kvserver_tenant_quota_refusals", "counter",
+     "Object reservations refused at the tenant's L1 quota."),
+    ("refused_sessions", "kvserver_tenant_refused_sessions", "counter", "Lookups refused at the session cap."),
+    ("refused_stores", "kvserver_tenant_refused_stores", "counter", "Stores refused at the reservation cap."),
+)
+
+
+def _tenant_families(tenants: Mapping[str, Any]) -> Iterator[Metric]:
+    for key, name, kind, help_text in _TENANT_SERIES:
+        family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, help_text, labels=["tenant"])
+        for tenant, row in tenants.items():
+            value = row.get(key) if isinstance(row, Mapping) else None
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                family.add_metric([str(tenant)], value)
+        yield family
 
 
 def _l2_families(tiers: list[TierStats], queue: Any) -> Iterator[Metric]:
