@@ -64,8 +64,8 @@ def test_exposition_parses_and_names_every_required_metric(srv: ServerProc) -> N
     assert om.headers["content-type"].startswith("application/openmetrics-text")
     om_names = {s.name for f in openmetrics_families(om.text) for s in f.samples}
     assert "kvserver_lookup_hit_tokens_total" in om_names
-    for name, labels in samples:  # bounded labels only
-        assert {k for k, _ in labels} <= {"op", "tier", "code", "version", "le", "route", "status"}, name
+    for name, labels in samples:  # bounded labels only (tenant: operator-chosen names, at most 64)
+        assert {k for k, _ in labels} <= {"op", "tier", "code", "version", "le", "route", "status", "tenant"}, name
 
 
 def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
