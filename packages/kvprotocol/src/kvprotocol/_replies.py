@@ -63,7 +63,6 @@ class LookupReply(Reply_):
     hit_chunks: int
     num_chunks: int
     chunk_size: int
-    session: str | None = None  # the server-issued session id, when the lookup asked for one
 
 
 class ChunkPresence(msgspec.Struct):
