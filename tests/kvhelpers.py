@@ -6,9 +6,11 @@ import mmap
 import os
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 
-from kvprotocol import Client, KeySpace, LayoutDescriptor, pack_tokens
+from kvprotocol import Client, KeySpace, LayoutDescriptor, flows, pack_tokens
+from kvprotocol import requests as rq
 from kvprotocol.kvsum import kvsum64
 
 
@@ -51,22 +53,26 @@ class ArenaMap:
 
 def store(c: Client, ks: KeySpace, tokens: Sequence[int], data_of, *, rank: int = 0, salt: str = "",
           mode: str = "tcp", arena: ArenaMap | None = None, start_chunk: int = 0, commit: bool = True) -> dict:
-    """Reserve, fill (data_of(chunk, group) -> bytes) and commit; returns the store reply."""
-    reply = c.call("store", keyspace=ks.to_wire(), tokens=pack_tokens(tokens), rank=rank, salt=salt,
-                   mode=mode, start_chunk=start_chunk).result
-    reserved = [s for s in reply["slots"] if s["status"] == "reserved"]
-    frames, checksums = [], []
-    for slot in reserved:
-        data = data_of(slot["chunk"], slot["group"])
-        checksums.append(kvsum64(data))
-        if mode == "shm":
-            assert arena is not None
-            arena.write(slot["offset"], data)
-        else:
-            frames.append(data)
-    if commit and reply["store_id"]:
-        c.call("commit", frames=frames, store_id=reply["store_id"], checksums=checksums)
-    return reply
+    """Reserve, fill (data_of(chunk, group) -> bytes) and commit (kvprotocol's one store sequence);
+    returns the store reply as a map."""
+    req = rq.Store(keyspace=ks.wire(), tokens=pack_tokens(tokens), rank=rank, salt=salt, mode=mode,
+                   start_chunk=start_chunk)
+    if not commit:
+        return msgspec.to_builtins(c.send(req)[0])
+
+    def fill(_reply, reserved):
+        frames, checksums = [], []
+        for slot in reserved:
+            data = data_of(slot.chunk, slot.group)
+            checksums.append(kvsum64(data))
+            if mode == "shm":
+                assert arena is not None
+                arena.write(slot.offset, data)
+            else:
+                frames.append(data)
+        return frames, checksums
+
+    return msgspec.to_builtins(flows.store_and_commit(c.send, req, fill))
 
 
 def lookup(c: Client, ks: KeySpace, tokens: Sequence[int], salt: str = "", session: str | None = None) -> int:
@@ -78,9 +84,11 @@ def lookup(c: Client, ks: KeySpace, tokens: Sequence[int], salt: str = "", sessi
 
 def retrieve(c: Client, session: str, start: int, end: int, *, rank: int = 0, mode: str = "tcp",
              arena: ArenaMap | None = None) -> dict[tuple[int, int], bytes]:
-    reply = c.call("retrieve", session=session, rank=rank, start_chunk=start, end_chunk=end, mode=mode)
+    """The objects of chunks [start, end) a session leased; the leases stay (the test releases them)."""
+    req = rq.Retrieve(session=session, rank=rank, start_chunk=start, end_chunk=end, mode=mode)
+    reply, frames = flows.retrieve_leased(c.send, req)
     out = {}
-    for i, obj in enumerate(reply.result["objects"]):
-        key = (obj["chunk"], obj["group"])
-        out[key] = arena.read(obj["offset"], obj["size"]) if mode == "shm" else bytes(reply.frames[i])
+    for i, obj in enumerate(reply.objects):
+        key = (obj.chunk, obj.group)
+        out[key] = arena.read(obj.offset, obj.size) if mode == "shm" else bytes(frames[i])
     return out

@@ -13,6 +13,7 @@ from ._keys import ObjectKey, validate_model, validate_salt
 from ._layout import DTYPES, LAYOUT_TAGS, MAX_OBJECT_BYTES, LayoutDescriptor
 from ._messages import MAX_KEYS, MAX_TOKENS, PROTOCOL_VERSION, SCHEMA, validate_request
 from ._keyspace import KeySpace
+from . import _flows as flows
 from . import _replies as replies
 from . import _requests as requests
 from ._security import (bearer_matches, bearer_refusal, exposure_refusal, is_loopback, listen_socket,
@@ -28,5 +29,5 @@ __all__ = [
     "unpack_tokens", "validate_model", "validate_request", "validate_salt",
     "SERVER_KEY_ENV", "STATE_DIR_ENV", "TOKEN_ENV", "TOKEN_FILE_ENV", "CredentialError", "resolve_server_key",
     "resolve_token", "MAX_KEYS", "MAX_OBJECT_BYTES",
-    "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra", "replies", "requests",
+    "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra", "flows", "replies", "requests",
 ]

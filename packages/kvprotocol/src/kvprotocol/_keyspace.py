@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._keys import ObjectKey
 from ._layout import LayoutDescriptor
+
+if TYPE_CHECKING:
+    from ._requests import KeySpaceW
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +27,12 @@ class KeySpace:
 
     def to_wire(self) -> dict[str, Any]:
         return {"model": self.model, "world_size": self.world_size, "groups": list(self.groups)}
+
+    def wire(self) -> KeySpaceW:
+        """The typed wire form (kvprotocol._requests.KeySpaceW), as the typed requests carry it."""
+        from ._requests import KeySpaceW
+
+        return KeySpaceW(self.model, self.world_size, list(self.groups))
 
     def key(self, rank: int, group: int, salt: str, chunk_hash: bytes) -> ObjectKey:
         return ObjectKey(self.model, self.groups[group], self.world_size, rank, group, salt, chunk_hash)

@@ -13,12 +13,14 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from kvprotocol import Client, KeySpace, RequestTimeout, ServerError, chunk_hashes, flows, pack_tokens
+from kvprotocol import replies as rp
+from kvprotocol import requests as rq
 from kvprotocol.kvsum import kvsum64
-from kvprotocol import Client, RequestTimeout, ServerError, chunk_hashes, pack_tokens
 
 from .kvshape import KVShape
 from .stats import Latencies, gbps
@@ -70,7 +72,7 @@ class ServerBench:
             layout = self.shape.layout(chunk_size)
             reg = self._call(client, "register_engine", model=self.model, world_size=1, rank=0,
                              groups=[layout.to_wire()], host=socket.gethostname(), pid=os.getpid()).result
-            keyspace = {"model": self.model, "world_size": 1, "groups": [layout.fingerprint]}
+            keyspace = KeySpace(self.model, 1, (layout.fingerprint,)).wire()
             arena = Arena(reg["arena"]["name"], reg["arena"]["size"]) if self.mode == "shm" else None
             payload = Payload(layout.object_bytes, self.spec.seed)
             sink = np.empty(layout.object_bytes, dtype=np.uint8)
@@ -97,26 +99,30 @@ class ServerBench:
                 raise BenchAborted(f"{op} refused: {exc.code}: {exc.message}") from None
             raise
 
+    def _send(self, client: Client, req: rq.Request, frames: Any = ()) -> tuple[rp.Reply_, list[memoryview]]:
+        try:
+            return client.send(req, frames)
+        except RequestTimeout as exc:
+            raise BenchAborted(f"timeout: {exc}") from None
+
     def _one(self, client: Client, arena: Arena | None, payload: Payload, sink: np.ndarray,
-             keyspace: dict[str, Any], salt: str, chunk_size: int, req: Request, n: int) -> None:
+             keyspace: rq.KeySpaceW, salt: str, chunk_size: int, req: Request, n: int) -> None:
         tokens = pack_tokens(req.tokens)
         hashes = chunk_hashes(req.tokens, chunk_size)
         session = f"bench-{os.getpid()}-{n}"
-        common: dict[str, Any] = {"keyspace": keyspace, "tokens": tokens}
-        if salt:
-            common["salt"] = salt
+        common: dict[str, Any] = {"keyspace": keyspace, "tokens": tokens, "salt": salt}
         t = self.tally
         t.requests += 1
         t.prompt_tokens += len(req.tokens)
         try:
             t0 = time.perf_counter()
-            hit = self._call(client, "lookup", session=session, **common).result
+            hit = cast(rp.LookupReply, self._send(client, rq.Lookup(session=session, **common))[0])
             self.lat.add("lookup", time.perf_counter() - t0)
-            t.hit_tokens += hit["hit_tokens"]
-            if hit["hit_chunks"]:
-                self._retrieve(client, arena, payload, sink, session, hashes, hit["hit_chunks"])
-            if hit["hit_chunks"] < len(hashes):
-                self._store(client, arena, payload, session, common, hashes, hit["hit_chunks"])
+            t.hit_tokens += hit.hit_tokens
+            if hit.hit_chunks:
+                self._retrieve(client, arena, payload, sink, session, hashes, hit.hit_chunks)
+            if hit.hit_chunks < len(hashes):
+                self._store(client, arena, payload, session, common, hashes, hit.hit_chunks)
         except ServerError as exc:
             t.errors[str(exc.code)] = t.errors.get(str(exc.code), 0) + 1
         finally:
@@ -128,49 +134,55 @@ class ServerBench:
     def _retrieve(self, client: Client, arena: Arena | None, payload: Payload, sink: np.ndarray,
                   session: str, hashes: list[bytes], end: int) -> None:
         t0 = time.perf_counter()
-        reply = self._call(client, "retrieve", session=session, rank=0, start_chunk=0, end_chunk=end, mode=self.mode)
-        objects = reply.result["objects"]
+        mode: rq.Mode = "shm" if arena is not None else "tcp"
+        req = rq.Retrieve(session=session, rank=0, start_chunk=0, end_chunk=end, mode=mode)
+        reply, frames = flows.retrieve_leased(lambda r, f: self._send(client, r, f), req)
+        objects = reply.objects
         if arena is None:
-            datas = frames_to_arrays(reply.frames)
+            datas = frames_to_arrays(frames)
             for data in datas:
                 np.copyto(sink[: data.size], data)  # what an engine's scatter would copy
         else:
             for obj in objects:
-                arena.read_into(obj["offset"], sink[: obj["size"]])
+                arena.read_into(obj.offset or 0, sink[: obj.size])  # shm replies carry offsets
         self.lat.add("retrieve", time.perf_counter() - t0)
         if arena is None:
-            ok = [payload.check(d, hashes[o["chunk"]], self.verify) for o, d in zip(objects, datas, strict=True)]
+            ok = [payload.check(d, hashes[o.chunk], self.verify) for o, d in zip(objects, datas, strict=True)]
         else:
             ok = []
             for obj in objects:  # shm: re-read each for the check (outside the timed section)
-                arena.read_into(obj["offset"], sink[: obj["size"]])
-                ok.append(payload.check(sink[: obj["size"]], hashes[obj["chunk"]], self.verify))
+                arena.read_into(obj.offset or 0, sink[: obj.size])
+                ok.append(payload.check(sink[: obj.size], hashes[obj.chunk], self.verify))
         self.tally.verify_errors += ok.count(False)
         self.tally.retrieved_objects += len(objects)
-        self.tally.retrieved_bytes += sum(o["size"] for o in objects)
+        self.tally.retrieved_bytes += sum(o.size for o in objects)
 
     def _store(self, client: Client, arena: Arena | None, payload: Payload, session: str,
                common: dict[str, Any], hashes: list[bytes], start: int) -> None:
         t = self.tally
         t0 = time.perf_counter()
-        reply = self._call(client, "store", rank=0, start_chunk=start, mode=self.mode, session=session, **common)
-        slots = reply.result["slots"]
-        reserved = [s for s in slots if s["status"] == "reserved"]
-        frames, checksums = [], []
-        for slot in reserved:
-            data = payload.make(hashes[slot["chunk"]])
-            checksums.append(kvsum64(data))  # the commit proves the write (what an engine's gather computes)
-            if arena is None:
-                frames.append(data)
-            else:
-                arena.write(slot["offset"], data)
-        if reply.result["store_id"] is not None:
-            self._call(client, "commit", frames=frames, store_id=reply.result["store_id"], checksums=checksums)
+
+        def fill(_reply: rp.StoreReply, reserved: list[rp.StoreSlot]) -> tuple[list[Any], list[int]]:
+            frames, checksums = [], []
+            for slot in reserved:
+                data = payload.make(hashes[slot.chunk])
+                checksums.append(kvsum64(data))  # the commit proves the write (what an engine's gather computes)
+                if arena is None:
+                    frames.append(data)
+                else:
+                    assert slot.offset is not None
+                    arena.write(slot.offset, data)
+            return frames, checksums
+
+        mode: rq.Mode = "shm" if arena is not None else "tcp"
+        req = rq.Store(rank=0, start_chunk=start, mode=mode, session=session, **common)
+        reply = flows.store_and_commit(lambda r, f: self._send(client, r, f), req, fill)
         self.lat.add("store", time.perf_counter() - t0)
+        reserved = [s for s in reply.slots if s.status == "reserved"]
         t.stored_objects += len(reserved)
-        t.stored_bytes += sum(s["size"] for s in reserved)
-        t.deduplicated += sum(s["status"] in ("present", "writing") for s in slots)
-        t.no_space += sum(s["status"] == "no_space" for s in slots)
+        t.stored_bytes += sum(s.size or 0 for s in reserved)
+        t.deduplicated += sum(s.status in ("present", "writing") for s in reply.slots)
+        t.no_space += sum(s.status == "no_space" for s in reply.slots)
 
     def report(self, elapsed: float, chunk_size: int) -> dict[str, Any]:
         t, lat = self.tally, self.lat
