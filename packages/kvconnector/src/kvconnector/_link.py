@@ -15,15 +15,19 @@ import ipaddress
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import zmq
 from kvprotocol import Client, ErrorCode, KeySpace, LayoutDescriptor, Reply, RequestTimeout, ServerError
+from kvprotocol._replies import Reply_
+from kvprotocol._requests import Request
 
 from ._arena_map import ArenaMap, shm_exists
+
+R = TypeVar("R")
 
 MODES = ("auto", "shm", "tcp")
 
@@ -81,6 +85,14 @@ class ServerLink:
         self._down_until = 0.0
 
     def call(self, op: str, deadline: Deadline, frames: Sequence[Any] = (), **fields: Any) -> Reply:
+        """An untyped request (a map of fields)."""
+        return self._guarded(op, deadline, lambda c, t: c.call(op, frames=frames, timeout=t, **fields))
+
+    def send(self, req: Request, deadline: Deadline, frames: Sequence[Any] = ()) -> tuple[Reply_, list[memoryview]]:
+        """A typed request (kvprotocol.requests); returns the typed reply and data frames."""
+        return self._guarded(req.op_name(), deadline, lambda c, t: c.send(req, frames, timeout=t))
+
+    def _guarded(self, op: str, deadline: Deadline, run: Callable[[Client, float], R]) -> R:
         wait = self._down_until - time.monotonic()
         if wait > 0:
             raise Unavailable(f"{op}: server {self.url} did not answer recently; retrying in {wait:.1f}s")
@@ -90,7 +102,7 @@ class ServerLink:
         if self._client is None:
             self._client = Client(self.url, timeout=remaining, token=self.token)
         try:
-            return self._client.call(op, frames=frames, timeout=remaining, **fields)
+            return run(self._client, remaining)
         except RequestTimeout:
             self.reset()
             self._down_until = time.monotonic() + self.backoff
@@ -140,6 +152,13 @@ class EngineLink:
 
     def call(self, op: str, deadline: Deadline, frames: Sequence[Any] = (), **fields: Any) -> Reply:
         return self.server.call(op, deadline, frames, **fields)
+
+    def send(self, req: Request, deadline: Deadline, frames: Sequence[Any] = ()) -> tuple[Reply_, list[memoryview]]:
+        return self.server.send(req, deadline, frames)
+
+    def sender(self, deadline: Deadline) -> Callable[[Request, Sequence[Any]], tuple[Reply_, list[memoryview]]]:
+        """`send` bound to one deadline: what kvprotocol.flows takes."""
+        return lambda req, frames: self.server.send(req, deadline, frames)
 
     def invalidate(self) -> None:
         """Forget the registration (the server may have restarted); the next operation registers."""

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
-from kvprotocol import ErrorCode, ExtraKeys, ServerError, check_extra, pack_tokens
+from kvprotocol import ErrorCode, ExtraKeys, ServerError, check_extra, flows, pack_tokens
+from kvprotocol import replies as rp
+from kvprotocol import requests as rq
 
 from . import copy as kvcopy
 from ._link import Deadline, EngineLink, LeaseLost
 from ._transfer import Copier, Moves, check_blocks, load_moves, save_moves
 
-RELEASE_CODES = (ErrorCode.UNKNOWN_SESSION, ErrorCode.NOT_LEASED)
 U64_MAX = (1 << 64) - 1
 
 
@@ -49,7 +50,7 @@ def as_tables(block_ids: Any, groups: int) -> list[np.ndarray]:
     """One block table per group: a flat list serves every group, a nested one is per group."""
     if hasattr(block_ids, "detach"):
         block_ids = block_ids.detach().cpu().numpy()
-    nested = isinstance(block_ids, np.ndarray) and block_ids.ndim == 2 or (
+    nested = (isinstance(block_ids, np.ndarray) and block_ids.ndim == 2) or (
         not isinstance(block_ids, np.ndarray) and len(block_ids) > 0
         and isinstance(block_ids[0], (list, tuple, np.ndarray)))
     tables = [np.asarray(t, dtype=np.int64).reshape(-1) for t in block_ids] if nested \
@@ -59,10 +60,10 @@ def as_tables(block_ids: Any, groups: int) -> list[np.ndarray]:
     return tables
 
 
-def extra_fields(extra: ExtraKeys, num_chunks: int) -> dict[str, Any]:
+def extra_pairs(extra: ExtraKeys, num_chunks: int) -> list[tuple[int, bytes]] | None:
     """The wire `extra` field for a request of num_chunks full chunks (keys of later chunks dropped)."""
-    pairs = [[i, d] for i, d in check_extra(extra) if i < num_chunks]
-    return {"extra": pairs} if pairs else {}
+    pairs = [(i, d) for i, d in check_extra(extra) if i < num_chunks]
+    return pairs or None
 
 
 def _ceil(a: int, b: int) -> int:
@@ -81,17 +82,14 @@ def load_blocks(link: EngineLink, tables: Sequence[np.ndarray], skip: int, num: 
 def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, session: str | None,
            extra: ExtraKeys = (), rank: int | None = None) -> int:
     """Hit tokens; with a session, lease the hit objects of every rank (or of `rank` only) to it."""
-    fields: dict[str, Any] = {"keyspace": link.keyspace.to_wire(), "tokens": pack_tokens(tokens), "salt": salt,
-                              **extra_fields(extra, tokens.shape[0] // link.layouts[0].chunk_size)}
-    if session is not None:
-        fields["session"] = session
-        if rank is not None:
-            fields["rank"] = rank
-    result = link.call("lookup", deadline, **fields).result
-    if int(result["chunk_size"]) != link.layouts[0].chunk_size:
-        raise ServerError(ErrorCode.LAYOUT_MISMATCH, f"server chunk_size {result['chunk_size']} "
+    req = rq.Lookup(keyspace=link.keyspace.wire(), tokens=pack_tokens(tokens), salt=salt,
+                    extra=extra_pairs(extra, tokens.shape[0] // link.layouts[0].chunk_size),
+                    session=session, rank=rank if session is not None else None)
+    result = cast(rp.LookupReply, link.send(req, deadline)[0])
+    if result.chunk_size != link.layouts[0].chunk_size:
+        raise ServerError(ErrorCode.LAYOUT_MISMATCH, f"server chunk_size {result.chunk_size} "
                                                      f"!= layout chunk_size {link.layouts[0].chunk_size}")
-    return int(result["hit_tokens"])
+    return result.hit_tokens
 
 
 @dataclass
@@ -104,11 +102,11 @@ class _Objects:
     keepalive: Any = None
 
 
-def _object_addrs(link: EngineLink, mode: str, objects: list[dict[str, Any]], frames: Sequence[Any],
+def _object_addrs(link: EngineLink, mode: str, objects: list[rp.RetrievedObject], frames: Sequence[Any],
                   start: int, end: int) -> _Objects:
     groups = len(link.layouts)
     expected = [(c, g) for c in range(start, end) for g in range(groups)]
-    got = [(o.get("chunk"), o.get("group")) for o in objects]
+    got = [(o.chunk, o.group) for o in objects]
     if sorted(got) != expected:
         raise ValueError(f"retrieve returned objects {got[:6]}..., expected chunks [{start}, {end}) of "
                          f"{groups} group(s)")
@@ -117,18 +115,17 @@ def _object_addrs(link: EngineLink, mode: str, objects: list[dict[str, Any]], fr
     addrs = [np.zeros(end - start, dtype=np.int64) for _ in range(groups)]
     sums = [[0] * (end - start) for _ in range(groups)]
     for i, obj in enumerate(objects):
-        c, g = obj["chunk"], obj["group"]
+        c, g = obj.chunk, obj.group
         size = link.layouts[g].object_bytes
-        if obj.get("size") != size:
-            raise ValueError(f"object of chunk {c} has {obj.get('size')} bytes, layout says {size}")
-        checksum = obj.get("checksum")
-        if not isinstance(checksum, int) or isinstance(checksum, bool) or not 0 <= checksum <= U64_MAX:
+        if obj.size != size:
+            raise ValueError(f"object of chunk {c} has {obj.size} bytes, layout says {size}")
+        if not 0 <= obj.checksum <= U64_MAX:
             raise ValueError(f"object of chunk {c} comes without a valid checksum")
-        sums[g][c - start] = checksum
+        sums[g][c - start] = obj.checksum
         if mode == "shm":
             assert link.arena is not None
-            link.arena.check_range(obj.get("offset"), size)
-            addrs[g][c - start] = link.arena.address + obj["offset"]
+            link.arena.check_range(obj.offset, size)
+            addrs[g][c - start] = link.arena.address + cast(int, obj.offset)
         else:
             if len(frames[i]) != size:
                 raise ValueError(f"data frame of chunk {c} has {len(frames[i])} bytes, expected {size}")
@@ -140,42 +137,66 @@ def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tok
          tables: Sequence[np.ndarray], skip: int, num: int, salt: str, extra: ExtraKeys = ()) -> int:
     """Write engine blocks covering tokens [skip, num) from the cache; returns the tokens loaded.
 
-    Ends this rank's leases of the session, whatever happens. In shm mode, on success, by a release
-    that proves the leases were held until the copy finished (so no slot could have been reused
-    under it); if they were not, the copy may hold another object's bytes and the load fails
-    (LeaseLost). tcp frames are copies the server took under the lease, so they need no such proof.
+    Ends this rank's leases of the session, whatever happens (kvprotocol.flows.read_leased). In shm
+    mode, on success, by a release that proves the leases were held until the copy finished (so no
+    slot could have been reused under it); if they were not, the copy may hold another object's
+    bytes and the load fails (LeaseLost). tcp frames are copies the server took under the lease, so
+    they need no such proof.
     """
     try:
-        loaded, lease = _load(link, copier, deadline, session, tokens, tables, skip, num, salt, extra)
+        planned = _plan_load(link, copier, skip, num, tables)
+        mode = link.ensure(deadline) if planned is not None else "tcp"
     except BaseException:
         _give_back(link, deadline, session)
         raise
-    if lease is None:
+    if planned is None:
         _give_back(link, deadline, session)
-        return loaded
-    result = link.call("release", deadline, session=session, rank=link.rank, lease=lease).result
-    if result.get("intact") is not True:
-        raise LeaseLost(f"the leases of session {session!r} ended before rank {link.rank}'s copy finished "
-                        "(expired or dropped); the copied bytes are not trusted")
-    return loaded
+        return 0
+    start, end, moves = planned
+    chunk = link.layouts[0].chunk_size
+
+    def relookup() -> None:  # this rank's lease expired or was never taken here: lease again
+        hit = lookup(link, deadline, tokens[: end * chunk], salt, session, extra, rank=link.rank)
+        if hit < end * chunk:
+            raise ServerError(ErrorCode.NOT_LEASED, f"only {hit} of the {end * chunk} tokens to load are cached now")
+
+    def copy(reply: rp.RetrieveReply, frames: list[memoryview]) -> int:
+        objs = _object_addrs(link, mode, reply.objects, frames, start, end)
+        bad: list[int] = []
+        for g, m in enumerate(moves):  # verified while scattering: a mismatch fails the whole load
+            bad += [start + i for i in copier.scatter(g, objs.addrs[g], m, objs.checksums[g])]
+        copier.finish()
+        if bad:
+            raise ChecksumMismatch(len(bad), sorted(set(bad)))
+        if mode == "shm":
+            link.check_arena()  # the bytes came from the arena the replying server owns
+        return num - skip
+
+    req = rq.Retrieve(session=session, rank=link.rank, start_chunk=start, end_chunk=end,
+                      mode="shm" if mode == "shm" else "tcp")
+    try:
+        return flows.read_leased(link.sender(deadline), req, copy, prove=mode == "shm",
+                                 relookup=relookup if tokens.shape[0] >= end * chunk else None,
+                                 release_send=link.sender(_grace(deadline)))
+    except flows.LeaseBroken as exc:
+        raise LeaseLost(str(exc)) from exc
 
 
 def _give_back(link: EngineLink, deadline: Deadline, session: str) -> None:
     """Best effort: return this rank's leases (the server also expires them after its lease TTL)."""
     try:
-        link.call("release", _grace(deadline), session=session, rank=link.rank)
+        link.send(rq.Release(session=session, rank=link.rank), _grace(deadline))
     except Exception:
         pass
 
 
-def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tokens: np.ndarray,
-          tables: Sequence[np.ndarray], skip: int, num: int, salt: str, extra: ExtraKeys = ()
-          ) -> tuple[int, int | None]:
-    """The load itself: (tokens loaded, the lease number an shm copy was made under, else None)."""
+def _plan_load(link: EngineLink, copier: Copier, skip: int, num: int, tables: Sequence[np.ndarray]
+               ) -> tuple[int, int, list[Moves]] | None:
+    """(first chunk, end chunk, block moves per group) of a load of tokens [skip, num); None: nothing."""
     if skip < 0 or num < 0:
         raise ValueError("skip_tokens and num_tokens must be >= 0")
     if num <= skip:
-        return 0, None
+        return None
     chunk = link.layouts[0].chunk_size
     start, end = skip // chunk, _ceil(num, chunk)
     moves: list[Moves] = []
@@ -186,32 +207,7 @@ def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, to
         m = load_moves(table, lay.blocks_per_chunk, start, skip // lay.block_size, _ceil(num, lay.block_size))
         check_blocks(m, copier.num_blocks(g), distinct=True)
         moves.append(m)
-    mode = link.ensure(deadline)
-    fields = {"session": session, "rank": link.rank, "start_chunk": start, "end_chunk": end, "mode": mode}
-    try:
-        reply = link.call("retrieve", deadline, **fields)
-    except ServerError as exc:  # this rank's lease expired or was never taken here: lease again, then retry
-        if exc.code not in RELEASE_CODES or tokens.shape[0] < end * chunk:
-            raise
-        hit = lookup(link, deadline, tokens[: end * chunk], salt, session, extra, rank=link.rank)
-        if hit < end * chunk:
-            raise ServerError(ErrorCode.NOT_LEASED, f"only {hit} of the {end * chunk} tokens to load are cached "
-                                                    "now") from exc
-        reply = link.call("retrieve", deadline, **fields)
-    lease = reply.result.get("lease")
-    if not isinstance(lease, int) or isinstance(lease, bool):
-        raise ValueError("retrieve reply carries no lease number")
-    objs = _object_addrs(link, mode, reply.result.get("objects", []), reply.frames, start, end)
-    bad: list[int] = []
-    for g, m in enumerate(moves):  # verified while scattering: a mismatch fails the whole load
-        bad += [start + i for i in copier.scatter(g, objs.addrs[g], m, objs.checksums[g])]
-    copier.finish()
-    if bad:
-        raise ChecksumMismatch(len(bad), sorted(set(bad)))
-    if mode != "shm":
-        return num - skip, None
-    link.check_arena()  # the bytes came from the arena the replying server owns
-    return num - skip, lease
+    return start, end, moves
 
 
 @dataclass(frozen=True)
@@ -221,21 +217,10 @@ class Saved:
     no_space: int  # chunks the server had no room for
 
 
-def _store(link: EngineLink, deadline: Deadline, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    mode = link.ensure(deadline)
-    try:
-        return mode, link.call("store", deadline, keyspace=link.keyspace.to_wire(), mode=mode, **fields).result
-    except ServerError as exc:
-        if exc.code != ErrorCode.LAYOUT_MISMATCH:
-            raise
-        link.invalidate()  # a restarted server forgot our layouts: register again, once
-        mode = link.ensure(deadline)
-        return mode, link.call("store", deadline, keyspace=link.keyspace.to_wire(), mode=mode, **fields).result
-
-
 def save(link: EngineLink, copier: Copier, deadline: Deadline, tokens: np.ndarray,
          tables: Sequence[np.ndarray], salt: str, skip: int, extra: ExtraKeys = ()) -> Saved:
-    """Store every full chunk from the one holding skip_tokens on; reserve, gather, verify, commit."""
+    """Store every full chunk from the one holding skip_tokens on: reserve, gather, verify, commit
+    (kvprotocol.flows.store_and_commit: a reservation is always committed or aborted)."""
     chunk = link.layouts[0].chunk_size
     n = tokens.shape[0] // chunk
     for lay, table in zip(link.layouts, tables, strict=True):
@@ -245,62 +230,73 @@ def save(link: EngineLink, copier: Copier, deadline: Deadline, tokens: np.ndarra
         return Saved(0, 0, 0)
     for g, (lay, table) in enumerate(zip(link.layouts, tables, strict=True)):
         check_blocks(save_moves(table, lay.blocks_per_chunk, range(start, n)), copier.num_blocks(g), distinct=False)
-    fields = {"tokens": pack_tokens(tokens[: n * chunk]), "rank": link.rank, "salt": salt, "start_chunk": start,
-              **extra_fields(extra, n)}
-    mode, result = _store(link, deadline, fields)
-    slots = result.get("slots", [])
-    reserved = [s for s in slots if s.get("status") == "reserved"]
-    bad = [s for s in slots if not (start <= s.get("chunk", -1) < n and 0 <= s.get("group", -1) < len(link.layouts))]
-    if bad:
-        raise ValueError(f"store returned slots outside the request: {bad[:3]}")
-    full = {s["chunk"] for s in slots if s.get("status") == "no_space"}
-    written = {s["chunk"] for s in reserved}
-    if reserved:
-        _fill_and_commit(link, copier, deadline, mode, result.get("store_id"), reserved, tables)
+    mode = link.ensure(deadline)
+    req = rq.Store(keyspace=link.keyspace.wire(), tokens=pack_tokens(tokens[: n * chunk]), rank=link.rank,
+                   salt=salt, start_chunk=start, extra=extra_pairs(extra, n), mode="shm" if mode == "shm" else "tcp")
+
+    def send(r: rq.Request, frames: Sequence[Any]) -> tuple[rp.Reply_, list[memoryview]]:
+        nonlocal mode
+        try:
+            return link.send(r, deadline, frames)
+        except ServerError as exc:
+            if not isinstance(r, rq.Store) or exc.code != ErrorCode.LAYOUT_MISMATCH:
+                raise
+            link.invalidate()  # a restarted server forgot our layouts: register again, once
+            mode = link.ensure(deadline)
+            r.mode = "shm" if mode == "shm" else "tcp"
+            return link.send(r, deadline, frames)
+
+    def fill(reply: rp.StoreReply, reserved: list[rp.StoreSlot]) -> tuple[list[memoryview], list[int]]:
+        _check_slots(link, reply, start, n)
+        return _gather(link, copier, mode, reserved, tables)
+
+    result = flows.store_and_commit(send, req, fill, abort_send=link.sender(_grace(deadline)))
+    _check_slots(link, result, start, n)
+    full = {s.chunk for s in result.slots if s.status == "no_space"}
+    written = {s.chunk for s in result.slots if s.status == "reserved"}
     return Saved(len(written - full), n - start - len(full), len(full))
 
 
-def _fill_and_commit(link: EngineLink, copier: Copier, deadline: Deadline, mode: str, store_id: Any,
-                     reserved: list[dict[str, Any]], tables: Sequence[np.ndarray]) -> None:
-    if not isinstance(store_id, str):
-        raise ValueError("store reply has reserved slots but no store_id")
-    sizes = [link.layouts[s["group"]].object_bytes for s in reserved]
-    try:
+def _check_slots(link: EngineLink, reply: rp.StoreReply, start: int, n: int) -> None:
+    bad = [s for s in reply.slots if not (start <= s.chunk < n and 0 <= s.group < len(link.layouts))]
+    if bad:
+        raise ValueError(f"store returned slots outside the request: {bad[:3]}")
+
+
+def _gather(link: EngineLink, copier: Copier, mode: str, reserved: list[rp.StoreSlot],
+            tables: Sequence[np.ndarray]) -> tuple[list[memoryview], list[int]]:
+    """Copy the reserved chunks out of the engine's KV into their slots (shm) or frames (tcp);
+    returns (frames, one checksum per slot): the commit's proof of the write."""
+    sizes = [link.layouts[s.group].object_bytes for s in reserved]
+    for s, size in zip(reserved, sizes, strict=True):
+        if s.size != size:
+            raise ValueError(f"slot of chunk {s.chunk} has {s.size} bytes, layout says {size}")
+    frames: list[memoryview] = []
+    if mode == "shm":
+        assert link.arena is not None
         for s, size in zip(reserved, sizes, strict=True):
-            if s.get("size") != size:
-                raise ValueError(f"slot of chunk {s['chunk']} has {s.get('size')} bytes, layout says {size}")
-        frames: list[memoryview] = []
-        if mode == "shm":
-            assert link.arena is not None
-            for s, size in zip(reserved, sizes, strict=True):
-                link.arena.check_range(s.get("offset"), size)
-            addrs = [link.arena.address + s["offset"] for s in reserved]
-        else:
-            buf = np.empty(sum(sizes), dtype=np.uint8)
-            ends = np.cumsum(sizes)
-            frames = [memoryview(buf[e - z : e]) for e, z in zip(ends, sizes, strict=True)]
-            addrs = [kvcopy.address_of(buf) + int(e - z) for e, z in zip(ends, sizes, strict=True)]
-        checksums: list[int | None] = [None] * len(reserved)
-        for g, lay in enumerate(link.layouts):
-            idx = [i for i, s in enumerate(reserved) if s["group"] == g]
-            if idx:
-                moves = save_moves(tables[g], lay.blocks_per_chunk, [reserved[i]["chunk"] for i in idx])
-                sums = copier.gather(g, np.asarray([addrs[i] for i in idx], dtype=np.int64), moves)
-                for j, i in enumerate(idx):
-                    checksums[i] = None if sums is None else sums[j]
-        copier.finish()
-        # the commit proves the write: the checksum of each object as gathered (or, for copiers that
-        # cannot sum while copying, as it lies in host memory once the copy is done)
-        proof = [kvcopy.checksum(a, z) if c is None else c for a, z, c in zip(addrs, sizes, checksums, strict=True)]
-        if mode == "shm":
-            link.check_arena()  # we wrote into the arena of the server that reserved the slots
-        link.call("commit", deadline, frames=frames, store_id=store_id, checksums=proof)
-    except BaseException:
-        try:  # best effort: the server also expires reservations after its lease TTL
-            link.call("abort", _grace(deadline), store_id=store_id)
-        except Exception:
-            pass
-        raise
+            link.arena.check_range(s.offset, size)
+        addrs = [link.arena.address + cast(int, s.offset) for s in reserved]
+    else:
+        buf = np.empty(sum(sizes), dtype=np.uint8)
+        ends = np.cumsum(sizes)
+        frames = [memoryview(buf[e - z : e]) for e, z in zip(ends, sizes, strict=True)]  # type: ignore[arg-type]
+        addrs = [kvcopy.address_of(buf) + int(e - z) for e, z in zip(ends, sizes, strict=True)]
+    checksums: list[int | None] = [None] * len(reserved)
+    for g, lay in enumerate(link.layouts):
+        idx = [i for i, s in enumerate(reserved) if s.group == g]
+        if idx:
+            moves = save_moves(tables[g], lay.blocks_per_chunk, [reserved[i].chunk for i in idx])
+            sums = copier.gather(g, np.asarray([addrs[i] for i in idx], dtype=np.int64), moves)
+            for j, i in enumerate(idx):
+                checksums[i] = None if sums is None else sums[j]
+    copier.finish()
+    # the checksum of each object as gathered (or, for copiers that cannot sum while copying, as it
+    # lies in host memory once the copy is done)
+    proof = [kvcopy.checksum(a, z) if c is None else c for a, z, c in zip(addrs, sizes, checksums, strict=True)]
+    if mode == "shm":
+        link.check_arena()  # we wrote into the arena of the server that reserved the slots
+    return frames, proof
 
 
 def _grace(deadline: Deadline) -> Deadline:
