@@ -7,6 +7,7 @@ ever waits on another.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class Counters:
     late_commits: int = 0  # commits that arrived after their reservation's deadline
 
 
+log = logging.getLogger("kvserver")
 MAX_ENGINES = 256  # registrations kept for describe; the oldest go first
 MAX_SESSIONS = 4096  # live read sessions per server (an identity is the one server credential for now)
 MAX_SESSION_OBJECTS = 1 << 22  # chunk hashes + leased keys all live sessions keep, in total
@@ -144,12 +146,17 @@ class CacheService:
         engine = Engine(engine_id, f["model"], f["world_size"], f["rank"], [g.to_wire() for g in f["groups"]],
                         f.get("host", ""), f.get("pid", 0))
         # The same process registering again (a reconnect) keeps its id; the table stays bounded.
+        again = False
         for old in list(self.engines.values()):
             if (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
                     engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid) and engine.pid:
                 del self.engines[old.id]
                 engine.id = engine_id = old.id
+                again = True
         self.engines[engine_id] = engine
+        log.info("engine %s %s: model=%s rank=%d/%d host=%s pid=%d layouts=%s", engine_id,
+                 "registered again" if again else "registered", engine.model, engine.rank, engine.world_size,
+                 engine.host or "-", engine.pid, ",".join(g.fingerprint for g in f["groups"]))
         while len(self.engines) > MAX_ENGINES:
             del self.engines[next(iter(self.engines))]
         return {
