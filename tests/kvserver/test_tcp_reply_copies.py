@@ -62,6 +62,7 @@ def test_tcp_reply_bytes_do_not_change_after_the_lease_ends(server_factory):
     ready, go = threading.Event(), threading.Event()
 
     def slow_reader() -> None:
+        # through the relay's port: the server's token, which only its own port's file names
         with Client(f"tcp://127.0.0.1:{relay.port}", timeout=60, token=resolve_token(None, srv.url)) as x:
             x.call("ping")
             ready.set()

@@ -7,6 +7,7 @@ ever waits on another.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,9 @@ class Counters:
     late_commits: int = 0  # commits that arrived after their reservation's deadline
 
 
+log = logging.getLogger("kvserver")
+
+
 @dataclass
 class TenantCounters:
     """What one tenant did: the per-tenant rows of describe and /metrics."""
@@ -73,7 +77,7 @@ class TenantCounters:
 
 
 MAX_ENGINES = 256  # registrations kept for describe; the oldest go first
-MAX_SESSIONS = 4096  # live read sessions per server (an identity is the one server credential for now)
+MAX_SESSIONS = 4096  # live read sessions per server, all tenants together (each tenant has its own cap too)
 MAX_SESSION_OBJECTS = 1 << 22  # chunk hashes + leased keys all live sessions keep, in total
 MAX_STORES = 4096  # store transactions in flight per server
 
@@ -184,13 +188,18 @@ class CacheService:
         engine = Engine(engine_id, f.model, f.world_size, f.rank, [g.to_wire() for g in layouts],
                         f.host or "", f.pid or 0)
         # The same process registering again (a reconnect) keeps its id; the table stays bounded.
+        again = False
         for old in list(self.engines.values()):
             same = (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
                 engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid)
             if same and engine.pid:
                 del self.engines[old.id]
                 engine.id = engine_id = old.id
+                again = True
         self.engines[engine_id] = engine
+        log.info("engine %s %s: model=%s rank=%d/%d host=%s pid=%d layouts=%s", engine_id,
+                 "registered again" if again else "registered", engine.model, engine.rank, engine.world_size,
+                 engine.host or "-", engine.pid, ",".join(g.fingerprint for g in layouts))
         while len(self.engines) > MAX_ENGINES:
             del self.engines[next(iter(self.engines))]
         return {

@@ -167,7 +167,7 @@ class TierManager:
             tier.stats.puts += len(batch)
             tier.stats.put_bytes += sum(len(b) for _, b in batch)
             for hook in self.on_put:
-                hook(index, [key for key, _, _, _, targets in live if index in targets])
+                hook(index, [key for key, *_, targets in live if index in targets])
 
     # -- prefetch --------------------------------------------------------------------------------
     async def prefetch(self, chunks: Sequence[Sequence[IKey]], first_miss: int,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from blake3 import blake3
 
-from kvprotocol.kvsum import kvsum64
 from kvhelpers import lookup, payload, register, retrieve
 from kvprotocol import ServerError, chunk_hashes, pack_tokens
+from kvprotocol.kvsum import kvsum64
 
 TOKENS = list(range(100, 100 + 800))  # 3 full chunks of 256
 A, B = blake3(b"adapter-a").digest(), blake3(b"adapter-b").digest()
