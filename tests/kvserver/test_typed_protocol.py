@@ -76,3 +76,15 @@ def test_http_ops_count_in_the_same_metrics_as_zmq(server_factory):
         assert after["errors"].get("OUT_OF_RANGE", 0) - before["errors"].get("OUT_OF_RANGE", 0) == 1
         text = h.get("/metrics").text
         assert 'kvserver_request_duration_seconds_count{op="query"} 2.0' in text
+
+
+async def test_async_client_shares_the_typed_encoding(server):
+    from kvprotocol import AsyncClient
+
+    with server.client() as c:
+        ks, _ = register(c)
+    async with AsyncClient(server.url, token=server.token) as ac:
+        pong, _ = await ac.send(rq.Ping())
+        assert isinstance(pong, rp.PingReply)
+        look, _ = await ac.send(rq.Lookup(keyspace=ks.wire(), tokens=pack_tokens(np.asarray(TOKENS))))
+        assert isinstance(look, rp.LookupReply) and look.num_chunks == 2 and look.hit_tokens == 0
