@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
 from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve, Store
 
-from .l1 import IKey, L1Cache, State, tenant_of
+from .l1 import IKey, L1Cache, State
 from .leases import Leases, rank_keys
 from .sessions import KeySpaceT, SessionTable, Slot, StoreTxn, new_store_id
+from .ledger import Counters, TenantLedger
 from .tenants import ADMIN, Identity, TenantBook
 
 if TYPE_CHECKING:
@@ -37,43 +38,7 @@ class Engine:
     registered_at: float = field(default_factory=time.time)
 
 
-@dataclass
-class Counters:
-    lookups: int = 0
-    lookup_tokens: int = 0
-    lookup_hit_tokens: int = 0
-    stores: int = 0
-    stored_objects: int = 0
-    stored_bytes: int = 0
-    deduplicated_objects: int = 0
-    no_space: int = 0
-    retrieves: int = 0
-    retrieved_bytes: int = 0
-    expired_sessions: int = 0
-    expired_stores: int = 0
-    broken_reads: int = 0  # releases that found their leases gone: the reader's copy was thrown away
-    late_commits: int = 0  # commits that arrived after their reservation's deadline
-
-
 log = logging.getLogger("kvserver")
-
-
-@dataclass
-class TenantCounters:
-    """What one tenant did: the per-tenant rows of describe and /metrics."""
-
-    lookups: int = 0
-    lookup_tokens: int = 0
-    lookup_hit_tokens: int = 0
-    stores: int = 0
-    stored_objects: int = 0
-    stored_bytes: int = 0
-    retrieves: int = 0
-    retrieved_bytes: int = 0
-    quota_evictions: int = 0  # own objects evicted to make room within the tenant's L1 quota
-    quota_refusals: int = 0  # object reservations refused because the tenant's quota was full
-    refused_sessions: int = 0  # lookups refused at the tenant's session cap (TOO_MANY)
-    refused_stores: int = 0  # stores refused at the tenant's reservation cap (TOO_MANY)
 
 
 MAX_ENGINES = 256  # registrations kept for describe; the oldest go first
@@ -89,10 +54,9 @@ def _fail(code: ErrorCode, message: str) -> ValidationError:
 class CacheService:
     def __init__(self, l1: L1Cache, chunk_size: int, lease_ttl: float, tenants: TenantBook | None = None) -> None:
         self.l1 = l1
-        self.tenants = tenants
-        self.by_tenant: dict[str, TenantCounters] = {}
         self.chunk_size = chunk_size
         self.table = SessionTable(lease_ttl)
+        self.ledger = TenantLedger(l1, self.table, tenants, (MAX_SESSIONS, MAX_STORES))
         self.leases = Leases(l1, self.table)
         self.engines: dict[str, Engine] = {}
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
@@ -140,31 +104,11 @@ class CacheService:
     def _per_chunk(f: KeysRequest) -> int:
         return f.keyspace.per_chunk
 
-    def tenant(self, who: Identity) -> TenantCounters:
-        c = self.by_tenant.get(who.tenant)
-        if c is None:
-            c = self.by_tenant[who.tenant] = TenantCounters()
-        return c
-
-    def _limits(self, who: Identity) -> tuple[int | None, int, int]:
-        """(L1 quota bytes, max sessions, max stores) of the sender's tenant."""
-        if self.tenants is None:
-            return None, MAX_SESSIONS, MAX_STORES
-        t = self.tenants.get(who.tenant)
-        return t.l1_quota_bytes, t.max_sessions, t.max_stores
-
     def _admit_session(self, session_id: str, objects: int, who: Identity = ADMIN) -> None:
         """Refuse a new session past the per-server and per-tenant caps (after sweeping expired ones)."""
         if session_id in self.table.sessions:
             return
-        cap = self._limits(who)[1]
-        if len(self.table.sessions) >= cap:  # only then can the tenant be at its cap: count its sessions
-            prefix = who.scope("")
-            if sum(1 for s in self.table.sessions if s.startswith(prefix)) >= cap:
-                self.expire()
-                if sum(1 for s in self.table.sessions if s.startswith(prefix)) >= cap:
-                    self.tenant(who).refused_sessions += 1
-                    raise _fail(ErrorCode.TOO_MANY, f"tenant {who.tenant!r} has {cap} live sessions; end some first")
+        self.ledger.admit_session(who, self.expire)
         if len(self.table.sessions) >= MAX_SESSIONS or self.leases.objects + objects > MAX_SESSION_OBJECTS:
             self.expire()
         if len(self.table.sessions) >= MAX_SESSIONS:
@@ -221,7 +165,7 @@ class CacheService:
         c.lookups += 1
         c.lookup_tokens += len(f.tokens) // 4
         c.lookup_hit_tokens += hit * self.chunk_size
-        t = self.tenant(who)
+        t = self.ledger.counters(who)
         t.lookups += 1
         t.lookup_tokens += len(f.tokens) // 4
         t.lookup_hit_tokens += hit * self.chunk_size
@@ -303,8 +247,7 @@ class CacheService:
     # -- store ---------------------------------------------------------------------------------
     def store(self, f: Store, who: Identity = ADMIN) -> dict[str, Any]:
         ks, salt, rank = f.keyspace.key(), who.salt(f.salt), f.rank
-        quota, _, max_stores = self._limits(who)
-        t = self.tenant(who)
+        t = self.ledger.counters(who)
         if rank >= ks[1]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         sizes = []
@@ -317,11 +260,7 @@ class CacheService:
             self.expire()
         if len(self.table.stores) >= MAX_STORES:
             raise _fail(ErrorCode.TOO_MANY, f"{MAX_STORES} stores are in flight; commit or abort some first")
-        if len(self.table.stores) >= max_stores and \
-                sum(1 for x in self.table.stores.values() if x.owner == who.tenant) >= max_stores:
-            t.refused_stores += 1
-            raise _fail(ErrorCode.TOO_MANY, f"tenant {who.tenant!r} has {max_stores} stores in flight; "
-                                            "commit or abort some first")
+        self.ledger.admit_store(who)
         start = f.start_chunk
         if start > len(hashes):
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
@@ -337,8 +276,7 @@ class CacheService:
                     self.counters.deduplicated_objects += 1
                     reply_slots.append({"chunk": chunk, "group": group, "status": status})
                     continue
-                if quota is not None and not self._within_quota(who.tenant, quota, sizes[group], t):
-                    t.quota_refusals += 1
+                if not self.ledger.make_room(who, sizes[group]):
                     self.counters.no_space += 1
                     reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
                     continue
@@ -357,15 +295,6 @@ class CacheService:
         self.counters.stores += 1
         t.stores += 1
         return {"store_id": txn.id if txn.slots else None, "slots": reply_slots}
-
-    def _within_quota(self, tenant: str, quota: int, size: int, t: TenantCounters) -> bool:
-        """Make room for `size` more bytes within a tenant's quota, evicting its own objects first."""
-        used = self.l1.tenant_bytes
-        while used.get(tenant, 0) + size > quota:
-            if not self.l1.evict_one(lambda k: tenant_of(k) == tenant):
-                return False
-            t.quota_evictions += 1
-        return True
 
     def _own_store(self, store_id: str, who: Identity) -> StoreTxn:
         """The caller's store transaction; another tenant's is as unknown as one that never existed."""
@@ -402,7 +331,7 @@ class CacheService:
             self.l1.finish_write(slot.key)
             self.counters.stored_bytes += slot.entry.size
         self.counters.stored_objects += len(txn.slots)
-        t = self.tenant(who)
+        t = self.ledger.counters(who)
         t.stored_objects += len(txn.slots)
         t.stored_bytes += sum(s.entry.size for s in txn.slots)
         keys = [s.key for s in txn.slots]
@@ -446,7 +375,7 @@ class CacheService:
                 objects.append(obj)
                 self.counters.retrieved_bytes += entry.size
         self.counters.retrieves += 1
-        t = self.tenant(who)
+        t = self.ledger.counters(who)
         t.retrieves += 1
         t.retrieved_bytes += sum(o["size"] for o in objects)
         return {"objects": objects, "lease": reader.lease}, frames

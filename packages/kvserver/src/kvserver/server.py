@@ -24,7 +24,7 @@ from kvprotocol._requests import Request
 
 from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
 from .auth import ServerAuth
-from .cache import CacheService, TenantCounters
+from .cache import CacheService
 from .config import ServerConfig
 from .eviction import make_policy
 from .l1 import L1Cache, State
@@ -139,22 +139,7 @@ class KVServer:
 
     def tenants_usage(self, only: str | None = None) -> dict[str, dict[str, Any]]:
         """Per-tenant usage and counters (the configured tenants and any that has been active)."""
-        c, book = self.cache, self.auth.tenants
-        names = {"default", *book.tenants, *c.by_tenant} if only is None else {only}
-        out: dict[str, dict[str, Any]] = {}
-        for name in sorted(names):
-            limits = book.get(name)
-            prefix = f"{name}\x00"
-            out[name] = {
-                "l1_used_bytes": self.l1.tenant_bytes.get(name, 0),
-                "l1_quota_bytes": limits.l1_quota_bytes,
-                "sessions": sum(1 for s in c.table.sessions if s.startswith(prefix)),
-                "stores_in_flight": sum(1 for t in c.table.stores.values() if t.owner == name),
-                "max_sessions": limits.max_sessions if name != "default" else None,
-                "max_stores": limits.max_stores if name != "default" else None,
-                **vars(c.by_tenant.get(name) or TenantCounters()),
-            }
-        return out
+        return self.cache.ledger.usage(only)
 
     def describe_tenant(self, who: Identity) -> dict[str, Any]:
         """What a tenant's token may see of describe: the server's identity and its own tenant only."""
