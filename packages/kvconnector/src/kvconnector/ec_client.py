@@ -134,7 +134,7 @@ class ECClient:
             np.frombuffer(seg.mm, np.uint8, size, r["offset"])[:] = buf
             ok = self._call("ec_commit", store_id=r["store_id"], checksum=checksum) is not None
         else:
-            ok = self._call("ec_commit", [memoryview(buf)], store_id=r["store_id"], checksum=checksum) is not None
+            ok = self._call("ec_commit", [buf.data], store_id=r["store_id"], checksum=checksum) is not None
         if ok:
             self.stats.saves += 1
             self.stats.saved_bytes += size

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
+from types import FrameType
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -155,7 +156,7 @@ class KVServerECConnector(ECConnectorBase):
         right after, so adding the failed items there makes it run the encoder for them. Without that
         frame (another vLLM version), raise: vLLM would fail on the missing encoder output anyway.
         """
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         output = None
         for _ in range(6):
             if frame is None:
