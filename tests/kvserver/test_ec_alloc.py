@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from kvserver.ec_alloc import ALIGN, FirstFitAllocator
@@ -22,10 +23,10 @@ def test_random_alloc_free_never_overlaps_and_coalesces() -> None:
             if off is None:
                 assert a.largest_free() < size
                 continue
-            assert off % ALIGN == 0 and 4096 <= off and off + size <= 4096 + (1 << 20)
+            assert off % ALIGN == 0 and off >= 4096 and off + size <= 4096 + (1 << 20)
             live[off] = size
         spans = sorted((o, o + (s + ALIGN - 1) // ALIGN * ALIGN) for o, s in live.items())
-        assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:]))
+        assert all(e1 <= s2 for (_, e1), (s2, _) in itertools.pairwise(spans))
         assert a.used_bytes == sum(e - s for s, e in spans)
     for off in list(live):
         a.free(off)
