@@ -19,7 +19,7 @@ batch, so a test can change the world (start a server) between two batches of on
 "force_async_scheduling": true turns vLLM's async scheduling back on after the CPU platform
 turned it off (RESULT's "async_scheduling" says what the engine ran with); a prompt may carry
 "lora": [name, int id, adapter dir], or be {"text", "image_seed"} for the tiny_vlm model;
-"connector_stats": true sums, per batch, the KV connector stats that vLLM's scheduler routes into
+"connector_stats": true sums, per batch, the KV (and EC) connector stats that vLLM's scheduler routes into
 its SchedulerStats (the `get_kv_connector_stats` hook) into RESULT's batches[i]["connector_stats"], and
 puts the connector's `vllm:kvserver_*` counters from vLLM's Prometheus registry into RESULT["prometheus"];
 "ec_transfer_config" sets vLLM's encoder-cache connector; "count_encoder": true counts, per batch, the
@@ -44,7 +44,8 @@ def _capture_connector_stats(llm: Any) -> dict[str, float]:
 
     def capture(*args: Any, **kwargs: Any) -> Any:
         stats = make_stats(*args, **kwargs)
-        payload = getattr(stats, "kv_connector_stats", None) or {}
+        payload = {**(getattr(stats, "kv_connector_stats", None) or {}),
+                   **(getattr(stats, "ec_connector_stats", None) or {})}
         for name, value in payload.items():
             if isinstance(value, (int, float)):
                 totals[name] = totals.get(name, 0) + value

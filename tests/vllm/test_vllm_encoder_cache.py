@@ -14,6 +14,7 @@ The encoder runs are counted inside the engine (each output vLLM's model runner 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from kvserver_proc import ServerFactory
 from vllm_cases import MAX_TOKENS, kv_config
 from vllm_harness import build_vlm, run_engine
 
-pytestmark = pytest.mark.vllm_engine
+pytestmark = [pytest.mark.vllm_engine, pytest.mark.timeout(1200)]  # several engines, ~20-140 s each
 
 VLM = {"skip_tokenizer_init": False, "limit_mm_per_prompt": {"image": 1}, "enable_prefix_caching": False}
 COUNT = {"count_encoder": True}
@@ -69,8 +70,12 @@ def test_second_engine_skips_the_encoder_and_images_never_share(vlm_dir: Path,
         desc = c.call("describe").result["ec"]
     assert desc["objects"] == 2 and desc["counters"]["stores"] == 2
 
-    e3 = run_engine(vlm_dir, [[a], [b]], max_tokens=MAX_TOKENS, llm_kwargs=VLM, extra_spec=ec)
+    e3 = run_engine(vlm_dir, [[a], [b]], max_tokens=MAX_TOKENS, llm_kwargs=VLM,
+                    extra_spec={**ec, "connector_stats": True})
     assert [x.encoder_runs for x in e3.batches] == [0, 0]  # the vision tower never ran
+    for batch in e3.batches:  # what vLLM's own stats path (SchedulerStats.ec_connector_stats) saw
+        assert batch.connector_stats is not None
+        assert batch.connector_stats["ec_hits"] == 1 and batch.connector_stats["ec_loads_planned"] == 1
     assert e3.batches[-1].ec["loads"] == 2 and e3.batches[-1].ec["bad_checksums"] == 0
     assert [r.token_ids for r in e3.requests] == [want_a, want_b]
 
@@ -78,3 +83,38 @@ def test_second_engine_skips_the_encoder_and_images_never_share(vlm_dir: Path,
     e4 = run_engine(vlm_dir, [[a]], max_tokens=MAX_TOKENS, llm_kwargs=VLM, extra_spec=failing)
     assert e4.batches[0].encoder_runs == 1 and e4.batches[0].ec["encoded_instead"] == 1
     assert e4.requests[0].token_ids == want_a
+
+
+@pytest.fixture
+def _vllm_dist_segments() -> Iterator[None]:
+    """TP workers that exit slowly leave /dev/shm/vllm_dist_* behind: remove the ones this test made."""
+    before = set(Path("/dev/shm").glob("vllm_dist_*"))
+    yield
+    for seg in set(Path("/dev/shm").glob("vllm_dist_*")) - before:
+        seg.unlink(missing_ok=True)
+
+
+@pytest.mark.usefixtures("_vllm_dist_segments")
+def test_tp2_ranks_store_once_and_both_load(vlm_dir: Path, kvserver_factory: ServerFactory, tmp_path: Path) -> None:
+    """TP ranks compute bit-identical encoder outputs: rank 0 stores one object, every rank loads it,
+    and the engine that loaded gives the tokens of the engine that encoded."""
+    from test_vllm_tp import TP, tp_env
+    from tiny_vlm import words
+
+    a = {"text": words(90, 1) + " <image> " + words(25, 2), "image_seed": 1}
+    env = tp_env(tmp_path)
+    server = kvserver_factory("--ec-size-gb", "0.0625")
+    spec = {"ec_transfer_config": ec_config(server.url)}
+    first = run_engine(vlm_dir, [[a]], max_tokens=MAX_TOKENS, env=env, llm_kwargs={**VLM, **TP}, extra_spec=spec)
+    with Client(server.url) as c:
+        ec = c.call("describe").result["ec"]
+    assert ec["objects"] == 1 and ec["counters"]["stores"] == 1
+    assert ec["counters"]["deduplicated"] == 0  # rank 1 never tried to store its identical copy
+    second = run_engine(vlm_dir, [[a]], max_tokens=MAX_TOKENS, env=env, llm_kwargs={**VLM, **TP}, extra_spec=spec)
+    assert second.requests[0].token_ids == first.requests[0].token_ids
+    with Client(server.url) as c:
+        ec = c.call("describe").result["ec"]
+    # rank 0 did not encode (it would have tried to store again: deduplicated), both ranks read
+    # under one lease of two readers and gave it back
+    assert ec["counters"]["stores"] == 1 and ec["counters"]["deduplicated"] == 0
+    assert ec["counters"]["hits"] >= 1 and ec["leases"] == 0 and ec["counters"]["expired_leases"] == 0

@@ -28,6 +28,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorBase, ECCo
 from ..ec_client import ECClient
 from .config import parse_config
 from .ec_keys import ec_item, ec_model_and_space
+from .ec_stats import KVServerECStats, StatDelta, build_stats
 from .log import log
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ class KVServerECConnector(ECConnectorBase):
                                retry_after_s=cfg.retry_after_s)
         self._promised: dict[str, tuple[float, dict[str, Any]]] = {}  # scheduler: mm_hash -> (when, leased desc)
         self._loads: list[ECLoad] = []
+        self._stats = StatDelta()  # scheduler side: what vLLM's stat loggers get (ec_stats.py)
         self.encoded_instead = 0  # worker: promised loads that failed and were encoded in the same step
         log.info("KVServerECConnector %s: server %s, model %s, space %s, role %s", role.name.lower(),
                  cfg.kvserver_url, model, space, tc.ec_role)
@@ -89,10 +91,12 @@ class KVServerECConnector(ECConnectorBase):
         if seen is not None and now - seen[0] < REUSE_S:
             return True
         desc = self.client.lookup([ec_item(identifier)], readers=self._world)[0]
+        self._stats.add("ec_lookups")
         if desc is None:
             self._promised.pop(identifier, None)
             return False
         self._promised[identifier] = (now, desc)
+        self._stats.add("ec_hits")
         return True
 
     def update_state_after_alloc(self, request: Request, index: int) -> None:
@@ -100,6 +104,7 @@ class KVServerECConnector(ECConnectorBase):
         seen = self._promised.pop(mm_hash, None)
         if seen is None or not self.is_consumer:
             return  # encoded locally
+        self._stats.add("ec_loads_planned")
         self._loads.append(ECLoad(mm_hash, int(request.get_num_encoder_embeds(index)), request.request_id,
                                   index, seen[1]))
 
@@ -107,6 +112,13 @@ class KVServerECConnector(ECConnectorBase):
         meta = KVServerECMetadata(self._loads)
         self._loads = []
         return meta
+
+    def get_ec_connector_stats(self) -> KVServerECStats | None:
+        return self._stats.take()
+
+    @classmethod
+    def build_ec_connector_stats(cls, data: dict[str, Any] | None = None) -> KVServerECStats | None:
+        return build_stats(data)
 
     # -- worker side -------------------------------------------------------------------------------
     def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs: Any) -> None:
