@@ -8,16 +8,16 @@ forward worker-side EC stats, so loads done, saves and fallbacks stay in the con
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from vllm.distributed.ec_transfer.ec_connector.metrics import ECConnectorStats
 
 
-@dataclass
 class KVServerECStats(ECConnectorStats):
+    """Counters by name (`data`, from the base dataclass); steps and workers add up."""
+
     def reset(self) -> None:
-        self.data = {}
+        self.data.clear()
 
     def aggregate(self, other: ECConnectorStats) -> KVServerECStats:
         for name, value in (other.data or {}).items():
