@@ -12,6 +12,7 @@ from typing import Any
 
 import msgpack
 
+from ._ec_messages import EC_OPS
 from ._errors import ErrorCode, ValidationError
 from ._hashing import check_extra
 from ._keys import MAX_GROUPS, MAX_WORLD_SIZE, validate_fingerprint, validate_model, validate_salt
@@ -178,6 +179,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "unpin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "extra": Field(_extra, _OPT),
               "salt": Field(validate_salt, _OPT)},
 }
+SCHEMA.update({op: {name: Field(check, req) for name, (check, req) in spec.items()} for op, spec in EC_OPS.items()})
 
 
 def pack(obj: Any) -> bytes:

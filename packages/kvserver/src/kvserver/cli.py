@@ -37,6 +37,8 @@ def main() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="ZMQ bind address.")
 @click.option("--port", default=5555, show_default=True, type=int, help="ZMQ port.")
 @click.option("--l1-size-gb", default=4.0, show_default=True, type=float, help="Shared-memory L1 size.")
+@click.option("--ec-size-gb", default=1.0, show_default=True, type=float,
+              help="Encoder-cache budget (its own shm segment, apart from L1).")
 @click.option("--chunk-size", default=256, show_default=True, type=int, help="Tokens per cached chunk.")
 @click.option("--eviction-policy", default="lru", show_default=True, type=click.Choice(sorted(POLICIES)))
 @click.option("--lease-ttl", default=30.0, show_default=True, type=float, help="Seconds a lease or reservation lives.")
@@ -123,6 +125,7 @@ async def _run(config: ServerConfig) -> int:
     click.echo(
         f"kvserver {__version__} ready in {time.perf_counter() - t0:.2f}s: zmq={config.zmq_url} "
         f"l1={config.l1_bytes / (1 << 30):.2f} GiB shm=/dev/shm/{server.arena.name}{stale} "
+        f"ec={config.ec_bytes / (1 << 30):.2f} GiB "
         f"policy={config.eviction_policy} chunk={config.chunk_size}"
         + (f" http=http://{config.http_host}:{server.http.port}" if server.http else "")
         + (f" kv_events={config.kv_events_endpoint}" if config.kv_events_endpoint else "")

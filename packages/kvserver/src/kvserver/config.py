@@ -22,6 +22,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 5555
     l1_size_gb: float = 4.0
+    ec_size_gb: float = 1.0  # the encoder cache's own budget (a second shm segment; see ec.py)
     chunk_size: int = 256
     eviction_policy: str = "lru"
     lease_ttl: float = 30.0
@@ -52,6 +53,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.l1_size_gb <= 4096:
             raise ValueError("l1_size_gb must be in (0, 4096]")
+        if not 0 < self.ec_size_gb <= 4096:
+            raise ValueError("ec_size_gb must be in (0, 4096]")
         if not 1 <= self.chunk_size <= 65536:
             raise ValueError("chunk_size must be in [1, 65536]")
         if self.eviction_policy not in POLICIES:
@@ -80,6 +83,10 @@ class ServerConfig:
     @property
     def l1_bytes(self) -> int:
         return int(self.l1_size_gb * (1 << 30)) // 4096 * 4096
+
+    @property
+    def ec_bytes(self) -> int:
+        return max(4096, int(self.ec_size_gb * (1 << 30)) // 4096 * 4096)
 
     @property
     def zmq_url(self) -> str:

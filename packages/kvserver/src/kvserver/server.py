@@ -25,6 +25,7 @@ from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
 from .auth import ServerAuth
 from .cache import CacheService
 from .config import ServerConfig
+from .ec import ECCache, check_ec_space, ec_arena_name
 from .eviction import make_policy
 from .l1 import L1Cache, State
 from .l2 import build_tier_manager
@@ -32,7 +33,7 @@ from .l2 import build_tier_manager
 log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
 Handler = Callable[[dict[str, Any], list[memoryview]], Result | Awaitable[Result]]
-DATA_OPS = frozenset({"commit"})  # the only op that carries data frames in
+DATA_OPS = frozenset({"commit", "ec_commit"})  # the only ops that carry data frames in
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
 
 
@@ -58,7 +59,7 @@ class KVServer:
             self._sock.setsockopt(zmq.LINGER, 0)
             # No frame can be larger than the largest object this arena can hold (or a header): ZMQ
             # drops the connection of a peer that sends one, after buffering at most that much.
-            self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(config.l1_bytes))
+            self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(max(config.l1_bytes, config.ec_bytes)))
             self.auth.secure(self._sock)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
             try:
@@ -69,6 +70,10 @@ class KVServer:
             check_free_space(name, config.l1_bytes + HEADER_BYTES)
             self.arena = Arena(name, config.l1_bytes)
             self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
+            # the encoder cache: its own segment and budget, never evicted by KV (ec.py)
+            check_ec_space(ec_arena_name(name), config.ec_bytes + HEADER_BYTES)
+            self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes)
+            self.ec = ECCache(self.ec_arena, config.lease_ttl)
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl)
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
         except BaseException:
@@ -125,6 +130,7 @@ class KVServer:
             "clear": lambda f, fr: (c.clear(), []),
             "pin": lambda f, fr: (c.set_pinned(f, True), []),
             "unpin": lambda f, fr: (c.set_pinned(f, False), []),
+            **self.ec.handlers(),
         }
 
     async def _lookup_l2(self, f: dict[str, Any], _frames: list[memoryview]) -> Result:
@@ -156,6 +162,7 @@ class KVServer:
             "sessions": len(c.table.sessions),
             "stores_in_flight": len(c.table.stores),
             "counters": vars(c.counters),
+            "ec": self.ec.describe(),
             "errors": dict(self.errors),
             "ops": dict(self.op_counts),
             **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),
@@ -221,6 +228,7 @@ class KVServer:
             await asyncio.sleep(interval)
             try:
                 self.cache.expire()
+                self.ec.expire()
             except Exception:  # the sweeper must never die silently
                 log.exception("lease expiry sweep failed")
 
@@ -271,6 +279,9 @@ class KVServer:
         arena: Arena | None = getattr(self, "arena", None)
         if arena is not None:
             arena.close()
+        ec_arena: Arena | None = getattr(self, "ec_arena", None)
+        if ec_arena is not None:
+            ec_arena.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None

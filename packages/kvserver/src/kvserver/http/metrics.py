@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .ec_metrics import ec_families
+
 if TYPE_CHECKING:
     from ..server import KVServer
 
@@ -146,6 +148,7 @@ class ServerCollector(Collector):
             errors.add_metric([code], d["errors"].get(code, 0))
         yield errors
         yield from _l2_families(tiers, d.get("l2_queue"))
+        yield from ec_families(d.get("ec"))
 
 
 def _l2_families(tiers: list[TierStats], queue: Any) -> Iterator[Metric]:
