@@ -115,8 +115,9 @@ class CacheService:
                         f.get("host", ""), f.get("pid", 0))
         # The same process registering again (a reconnect) keeps its id; the table stays bounded.
         for old in list(self.engines.values()):
-            if (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
-                    engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid) and engine.pid:
+            same = (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
+                engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid)
+            if same and engine.pid:
                 del self.engines[old.id]
                 engine.id = engine_id = old.id
         self.engines[engine_id] = engine
@@ -142,7 +143,7 @@ class CacheService:
         if rank is not None and rank >= ks[1]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         touch = self.l1.touch
-        for h in hashes[:hit]:
+        for h in reversed(hashes[:hit]):  # tail first: a prefix's head ends up the most recently used
             for key in self._chunk_keys(ks, salt, h):
                 touch(key)
         if "session" in f:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
@@ -161,6 +162,7 @@ class CacheService:
         if self.l2 is not None and hit < len(hashes):
             chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
             await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
+            self.l1.link_chain(ks[0], ks[1], salt, hashes)
             for hook in self.on_prefetched:
                 hook(ks, salt, f["tokens"], hashes, hit)
         return self.lookup(f, hashes)  # no await since the wait: the prefix is recomputed and leased at once
@@ -235,7 +237,7 @@ class CacheService:
                     self.counters.deduplicated_objects += 1
                     reply_slots.append({"chunk": chunk, "group": group, "status": status})
                     continue
-                entry = self.l1.reserve(key, sizes[group])
+                entry = self.l1.reserve(key, sizes[group], hashes[chunk - 1] if chunk else None)
                 if entry is None:
                     self.counters.no_space += 1
                     reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
@@ -272,7 +274,7 @@ class CacheService:
         elif frames:
             raise _fail(ErrorCode.BAD_FIELD, "shm-mode commit takes no data frames")
         del self.table.stores[store_id]
-        for slot in txn.slots:
+        for slot in reversed(txn.slots):  # the tail enters the policy first, the head last (see lookup)
             self.l1.finish_write(slot.key)
             self.counters.stored_bytes += slot.entry.size
         self.counters.stored_objects += len(txn.slots)
