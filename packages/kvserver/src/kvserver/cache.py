@@ -69,6 +69,7 @@ class CacheService:
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
         self.counters = Counters()
         self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
+        self.on_hit: list[Callable[[list[IKey]], None]] = []  # objects a lookup hit (L2 admission)
         self.on_commit_txn: list[Callable[[StoreTxn], None]] = []  # e.g. KV events (need tokens, keyspace)
         # after an L2 prefetch: (keyspace, salt, tokens, chunk hashes, first chunk that missed before)
         self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
@@ -146,6 +147,10 @@ class CacheService:
         for h in reversed(hashes[:hit]):  # tail first: a prefix's head ends up the most recently used
             for key in self._chunk_keys(ks, salt, h):
                 touch(key)
+        if self.on_hit and hit:
+            hit_keys = [k for h in hashes[:hit] for k in self._chunk_keys(ks, salt, h)]
+            for hook in self.on_hit:
+                hook(hit_keys)
         if "session" in f:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
             self.leases.take(f["session"], ks, salt, hashes, hit, rank)
         return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
