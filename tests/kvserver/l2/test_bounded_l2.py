@@ -112,3 +112,18 @@ def test_second_hit_admission_skips_one_hit_wonders(server_factory, tmp_path: Pa
         c.call("clear")
         assert lookup(c, ks, reused) == 4 * 256  # from L2
         assert lookup(c, ks, once) == 0  # never written
+
+
+def test_tinylfu_admission_writes_an_object_seen_before(server_factory, tmp_path: Path) -> None:
+    s = server_factory("--l1-size-gb", "0.001", "--l2", f"fs://{tmp_path}/l2", "--l2-admission", "tinylfu")
+    back = prompt(4, seed=50)
+    with s.client() as c:
+        ks, _ = register(c)
+        store(c, ks, back, data(50))  # first time: held back
+        for seed in range(60, 80):  # evicted from L1 before anyone asked for it
+            store(c, ks, prompt(4, seed=seed), data(seed))
+        assert lookup(c, ks, back) == 0 and tier(c)["puts"] == 0
+        store(c, ks, back, data(50))  # recomputed and stored again: seen before, written at once
+        wait_tier(c, "puts", 4)
+        c.call("clear")
+        assert lookup(c, ks, back) == 4 * 256

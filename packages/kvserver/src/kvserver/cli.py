@@ -63,8 +63,10 @@ def main() -> None:
               help="Write-behind queue length (objects); overflow is dropped and counted.")
 @click.option("--l2-prefetch-timeout", default=0.5, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds a lookup waits for L2 objects to load into L1.")
-@click.option("--l2-admission", default="all", show_default=True, type=click.Choice(["all", "second-hit"]),
-              help="Write every commit to L2, or only objects a lookup hit once in L1 (no one-hit wonders).")
+@click.option("--l2-admission", default="all", show_default=True,
+              type=click.Choice(["all", "second-hit", "tinylfu"]),
+              help="Write every commit to L2; or only objects a lookup hit in L1 (second-hit), or also those "
+                   "stored before (tinylfu): no one-hit wonders in L2.")
 @click.option("--l2-negative-ttl", default=1.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds an L2 tier's 'absent' answer is remembered, sparing lookups a round trip (0: off).")
 @click.option("--l2-retry-keys", default=4096, show_default=True, type=click.IntRange(0, 1 << 24),

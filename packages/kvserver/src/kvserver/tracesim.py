@@ -163,3 +163,47 @@ def belady(trace: list[Request], capacity_blocks: int) -> float:
             heap = [(-n, -d, b) for b, (n, d) in resident.items()]
             heapq.heapify(heap)
     return hit_tokens / max(1, total)
+
+
+def l2_admission(trace: list[Request], policy: str, capacity_blocks: int, mode: str) -> tuple[float, int]:
+    """(token hit rate of L1 + an unbounded L2, blocks written to L2) under an admission mode:
+    `all` writes every stored block, `second-hit` only blocks a lookup hit in L1, `tinylfu` also blocks
+    stored before (the server's l2/admission.py, driven the way cache.py drives it)."""
+    from .l2.admission import Admission
+
+    adm = Admission(mode)
+    l1 = L1Cache(cast(Arena, _SimArena(capacity_blocks * OBJECT_BYTES)), make_policy(policy))
+    l2: set[int] = set()
+    l1.on_evict.append(adm.on_evict)
+    writes = hit_tokens = total = 0
+
+    def write(keys: list[IKey]) -> int:
+        fresh = {int.from_bytes(k[6], "big") for k in keys} - l2
+        l2.update(fresh)
+        return len(fresh)
+
+    for req in trace:
+        total += req.input_tokens
+        keys = [_key(b) for b in req.blocks]
+        hit = 0
+        while hit < len(keys) and l1.ready(keys[hit]) is not None:
+            hit += 1
+        if hit:
+            writes += write(adm.on_hit(keys[:hit]))
+        for k in reversed(keys[:hit]):
+            l1.touch(k)
+        served = hit
+        while served < len(keys) and req.blocks[served] in l2:
+            served += 1  # loaded from L2 into L1 below, like a prefetch
+        hit_tokens += served * BLOCK_TOKENS
+        written = []
+        for i in range(hit, len(keys)):
+            if keys[i] in l1.entries:
+                continue
+            if l1.reserve(keys[i], OBJECT_BYTES, req.blocks[i - 1].to_bytes(32, "big") if i else None) is None:
+                break
+            written.append(keys[i])
+        for k in reversed(written):
+            l1.finish_write(k)
+        writes += write(adm.on_commit(written))
+    return hit_tokens / max(1, total), writes
