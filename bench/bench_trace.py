@@ -27,7 +27,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from kvserver.eviction import POLICIES
-from kvserver.tracesim import BLOCK_TOKENS, OBJECT_BYTES, Request, belady, load_trace, plain_lru, simulate, unique_blocks
+from kvserver.tracesim import (BLOCK_TOKENS, OBJECT_BYTES, Request, belady, load_trace, plain_lru, simulate,
+                               unique_blocks)
 
 NAME = "mooncake_conversation_trace.jsonl"
 FRACTIONS = [0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0]

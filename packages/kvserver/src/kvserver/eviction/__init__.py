@@ -19,4 +19,5 @@ def make_policy(name: str) -> EvictionPolicy:
         raise ValueError(f"unknown eviction policy {name!r}; choose from {sorted(POLICIES)}") from None
 
 
-__all__ = ["ARCPolicy", "EvictionPolicy", "LFUPolicy", "LRUPolicy", "POLICIES", "S3FIFOPolicy", "SLRUPolicy", "make_policy"]
+__all__ = ["ARCPolicy", "EvictionPolicy", "LFUPolicy", "LRUPolicy", "POLICIES", "S3FIFOPolicy", "SLRUPolicy",
+           "make_policy"]

@@ -22,14 +22,16 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from blake3 import blake3
 
 from .base import L2Adapter, L2Error, Usage
 
 STALE_TMP_S = 3600.0
+T = TypeVar("T")
 
 
 class FsAdapter(L2Adapter):
@@ -114,7 +116,7 @@ class FsAdapter(L2Adapter):
             self.evicted += 1
 
     @staticmethod
-    async def _run(fn, *args):  # type: ignore[no-untyped-def]
+    async def _run(fn: Callable[..., T], *args: Any) -> T:
         try:
             return await asyncio.to_thread(fn, *args)
         except OSError as exc:

@@ -144,7 +144,7 @@ class TierManager:
         if not tier.retry or self._queue is None:
             return
         room = self.queue_size - self._queue.qsize()
-        keys = []
+        keys: list[IKey] = []
         while tier.retry and len(keys) < room:
             keys.append(tier.retry.popitem(last=False)[0])
         tier.stats.retried += len(keys)

@@ -56,7 +56,7 @@ class RedisAdapter(L2Adapter):
         async def run() -> list[Any]:
             pipe = self._pipeline()
             add(pipe)
-            return await pipe.execute()  # type: ignore[no-any-return]
+            return await pipe.execute()
 
         return await self._call(what, run)
 
