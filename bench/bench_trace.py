@@ -126,6 +126,7 @@ def block_tokens(hash_id: int) -> list[int]:
 def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tuple[float, int]:
     """Token hit rate of a real kvserver (chunk size 512, 4 KiB objects) replaying the trace."""
     from kvprotocol import Client, KeySpace, LayoutDescriptor, pack_tokens
+    from kvprotocol.kvsum import kvsum64
 
     layout = LayoutDescriptor("trace", "uint8", 1, 32, 256, BLOCK_TOKENS, (256,))
     assert layout.object_bytes == OBJECT_BYTES
@@ -148,6 +149,7 @@ def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tu
                 ks = KeySpace.from_layouts("trace", 1, [layout]).to_wire()
                 capacity = c.call("describe").result["l1"]["capacity_bytes"] // OBJECT_BYTES
                 zero = bytes(OBJECT_BYTES)
+                zero_sum = kvsum64(zero)
                 hit_tokens = total = 0
                 for req in trace:
                     total += req.input_tokens
@@ -159,7 +161,7 @@ def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tu
                     reply = c.call("store", keyspace=ks, tokens=toks, rank=0, mode="tcp", start_chunk=hit).result
                     if reply["store_id"]:
                         n = sum(s["status"] == "reserved" for s in reply["slots"])
-                        c.call("commit", store_id=reply["store_id"], frames=[zero] * n)
+                        c.call("commit", store_id=reply["store_id"], frames=[zero] * n, checksums=[zero_sum] * n)
         finally:
             proc.terminate()
             proc.wait(10)

@@ -11,6 +11,7 @@ import pytest
 
 from kvhelpers import register
 from kvprotocol import LayoutDescriptor, pack_tokens
+from kvprotocol.kvsum import kvsum64
 from kvserver.eviction import POLICIES
 from kvserver.tracesim import BLOCK_TOKENS, OBJECT_BYTES, belady, load_trace, plain_lru, simulate, unique_blocks
 
@@ -80,6 +81,7 @@ def test_a_real_server_gets_the_simulated_hit_rate(server_factory, trace, policy
                 reply = c.call("store", keyspace=ks.to_wire(), tokens=toks, rank=0, mode="tcp", start_chunk=hit).result
                 n = sum(s["status"] == "reserved" for s in reply["slots"])
                 if n:
-                    c.call("commit", store_id=reply["store_id"], frames=[bytes(OBJECT_BYTES)] * n)
+                    zero = bytes(OBJECT_BYTES)
+                    c.call("commit", store_id=reply["store_id"], frames=[zero] * n, checksums=[kvsum64(zero)] * n)
     assert hit_tokens > 0
     assert hit_tokens / total == pytest.approx(simulate(trace, policy, cap), abs=1e-12)

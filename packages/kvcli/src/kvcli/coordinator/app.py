@@ -1,8 +1,8 @@
 """The coordinator app factory: membership, fleet status, fleet lookup and metrics.
 
 Endpoints are `async def` (one event loop, no locks around the registry). The fan-out client is
-created in the app's lifespan and presents the coordinator's token to instances, so one fleet
-token serves both directions.
+created in the app's lifespan; it presents credentials only to instances it trusts (see
+credentials.py), so one fleet token serves both directions without leaking to a registrant's URL.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from prometheus_client.exposition import choose_encoder
 
 import kvprotocol
 
+from .credentials import InstanceCredentials
 from .errors import ApiError, install_error_handlers
 from .fanout import fleet_query, fleet_status, summarize
 from .limits import BodyLimit
@@ -26,7 +27,7 @@ from .models import LookupBody, Registration, Stats
 from .registry import Registry, RegistryFull
 from .security import Guard
 
-MAX_BODY_BYTES = 32 << 20
+MAX_BODY_BYTES = 8 << 20  # 1M tokens as a JSON list
 
 
 @dataclass(frozen=True)
@@ -37,18 +38,19 @@ class CoordinatorSettings:
     fanout_timeout: float = 2.0
     api_token: str | None = None
     insecure: bool = False
+    trusted_hosts: tuple[str, ...] = ()  # non-loopback instance hosts the fleet token may be sent to
 
 
 def create_app(settings: CoordinatorSettings, registry: Registry | None = None) -> FastAPI:
     registry = registry or Registry(settings.instance_timeout)
     metrics = CoordinatorMetrics(registry, kvprotocol.__version__)
     guard = Guard(settings.host, settings.api_token)
-    headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
+    creds = InstanceCredentials(settings.api_token, settings.trusted_hosts)
     clients: dict[str, httpx.AsyncClient] = {}
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        clients["fanout"] = httpx.AsyncClient(headers=headers, trust_env=False,
+        clients["fanout"] = httpx.AsyncClient(trust_env=False,
                                               limits=httpx.Limits(max_connections=256))
         try:
             yield
@@ -96,7 +98,7 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
     @app.get("/v1/fleet/status", tags=["fleet"], dependencies=read)
     async def status() -> dict[str, Any]:
         """Every live instance's /v1/status, fetched concurrently; unreachable ones say why."""
-        results = await fleet_status(clients["fanout"], registry.live(), settings.fanout_timeout, metrics.outcome)
+        results = await fleet_status(clients["fanout"], creds, registry.live(), settings.fanout_timeout, metrics.outcome)
         return {
             "summary": summarize(results),
             "instances": [{**registry.view(inst), "reachable": error is None, "error": error, "status": body}
@@ -108,7 +110,7 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
         """Which instance holds the longest reusable prefix of these tokens (a routing hint)."""
         body.check()
         live = registry.live()
-        results = await fleet_query(clients["fanout"], live, body.model_dump(exclude_none=True),
+        results = await fleet_query(clients["fanout"], creds, live, body.model_dump(exclude_none=True),
                                     settings.fanout_timeout, metrics.outcome)
         answered = [(inst, prefix) for inst, prefix, _ in results if prefix is not None]
 
