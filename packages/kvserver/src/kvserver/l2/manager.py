@@ -199,7 +199,7 @@ class TierManager:
             batch = [(k, blob) for (_, k, _, _, targets), blob in zip(live, blobs, strict=True) if index in targets]
             if not batch:
                 continue
-            written = [key for key, _, _, targets in live if index in targets]
+            written = [key for key, _, _, _, targets in live if index in targets]
             if not tier.available():
                 self._missed(index, written)
                 continue
