@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvhelpers import lookup, register, store
+from kvserver.l2.serde import HEADER_BYTES
 from l2util import SIZE, data, object_keys, prompt, tier, wait_tier, wait_until
 
 L1 = ("--l1-size-gb", "0.02")
-BLOB = SIZE + 72  # object bytes plus the serde header (no compression)
+BLOB = SIZE + HEADER_BYTES  # object bytes plus the serde header (no compression)
 
 
 def _files(root: Path) -> list[Path]:
