@@ -72,6 +72,14 @@ def main() -> None:
               help="Write-behind queue length (objects); overflow is dropped and counted.")
 @click.option("--l2-prefetch-timeout", default=0.5, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds a lookup waits for L2 objects to load into L1.")
+@click.option("--l2-admission", default="all", show_default=True,
+              type=click.Choice(["all", "second-hit", "tinylfu"]),
+              help="Write every commit to L2; or only objects a lookup hit in L1 (second-hit), or also those "
+                   "stored before (tinylfu): no one-hit wonders in L2.")
+@click.option("--l2-negative-ttl", default=1.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="Seconds an L2 tier's 'absent' answer is remembered, sparing lookups a round trip (0: off).")
+@click.option("--l2-retry-keys", default=4096, show_default=True, type=click.IntRange(0, 1 << 24),
+              help="Per tier: writes missed while it was down, written once it answers again.")
 @click.option("--kv-events-endpoint", default=None, metavar="URL",
               help="Publish KV events for KV-aware routers on this ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 "
                    "(off by default; see docs/kv-events.md).")

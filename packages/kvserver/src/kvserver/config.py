@@ -40,6 +40,9 @@ class ServerConfig:
     l2_encryption_key_file: str | None = None
     l2_queue_size: int = 1024
     l2_prefetch_timeout: float = 0.5
+    l2_admission: str = "all"  # "second-hit"/"tinylfu": keep one-hit wonders out of L2 (l2/admission.py)
+    l2_negative_ttl: float = 1.0  # seconds a tier's "absent" answer is remembered (0: never)
+    l2_retry_keys: int = 4096  # per tier: writes missed while it was down, retried when it answers
     # fleet coordinator
     coordinator: str | None = None
     heartbeat_interval: float = 5.0
@@ -68,6 +71,12 @@ class ServerConfig:
             raise ValueError("api_token must be non-empty and contain no whitespace")
         if self.coordinator is not None and not self.coordinator.startswith(("http://", "https://")):
             raise ValueError("coordinator must be an http:// or https:// URL")
+        if self.l2_admission not in ("all", "second-hit", "tinylfu"):
+            raise ValueError("l2_admission must be 'all', 'second-hit' or 'tinylfu'")
+        if not 0 <= self.l2_negative_ttl <= 3600:
+            raise ValueError("l2_negative_ttl must be in [0, 3600] seconds")
+        if not 0 <= self.l2_retry_keys <= 1 << 24:
+            raise ValueError("l2_retry_keys must be in [0, 16777216]")
         if not 0 < self.heartbeat_interval <= 3600:
             raise ValueError("heartbeat_interval must be in (0, 3600] seconds")
         kv_events_problem = _kv_events_problem(self)

@@ -88,7 +88,9 @@ class KVServer:
         self.handlers: dict[str, Handler] = self._builtin_handlers()
         if self.l2 is not None:
             self.cache.l2 = self.l2
-            self.cache.on_commit.append(self.l2.enqueue)
+            self.cache.on_commit.append(self.l2.committed)
+            if self.l2.admission.mode != "all":
+                self.cache.on_hit.append(self.l2.hit)
             self.handlers["lookup"] = self._lookup_l2
             self.handlers["query"] = self._query_l2
         self.kv_events: Any = None

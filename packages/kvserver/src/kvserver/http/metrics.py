@@ -38,6 +38,7 @@ _L2_KEYS = {
     "errors": ("errors",),
     "corrupt": ("corrupt",),
     "dropped": ("dropped",),
+    "retried": ("retried",),
     "up": ("up",),
 }
 # describe()["l2_queue"] key -> (metric name, type, help)
@@ -47,6 +48,14 @@ _L2_QUEUE = {
     "dropped": ("kvserver_l2_queue_dropped", "counter", "Write-behind objects dropped because the queue was full."),
     "prefetched_objects": ("kvserver_l2_prefetched_objects", "counter", "Objects loaded from L2 into L1 on lookups."),
     "prefetch_timeouts": ("kvserver_l2_prefetch_timeouts", "counter", "Lookups that stopped waiting for L2."),
+    "negative_cache_hits": ("kvserver_l2_negative_cache_hits", "counter",
+                            "L2 presence checks answered by the negative cache (no round trip)."),
+}
+# describe()["l2_queue"]["admission"] key -> (metric name, help)
+_L2_ADMISSION = {
+    "admitted": ("kvserver_l2_admitted", "Committed objects passed on to L2 write-behind."),
+    "deferred": ("kvserver_l2_admission_deferred", "Committed objects held back until a second use."),
+    "forgotten": ("kvserver_l2_admission_forgotten", "Held-back objects never written (evicted first)."),
 }
 
 
@@ -63,6 +72,7 @@ class TierStats:
     errors: float | None = None
     corrupt: float | None = None
     dropped: float | None = None
+    retried: float | None = None
     up: float | None = None
 
 
@@ -158,7 +168,8 @@ def _l2_families(tiers: list[TierStats], queue: Any) -> Iterator[Metric]:
                                  ("misses", "Objects asked of an L2 tier and absent."),
                                  ("errors", "Failed L2 operations (each a batch)."),
                                  ("corrupt", "L2 objects that failed their integrity check (served as misses)."),
-                                 ("dropped", "Writes to an L2 tier not done (queue full or tier down).")):
+                                 ("dropped", "Writes to an L2 tier not done (queue full or retry set full)."),
+                                 ("retried", "Writes missed while an L2 tier was down, queued again.")):
             name = "kvserver_l2_dropped_writes" if field == "dropped" else f"kvserver_l2_{field}"
             yield _per_tier(CounterMetricFamily(name, help_text, labels=["tier"]), tiers, field)
         yield _per_tier(GaugeMetricFamily("kvserver_l2_up", "1 while an L2 tier answers, 0 while it is skipped.",
@@ -169,6 +180,12 @@ def _l2_families(tiers: list[TierStats], queue: Any) -> Iterator[Metric]:
             if value is not None:
                 family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
                 yield family(name, help_text, value=value)
+        admission = queue.get("admission")
+        if isinstance(admission, Mapping):
+            for key, (name, help_text) in _L2_ADMISSION.items():
+                value = _number(admission, (key,))
+                if value is not None:
+                    yield CounterMetricFamily(name, help_text, value=value)
 
 
 class ServerMetrics:
