@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +21,18 @@ class Stats(BaseModel):
     models: list[Model] | None = Field(default=None, max_length=64)
     l1_used_bytes: int | None = Field(default=None, ge=0)
     objects: int | None = Field(default=None, ge=0)
+    kv_events_seq: int | None = Field(default=None, ge=0, description="Next KV-events sequence number.")
+
+
+class KVEventsAd(BaseModel):
+    """Where an instance publishes its KV events (docs/kv-events.md), for the prefix index."""
+
+    model_config = _STRICT
+
+    endpoint: str = Field(pattern=r"^(tcp|ipc)://[^\s]{1,250}$", description="The PUB socket.")
+    replay_endpoint: str | None = Field(default=None, pattern=r"^(tcp|ipc)://[^\s]{1,250}$")
+    topic: str = Field(min_length=7, max_length=300,
+                       description="The topic template with the host filled in, e.g. kv@node1@{model}.")
 
 
 class Registration(Stats):
@@ -31,9 +43,12 @@ class Registration(Stats):
     l1_capacity_bytes: int = Field(ge=0)
     chunk_size: int | None = Field(default=None, ge=1, le=65536)
     heartbeat_interval: float = Field(default=5.0, gt=0, le=3600)
+    kv_events: KVEventsAd | None = Field(default=None, description="KV events of the instance, if it publishes.")
 
     def fields(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=False)
+        out = self.model_dump(exclude_none=False)
+        out["kv_events"] = self.kv_events  # the model itself, not a dict
+        return out
 
 
 class LookupBody(BaseModel):
@@ -46,6 +61,9 @@ class LookupBody(BaseModel):
     groups: list[str] = Field(min_length=1)
     tokens: list[Token] = Field(max_length=MAX_TOKENS)
     salt: str | None = None
+    mode: Literal["auto", "verify", "fanout"] = Field(
+        default="auto", description="auto: index where in sync, else ask; verify: ask the index's best few; "
+                                    "fanout: ask every instance.")
 
     def check(self) -> None:
         """The values checks a server applies (kvprotocol's schema); raises kvprotocol ValidationError."""

@@ -29,6 +29,7 @@ class Instance:
     l1_capacity_bytes: int
     heartbeat_interval: float
     chunk_size: int | None = None
+    kv_events: Any = None  # models.KVEventsAd when the instance publishes KV events
     models: list[str] = field(default_factory=list)
     l1_used_bytes: int = 0
     objects: int = 0

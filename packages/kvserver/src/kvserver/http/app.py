@@ -15,6 +15,7 @@ from prometheus_client.exposition import choose_encoder
 
 import kvprotocol
 
+from . import kvevents_api
 from .errors import install_error_handlers
 from .limits import RequestLimits
 from .metrics import ServerMetrics
@@ -88,6 +89,7 @@ def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAP
         """Make pinned objects of a token sequence evictable again."""
         return await _call(server, "unpin", body.to_fields("unpin"))
 
+    app.include_router(kvevents_api.router(server, read))
     app.state.server = server
     app.state.metrics = metrics
     return app

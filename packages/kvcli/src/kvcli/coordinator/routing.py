@@ -1,0 +1,93 @@
+"""Fleet lookup: answered from the prefix index where an instance's feed is in sync, by fan-out elsewhere.
+
+- `auto` (default): instances whose KV-events feed is in sync are answered from the index (no
+  request to them); the others (no events, resyncing, topic not indexable) are asked directly;
+- `verify`: the index picks the candidates (the best few), which are then asked directly, so
+  the answer respects the layout, world size and salt of the body, which events do not carry;
+- `fanout`: every live instance is asked, as before the index existed.
+
+The answer lists the instances that hold at least one chunk (best first) and every instance that
+was asked and failed, each with where its figure came from (`source`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from kvprotocol import chunk_hashes
+
+from .fanout import Outcome, fleet_query
+from .registry import Instance
+from .subscriber import EventFeeds
+
+VERIFY_CANDIDATES = 4
+MAX_LISTED = 64
+
+
+def _load(inst: Instance) -> float:
+    return inst.l1_used_bytes / inst.l1_capacity_bytes if inst.l1_capacity_bytes else 1.0
+
+
+def from_index(feeds: EventFeeds, indexed: list[Instance], model: str, tokens: list[int]) -> dict[str, int]:
+    """Instance id -> reusable prefix (tokens) by the index, for instances holding at least one chunk."""
+    by_chunk: dict[int, dict[int, Instance]] = {}
+    for inst in indexed:
+        feed = feeds.feeds[inst.id]
+        by_chunk.setdefault(int(inst.chunk_size or 0), {})[feed.slot] = inst
+    out: dict[str, int] = {}
+    for chunk, slots in by_chunk.items():
+        if chunk <= 0 or len(tokens) < chunk:
+            continue
+        keys = feeds.index.keys(model, chunk_hashes(tokens, chunk))
+        for slot, n in feeds.index.prefixes(keys).items():
+            holder = slots.get(slot)
+            if holder is not None and n:
+                out[holder.id] = n * chunk
+    return out
+
+
+async def fleet_lookup(client: httpx.AsyncClient, feeds: EventFeeds | None, live: list[Instance],
+                       body: dict[str, Any], mode: str, timeout: float, outcome: Outcome) -> dict[str, Any]:
+    tokens: list[int] = body["tokens"]
+    indexed = [i for i in live if feeds is not None and feeds.synced(i.id)] if mode != "fanout" else []
+    indexed_ids = {i.id for i in indexed}
+    rows: dict[str, dict[str, Any]] = {}
+    ask = [i for i in live if i.id not in indexed_ids]
+    if indexed and feeds is not None:
+        prefixes = from_index(feeds, indexed, str(body["model"]), tokens)
+        by_id = {i.id: i for i in indexed}
+        if mode == "verify":
+            ranked = sorted(prefixes, key=lambda i: (-prefixes[i], _load(by_id[i]), i))
+            ask += [by_id[i] for i in ranked[:VERIFY_CANDIDATES]]
+        else:
+            for inst_id, prefix in prefixes.items():
+                rows[inst_id] = _row(by_id[inst_id], prefix, None, "index")
+    asked = await fleet_query(client, ask, body, timeout, outcome) if ask else []
+    for inst, asked_prefix, error in asked:
+        rows[inst.id] = _row(inst, asked_prefix, error, "fanout")
+    by_all = {i.id: i for i in live}
+    answered = [r for r in rows.values() if r["prefix_tokens"] is not None]
+    best = min(answered, key=lambda r: (-r["prefix_tokens"], _load(by_all[r["instance_id"]]), r["instance_id"]),
+               default=None)
+    best_prefix: int = best["prefix_tokens"] if best else 0
+    order = sorted(rows.values(), key=lambda r: (-(r["prefix_tokens"] or 0), r["instance_id"]))
+    listed = [r for r in order if r["source"] == "fanout"]  # every instance asked, as before the index
+    listed += [r for r in order if r["source"] == "index"][:MAX_LISTED]
+    return {
+        "num_tokens": len(tokens),
+        "prefix_tokens": best_prefix,
+        "best": ({"instance_id": best["instance_id"], "zmq_url": best["zmq_url"],
+                  "http_url": by_all[best["instance_id"]].http_url, "prefix_tokens": best_prefix,
+                  "source": best["source"]}
+                 if best and best_prefix > 0 else None),
+        "instances": listed,
+        "indexed": len(indexed) if mode != "verify" else 0,
+        "fanned_out": len(ask),
+    }
+
+
+def _row(inst: Instance, prefix: int | None, error: str | None, source: str) -> dict[str, Any]:
+    return {"instance_id": inst.id, "zmq_url": inst.zmq_url, "prefix_tokens": prefix, "reachable": error is None,
+            "error": error, "source": source}

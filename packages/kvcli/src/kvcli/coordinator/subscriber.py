@@ -1,0 +1,297 @@
+"""Feeds the prefix index from each instance's KV-events stream, and keeps it honest.
+
+One SUB socket per instance that advertised KV events at registration (the coordinator connects
+out, so only endpoints a credentialed registration named can ever feed the index; beyond loopback
+the socket presents the coordinator's token with ZMQ PLAIN, as kvserver requires). Per instance:
+
+- the stream's sequence numbers must follow each other. Anything else (a gap from a slow join or
+  a high-water-mark drop, a batch out of order, a payload that does not decode, a topic or hash of
+  the wrong shape) drops everything the instance claimed and **resyncs**: the instance's
+  `GET /v1/kv-events/snapshot` replaces its entries and the stream goes on from the snapshot's
+  `next_seq`. So a wrong claim lasts at most until the next resync;
+- seq 0 starting with AllBlocksCleared is a new server process on the same endpoint: its entries
+  are dropped and the stream applied from there;
+- heartbeats carry the instance's `kv_events_seq`; a feed still short of the sequence number one
+  heartbeat announced when the next heartbeat arrives has lost the tail of the stream (nothing
+  newer came to show the gap) and resyncs;
+- while an instance is not in sync it is not answered from the index: fleet lookups ask it
+  directly (fan-out), as they do for instances without events.
+
+Only the `kvserver_l1` medium is indexed: what an instance's `/v1/query` counts as a hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgpack
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from kvprotocol import is_loopback
+
+from .index import PrefixIndex
+from .registry import Instance
+
+log = logging.getLogger("kvcli.coordinator.events")
+MEDIUM = "kvserver_l1"
+PLAIN_USER = b"kvserver"
+RCVHWM = 100_000
+LAG_SAMPLES = 4096
+MAX_BACKOFF = 5.0
+
+
+class Resync(Exception):
+    """The stream cannot be applied as it is: drop the instance's entries and resync."""
+
+
+@dataclass
+class Feed:
+    inst: Instance
+    slot: int
+    prefix: str  # topic before the model
+    sock: zmq.asyncio.Socket
+    task: asyncio.Task[None] | None = None
+    expected: int | None = None  # next seq to apply; None while not in sync
+    announced_seq: int | None = None  # kv_events_seq of the last heartbeat
+    recv: Any = None  # the pending receive, cancelled to resync an idle stream
+    drain: Any = None  # a blocking-API shadow of `sock`, to take what is queued without a future each
+    reason: str = "initial sync"
+
+
+def topic_prefix(template: str) -> str | None:
+    """`kv@node1@{model}` -> `kv@node1@`; None when the model is not the topic's tail (cannot index)."""
+    if not template.endswith("{model}") or template.count("{model}") != 1:
+        return None
+    return template[: -len("{model}")]
+
+
+def endpoint_host(endpoint: str) -> str | None:
+    scheme, _, rest = endpoint.partition("://")
+    if scheme != "tcp":
+        return None
+    host = rest.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+class EventFeeds:
+    """The SUB sockets, per-instance sync state and counters; the index they feed."""
+
+    def __init__(self, index: PrefixIndex, token: str | None, client: Callable[[], httpx.AsyncClient],
+                 timeout: float = 2.0) -> None:
+        self.index = index
+        self.token = token
+        self.client = client
+        self.timeout = timeout
+        self.ctx = zmq.asyncio.Context()
+        self.feeds: dict[str, Feed] = {}
+        self._free: list[int] = []
+        self._next_slot = 0
+        self.lags: collections.deque[float] = collections.deque(maxlen=LAG_SAMPLES)
+        self.counts = {"batches": 0, "events": 0, "resyncs": 0, "resync_failures": 0, "gaps": 0, "bad": 0,
+                       "restarts": 0, "tail_losses": 0}
+
+    # -- membership ------------------------------------------------------------------------------
+    def add(self, inst: Instance) -> None:
+        ad = inst.kv_events
+        prefix = topic_prefix(ad.topic) if ad is not None else None
+        if ad is None or prefix is None or not inst.http_url or not inst.chunk_size:
+            if ad is not None:
+                log.warning("instance %s: KV events not indexable (topic %r must end in {model}, http url and "
+                            "chunk size needed); its lookups use fan-out", inst.id, ad.topic)
+            return
+        sock = self.ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, RCVHWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
+        host = endpoint_host(ad.endpoint)
+        if host is not None and not is_loopback(host) and self.token:
+            sock.plain_username, sock.plain_password = PLAIN_USER, self.token.encode()
+        sock.setsockopt(zmq.IPV6, int("[" in ad.endpoint))
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(ad.endpoint)
+        slot = self._free.pop() if self._free else self._alloc()
+        feed = Feed(inst, slot, prefix, sock, drain=zmq.Socket.shadow(sock.underlying))
+        self.feeds[inst.id] = feed
+        feed.task = asyncio.get_running_loop().create_task(self._run(feed), name=f"kv-events-{inst.id}")
+
+    def _alloc(self) -> int:
+        self._next_slot += 1
+        return self._next_slot - 1
+
+    def drop(self, inst: Instance) -> None:
+        feed = self.feeds.pop(inst.id, None)
+        if feed is None:
+            return
+        if feed.task is not None:
+            feed.task.cancel()
+        feed.sock.close(linger=0)
+        self.index.clear(feed.slot)
+        self._free.append(feed.slot)
+
+    def heartbeat(self, inst: Instance, seq: int | None) -> None:
+        """A heartbeat's kv_events_seq: if the previous one is still ahead of the feed, the tail was lost."""
+        feed = self.feeds.get(inst.id)
+        if feed is None or seq is None:
+            return
+        if feed.expected is not None and feed.announced_seq is not None and feed.expected < feed.announced_seq:
+            self.counts["tail_losses"] += 1
+            self._resync_soon(feed, f"stream stopped at seq {feed.expected}, heartbeat said {feed.announced_seq}")
+        feed.announced_seq = seq
+
+    def _resync_soon(self, feed: Feed, why: str) -> None:
+        self.index.clear(feed.slot)
+        feed.expected, feed.reason = None, why
+        if feed.recv is not None:
+            feed.recv.cancel()
+
+    def synced(self, inst_id: str) -> Feed | None:
+        feed = self.feeds.get(inst_id)
+        return feed if feed is not None and feed.expected is not None else None
+
+    async def close(self) -> None:
+        for feed in list(self.feeds.values()):
+            self.drop(feed.inst)
+        self.ctx.destroy(linger=0)
+
+    # -- the stream ------------------------------------------------------------------------------
+    async def _run(self, feed: Feed) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                if feed.expected is None:
+                    if not await self._resync(feed):
+                        await asyncio.sleep(backoff)
+                        backoff = min(MAX_BACKOFF, backoff * 2)
+                        continue
+                    backoff = 0.1
+                feed.recv = feed.sock.recv_multipart(copy=True)
+                try:
+                    frames = await feed.recv
+                except asyncio.CancelledError:
+                    if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                        raise
+                    continue  # the receive was cancelled by a heartbeat's resync request
+                finally:
+                    feed.recv = None
+                self._apply(feed, frames)
+                while feed.expected is not None:  # drain what is queued without going back to the loop
+                    try:
+                        frames = feed.drain.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+                    except zmq.Again:
+                        break
+                    self._apply(feed, frames)
+            except asyncio.CancelledError:
+                raise
+            except Resync as exc:
+                self._resync_soon(feed, str(exc))
+            except Exception:
+                log.exception("KV events feed of %s failed; resyncing", feed.inst.id)
+                self._resync_soon(feed, "feed error")
+                await asyncio.sleep(backoff)
+
+    def _apply(self, feed: Feed, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.counts["bad"] += 1
+            raise Resync("malformed message")
+        seq = int.from_bytes(frames[1], "big")
+        try:
+            batch = msgpack.unpackb(frames[2], raw=False, strict_map_key=True)
+            ts, events = batch[0], batch[1]
+            if not isinstance(events, list) or not isinstance(ts, (int, float)):
+                raise ValueError("batch shape")
+        except Exception:
+            self.counts["bad"] += 1
+            raise Resync(f"undecodable batch at seq {seq}") from None
+        restart = seq == 0 and bool(events) and isinstance(events[0], dict) and \
+            events[0].get("type") == "AllBlocksCleared"
+        if restart:
+            if feed.expected not in (None, 0):
+                self.counts["restarts"] += 1
+            self.index.clear(feed.slot)
+            feed.expected = 0
+        if feed.expected is None or seq < feed.expected:
+            return  # not in sync yet, or already in the snapshot
+        if seq > feed.expected:
+            self.counts["gaps"] += 1
+            raise Resync(f"gap: expected seq {feed.expected}, got {seq}")
+        topic = frames[0].decode(errors="replace")
+        model = topic[len(feed.prefix):] if topic.startswith(feed.prefix) else None
+        self._events(feed, model, events, seq)
+        feed.expected = seq + 1
+        self.counts["batches"] += 1
+        self.lags.append(time.time() - float(ts))
+
+    def _events(self, feed: Feed, model: str | None, events: list[Any], seq: int) -> None:
+        index, slot = self.index, feed.slot
+        for ev in events:
+            kind = ev.get("type") if isinstance(ev, dict) else None
+            self.counts["events"] += 1
+            if kind == "AllBlocksCleared":
+                index.clear(slot)
+                continue
+            if kind not in ("BlockStored", "BlockRemoved"):
+                self.counts["bad"] += 1
+                raise Resync(f"unknown event at seq {seq}")
+            if ev.get("medium") != MEDIUM:
+                continue
+            hashes = ev.get("block_hashes")
+            if model is None or not model or not isinstance(hashes, list) or \
+                    not all(isinstance(h, (bytes, int)) and not isinstance(h, bool) for h in hashes):
+                self.counts["bad"] += 1
+                raise Resync(f"bad {kind} at seq {seq}")
+            keys = index.keys(model, hashes)
+            if kind == "BlockStored":
+                if ev.get("block_size") != feed.inst.chunk_size:
+                    self.counts["bad"] += 1
+                    raise Resync(f"block size {ev.get('block_size')!r} is not the chunk size")
+                index.add(slot, keys)
+            else:
+                index.remove(slot, keys)
+
+    async def _resync(self, feed: Feed) -> bool:
+        """Replace the instance's entries with its snapshot; False (and stay out of sync) when that fails."""
+        self.index.clear(feed.slot)
+        feed.expected = None
+        url = f"{feed.inst.http_url.rstrip('/')}/v1/kv-events/snapshot"  # type: ignore[union-attr]
+        try:
+            reply = await self.client().get(url, timeout=self.timeout)
+            reply.raise_for_status()
+            snap = reply.json()
+            next_seq = snap["next_seq"]
+            if not isinstance(next_seq, int) or next_seq < 0 or snap.get("chunk_size") != feed.inst.chunk_size:
+                raise ValueError("snapshot has no next_seq, or another chunk size")
+            keys: list[int] = []
+            for model, packed in dict(snap["models"]).items():
+                arr = np.frombuffer(base64.b64decode(packed, validate=True), dtype="<u8")
+                keys.extend((arr ^ np.uint64(self.index.tag(str(model)))).tolist())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.counts["resync_failures"] += 1
+            if self.counts["resync_failures"] <= 10 or self.counts["resync_failures"] % 1000 == 0:
+                log.warning("instance %s: KV events resync failed (%s: %s); lookups fan out to it meanwhile",
+                            feed.inst.id, type(exc).__name__, str(exc)[:200])
+            return False
+        self.index.add(feed.slot, keys)
+        feed.expected = next_seq
+        self.counts["resyncs"] += 1
+        log.info("instance %s: index resynced (%s): %d chunks, stream from seq %d", feed.inst.id, feed.reason,
+                 len(keys), next_seq)
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        lags = sorted(self.lags)
+        synced = sum(1 for f in self.feeds.values() if f.expected is not None)
+        return {"feeds": len(self.feeds), "synced": synced, **self.counts,
+                "lag_p50_ms": round(lags[len(lags) // 2] * 1e3, 3) if lags else None,
+                "lag_p99_ms": round(lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1e3, 3) if lags else None}
