@@ -19,6 +19,7 @@ import httpx
 from kvprotocol import chunk_hashes
 
 from .fanout import Outcome, fleet_query
+from .models import LookupBody
 from .registry import Instance
 from .subscriber import EventFeeds
 
@@ -30,44 +31,44 @@ def _load(inst: Instance) -> float:
     return inst.l1_used_bytes / inst.l1_capacity_bytes if inst.l1_capacity_bytes else 1.0
 
 
-def from_index(feeds: EventFeeds, indexed: list[Instance], model: str, tokens: list[int]) -> dict[str, int]:
-    """Instance id -> reusable prefix (tokens) by the index, for instances holding at least one chunk."""
-    by_chunk: dict[int, dict[int, Instance]] = {}
-    for inst in indexed:
-        feed = feeds.feeds[inst.id]
-        by_chunk.setdefault(int(inst.chunk_size or 0), {})[feed.slot] = inst
+def from_index(feeds: EventFeeds, live: dict[str, Instance], model: str, tokens: list[int]) -> dict[str, int]:
+    """Instance id -> reusable prefix (tokens) by the index, for live in-sync instances holding a chunk.
+
+    Work is proportional to the chunks of the prompt and the instances that hold them, not to the fleet.
+    """
     out: dict[str, int] = {}
-    for chunk, slots in by_chunk.items():
-        if chunk <= 0 or len(tokens) < chunk:
+    for chunk in feeds.chunk_sizes():
+        if len(tokens) < chunk:
             continue
         keys = feeds.index.keys(model, chunk_hashes(tokens, chunk))
         for slot, n in feeds.index.prefixes(keys).items():
-            holder = slots.get(slot)
-            if holder is not None and n:
-                out[holder.id] = n * chunk
+            feed = feeds.by_slot.get(slot)
+            if (n and feed is not None and feed.expected is not None and feed.inst.chunk_size == chunk
+                    and feed.inst.id in live):
+                out[feed.inst.id] = n * chunk
     return out
 
 
 async def fleet_lookup(client: httpx.AsyncClient, feeds: EventFeeds | None, live: list[Instance],
-                       body: dict[str, Any], mode: str, timeout: float, outcome: Outcome) -> dict[str, Any]:
-    tokens: list[int] = body["tokens"]
+                       body: LookupBody, timeout: float, outcome: Outcome) -> dict[str, Any]:
+    tokens, mode = body.tokens, body.mode
+    by_all = {i.id: i for i in live}
     indexed = [i for i in live if feeds is not None and feeds.synced(i.id)] if mode != "fanout" else []
-    indexed_ids = {i.id for i in indexed}
     rows: dict[str, dict[str, Any]] = {}
-    ask = [i for i in live if i.id not in indexed_ids]
+    ask = [i for i in live if feeds is None or mode == "fanout" or not feeds.synced(i.id)]
     if indexed and feeds is not None:
-        prefixes = from_index(feeds, indexed, str(body["model"]), tokens)
-        by_id = {i.id: i for i in indexed}
+        prefixes = from_index(feeds, by_all, body.model, tokens)
+        by_id = by_all
         if mode == "verify":
             ranked = sorted(prefixes, key=lambda i: (-prefixes[i], _load(by_id[i]), i))
             ask += [by_id[i] for i in ranked[:VERIFY_CANDIDATES]]
         else:
             for inst_id, prefix in prefixes.items():
                 rows[inst_id] = _row(by_id[inst_id], prefix, None, "index")
-    asked = await fleet_query(client, ask, body, timeout, outcome) if ask else []
+    forwarded = body.model_dump(exclude_none=True, exclude={"mode"}) if ask else {}
+    asked = await fleet_query(client, ask, forwarded, timeout, outcome) if ask else []
     for inst, asked_prefix, error in asked:
         rows[inst.id] = _row(inst, asked_prefix, error, "fanout")
-    by_all = {i.id: i for i in live}
     answered = [r for r in rows.values() if r["prefix_tokens"] is not None]
     best = min(answered, key=lambda r: (-r["prefix_tokens"], _load(by_all[r["instance_id"]]), r["instance_id"]),
                default=None)

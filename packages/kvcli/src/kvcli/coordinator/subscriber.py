@@ -94,6 +94,8 @@ class EventFeeds:
         self.timeout = timeout
         self.ctx = zmq.asyncio.Context()
         self.feeds: dict[str, Feed] = {}
+        self.by_slot: dict[int, Feed] = {}
+        self._chunk_sizes: collections.Counter[int] = collections.Counter()
         self._free: list[int] = []
         self._next_slot = 0
         self.lags: collections.deque[float] = collections.deque(maxlen=LAG_SAMPLES)
@@ -122,6 +124,8 @@ class EventFeeds:
         slot = self._free.pop() if self._free else self._alloc()
         feed = Feed(inst, slot, prefix, sock, drain=zmq.Socket.shadow(sock.underlying))
         self.feeds[inst.id] = feed
+        self.by_slot[slot] = feed
+        self._chunk_sizes[inst.chunk_size] += 1
         feed.task = asyncio.get_running_loop().create_task(self._run(feed), name=f"kv-events-{inst.id}")
 
     def _alloc(self) -> int:
@@ -136,6 +140,10 @@ class EventFeeds:
             feed.task.cancel()
         feed.sock.close(linger=0)
         self.index.clear(feed.slot)
+        del self.by_slot[feed.slot]
+        self._chunk_sizes[int(feed.inst.chunk_size or 0)] -= 1
+        if self._chunk_sizes[int(feed.inst.chunk_size or 0)] <= 0:
+            del self._chunk_sizes[int(feed.inst.chunk_size or 0)]
         self._free.append(feed.slot)
 
     def heartbeat(self, inst: Instance, seq: int | None) -> None:
@@ -153,6 +161,10 @@ class EventFeeds:
         feed.expected, feed.reason = None, why
         if feed.recv is not None:
             feed.recv.cancel()
+
+    def chunk_sizes(self) -> list[int]:
+        """The chunk sizes of the instances fed (usually one: a fleet shares its chunk size)."""
+        return list(self._chunk_sizes)
 
     def synced(self, inst_id: str) -> Feed | None:
         feed = self.feeds.get(inst_id)
