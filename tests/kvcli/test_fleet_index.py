@@ -94,7 +94,7 @@ def test_stores_evictions_and_departures_reach_the_index_without_fanout(server_f
     wait_for(lambda: by_url(lookup(coord, keys_body(ks, only_a))) == {b.url: 2 * CHUNK}, what="b stores")
     b.kill()
     wait_for(lambda: lookup(coord, keys_body(ks, only_a))["best"] is None, timeout=15, what="killed instance gone")
-    assert index(coord)["chunks"] == 0 and index(coord)["feeds"] == 0
+    wait_for(lambda: index(coord)["chunks"] == 0 and index(coord)["feeds"] == 0, what="its entries pruned")
     assert fanout_queries(coord) == base + 2 + 2  # only the verify and fanout lookups asked anyone
 
 

@@ -7,6 +7,7 @@ token serves both directions.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from .index import PrefixIndex
 from .limits import BodyLimit
 from .metrics import CoordinatorMetrics
 from .models import LookupBody, Registration, Stats
-from .registry import Registry, RegistryFull
+from .registry import Registry, RegistryFull, prune_forever
 from .routing import fleet_lookup
 from .subscriber import EventFeeds
 from .security import Guard
@@ -59,9 +60,11 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
         feeds["index"] = EventFeeds(PrefixIndex(), settings.api_token, lambda: clients["fanout"],
                                     settings.fanout_timeout)
         registry.on_drop.append(lambda inst, _why: feeds["index"].drop(inst) if "index" in feeds else None)
+        pruner = asyncio.create_task(prune_forever(registry, min(1.0, registry.timeout / 4)))
         try:
             yield
         finally:
+            pruner.cancel()
             await feeds.pop("index").close()
             await clients.pop("fanout").aclose()
 
@@ -133,7 +136,7 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
         except ValidationError as exc:
             raise RequestValidationError(exc.errors(include_url=False)) from None
         body.check()
-        answer = await fleet_lookup(clients["fanout"], feeds.get("index"), registry.live(), body,
+        answer = await fleet_lookup(clients["fanout"], feeds.get("index"), registry, body,
                                     settings.fanout_timeout, metrics.outcome)
         metrics.lookups.inc()
         metrics.lookup_tokens.inc(len(body.tokens))

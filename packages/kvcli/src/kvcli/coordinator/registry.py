@@ -7,6 +7,7 @@ under the same ZMQ url (a restart) replaces its old entry, so a crashed server n
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -129,3 +130,10 @@ class Registry:
                  inst.zmq_url, self.clock() - inst.last_seen, len(self.instances))
         for hook in self.on_drop:
             hook(inst, why)
+
+
+async def prune_forever(registry: Registry, period: float = 1.0) -> None:
+    """Drop timed-out instances even while nobody registers or heartbeats (their index entries go with them)."""
+    while True:
+        await asyncio.sleep(period)
+        registry.prune()

@@ -20,7 +20,7 @@ from kvprotocol import chunk_hashes
 
 from .fanout import Outcome, fleet_query
 from .models import LookupBody
-from .registry import Instance
+from .registry import Instance, Registry
 from .subscriber import EventFeeds
 
 VERIFY_CANDIDATES = 4
@@ -31,42 +31,51 @@ def _load(inst: Instance) -> float:
     return inst.l1_used_bytes / inst.l1_capacity_bytes if inst.l1_capacity_bytes else 1.0
 
 
-def from_index(feeds: EventFeeds, live: dict[str, Instance], model: str, tokens: list[int]) -> dict[str, int]:
-    """Instance id -> reusable prefix (tokens) by the index, for live in-sync instances holding a chunk.
+def from_index(feeds: EventFeeds, registry: Registry, model: str, tokens: list[int]) -> dict[str, int]:
+    """Instance id -> reusable prefix (tokens) by the index, for fresh in-sync instances holding a chunk.
 
-    Work is proportional to the chunks of the prompt and the instances that hold them, not to the fleet.
+    Work is proportional to the chunks of the prompt and the instances that hold them, not to the
+    fleet: an instance past its timeout but not yet pruned is skipped here by its age.
     """
     out: dict[str, int] = {}
+    now, instances = registry.clock(), registry.instances
     for chunk in feeds.chunk_sizes():
         if len(tokens) < chunk:
             continue
         keys = feeds.index.keys(model, chunk_hashes(tokens, chunk))
         for slot, n in feeds.index.prefixes(keys).items():
             feed = feeds.by_slot.get(slot)
-            if (n and feed is not None and feed.expected is not None and feed.inst.chunk_size == chunk
-                    and feed.inst.id in live):
-                out[feed.inst.id] = n * chunk
+            if not n or feed is None or feed.expected is None or feed.inst.chunk_size != chunk:
+                continue
+            inst = instances.get(feed.inst.id)
+            if inst is not None and now - inst.last_seen <= registry.timeout:
+                out[inst.id] = n * chunk
     return out
 
 
-async def fleet_lookup(client: httpx.AsyncClient, feeds: EventFeeds | None, live: list[Instance],
+async def fleet_lookup(client: httpx.AsyncClient, feeds: EventFeeds | None, registry: Registry,
                        body: LookupBody, timeout: float, outcome: Outcome) -> dict[str, Any]:
     tokens, mode = body.tokens, body.mode
-    by_all = {i.id: i for i in live}
-    indexed = [i for i in live if feeds is not None and feeds.synced(i.id)] if mode != "fanout" else []
+    if feeds is None or mode == "fanout":
+        ask, indexed = registry.live(), 0
+    elif feeds.in_sync == len(registry.instances):  # the usual case: nobody to ask, no O(fleet) scan
+        ask, indexed = [], feeds.in_sync
+    else:
+        ask = [i for i in registry.live() if not feeds.synced(i.id)]
+        indexed = feeds.in_sync
     rows: dict[str, dict[str, Any]] = {}
-    ask = [i for i in live if feeds is None or mode == "fanout" or not feeds.synced(i.id)]
+    known = registry.instances
     if indexed and feeds is not None:
-        prefixes = from_index(feeds, by_all, body.model, tokens)
-        by_id = by_all
+        prefixes = from_index(feeds, registry, body.model, tokens)
         if mode == "verify":
-            ranked = sorted(prefixes, key=lambda i: (-prefixes[i], _load(by_id[i]), i))
-            ask += [by_id[i] for i in ranked[:VERIFY_CANDIDATES]]
+            ranked = sorted(prefixes, key=lambda i: (-prefixes[i], _load(known[i]), i))
+            ask += [known[i] for i in ranked[:VERIFY_CANDIDATES]]
         else:
             for inst_id, prefix in prefixes.items():
-                rows[inst_id] = _row(by_id[inst_id], prefix, None, "index")
+                rows[inst_id] = _row(known[inst_id], prefix, None, "index")
     forwarded = body.model_dump(exclude_none=True, exclude={"mode"}) if ask else {}
     asked = await fleet_query(client, ask, forwarded, timeout, outcome) if ask else []
+    by_all = {i.id: i for i in ask} | {i: known[i] for i in rows if i in known}
     for inst, asked_prefix, error in asked:
         rows[inst.id] = _row(inst, asked_prefix, error, "fanout")
     answered = [r for r in rows.values() if r["prefix_tokens"] is not None]
@@ -84,7 +93,7 @@ async def fleet_lookup(client: httpx.AsyncClient, feeds: EventFeeds | None, live
                   "source": best["source"]}
                  if best and best_prefix > 0 else None),
         "instances": listed,
-        "indexed": len(indexed) if mode != "verify" else 0,
+        "indexed": indexed if mode != "verify" else 0,
         "fanned_out": len(ask),
     }
 

@@ -95,6 +95,7 @@ class EventFeeds:
         self.ctx = zmq.asyncio.Context()
         self.feeds: dict[str, Feed] = {}
         self.by_slot: dict[int, Feed] = {}
+        self.in_sync = 0  # feeds whose expected seq is known
         self._chunk_sizes: collections.Counter[int] = collections.Counter()
         self._free: list[int] = []
         self._next_slot = 0
@@ -139,6 +140,7 @@ class EventFeeds:
         if feed.task is not None:
             feed.task.cancel()
         feed.sock.close(linger=0)
+        self._mark(feed, None)
         self.index.clear(feed.slot)
         del self.by_slot[feed.slot]
         self._chunk_sizes[int(feed.inst.chunk_size or 0)] -= 1
@@ -158,9 +160,15 @@ class EventFeeds:
 
     def _resync_soon(self, feed: Feed, why: str) -> None:
         self.index.clear(feed.slot)
-        feed.expected, feed.reason = None, why
+        self._mark(feed, None)
+        feed.reason = why
         if feed.recv is not None:
             feed.recv.cancel()
+
+    def _mark(self, feed: Feed, expected: int | None) -> None:
+        """Set the next seq to apply (None: out of sync), keeping the count of feeds in sync."""
+        self.in_sync += (expected is not None) - (feed.expected is not None)
+        feed.expected = expected
 
     def chunk_sizes(self) -> list[int]:
         """The chunk sizes of the instances fed (usually one: a fleet shares its chunk size)."""
@@ -230,7 +238,7 @@ class EventFeeds:
             if feed.expected not in (None, 0):
                 self.counts["restarts"] += 1
             self.index.clear(feed.slot)
-            feed.expected = 0
+            self._mark(feed, 0)
         if feed.expected is None or seq < feed.expected:
             return  # not in sync yet, or already in the snapshot
         if seq > feed.expected:
@@ -239,7 +247,7 @@ class EventFeeds:
         topic = frames[0].decode(errors="replace")
         model = topic[len(feed.prefix):] if topic.startswith(feed.prefix) else None
         self._events(feed, model, events, seq)
-        feed.expected = seq + 1
+        self._mark(feed, seq + 1)
         self.counts["batches"] += 1
         self.lags.append(time.time() - float(ts))
 
@@ -273,7 +281,7 @@ class EventFeeds:
     async def _resync(self, feed: Feed) -> bool:
         """Replace the instance's entries with its snapshot; False (and stay out of sync) when that fails."""
         self.index.clear(feed.slot)
-        feed.expected = None
+        self._mark(feed, None)
         url = f"{feed.inst.http_url.rstrip('/')}/v1/kv-events/snapshot"  # type: ignore[union-attr]
         try:
             reply = await self.client().get(url, timeout=self.timeout)
@@ -295,7 +303,7 @@ class EventFeeds:
                             feed.inst.id, type(exc).__name__, str(exc)[:200])
             return False
         self.index.add(feed.slot, keys)
-        feed.expected = next_seq
+        self._mark(feed, next_seq)
         self.counts["resyncs"] += 1
         log.info("instance %s: index resynced (%s): %d chunks, stream from seq %d", feed.inst.id, feed.reason,
                  len(keys), next_seq)
@@ -303,7 +311,6 @@ class EventFeeds:
 
     def describe(self) -> dict[str, Any]:
         lags = sorted(self.lags)
-        synced = sum(1 for f in self.feeds.values() if f.expected is not None)
-        return {"feeds": len(self.feeds), "synced": synced, **self.counts,
+        return {"feeds": len(self.feeds), "synced": self.in_sync, **self.counts,
                 "lag_p50_ms": round(lags[len(lags) // 2] * 1e3, 3) if lags else None,
                 "lag_p99_ms": round(lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1e3, 3) if lags else None}
