@@ -8,6 +8,7 @@ token serves both directions.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -125,11 +126,13 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
     @app.post("/v1/fleet/lookup", tags=["fleet"], dependencies=read,
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": LookupBody.model_json_schema()}}}})
-    async def lookup(request: Request) -> dict[str, Any]:
+    async def lookup(request: Request) -> Response:
         """Which instance holds the longest reusable prefix of these tokens (a routing hint).
 
-        The body is parsed by pydantic straight from the bytes (half the cost of FastAPI's
-        json.loads-then-validate for 4096 tokens): a lookup has to be far cheaper than a prefill.
+        A lookup has to be far cheaper than a prefill, so FastAPI's generic paths are skipped: the
+        body is parsed by pydantic straight from the bytes (half the cost of json.loads and then
+        validating 4096 tokens) and the answer is written with json.dumps (jsonable_encoder takes
+        ~0.8 ms for a list of 64 instances).
         """
         try:
             body = LookupBody.model_validate_json(await request.body())
@@ -141,7 +144,7 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
         metrics.lookups.inc()
         metrics.lookup_tokens.inc(len(body.tokens))
         metrics.lookup_hit_tokens.inc(answer["prefix_tokens"])
-        return answer
+        return Response(json.dumps(answer, separators=(",", ":")), media_type="application/json")
 
     @app.get("/v1/fleet/index", tags=["fleet"], dependencies=read)
     async def index_status(memory: bool = False) -> dict[str, Any]:
