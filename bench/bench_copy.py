@@ -1,4 +1,6 @@
-"""Paged KV gather/scatter throughput: C++ kernel vs numpy fallback vs torch, against memcpy.
+"""Paged KV gather/scatter throughput: C++ kernel vs numpy fallback vs torch, against memcpy; and
+the cost of verification: the fused copy + per-object kvsum64 (`copy_checksum`, what every store
+and load runs) against the plain copy of the same rows, measured alternately in the same run.
 
 Why: the copy between an engine's paged KV and the cache arena is the data plane of every store and
 retrieve; it should run near memory bandwidth. Each method's GB/s is printed next to a single-thread
@@ -140,10 +142,36 @@ def bench_block_size(block_size: int, args: argparse.Namespace) -> dict[str, Any
             rows.append({"block_size": block_size, "method": name, "op": op,
                          "gbps": total / s / 1e9, "memcpy_gbps": total / memcpy_s / 1e9,
                          "ratio": memcpy_s / s, "seconds": s})
+    verify = _verify_rows(abase, gather_rows, scatter_rows, offsets, lay.object_bytes, arena, args)
     seg_s = _time(lambda: chunk_segments(kv, ids, offsets, "gather"), args.repeats)
-    return {"block_size": block_size, "bytes_per_run": total, "chunks": chunks, "object_bytes": lay.object_bytes,
+    return {"verify": verify, "block_size": block_size, "bytes_per_run": total, "chunks": chunks, "object_bytes": lay.object_bytes,
             "segments": int(gather_rows.shape[0]), "segment_compute_us": seg_s * 1e6,
             "memcpy_fresh_numpy_gbps": total / fresh_s / 1e9, "rows": rows}
+
+
+def _verify_rows(abase: int, gather_rows: np.ndarray, scatter_rows: np.ndarray, offsets: np.ndarray,
+                 object_bytes: int, arena: np.ndarray, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Verified (copy + checksum per object) vs unverified copy, per op and thread count."""
+    if copy.backend_name() != "cpp":
+        return []
+    objects = np.stack([offsets, np.full_like(offsets, object_bytes)], axis=1)
+    sums = copy.copy_checksum(0, abase, gather_rows, objects, "dst", args.threads)
+    want = [copy.checksum(abase + int(o), object_bytes) for o in offsets]
+    if sums != want or copy.copy_checksum(abase, 0, scatter_rows, objects, "src", args.threads) != want:
+        raise SystemExit("verified copy checksums differ from kvsum64 of the objects")
+    out = []
+    for threads in dict.fromkeys((args.threads, 1)):
+        for op, (src, dst, rows, side) in {"gather": (0, abase, gather_rows, "dst"),
+                                           "scatter": (abase, 0, scatter_rows, "src")}.items():
+            plain_s, verified_s = _time_pair(
+                lambda src=src, dst=dst, rows=rows, t=threads: copy.batch_copy(src, dst, rows, t),
+                lambda src=src, dst=dst, rows=rows, side=side, t=threads: copy.copy_checksum(
+                    src, dst, rows, objects, side, t), args.repeats)
+            total = arena.nbytes
+            out.append({"op": op, "threads": threads or copy.default_threads(),
+                        "plain_gbps": total / plain_s / 1e9, "verified_gbps": total / verified_s / 1e9,
+                        "ratio": plain_s / verified_s})
+    return out
 
 
 def _loadavg() -> str:
@@ -210,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
             print(title)
             for c in (header, *cells):
                 print("  ".join(f"{v:>14}" for v in c))
+        for v in res["verify"]:
+            print(f"  verified {v['op']:<7} threads={v['threads']}: {v['verified_gbps']:.2f} GB/s vs unverified "
+                  f"{v['plain_gbps']:.2f} GB/s -> ratio {v['ratio']:.2f}")
     return 0
 
 

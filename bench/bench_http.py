@@ -33,6 +33,8 @@ sys.path[:0] = [str(ROOT / "tests")]
 from coordproc import CoordinatorProc, wait_for  # noqa: E402
 from serverproc import ServerProc, free_port  # noqa: E402
 
+from kvprotocol import resolve_token  # noqa: E402
+
 BARE_APP = textwrap.dedent("""
     import sys
     import uvicorn
@@ -47,10 +49,13 @@ BARE_APP = textwrap.dedent("""
 """)
 
 
-def timed(client: httpx.Client, method: str, url: str, n: int, body: object = None) -> list[float]:
+def timed(client: httpx.Client, method: str, url: str, n: int, body: object = None,
+          token: str | None = None) -> list[float]:
     """Latency of n sequential requests; a JSON body is encoded once (the client's cost, not the server's)."""
     content = json.dumps(body).encode() if body is not None else None
     headers = {"content-type": "application/json"} if body is not None else {}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
     for _ in range(min(20, n)):  # warm up: connection, first-call imports
         client.request(method, url, content=content, headers=headers).raise_for_status()
     out = []
@@ -88,7 +93,8 @@ def main() -> None:
             rows.append(("kvserver       GET /healthz", timed(c, "GET", f"{server.http_url}/healthz", args.n)))
             rows.append(("coordinator    GET /healthz", timed(c, "GET", f"{coord.url}/healthz", args.n)))
             rows.append(("kvserver       POST /v1/query 4096 tok",
-                         timed(c, "POST", f"{server.http_url}/v1/query", args.n, query)))
+                         timed(c, "POST", f"{server.http_url}/v1/query", args.n, query,
+                               resolve_token(server.token, server.http_url))))
             rows.append(("coordinator    POST /v1/fleet/lookup 4096 tok",
                          timed(c, "POST", f"{coord.url}/v1/fleet/lookup", args.n, query)))
         base = statistics.median(rows[0][1])

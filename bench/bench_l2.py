@@ -186,7 +186,7 @@ async def adapter_run(adapter: L2Adapter, serde: Serde, objs: list[bytes], tag: 
     async def put() -> None:
         nonlocal stored
         for i in range(0, len(objs), BATCH):
-            blobs = [(k, serde.encode(k, b)) for k, b in zip(keys[i : i + BATCH], objs[i : i + BATCH], strict=True)]
+            blobs = [(k, serde.encode(k, b, 0)) for k, b in zip(keys[i : i + BATCH], objs[i : i + BATCH], strict=True)]
             stored += sum(len(b) for _, b in blobs)
             await adapter.put(blobs)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvprotocol.kvsum import kvsum64
 from kvprotocol import Client, KeySpace, LayoutDescriptor, pack_tokens
 
 CHUNK = 256
@@ -58,7 +59,7 @@ def bench_lookup(c: Client, ks: KeySpace, layout: LayoutDescriptor, n_tokens: in
     zero = bytes(layout.object_bytes)
     n_reserved = sum(s["status"] == "reserved" for s in reply["slots"])
     if reply["store_id"]:
-        c.call("commit", frames=[zero] * n_reserved, store_id=reply["store_id"])
+        c.call("commit", frames=[zero] * n_reserved, store_id=reply["store_id"], checksums=[kvsum64(zero)] * n_reserved)
     lat = []
     for _ in range(iters):
         t0 = time.perf_counter()
@@ -82,14 +83,15 @@ def bench_transfer(c: Client, ks: KeySpace, layout: LayoutDescriptor, arena: np.
         copy_t.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         reply = c.call("store", keyspace=ks.to_wire(), tokens=tokens, rank=0, mode=mode).result
-        frames = []
+        frames, checksums = [], []
         for i, slot in enumerate(reply["slots"]):
             part = src[i * size : (i + 1) * size]
+            checksums.append(kvsum64(part))
             if mode == "shm":
                 np.copyto(arena[slot["offset"] : slot["offset"] + size], part)
             else:
                 frames.append(part)
-        c.call("commit", frames=frames, store_id=reply["store_id"], timeout=60)
+        c.call("commit", frames=frames, store_id=reply["store_id"], checksums=checksums, timeout=60)
         store_t.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         c.call("lookup", keyspace=ks.to_wire(), tokens=tokens, session="bench")

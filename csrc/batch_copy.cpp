@@ -135,6 +135,24 @@ void copy_range(const std::vector<Segment>& segs, const std::vector<std::uint64_
 
 }  // namespace
 
+void copy_bytes(void* dst, const void* src, std::size_t n, bool stream) {
+#if KVCOPY_HAVE_STREAM
+    if (stream && n >= kStreamMinSegmentBytes) {
+        stream_copy(static_cast<char*>(dst), static_cast<const char*>(src), n);
+        return;
+    }
+#else
+    (void)stream;
+#endif
+    std::memcpy(dst, src, n);
+}
+
+void store_fence() {
+#if KVCOPY_HAVE_STREAM
+    _mm_sfence();
+#endif
+}
+
 void batch_copy(const std::vector<Segment>& segs, unsigned requested_threads) {
     std::vector<std::uint64_t> ends(segs.size());
     std::uint64_t total = 0;

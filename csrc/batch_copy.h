@@ -39,6 +39,11 @@ unsigned default_threads();
 // How many threads a copy of `total_bytes` would use when asked for `requested` (0 = default).
 unsigned plan_threads(std::uint64_t total_bytes, unsigned requested);
 
+// One memcpy; with `stream`, segments of at least kStreamMinSegmentBytes use non-temporal stores
+// (then call store_fence() before another thread reads the destination).
+void copy_bytes(void* dst, const void* src, std::size_t n, bool stream);
+void store_fence();
+
 // Copies every segment. Segments must not overlap each other's destination, and no destination
 // may overlap any source (plain memcpy semantics). The caller has validated the addresses.
 // Does not touch Python; safe to call with the GIL released.

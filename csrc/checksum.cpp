@@ -35,10 +35,10 @@ inline std::uint64_t load_le64(const unsigned char* p) {
     return v;
 }
 
-// sum_{i<words} fmix(w_i ^ seed ^ ((i + 1) * P1)), the body of every compiled version.
+// sum_{i<words} fmix(w_i ^ seed ^ ((first + i + 1) * P1)), the body of every compiled version.
 #define KVCOPY_SUM_WORDS_BODY                                      \
     {                                                              \
-        std::uint64_t acc = 0, key = kSumP1;                       \
+        std::uint64_t acc = 0, key = (first + 1) * kSumP1;         \
         for (std::size_t i = 0; i < words; ++i) {                  \
             acc += fmix(load_le64(p + 8 * i) ^ seed ^ key);        \
             key += kSumP1;                                         \
@@ -46,18 +46,18 @@ inline std::uint64_t load_le64(const unsigned char* p) {
         return acc;                                                \
     }
 
-using SumWordsFn = std::uint64_t (*)(const unsigned char*, std::size_t, std::uint64_t);
+using SumWordsFn = std::uint64_t (*)(const unsigned char*, std::size_t, std::uint64_t, std::uint64_t);
 
-std::uint64_t sum_words_base(const unsigned char* p, std::size_t words, std::uint64_t seed)
+std::uint64_t sum_words_base(const unsigned char* p, std::size_t words, std::uint64_t seed, std::uint64_t first)
     KVCOPY_SUM_WORDS_BODY
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx2"))) std::uint64_t sum_words_avx2(const unsigned char* p, std::size_t words,
-                                                             std::uint64_t seed)
+                                                             std::uint64_t seed, std::uint64_t first)
     KVCOPY_SUM_WORDS_BODY
 
 __attribute__((target("avx512f,avx512dq"))) std::uint64_t sum_words_avx512(
-    const unsigned char* p, std::size_t words, std::uint64_t seed)
+    const unsigned char* p, std::size_t words, std::uint64_t seed, std::uint64_t first)
     KVCOPY_SUM_WORDS_BODY
 
 // The versions the running CPU can execute, best first.
@@ -75,10 +75,8 @@ std::vector<std::pair<const char*, SumWordsFn>> usable_versions() { return {{"ba
 
 const SumWordsFn g_sum_words = usable_versions().front().second;
 
-std::uint64_t checksum_with(SumWordsFn sum_words, const void* data, std::size_t length, std::uint64_t seed) {
-    const auto* p = static_cast<const unsigned char*>(data);
+std::uint64_t finish_with(std::uint64_t acc, const unsigned char* p, std::size_t length, std::uint64_t seed) {
     const std::size_t words = length / 8;
-    std::uint64_t acc = sum_words(p, words, seed);
     const std::size_t rest = length % 8;
     if (rest != 0) {
         unsigned char buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -89,7 +87,24 @@ std::uint64_t checksum_with(SumWordsFn sum_words, const void* data, std::size_t 
     return fmix(acc ^ seed ^ ((static_cast<std::uint64_t>(length) + 1) * kSumP2));
 }
 
+std::uint64_t checksum_with(SumWordsFn sum_words, const void* data, std::size_t length, std::uint64_t seed) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    return finish_with(sum_words(p, length / 8, seed, 0), p, length, seed);
+}
+
 }  // namespace
+
+std::uint64_t sum_words_at(const void* data, std::size_t words, std::uint64_t first, std::uint64_t seed) {
+    return g_sum_words(static_cast<const unsigned char*>(data), words, seed, first);
+}
+
+std::uint64_t word_term(const void* word, std::uint64_t index, std::uint64_t seed) {
+    return fmix(load_le64(static_cast<const unsigned char*>(word)) ^ seed ^ ((index + 1) * kSumP1));
+}
+
+std::uint64_t checksum_finish(std::uint64_t acc, const void* object, std::size_t length, std::uint64_t seed) {
+    return finish_with(acc, static_cast<const unsigned char*>(object), length, seed);
+}
 
 std::uint64_t checksum(const void* data, std::size_t length, std::uint64_t seed) {
     return checksum_with(g_sum_words, data, length, seed);

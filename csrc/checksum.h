@@ -29,6 +29,16 @@ constexpr std::uint64_t kSumP2 = 0xC2B2AE3D27D4EB4Full;
 
 std::uint64_t checksum(const void* data, std::size_t length, std::uint64_t seed);
 
+// kvsum64 in pieces (the sum over words is associative, so any split gives the same value):
+//   acc = sum of sum_words_at(...) over disjoint word ranges covering words 0 .. n/8 - 1, plus
+//         word_term(...) for single words; then checksum_finish(acc, object, n, seed).
+// sum_words_at: sum_{j<words} fmix(w_j ^ seed ^ ((first + j + 1) * P1)), w_j read at data + 8j.
+std::uint64_t sum_words_at(const void* data, std::size_t words, std::uint64_t first, std::uint64_t seed);
+// The term of one word (8 bytes at `word`) at word index `index` of its object.
+std::uint64_t word_term(const void* word, std::uint64_t index, std::uint64_t seed);
+// Adds the tail term (the object's last n % 8 bytes) and applies the finaliser.
+std::uint64_t checksum_finish(std::uint64_t acc, const void* object, std::size_t length, std::uint64_t seed);
+
 // The checksum computed by every compiled version the running CPU supports (name, value), best
 // first; the first is what checksum() uses. For tests: all values must be equal.
 std::vector<std::pair<std::string, std::uint64_t>> checksum_all_versions(const void* data, std::size_t length,

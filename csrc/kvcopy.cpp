@@ -14,6 +14,7 @@
 
 #include "batch_copy.h"
 #include "checksum.h"
+#include "checksum_copy.h"
 
 namespace py = pybind11;
 
@@ -49,9 +50,10 @@ std::int64_t read_i64(const char* p) {
     return v;
 }
 
-// Reads the (n, 3) int64 segment table: a 2-D (n, 3) int64 array (any strides), a 1-D int64 array
-// of 3n values, or a contiguous bytes-like object of n native-endian int64 triples.
-std::vector<std::int64_t> read_segment_table(const py::object& segments) {
+// Reads an (n, cols) int64 table (cols = 3 for segments, 2 for objects): a 2-D (n, cols) int64
+// array (any strides), a 1-D int64 array of cols*n values, or a contiguous bytes-like object of n
+// native-endian int64 tuples.
+std::vector<std::int64_t> read_table(const py::object& segments, Py_ssize_t cols, const char* what) {
     BufferGuard guard(segments.ptr(), PyBUF_RECORDS_RO);
     const Py_buffer& v = guard.view();
     const char fmt = base_format(v.format);
@@ -60,31 +62,34 @@ std::vector<std::int64_t> read_segment_table(const py::object& segments) {
 
     if (v.itemsize == 8 && (fmt == 'q' || fmt == 'l')) {
         if (v.ndim == 2) {
-            if (v.shape[1] != 3)
-                throw py::value_error("segments must have shape (n, 3), got second dimension " +
-                                      std::to_string(v.shape[1]));
+            if (v.shape[1] != cols)
+                throw py::value_error(std::string(what) + " must have shape (n, " + std::to_string(cols) +
+                                      "), got second dimension " + std::to_string(v.shape[1]));
             const Py_ssize_t n = v.shape[0];
-            out.resize(static_cast<std::size_t>(n) * 3);
+            out.resize(static_cast<std::size_t>(n) * cols);
             for (Py_ssize_t i = 0; i < n; ++i)
-                for (Py_ssize_t j = 0; j < 3; ++j)
-                    out[i * 3 + j] = read_i64(base + i * v.strides[0] + j * v.strides[1]);
+                for (Py_ssize_t j = 0; j < cols; ++j)
+                    out[i * cols + j] = read_i64(base + i * v.strides[0] + j * v.strides[1]);
         } else if (v.ndim == 1) {
-            if (v.shape[0] % 3 != 0)
-                throw py::value_error("a 1-D segment array must hold a multiple of 3 values");
+            if (v.shape[0] % cols != 0)
+                throw py::value_error(std::string("a 1-D ") + what + " array must hold a multiple of " +
+                                      std::to_string(cols) + " values");
             out.resize(static_cast<std::size_t>(v.shape[0]));
             for (Py_ssize_t k = 0; k < v.shape[0]; ++k) out[k] = read_i64(base + k * v.strides[0]);
         } else {
-            throw py::value_error("segments must be a (n, 3) array, got ndim " + std::to_string(v.ndim));
+            throw py::value_error(std::string(what) + " must be a (n, " + std::to_string(cols) +
+                                  ") array, got ndim " + std::to_string(v.ndim));
         }
     } else if (v.itemsize == 1 && (fmt == 'B' || fmt == 'b' || fmt == 'c')) {
         if (!PyBuffer_IsContiguous(&v, 'C'))
-            throw py::value_error("a bytes-like segment table must be C-contiguous");
-        if (v.len % 24 != 0)
-            throw py::value_error("a bytes-like segment table must hold whole int64 triples (24 bytes each)");
+            throw py::value_error(std::string("a bytes-like ") + what + " table must be C-contiguous");
+        if (v.len % (8 * cols) != 0)
+            throw py::value_error(std::string("a bytes-like ") + what + " table must hold whole int64 " +
+                                  (cols == 3 ? "triples (24 bytes each)" : "pairs (16 bytes each)"));
         out.resize(static_cast<std::size_t>(v.len / 8));
         for (std::size_t k = 0; k < out.size(); ++k) out[k] = read_i64(base + k * 8);
     } else {
-        throw py::value_error(std::string("segments must be int64 (or raw bytes), got format '") +
+        throw py::value_error(std::string(what) + std::string(" must be int64 (or raw bytes), got format '") +
                               (v.format ? v.format : "B") + "' itemsize " + std::to_string(v.itemsize));
     }
     return out;
@@ -101,16 +106,17 @@ std::uint64_t checked_address(std::int64_t base, std::int64_t off, std::int64_t 
     return addr;
 }
 
-std::int64_t batch_copy_py(std::int64_t src_base, std::int64_t dst_base, const py::object& segments,
-                           int num_threads) {
+// Checks the arguments every copy takes and turns the segment table into absolute segments.
+std::vector<kvcopy::Segment> read_segments(std::int64_t src_base, std::int64_t dst_base, const py::object& segments,
+                                           int num_threads, std::uint64_t& total) {
     if (src_base < 0 || dst_base < 0) throw py::value_error("base addresses must be >= 0");
     if (num_threads < 0 || num_threads > 1024) throw py::value_error("num_threads must be in [0, 1024]");
-    const std::vector<std::int64_t> table = read_segment_table(segments);
+    const std::vector<std::int64_t> table = read_table(segments, 3, "segments");
     const std::size_t n = table.size() / 3;
 
     std::vector<kvcopy::Segment> segs;
     segs.reserve(n);
-    std::uint64_t total = 0;
+    total = 0;
     for (std::size_t i = 0; i < n; ++i) {
         const std::int64_t so = table[3 * i], d_o = table[3 * i + 1], len = table[3 * i + 2];
         if (so < 0 || d_o < 0 || len < 0)
@@ -124,11 +130,46 @@ std::int64_t batch_copy_py(std::int64_t src_base, std::int64_t dst_base, const p
             throw py::value_error("total segment length is too large");
         segs.push_back({src, dst, static_cast<std::uint64_t>(len)});
     }
+    return segs;
+}
+
+std::int64_t batch_copy_py(std::int64_t src_base, std::int64_t dst_base, const py::object& segments,
+                           int num_threads) {
+    std::uint64_t total = 0;
+    const std::vector<kvcopy::Segment> segs = read_segments(src_base, dst_base, segments, num_threads, total);
     {
         py::gil_scoped_release nogil;
         kvcopy::batch_copy(segs, static_cast<unsigned>(num_threads));
     }
     return static_cast<std::int64_t>(total);
+}
+
+// Copy plus the kvsum64 of every object (see checksum_copy.h); objects are (offset, length) rows
+// from the base of `object_side` ("dst" for a gather, "src" for a scatter).
+std::vector<std::uint64_t> copy_checksum_py(std::int64_t src_base, std::int64_t dst_base, const py::object& segments,
+                                            const py::object& objects, const std::string& object_side,
+                                            int num_threads, std::uint64_t seed) {
+    if (object_side != "dst" && object_side != "src") throw py::value_error("object_side must be 'dst' or 'src'");
+    const bool is_dst = object_side == "dst";
+    std::uint64_t total = 0;
+    const std::vector<kvcopy::Segment> segs = read_segments(src_base, dst_base, segments, num_threads, total);
+    const std::vector<std::int64_t> table = read_table(objects, 2, "objects");
+    const std::int64_t base = is_dst ? dst_base : src_base;
+    std::vector<kvcopy::ObjectSpan> objs;
+    objs.reserve(table.size() / 2);
+    for (std::size_t k = 0; k < table.size() / 2; ++k) {
+        const std::int64_t off = table[2 * k], len = table[2 * k + 1];
+        if (off < 0 || len < 0) throw py::value_error("object " + std::to_string(k) + " has a negative value");
+        objs.push_back({checked_address(base, off, len, k, "object"), static_cast<std::uint64_t>(len)});
+    }
+    kvcopy::ChecksumPlan plan;
+    try {
+        plan = kvcopy::plan_checksum_copy(segs, std::move(objs), is_dst);
+    } catch (const std::invalid_argument& exc) {
+        throw py::value_error(exc.what());
+    }
+    py::gil_scoped_release nogil;
+    return kvcopy::copy_checksum(plan, static_cast<unsigned>(num_threads), seed);
 }
 
 // Checksums of at least this size release the GIL (below, the release costs more than it frees).
@@ -164,6 +205,12 @@ PYBIND11_MODULE(_kvcopy, m) {
           "Copy segments[i] = (src_off, dst_off, len): len bytes from src_base+src_off to "
           "dst_base+dst_off, for every row, on up to num_threads threads (0 = default), GIL released. "
           "Destinations must not overlap each other or any source. Returns the bytes copied.");
+    m.def("copy_checksum", &copy_checksum_py, py::arg("src_base"), py::arg("dst_base"), py::arg("segments"),
+          py::arg("objects"), py::arg("object_side"), py::arg("num_threads") = 0, py::arg("seed") = 0,
+          "batch_copy, and the kvsum64 of every object (rows (offset, length) from the object side's base; "
+          "object_side 'dst' for a gather, 'src' for a scatter), summed from the bytes as they are copied. "
+          "Every segment's object side must lie in the objects; no object byte may be covered twice. "
+          "Returns the checksums in object order.");
     m.def("checksum", &checksum_py, py::arg("addr"), py::arg("length"), py::arg("seed") = 0,
           "kvsum64 of `length` bytes at address `addr` (see docs/layouts.md).");
     m.def("checksum_bytes", &checksum_bytes_py, py::arg("buffer"), py::arg("seed") = 0,

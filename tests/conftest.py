@@ -14,6 +14,20 @@ ServerFactory = Callable[..., ServerProc]
 pytest_plugins = ["coordproc"]  # coordinator_factory: real `kvcli coordinator` processes
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One private credentials directory for the run: servers write their token files there and
+    same-user clients (this process, engines, kvcli subprocesses) read them, like a real host."""
+    path = tmp_path_factory.mktemp("kvstate") / "state"
+    old = os.environ.get("KVSERVER_STATE_DIR")
+    os.environ["KVSERVER_STATE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("KVSERVER_STATE_DIR", None)
+    else:
+        os.environ["KVSERVER_STATE_DIR"] = old
+
+
 @pytest.fixture
 def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
     """Start kvservers: `server_factory("--l1-size-gb", "0.01", http=False)`; all stopped afterwards."""

@@ -44,7 +44,7 @@ class CoordinatorProc(ManagedProcess):
 
     def start(self, timeout: float = 20.0) -> CoordinatorProc:
         cmd = [str(BIN / "kvcli"), "coordinator", "--port", str(self.port), *self.args]
-        env = {k: v for k, v in os.environ.items() if k != "KVCLI_COORDINATOR_API_TOKEN"}
+        env = {k: v for k, v in os.environ.items() if k != "KVSERVER_API_TOKEN"}
         self.proc = self.spawn(cmd, {**env, **self.env})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

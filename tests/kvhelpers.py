@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvprotocol import Client, KeySpace, LayoutDescriptor, pack_tokens
+from kvprotocol.kvsum import kvsum64
 
 
 def tiny_layout(chunk_size: int = 256, layers: int = 2, block_bytes: int = 1024, tag: str = "vllm_cpu",
@@ -54,16 +55,17 @@ def store(c: Client, ks: KeySpace, tokens: Sequence[int], data_of, *, rank: int 
     reply = c.call("store", keyspace=ks.to_wire(), tokens=pack_tokens(tokens), rank=rank, salt=salt,
                    mode=mode, start_chunk=start_chunk).result
     reserved = [s for s in reply["slots"] if s["status"] == "reserved"]
-    frames = []
+    frames, checksums = [], []
     for slot in reserved:
         data = data_of(slot["chunk"], slot["group"])
+        checksums.append(kvsum64(data))
         if mode == "shm":
             assert arena is not None
             arena.write(slot["offset"], data)
         else:
             frames.append(data)
     if commit and reply["store_id"]:
-        c.call("commit", frames=frames, store_id=reply["store_id"])
+        c.call("commit", frames=frames, store_id=reply["store_id"], checksums=checksums)
     return reply
 
 

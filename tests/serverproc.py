@@ -11,7 +11,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvprotocol import Client, KVProtocolError
+import httpx
+
+from kvprotocol import Client, KVProtocolError, is_loopback, resolve_token
 
 BIN = Path(sys.executable).parent
 
@@ -76,7 +78,9 @@ class ServerProc(ManagedProcess):
         cmd += ["--http-port", str(self.http_port)]
         self.spawn(cmd, {**os.environ, **self.env})
         deadline = time.monotonic() + timeout
-        with Client(self.url, timeout=0.5) as c:
+        while self.curve and not self._pub_path().exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with Client(self.url, timeout=0.5, server_key=self.server_key) as c:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"kvserver exited with {self.proc.returncode}: {self.log()}")
@@ -88,5 +92,35 @@ class ServerProc(ManagedProcess):
         raise RuntimeError(f"kvserver did not answer within {timeout}s: {self.log()}")
 
 
+    @property
+    def token(self) -> str | None:
+        """The configured token (flag or env), else None: clients then read the default token file."""
+        if "--api-token" in self.args:
+            return self.args[self.args.index("--api-token") + 1]
+        return self.env.get("KVSERVER_API_TOKEN") or None
+
+    @property
+    def curve(self) -> bool:
+        """Does this server encrypt its ZMQ plane (--curve, or a non-loopback --host)?"""
+        if "--curve" in self.args or "--no-curve" in self.args:
+            return "--curve" in self.args
+        host = self.args[self.args.index("--host") + 1] if "--host" in self.args else "127.0.0.1"
+        return not is_loopback(host)
+
+    def _pub_path(self) -> Path:
+        state = self.env.get("KVSERVER_STATE_DIR") or os.environ["KVSERVER_STATE_DIR"]
+        return Path(state) / f"curve-{self.port}.pub"
+
+    @property
+    def server_key(self) -> str | None:
+        """The server's CURVE public key, which clients of a CURVE server must be given."""
+        return self._pub_path().read_text().strip() if self.curve else None
+
+    def http(self, timeout: float = 5.0) -> httpx.Client:
+        """An admin API client with this server's token (configured, or from its default file)."""
+        token = resolve_token(self.token, self.http_url)
+        return httpx.Client(base_url=self.http_url, timeout=timeout,
+                            headers={"Authorization": f"Bearer {token}"} if token else {})
+
     def client(self, timeout: float = 5.0) -> Client:
-        return Client(self.url, timeout=timeout)
+        return Client(self.url, timeout=timeout, token=self.token, server_key=self.server_key)

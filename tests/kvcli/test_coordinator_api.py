@@ -133,7 +133,7 @@ def test_bad_bodies_get_4xx_and_change_nothing(shared: CoordinatorProc) -> None:
 
 
 def test_token_guards_membership_changes(coordinator_factory) -> None:
-    coord = coordinator_factory(env={"KVCLI_COORDINATOR_API_TOKEN": TOKEN})
+    coord = coordinator_factory(env={"KVSERVER_API_TOKEN": TOKEN})
     with httpx.Client(base_url=coord.url, timeout=5) as h:
         missing = h.post("/v1/instances", json=registration())
         assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
@@ -158,7 +158,7 @@ def test_off_loopback_reads_need_the_token_too(coordinator_factory) -> None:
 
 
 def test_non_loopback_bind_without_token_is_refused(coordinator_factory) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "KVCLI_COORDINATOR_API_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k != "KVSERVER_API_TOKEN"}
     cmd = [str(BIN / "kvcli"), "coordinator", "--host", "0.0.0.0", "--port", str(free_port())]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env)
     assert done.returncode == 2

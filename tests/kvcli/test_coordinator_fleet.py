@@ -119,7 +119,7 @@ def test_fleet_lookup_and_status_with_an_instance_killed(server_factory, coordin
 
 def test_shared_fleet_token(server_factory, coordinator_factory) -> None:
     token = "fleet-tok-77aa01"
-    coord = coordinator_factory(env={"KVCLI_COORDINATOR_API_TOKEN": token})
+    coord = coordinator_factory(env={"KVSERVER_API_TOKEN": token})
     member = kv(server_factory, coord, env={"KVSERVER_API_TOKEN": token})
     outsider = kv(server_factory, coord, env={"KVSERVER_API_TOKEN": ""})
     wait_for(lambda: listed(coord, member), what="registration with the token")

@@ -81,7 +81,8 @@ def test_stores_evictions_and_departures_reach_the_index_without_fanout(server_f
     assert by_url(lookup(coord, {**keys_body(ks, shared), "mode": "fanout"})) == {a.url: CHUNK, b.url: 3 * CHUNK}
 
     # eviction (clear) on b removes its chunks from the index
-    assert httpx.post(f"{b.http_url}/v1/clear", timeout=5).status_code == 200
+    with b.http() as h:
+        assert h.post("/v1/clear").status_code == 200
     after = wait_for(lambda: (h := lookup(coord, keys_body(ks, shared)))["prefix_tokens"] == CHUNK and h,
                      what="removals in the index")
     assert by_url(after) == {a.url: CHUNK}

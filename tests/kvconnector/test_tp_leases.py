@@ -122,7 +122,6 @@ def test_tp_ranks_get_stored_bytes_or_a_miss_under_eviction(server_factory, mode
                 stop.set()
                 pusher.join(60)
                 assert pressured[0] - before >= 2  # the arena was refilled while the slow rank slept
-            counters = c.call("describe").result["counters"]
     finally:
         for proc, conn in ranks:
             if proc.is_alive():
@@ -137,7 +136,8 @@ def test_tp_ranks_get_stored_bytes_or_a_miss_under_eviction(server_factory, mode
         return
     assert all(not ok for ok, _, _ in slow)  # its leases ended before its copy: always a miss
     assert any(not exact for _, _, exact in slow)  # ... and the check mattered: it copied foreign bytes
-    assert all("lease_lost" in (err or "") for _, err, _ in slow)
-    assert counters["broken_reads"] >= 2
+    # Two defences see it: the scatter's checksum (foreign bytes never match the committed sum) and,
+    # when the bytes happen to verify, the release that proves the leases were held through the copy.
+    assert all(any(k in (err or "") for k in ("checksum_mismatch", "lease_lost")) for _, err, _ in slow)
     fast = [ok for r, outs in results.items() if r != SLOW_RANK for ok, _, _ in outs]
     assert any(fast)  # the fast ranks' loads are not all misses (the test is not vacuous)

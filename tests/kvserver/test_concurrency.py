@@ -6,6 +6,7 @@ import asyncio
 
 from kvhelpers import lookup, payload, register, tiny_layout
 from kvprotocol import AsyncClient, pack_tokens
+from kvprotocol.kvsum import kvsum64
 
 TOKENS = list(range(256 * 6))
 
@@ -18,8 +19,8 @@ async def _store(url, ks, who):
         reserved = [s for s in reply["slots"] if s["status"] == "reserved"]
         await asyncio.sleep(0.05)  # both writers hold reservations at the same time
         if reserved:
-            await c.call("commit", frames=[payload(who * 100 + s["chunk"], size) for s in reserved],
-                         store_id=reply["store_id"])
+            frames = [payload(who * 100 + s["chunk"], size) for s in reserved]
+            await c.call("commit", frames=frames, store_id=reply["store_id"], checksums=[kvsum64(f) for f in frames])
         return reply["slots"]
 
 

@@ -44,7 +44,7 @@ def test_write_reservation_expires(server_factory):
         assert c.call("describe").result["l1"]["writing"] == 2
         assert wait_for(lambda: c.call("describe").result["l1"]["writing"] == 0)
         with pytest.raises(ServerError) as err:
-            c.call("commit", frames=[b"x"] * 2, store_id=reply["store_id"])
+            c.call("commit", frames=[b"x"] * 2, store_id=reply["store_id"], checksums=[0, 0])
         assert err.value.code == "UNKNOWN_STORE"
         assert lookup(c, ks, TOKENS) == 0
         store(c, ks, TOKENS, lambda ch, g: payload(ch, tiny_layout().object_bytes))  # slots reusable

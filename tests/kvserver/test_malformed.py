@@ -7,14 +7,16 @@ import pytest
 import zmq
 
 from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout
-from kvprotocol import MAX_TOKENS, PROTOCOL_VERSION
+from kvprotocol import MAX_TOKENS, PROTOCOL_VERSION, resolve_token
 
 TOKENS = list(range(777, 777 + 512))
 GOOD_KS = None  # filled by the fixture
+AUTH = ""  # the server's token (from its default file), filled by the fixture
 
 
 def req(op, **fields):
-    return msgpack.packb({"v": PROTOCOL_VERSION, "id": 42, "op": op, **fields}, use_bin_type=True)
+    """An authenticated raw request: these cases test validation, not authentication."""
+    return msgpack.packb({"v": PROTOCOL_VERSION, "id": 42, "op": op, "auth": AUTH, **fields}, use_bin_type=True)
 
 
 def ks_wire(**over):
@@ -67,7 +69,7 @@ CASES = [
      "NOT_LEASED"),
     ("reversed range", lambda: [req("retrieve", session="held", rank=0, start_chunk=2, end_chunk=1)], "NOT_LEASED"),
     ("session id too long", lambda: [req("release", session="x" * 1000)], "BAD_FIELD"),
-    ("unknown store", lambda: [req("commit", store_id="st-nope")], "UNKNOWN_STORE"),
+    ("unknown store", lambda: [req("commit", store_id="st-nope", checksums=[])], "UNKNOWN_STORE"),
     ("data frames on lookup", lambda: [req("lookup", keyspace=ks_wire(), tokens=TOK), b"payload"], "BAD_FIELD"),
     ("oversize header", lambda: [req("ping") + b"\x00" * (5 << 20)], "TOO_LARGE"),
     ("deeply nested", lambda: [b"\x91" * 100_000 + b"\x00"], "BAD_FRAME"),
@@ -75,6 +77,13 @@ CASES = [
                                          groups=[LAYOUT_BAD_CHUNK])], "LAYOUT_MISMATCH"),
     ("negative block bytes", lambda: [req("register_engine", model="m", world_size=1, rank=0,
                                           groups=[LAYOUT_NEG])], "OUT_OF_RANGE"),
+    ("query naming 4096 x 64 objects a chunk", lambda: [req("query", keyspace=ks_wire(world_size=4096,
+                                                  groups=["0123456789abcdef"] * 64), tokens=TOK)], "TOO_LARGE"),
+    ("pin of 65536 chunks x 2 ranks", lambda: [req("pin", keyspace=ks_wire(world_size=2),
+                                                   tokens=b"\x00" * 4 * 256 * 65536)], "TOO_LARGE"),
+    ("block_shape of 100 dims", lambda: [req("register_engine", model="m", world_size=1, rank=0,
+                                             groups=[{**tiny_layout().to_wire(), "block_shape": [1] * 100}])],
+     "TOO_LARGE"),
     ("layout extra field", lambda: [req("register_engine", model="m", world_size=1, rank=0,
                                         groups=[{**tiny_layout().to_wire(), "exec": "rm -rf /"}])], "BAD_FIELD"),
 ]
@@ -83,7 +92,8 @@ CASES = [
 @pytest.fixture
 def prepared(server):
     """A server holding real data and one live session, plus a raw DEALER socket."""
-    global GOOD_KS
+    global GOOD_KS, AUTH
+    AUTH = resolve_token(None, server.url)
     c = server.client()
     GOOD_KS, _ = register(c)
     size = tiny_layout().object_bytes

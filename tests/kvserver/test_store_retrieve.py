@@ -6,6 +6,7 @@ import pytest
 
 from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout
 from kvprotocol import KeySpace, ServerError, pack_tokens
+from kvprotocol.kvsum import kvsum64
 
 TOKENS = list(range(1000, 1000 + 256 * 4 + 100))  # four full chunks and a tail
 
@@ -117,13 +118,32 @@ def test_tcp_commit_checks_frame_sizes(server):
         size = tiny_layout().object_bytes
         reply = store(c, ks, TOKENS[:256], lambda ch, g: b"", commit=False)
         with pytest.raises(ServerError) as err:
-            c.call("commit", frames=[b"x" * (size - 1)], store_id=reply["store_id"])
+            c.call("commit", frames=[b"x" * (size - 1)], store_id=reply["store_id"], checksums=[0])
         assert err.value.code == "BAD_FIELD"
         with pytest.raises(ServerError):
-            c.call("commit", frames=[], store_id=reply["store_id"])
+            c.call("commit", frames=[], store_id=reply["store_id"], checksums=[0])
+        for bad in ([], [0, 0], [-1], ["x"], [True], None, [1.5]):  # one uint64 per reserved slot
+            with pytest.raises(ServerError) as err:
+                c.call("commit", frames=[payload(1, size)], store_id=reply["store_id"], checksums=bad)
+            assert err.value.code in ("BAD_FIELD", "OUT_OF_RANGE")
+        with pytest.raises(ServerError) as err:  # the proof of the write is required
+            c.call("commit", frames=[payload(1, size)], store_id=reply["store_id"])
+        assert err.value.code == "BAD_FIELD"
         assert lookup(c, ks, TOKENS) == 0  # nothing half-committed
-        c.call("commit", frames=[payload(1, size)], store_id=reply["store_id"])
+        c.call("commit", frames=[payload(1, size)], store_id=reply["store_id"], checksums=[kvsum64(payload(1, size))])
         assert lookup(c, ks, TOKENS) == 256
+
+
+def test_retrieve_returns_the_committed_checksum(server):
+    """The server keeps the writer's checksum with the object and hands it to every reader."""
+    with server.client() as c:
+        ks, _ = register(c)
+        size = tiny_layout().object_bytes
+        store(c, ks, TOKENS, lambda ch, g: payload(ch, size))
+        assert lookup(c, ks, TOKENS, session="cs") == 4 * 256
+        reply = c.call("retrieve", session="cs", rank=0, start_chunk=0, end_chunk=2, mode="tcp")
+        for obj, frame in zip(reply.result["objects"], reply.frames, strict=True):
+            assert obj["checksum"] == kvsum64(payload(obj["chunk"], size)) == kvsum64(frame)
 
 
 def test_engine_table_dedupes_reregistration_and_stays_bounded(server):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+import os
 import time
 from pathlib import Path
 
@@ -28,6 +30,32 @@ def test_failed_load_is_recomputed(model_dir: Path, kvserver_factory: ServerFact
     assert r.connector_loaded_tokens == 256  # chunk 0 loaded; chunk 1 on was recomputed
     assert r.token_ids == reference.batches[0].requests[0].token_ids
     assert "load of 8 blocks failed" in run.log
+
+
+def test_corrupted_arena_bytes_are_verified_and_recomputed(model_dir: Path, kvserver_factory: ServerFactory,
+                                                           reference: EngineRun) -> None:
+    """One flipped byte in a cached object (what a stray write or a bad DIMM does): the second engine's
+    load fails verification, vLLM recomputes, and the tokens equal the no-connector reference."""
+    server = kvserver_factory()
+    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    with Client(server.url) as c:
+        l1 = c.call("describe").result["l1"]
+    assert l1["objects"] >= 2
+    fd = os.open(f"/dev/shm/{l1['arena']}", os.O_RDWR)
+    try:
+        arena = mmap.mmap(fd, l1["capacity_bytes"])
+    finally:
+        os.close(fd)
+    assert any(arena[:4096])  # the first slot holds the first object stored (chunk 0)
+    arena[100] ^= 0x01
+    arena.close()
+    run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS,
+                     kv_transfer_config=kv_config(server.url, policy="recompute"))
+    r = run.requests[0]
+    assert r.kv_transfer_params["kvserver"]["load_failed"] is True
+    assert r.connector_loaded_tokens == 0  # chunk 0 failed, so the whole load did
+    assert r.token_ids == reference.batches[0].requests[0].token_ids
+    assert "checksum" in run.log
 
 
 def test_server_killed_between_engines(model_dir: Path, kvserver_factory: ServerFactory,
@@ -120,3 +148,19 @@ def test_roles_producer_saves_only_consumer_loads_only(model_dir: Path, kvserver
     assert fresh.token_ids == reference.batches[1].requests[0].token_ids
     with Client(server.url) as c:
         assert c.call("describe").result["counters"]["stored_objects"] == 2  # only the producer's
+
+
+def test_load_the_scheduler_cannot_name_fails_safe(model_dir: Path, kvserver_factory: ServerFactory,
+                                                   reference: EngineRun) -> None:
+    """_plan's "cannot happen" branch (vLLM was promised external tokens, but the blocks cannot be
+    named): the blocks are reported failed and recomputed, never computed over uninitialised."""
+    server = kvserver_factory()
+    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    kv = kv_config(server.url, debug_fail_plan_loads=True)
+    run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
+    r = run.requests[0]
+    assert r.kv_transfer_params["kvserver"]["hit_tokens"] == 512
+    assert r.kv_transfer_params["kvserver"]["load_failed"] is True
+    assert r.connector_loaded_tokens == 0
+    assert r.token_ids == reference.batches[0].requests[0].token_ids
+    assert "reporting them failed" in run.log and "load of 16 blocks failed" in run.log

@@ -22,7 +22,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 
 
 def test_probes_status_and_openapi(api: ServerProc) -> None:
-    with httpx.Client(base_url=api.http_url, timeout=5) as h:
+    with api.http(timeout=5) as h:
         assert h.get("/healthz").json() == {"status": "ok"}
         ready = h.get("/readyz")
         assert ready.status_code == 200 and ready.json() == {"ready": True}
@@ -36,7 +36,7 @@ def test_probes_status_and_openapi(api: ServerProc) -> None:
 
 def test_query_reports_per_chunk_presence_and_prefix(api: ServerProc) -> None:
     tokens = prompt(4, tail=5)
-    with api.client() as c, httpx.Client(base_url=api.http_url, timeout=5) as h:
+    with api.client() as c, api.http(timeout=5) as h:
         ks, _ = register(c, model="m-query", layouts=[tiny_layout(CHUNK)])
         before = h.post("/v1/query", json=keys_body(ks, tokens)).json()
         assert before["prefix_tokens"] == 0 and [ch["l1"] for ch in before["chunks"]] == [0, 0, 0, 0]
@@ -51,7 +51,7 @@ def test_query_reports_per_chunk_presence_and_prefix(api: ServerProc) -> None:
 
 def test_salt_isolates_query(api: ServerProc) -> None:
     tokens = prompt(2)
-    with api.client() as c, httpx.Client(base_url=api.http_url, timeout=5) as h:
+    with api.client() as c, api.http(timeout=5) as h:
         ks, _ = register(c, model="m-salt", layouts=[tiny_layout(CHUNK)])
         store(c, ks, tokens, fill, salt="tenant-a")
         assert h.post("/v1/query", json=keys_body(ks, tokens, salt="tenant-a")).json()["prefix_tokens"] == 2 * CHUNK
@@ -61,7 +61,7 @@ def test_salt_isolates_query(api: ServerProc) -> None:
 
 def test_pin_unpin_and_clear(api: ServerProc) -> None:
     tokens = prompt(3)
-    with api.client() as c, httpx.Client(base_url=api.http_url, timeout=5) as h:
+    with api.client() as c, api.http(timeout=5) as h:
         h.post("/v1/clear")  # the module's server is shared: start this one from empty
         ks, _ = register(c, model="m-pin", layouts=[tiny_layout(CHUNK)])
         store(c, ks, tokens, fill)
@@ -84,7 +84,7 @@ def _error(resp: httpx.Response, status: int, code: str) -> str:
 
 def test_bad_requests_get_4xx_with_a_message_and_change_nothing(api: ServerProc) -> None:
     tokens = prompt(2)
-    with api.client() as c, httpx.Client(base_url=api.http_url, timeout=10) as h:
+    with api.client() as c, api.http(timeout=10) as h:
         ks, _ = register(c, model="m-bad", layouts=[tiny_layout(CHUNK)])
         store(c, ks, tokens, fill)
         good = keys_body(ks, tokens)

@@ -14,14 +14,14 @@ from kvhelpers import register, store, tiny_layout
 from serverproc import BIN, free_port
 
 TOKEN = "tok-3f9c2a7b1e"
-MUTATING = ("/v1/clear", "/v1/pin", "/v1/unpin")
+MUTATING = ("/v1/clear", "/v1/pin", "/v1/unpin", "/v1/query")  # a key query reveals cache contents
 
 
 def _env_without_token() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "KVSERVER_API_TOKEN"}
 
 
-def test_mutating_endpoints_need_the_token_read_only_ones_stay_open_on_loopback(server_factory) -> None:
+def test_key_endpoints_need_the_token_status_and_metrics_stay_open_on_loopback(server_factory) -> None:
     srv = server_factory("--chunk-size", str(CHUNK), "--l1-size-gb", "0.05", http=True,
                          env={"KVSERVER_API_TOKEN": TOKEN})
     tokens = prompt(2)
@@ -40,21 +40,23 @@ def test_mutating_endpoints_need_the_token_read_only_ones_stay_open_on_loopback(
         # refused requests changed nothing
         assert h.get("/v1/status").json()["l1"]["objects"] == 2
         assert h.get("/v1/status").json()["l1"]["pinned"] == 0
-        # read-only endpoints need no token on loopback
+        # aggregates need no token on loopback
         for path in ("/healthz", "/readyz", "/metrics", "/v1/status", "/openapi.json"):
             assert h.get(path).status_code == 200, path
-        assert h.post("/v1/query", json=body).json()["prefix_tokens"] == 2 * CHUNK
         auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert h.post("/v1/query", json=body, headers=auth).json()["prefix_tokens"] == 2 * CHUNK
         assert h.post("/v1/pin", json=body, headers=auth).json() == {"objects": 2}
         assert h.post("/v1/unpin", json=body, headers=auth).json() == {"objects": 2}
         assert h.post("/v1/clear", headers=auth).json() == {"removed": 2}
 
 
-def test_without_a_token_loopback_mutations_are_open(server_factory) -> None:
+def test_without_a_configured_token_the_generated_one_guards_mutations(server_factory) -> None:
     srv = server_factory(http=True, env={"KVSERVER_API_TOKEN": ""})
     with httpx.Client(base_url=srv.http_url, timeout=5) as h:
-        assert h.post("/v1/clear").json() == {"removed": 0}
+        assert h.post("/v1/clear").status_code == 401
         assert h.get("/v1/status").json()["config"]["api_token"] is None
+    with srv.http() as h:  # the same user reads the generated token file
+        assert h.post("/v1/clear").json() == {"removed": 0}
 
 
 @pytest.mark.parametrize("flags", [["--http-host", "0.0.0.0"], ["--host", "0.0.0.0", "--http-port", "0"]])
@@ -68,7 +70,7 @@ def test_non_loopback_bind_without_token_is_refused(flags: list[str]) -> None:
 
 def test_insecure_overrides_the_refusal(server_factory) -> None:
     srv = server_factory("--http-host", "0.0.0.0", "--insecure", http=True, env={"KVSERVER_API_TOKEN": ""})
-    with httpx.Client(base_url=srv.http_url, timeout=5) as h:
+    with srv.http() as h:  # it serves, still guarded by the generated token
         assert h.get("/v1/status").json()["config"]["insecure"] is True
         assert h.post("/v1/clear").status_code == 200
     assert "--insecure" in srv.log()  # the override is logged

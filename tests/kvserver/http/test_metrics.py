@@ -127,7 +127,7 @@ def test_evictions_are_counted(server_factory) -> None:
 
 def test_http_requests_are_counted_by_route_template(srv: ServerProc) -> None:
     before = scrape(srv)
-    with httpx.Client(base_url=srv.http_url, timeout=5) as h:
+    with srv.http(timeout=5) as h:
         for _ in range(3):
             h.get("/healthz")
         h.get("/no/such/path/12345")

@@ -175,3 +175,24 @@ async def test_concurrent_lookups_share_one_load(server_factory, tmp_path: Path)
         assert t["gets"] == 12 and t["hits"] == 12  # each object read once, whoever asked first
         got = retrieve(c, "s3", 0, 6)
         assert got == {(ch, g): data(6)(ch, g)[: layouts[g].object_bytes] for ch in range(6) for g in range(2)}
+
+
+def test_files_are_private_whatever_the_umask(server_factory, tmp_path: Path) -> None:
+    import os
+    import stat
+
+    root = tmp_path / "l2-private"
+    old = os.umask(0)  # the server inherits the most permissive umask there is
+    try:
+        srv = server_factory(*L1, "--l2", f"fs://{root}")
+    finally:
+        os.umask(old)
+    with srv.client() as c:
+        ks, _ = register(c)
+        store(c, ks, prompt(2, seed=5), data(5))
+        wait_tier(c, "puts", 2)
+    files = _files(root)
+    dirs = [root, *[p for p in root.rglob("*") if p.is_dir()]]
+    assert len(files) == 2 and len(dirs) >= 4  # root, objects, tmp, one fan-out dir at least
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {oct(0o600)}
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in dirs} == {oct(0o700)}

@@ -25,6 +25,7 @@ KEY = ObjectKey("m", "0123456789abcdef", 1, 0, 0, "", bytes(32)).to_str()
 OTHER = ObjectKey("m", "0123456789abcdef", 1, 0, 0, "", bytes([1]) * 32).to_str()
 AES = bytes(range(32))
 PAYLOAD = bytes(4096) + os.urandom(4096)  # half compressible
+CS = 0xFEDCBA9876543210  # the object's kvsum64, as the writer committed it
 CHAINS = [Serde(c, k) for c in ("none", "lz4", "zstd") for k in (None, AES)]
 
 
@@ -35,8 +36,10 @@ def test_fingerprint_matches_objectkey() -> None:
 
 @pytest.mark.parametrize("serde", CHAINS, ids=repr)
 def test_round_trip_every_chain(serde: Serde) -> None:
-    blob = serde.encode(KEY, PAYLOAD)
+    blob = serde.encode(KEY, PAYLOAD, CS)
     assert bytes(serde.decode(KEY, blob)) == PAYLOAD
+    payload, checksum = serde.decode_object(KEY, blob)
+    assert bytes(payload) == PAYLOAD and checksum == CS
     assert blob[:4] == b"KVL2"
     if serde.compression != "none":
         assert len(blob) < len(PAYLOAD)  # the zero half compresses
@@ -46,13 +49,13 @@ def test_round_trip_every_chain(serde: Serde) -> None:
 
 def test_incompressible_payload_is_stored_plain() -> None:
     payload = os.urandom(10000)
-    blob = Serde("zstd").encode(KEY, payload)
+    blob = Serde("zstd").encode(KEY, payload, CS)
     assert blob[5] == 0 and len(blob) == HEADER_BYTES + len(payload)
 
 
 def test_any_chain_reads_what_another_wrote() -> None:
     for writer in ("lz4", "zstd", "none"):
-        blob = Serde(writer).encode(KEY, PAYLOAD)
+        blob = Serde(writer).encode(KEY, PAYLOAD, CS)
         assert bytes(Serde("none").decode(KEY, blob)) == PAYLOAD
 
 
@@ -60,7 +63,7 @@ def test_any_chain_reads_what_another_wrote() -> None:
 @given(position=st.integers(min_value=0), bit=st.integers(min_value=0, max_value=7),
        chain=st.sampled_from(CHAINS))
 def test_any_bit_flip_is_caught(position: int, bit: int, chain: Serde) -> None:
-    blob = bytearray(chain.encode(KEY, PAYLOAD))
+    blob = bytearray(chain.encode(KEY, PAYLOAD, CS))
     blob[position % len(blob)] ^= 1 << bit
     with pytest.raises(CorruptObject):
         chain.decode(KEY, bytes(blob))
@@ -68,50 +71,64 @@ def test_any_bit_flip_is_caught(position: int, bit: int, chain: Serde) -> None:
 
 @pytest.mark.parametrize("keep", [0, 3, HEADER_BYTES - 1, HEADER_BYTES, HEADER_BYTES + 100, -1])
 def test_truncation_is_caught(keep: int) -> None:
-    blob = Serde("lz4").encode(KEY, PAYLOAD)
+    blob = Serde("lz4").encode(KEY, PAYLOAD, CS)
     with pytest.raises(CorruptObject, match="truncated|bad magic"):
         Serde("lz4").decode(KEY, blob[:keep])
 
 
 def test_misplaced_object_is_caught() -> None:
-    blob = Serde().encode(KEY, PAYLOAD)
+    blob = Serde().encode(KEY, PAYLOAD, CS)
     with pytest.raises(CorruptObject, match="fingerprint"):
         Serde().decode(OTHER, blob)
 
 
 def _reforge(blob: bytes, new_key: str) -> bytes:
     """What an attacker with write access does: move a blob and fix up fingerprint and checksum."""
-    magic, ver, comp, enc, _fp, plen, blen = HEADER.unpack(blob[: HEADER.size])
-    head = HEADER.pack(magic, ver, comp, enc, fingerprint(new_key), plen, blen)
+    magic, ver, comp, enc, _fp, plen, blen, cs = HEADER.unpack(blob[: HEADER.size])
+    head = HEADER.pack(magic, ver, comp, enc, fingerprint(new_key), plen, blen, cs)
     body = blob[HEADER_BYTES:]
     return head + _checksum(head, body) + body
 
 
 def test_moved_ciphertext_does_not_open_under_another_key() -> None:
     serde = Serde("none", AES)
-    moved = _reforge(serde.encode(KEY, PAYLOAD), OTHER)
+    moved = _reforge(serde.encode(KEY, PAYLOAD, CS), OTHER)
     with pytest.raises(UndecryptableObject, match="authentication failed"):
         serde.decode(OTHER, moved)
     plain = Serde()  # without encryption a re-forged move is not detectable, which is why AAD matters
-    assert bytes(plain.decode(OTHER, _reforge(plain.encode(KEY, PAYLOAD), OTHER))) == PAYLOAD
+    assert bytes(plain.decode(OTHER, _reforge(plain.encode(KEY, PAYLOAD, CS), OTHER))) == PAYLOAD
 
 
 def test_wrong_key_missing_key_and_plaintext_policy() -> None:
-    blob = Serde("zstd", AES).encode(KEY, PAYLOAD)
+    blob = Serde("zstd", AES).encode(KEY, PAYLOAD, CS)
     with pytest.raises(UndecryptableObject, match="authentication failed"):
         Serde("zstd", bytes(32)).decode(KEY, blob)
     with pytest.raises(UndecryptableObject, match="no L2 key"):
         Serde().decode(KEY, blob)
     with pytest.raises(UndecryptableObject, match="plaintext object refused"):
-        Serde("none", AES).decode(KEY, Serde().encode(KEY, PAYLOAD))
+        Serde("none", AES).decode(KEY, Serde().encode(KEY, PAYLOAD, CS))
 
 
 def test_header_layout_is_as_documented() -> None:
-    blob = Serde("lz4").encode(KEY, PAYLOAD)
-    assert HEADER_BYTES == 72
-    magic, version, comp, enc, fp, plen, blen = struct.unpack_from("<4sBBBx16sQQ", blob)
-    assert (magic, version, comp, enc, fp, plen) == (b"KVL2", 1, 1, 0, fingerprint(KEY), len(PAYLOAD))
-    assert blen == len(blob) - 72
+    blob = Serde("lz4").encode(KEY, PAYLOAD, CS)
+    assert HEADER_BYTES == 80
+    magic, version, comp, enc, fp, plen, blen, cs = struct.unpack_from("<4sBBBx16sQQQ", blob)
+    assert (magic, version, comp, enc, fp, plen, cs) == (b"KVL2", 2, 1, 0, fingerprint(KEY), len(PAYLOAD), CS)
+    assert blen == len(blob) - 80
+
+
+def test_checksum_field_is_covered_by_the_integrity_hash() -> None:
+    blob = bytearray(Serde().encode(KEY, PAYLOAD, CS))
+    blob[HEADER.size - 8] ^= 1  # one bit of the stored kvsum64
+    with pytest.raises(CorruptObject, match="checksum mismatch"):
+        Serde().decode_object(KEY, bytes(blob))
+
+
+def test_version_1_blobs_are_refused() -> None:
+    blob = bytearray(Serde().encode(KEY, PAYLOAD, CS))
+    blob[4] = 1
+    with pytest.raises(CorruptObject, match="version"):
+        Serde().decode(KEY, bytes(blob))
 
 
 def test_key_parsing_and_loading(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

@@ -6,7 +6,6 @@ probe the TCP port: "connection refused" and "timeout" are different problems fo
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from typing import Any
@@ -93,7 +92,7 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, Any, float]:
     full = url.rstrip("/") + path
     t0 = time.perf_counter()
     try:
-        resp = httpx.get(full, timeout=timeout, headers=auth_headers(), trust_env=False)
+        resp = httpx.get(full, timeout=timeout, headers=auth_headers(url), trust_env=False)
     except httpx.ConnectError:
         raise Unreachable(tcp_probe(url, min(timeout, 1.0)) or f"cannot connect to {url}") from None
     except httpx.TimeoutException:
@@ -108,16 +107,19 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, Any, float]:
     return resp.status_code, body, elapsed
 
 
-def auth_headers() -> dict[str, str]:
-    """Bearer token from KVCLI_TOKEN, for admin APIs that listen beyond loopback."""
-    token = os.environ.get("KVCLI_TOKEN")
+def auth_headers(url: str) -> dict[str, str]:
+    """Bearer token found as every client finds it: $KVSERVER_API_TOKEN, $KVSERVER_API_TOKEN_FILE, or
+    the server's default token file for a loopback URL (see kvprotocol._credentials)."""
+    from kvprotocol import resolve_token
+
+    token = resolve_token(None, url)
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def http_json(url: str, path: str, timeout: float) -> Any:
     status, body, _ = http_get(url, path, timeout)
     if status in (401, 403):
-        raise Unreachable(f"GET {path} answered HTTP {status}: set KVCLI_TOKEN to the server's API token")
+        raise Unreachable(f"GET {path} answered HTTP {status}: set KVSERVER_API_TOKEN to the server's API token")
     if status != 200:
         raise Unreachable(f"GET {path} answered HTTP {status}")
     if not isinstance(body, (dict, list)):

@@ -8,19 +8,15 @@ specification of the checksum (kvsum64, defined in csrc/checksum.h and docs/layo
 from __future__ import annotations
 
 import ctypes
+import itertools
 from typing import Any
 
 import numpy as np
+from kvprotocol.kvsum import kvsum64_array as _kvsum64
 
 MIN_BYTES_PER_THREAD = 1 << 20
 
-_P1 = np.uint64(0x9E3779B97F4A7C15)
-_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
-_M1 = np.uint64(0xFF51AFD7ED558CCD)
-_M2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
 _MASK = (1 << 64) - 1
-_WORDS_PER_STEP = 1 << 18  # 2 MiB of input per vector step keeps temporaries cache-sized
 
 
 def default_threads() -> int:
@@ -77,8 +73,8 @@ def _check_address(base: int, off: int, length: int, i: int, side: str) -> int:
     return addr
 
 
-def batch_copy(src_base: int, dst_base: int, segments: Any, num_threads: int = 0) -> int:
-    """Copy each (src_off, dst_off, len) row from src_base+src_off to dst_base+dst_off; return bytes."""
+def _rows(src_base: int, dst_base: int, segments: Any, num_threads: int) -> list[tuple[int, int, int, int]]:
+    """The checked (row index, src_off, dst_off, len) rows with len > 0, as the C++ binding checks them."""
     if src_base < 0 or dst_base < 0:
         raise ValueError("base addresses must be >= 0")
     if num_threads < 0 or num_threads > 1024:
@@ -95,6 +91,10 @@ def batch_copy(src_base: int, dst_base: int, segments: Any, num_threads: int = 0
         total += n
         if total > 1 << 62:
             raise ValueError("total segment length is too large")
+    return rows
+
+
+def _copy_rows(src_base: int, dst_base: int, rows: list[tuple[int, int, int, int]]) -> int:
     if not rows:
         return 0
     # One view per side spanning every segment, then one numpy slice copy per segment.
@@ -106,43 +106,70 @@ def batch_copy(src_base: int, dst_base: int, segments: Any, num_threads: int = 0
     dst = _view(dst_base + d_lo, d_hi - d_lo, writable=True)
     for _, s, d, n in rows:
         np.copyto(dst[d - d_lo : d - d_lo + n], src[s - s_lo : s - s_lo + n])
-    return total
+    return sum(n for *_, n in rows)
 
 
-def _fmix(x: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 64-bit finaliser, in place on a uint64 array."""
-    x ^= x >> _S33
-    x *= _M1
-    x ^= x >> _S33
-    x *= _M2
-    x ^= x >> _S33
-    return x
+def batch_copy(src_base: int, dst_base: int, segments: Any, num_threads: int = 0) -> int:
+    """Copy each (src_off, dst_off, len) row from src_base+src_off to dst_base+dst_off; return bytes."""
+    return _copy_rows(src_base, dst_base, _rows(src_base, dst_base, segments, num_threads))
 
 
-def _fmix_int(x: int) -> int:
-    return int(_fmix(np.array([x & _MASK], dtype=np.uint64))[0])
+def _object_table(objects: Any) -> list[tuple[int, int]]:
+    arr = np.asarray(objects) if isinstance(objects, np.ndarray) else None
+    if arr is None:
+        mv = memoryview(objects)
+        arr = np.frombuffer(mv, dtype=np.int64) if mv.itemsize == 1 else np.asarray(mv)
+    if arr.dtype.kind != "i" or arr.dtype.itemsize != 8:
+        raise ValueError(f"objects must be int64, got dtype {arr.dtype}")
+    if arr.size % 2 or (arr.ndim == 2 and arr.shape[1] != 2) or arr.ndim > 2:
+        raise ValueError("objects must have shape (n, 2)")
+    return [(int(o), int(n)) for o, n in arr.reshape(-1, 2).tolist()]
 
 
-def _kvsum64(data: np.ndarray, seed: int) -> int:
-    """kvsum64 of a 1-D uint8 array (any alignment)."""
-    n = int(data.shape[0])
-    words = n // 8
-    seed_u = np.uint64(seed)
-    acc = 0
-    with np.errstate(over="ignore"):
-        for start in range(0, words, _WORDS_PER_STEP):
-            stop = min(words, start + _WORDS_PER_STEP)
-            w = data[start * 8 : stop * 8].view("<u8").astype(np.uint64)  # copy: aligned, native
-            keys = np.arange(start + 1, stop + 1, dtype=np.uint64)
-            keys *= _P1
-            w ^= keys
-            w ^= seed_u
-            acc += int(_fmix(w).sum(dtype=np.uint64))
-        rest = n % 8
-        if rest:
-            tail = int.from_bytes(data[words * 8 :].tobytes(), "little")
-            acc += _fmix_int(tail ^ seed ^ (((words + 1) * int(_P1)) & _MASK) ^ int(_P2))
-    return _fmix_int((acc & _MASK) ^ seed ^ (((n + 1) * int(_P2)) & _MASK))
+def _check_cover(rows: list[tuple[int, int, int, int]], objs: list[tuple[int, int]], src_base: int,
+                 dst_base: int, is_dst: bool) -> None:
+    """The checks of the C++ plan: disjoint objects, segments inside them, no object byte twice."""
+    base = dst_base if is_dst else src_base
+    spans = sorted((base + o, base + o + n, k) for k, (o, n) in enumerate(objs))
+    for (_, end, _), (start, _, _) in itertools.pairwise(spans):
+        if end > start:
+            raise ValueError("objects overlap")
+    starts = [s for s, _, _ in spans]
+    covered: list[list[tuple[int, int]]] = [[] for _ in objs]
+    for i, s, d, n in rows:
+        at = base + (d if is_dst else s)
+        while n > 0:
+            j = int(np.searchsorted(starts, at, side="right")) - 1
+            if j < 0 or at >= spans[j][1]:
+                raise ValueError(f"segment {i}: its object side is in no object")
+            lo, hi, k = spans[j]
+            take = min(n, hi - at)
+            covered[k].append((at - lo, at - lo + take))
+            at += take
+            n -= take
+    for c in covered:
+        c.sort()
+        for (_, b), (a, _) in itertools.pairwise(c):
+            if a < b:
+                raise ValueError("two segments cover the same object bytes")
+
+
+def copy_checksum(src_base: int, dst_base: int, segments: Any, objects: Any, object_side: str,
+                  num_threads: int = 0, seed: int = 0) -> list[int]:
+    """batch_copy, then the kvsum64 of every object: the C++ kernel's results, computed plainly."""
+    seed = _check_seed(seed)
+    if object_side not in ("dst", "src"):
+        raise ValueError("object_side must be 'dst' or 'src'")
+    rows = _rows(src_base, dst_base, segments, num_threads)
+    objs = _object_table(objects)
+    base = dst_base if object_side == "dst" else src_base
+    for k, (o, n) in enumerate(objs):
+        if o < 0 or n < 0:
+            raise ValueError(f"object {k} has a negative value")
+        _check_address(base, o, n, k, "object")
+    _check_cover(rows, objs, src_base, dst_base, object_side == "dst")
+    _copy_rows(src_base, dst_base, rows)
+    return [_kvsum64(_view(base + o, n, writable=False), seed) for o, n in objs]
 
 
 def _check_seed(seed: int) -> int:

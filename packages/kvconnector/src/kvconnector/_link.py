@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import zmq
-from kvprotocol import Client, KeySpace, LayoutDescriptor, Reply, RequestTimeout
+from kvprotocol import Client, ErrorCode, KeySpace, LayoutDescriptor, Reply, RequestTimeout, ServerError
 
 from ._arena_map import ArenaMap, shm_exists
 
@@ -93,6 +93,10 @@ class ServerLink:
         except RequestTimeout:
             self.reset()
             self._down_until = time.monotonic() + self.backoff
+            raise
+        except ServerError as exc:
+            if exc.code == ErrorCode.UNAUTHORIZED:
+                self.reset()  # the next client re-reads the token (a restarted server may have a new one)
             raise
         except zmq.ZMQError:
             self.reset()

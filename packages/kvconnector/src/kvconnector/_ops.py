@@ -12,13 +12,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from kvprotocol import ErrorCode, ServerError, pack_tokens
+from kvprotocol import ErrorCode, ExtraKeys, ServerError, check_extra, pack_tokens
 
 from . import copy as kvcopy
 from ._link import Deadline, EngineLink, LeaseLost
 from ._transfer import Copier, Moves, check_blocks, load_moves, save_moves
 
 RELEASE_CODES = (ErrorCode.UNKNOWN_SESSION, ErrorCode.NOT_LEASED)
+U64_MAX = (1 << 64) - 1
+
+
+class ChecksumMismatch(Exception):
+    """Bytes read from the cache are not the bytes their writer committed: the load failed."""
+
+    def __init__(self, objects: int, chunks: list[int]) -> None:
+        super().__init__(f"{objects} object(s) failed verification (chunks {chunks[:8]}): "
+                         "corrupt or never written; recomputing")
+        self.objects = objects
 
 
 def as_tokens(tokens: Any) -> np.ndarray:
@@ -49,6 +59,12 @@ def as_tables(block_ids: Any, groups: int) -> list[np.ndarray]:
     return tables
 
 
+def extra_fields(extra: ExtraKeys, num_chunks: int) -> dict[str, Any]:
+    """The wire `extra` field for a request of num_chunks full chunks (keys of later chunks dropped)."""
+    pairs = [[i, d] for i, d in check_extra(extra) if i < num_chunks]
+    return {"extra": pairs} if pairs else {}
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -63,9 +79,10 @@ def load_blocks(link: EngineLink, tables: Sequence[np.ndarray], skip: int, num: 
 
 
 def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, session: str | None,
-           rank: int | None = None) -> int:
+           extra: ExtraKeys = (), rank: int | None = None) -> int:
     """Hit tokens; with a session, lease the hit objects of every rank (or of `rank` only) to it."""
-    fields: dict[str, Any] = {"keyspace": link.keyspace.to_wire(), "tokens": pack_tokens(tokens), "salt": salt}
+    fields: dict[str, Any] = {"keyspace": link.keyspace.to_wire(), "tokens": pack_tokens(tokens), "salt": salt,
+                              **extra_fields(extra, tokens.shape[0] // link.layouts[0].chunk_size)}
     if session is not None:
         fields["session"] = session
         if rank is not None:
@@ -79,9 +96,11 @@ def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, 
 
 @dataclass
 class _Objects:
-    """Absolute host addresses of the objects of one transfer, per group, in chunk order."""
+    """Absolute host addresses of the objects of one transfer, per group, in chunk order, and the
+    checksums their writers committed."""
 
     addrs: list[np.ndarray]
+    checksums: list[list[int]]
     keepalive: Any = None
 
 
@@ -96,11 +115,16 @@ def _object_addrs(link: EngineLink, mode: str, objects: list[dict[str, Any]], fr
     if mode == "tcp" and len(frames) != len(objects):
         raise ValueError(f"retrieve returned {len(frames)} data frames for {len(objects)} objects")
     addrs = [np.zeros(end - start, dtype=np.int64) for _ in range(groups)]
+    sums = [[0] * (end - start) for _ in range(groups)]
     for i, obj in enumerate(objects):
         c, g = obj["chunk"], obj["group"]
         size = link.layouts[g].object_bytes
         if obj.get("size") != size:
             raise ValueError(f"object of chunk {c} has {obj.get('size')} bytes, layout says {size}")
+        checksum = obj.get("checksum")
+        if not isinstance(checksum, int) or isinstance(checksum, bool) or not 0 <= checksum <= U64_MAX:
+            raise ValueError(f"object of chunk {c} comes without a valid checksum")
+        sums[g][c - start] = checksum
         if mode == "shm":
             assert link.arena is not None
             link.arena.check_range(obj.get("offset"), size)
@@ -109,11 +133,11 @@ def _object_addrs(link: EngineLink, mode: str, objects: list[dict[str, Any]], fr
             if len(frames[i]) != size:
                 raise ValueError(f"data frame of chunk {c} has {len(frames[i])} bytes, expected {size}")
             addrs[g][c - start] = kvcopy.address_of(frames[i])
-    return _Objects(addrs, frames)
+    return _Objects(addrs, sums, frames)
 
 
 def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tokens: np.ndarray,
-         tables: Sequence[np.ndarray], skip: int, num: int, salt: str) -> int:
+         tables: Sequence[np.ndarray], skip: int, num: int, salt: str, extra: ExtraKeys = ()) -> int:
     """Write engine blocks covering tokens [skip, num) from the cache; returns the tokens loaded.
 
     Ends this rank's leases of the session, whatever happens. In shm mode, on success, by a release
@@ -122,7 +146,7 @@ def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tok
     (LeaseLost). tcp frames are copies the server took under the lease, so they need no such proof.
     """
     try:
-        loaded, lease = _load(link, copier, deadline, session, tokens, tables, skip, num, salt)
+        loaded, lease = _load(link, copier, deadline, session, tokens, tables, skip, num, salt, extra)
     except BaseException:
         _give_back(link, deadline, session)
         raise
@@ -145,7 +169,8 @@ def _give_back(link: EngineLink, deadline: Deadline, session: str) -> None:
 
 
 def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tokens: np.ndarray,
-          tables: Sequence[np.ndarray], skip: int, num: int, salt: str) -> tuple[int, int | None]:
+          tables: Sequence[np.ndarray], skip: int, num: int, salt: str, extra: ExtraKeys = ()
+          ) -> tuple[int, int | None]:
     """The load itself: (tokens loaded, the lease number an shm copy was made under, else None)."""
     if skip < 0 or num < 0:
         raise ValueError("skip_tokens and num_tokens must be >= 0")
@@ -168,7 +193,7 @@ def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, to
     except ServerError as exc:  # this rank's lease expired or was never taken here: lease again, then retry
         if exc.code not in RELEASE_CODES or tokens.shape[0] < end * chunk:
             raise
-        hit = lookup(link, deadline, tokens[: end * chunk], salt, session, rank=link.rank)
+        hit = lookup(link, deadline, tokens[: end * chunk], salt, session, extra, rank=link.rank)
         if hit < end * chunk:
             raise ServerError(ErrorCode.NOT_LEASED, f"only {hit} of the {end * chunk} tokens to load are cached "
                                                     "now") from exc
@@ -177,9 +202,12 @@ def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, to
     if not isinstance(lease, int) or isinstance(lease, bool):
         raise ValueError("retrieve reply carries no lease number")
     objs = _object_addrs(link, mode, reply.result.get("objects", []), reply.frames, start, end)
-    for g, m in enumerate(moves):
-        copier.scatter(g, objs.addrs[g], m)
+    bad: list[int] = []
+    for g, m in enumerate(moves):  # verified while scattering: a mismatch fails the whole load
+        bad += [start + i for i in copier.scatter(g, objs.addrs[g], m, objs.checksums[g])]
     copier.finish()
+    if bad:
+        raise ChecksumMismatch(len(bad), sorted(set(bad)))
     if mode != "shm":
         return num - skip, None
     link.check_arena()  # the bytes came from the arena the replying server owns
@@ -206,7 +234,7 @@ def _store(link: EngineLink, deadline: Deadline, fields: dict[str, Any]) -> tupl
 
 
 def save(link: EngineLink, copier: Copier, deadline: Deadline, tokens: np.ndarray,
-         tables: Sequence[np.ndarray], salt: str, skip: int) -> Saved:
+         tables: Sequence[np.ndarray], salt: str, skip: int, extra: ExtraKeys = ()) -> Saved:
     """Store every full chunk from the one holding skip_tokens on; reserve, gather, verify, commit."""
     chunk = link.layouts[0].chunk_size
     n = tokens.shape[0] // chunk
@@ -217,7 +245,8 @@ def save(link: EngineLink, copier: Copier, deadline: Deadline, tokens: np.ndarra
         return Saved(0, 0, 0)
     for g, (lay, table) in enumerate(zip(link.layouts, tables, strict=True)):
         check_blocks(save_moves(table, lay.blocks_per_chunk, range(start, n)), copier.num_blocks(g), distinct=False)
-    fields = {"tokens": pack_tokens(tokens[: n * chunk]), "rank": link.rank, "salt": salt, "start_chunk": start}
+    fields = {"tokens": pack_tokens(tokens[: n * chunk]), "rank": link.rank, "salt": salt, "start_chunk": start,
+              **extra_fields(extra, n)}
     mode, result = _store(link, deadline, fields)
     slots = result.get("slots", [])
     reserved = [s for s in slots if s.get("status") == "reserved"]
@@ -251,15 +280,21 @@ def _fill_and_commit(link: EngineLink, copier: Copier, deadline: Deadline, mode:
             ends = np.cumsum(sizes)
             frames = [memoryview(buf[e - z : e]) for e, z in zip(ends, sizes, strict=True)]
             addrs = [kvcopy.address_of(buf) + int(e - z) for e, z in zip(ends, sizes, strict=True)]
+        checksums: list[int | None] = [None] * len(reserved)
         for g, lay in enumerate(link.layouts):
             idx = [i for i, s in enumerate(reserved) if s["group"] == g]
             if idx:
                 moves = save_moves(tables[g], lay.blocks_per_chunk, [reserved[i]["chunk"] for i in idx])
-                copier.gather(g, np.asarray([addrs[i] for i in idx], dtype=np.int64), moves)
+                sums = copier.gather(g, np.asarray([addrs[i] for i in idx], dtype=np.int64), moves)
+                for j, i in enumerate(idx):
+                    checksums[i] = None if sums is None else sums[j]
         copier.finish()
+        # the commit proves the write: the checksum of each object as gathered (or, for copiers that
+        # cannot sum while copying, as it lies in host memory once the copy is done)
+        proof = [kvcopy.checksum(a, z) if c is None else c for a, z, c in zip(addrs, sizes, checksums, strict=True)]
         if mode == "shm":
             link.check_arena()  # we wrote into the arena of the server that reserved the slots
-        link.call("commit", deadline, frames=frames, store_id=store_id)
+        link.call("commit", deadline, frames=frames, store_id=store_id, checksums=proof)
     except BaseException:
         try:  # best effort: the server also expires reservations after its lease TTL
             link.call("abort", _grace(deadline), store_id=store_id)

@@ -18,6 +18,7 @@ import torch
 from kvprotocol import LayoutDescriptor
 
 from . import _cuda
+from . import copy as kvcopy
 from ._transfer import Moves
 from .layouts import tag_geometry
 
@@ -89,8 +90,13 @@ class TorchCopier:
         return tuple(torch.from_numpy(np.ascontiguousarray(a[sel])).to(self.device)
                      for a in (moves.obj - lo, moves.slot, moves.block))
 
-    def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> None:
+    def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves, expected: Sequence[int]) -> list[int]:
+        """Verifies each object in host memory first (a separate pass: the device copy cannot sum), then
+        copies only when every object matched."""
         size = self.layouts[group].object_bytes
+        bad = [i for i, e in enumerate(expected) if kvcopy.checksum(int(obj_addrs[i]), size) != e]
+        if bad:
+            return bad
         for lo, hi in self._batches(group, int(obj_addrs.shape[0])):
             stage, shaped = self._staged(group, hi - lo)
             for i in range(lo, hi):
@@ -98,8 +104,10 @@ class TorchCopier:
             obj, slot, block = self._index(moves, lo, hi)
             for layer, view in enumerate(self.views[group]):
                 view[block] = shaped[obj, layer, slot]
+        return []
 
-    def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> None:
+    def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> list[int] | None:
+        """Checksums come after `finish` (the host objects are written asynchronously): returns None."""
         size = self.layouts[group].object_bytes
         for lo, hi in self._batches(group, int(obj_addrs.shape[0])):
             stage, shaped = self._staged(group, hi - lo)
@@ -108,6 +116,7 @@ class TorchCopier:
                 shaped[obj, layer, slot] = view[block]
             for i in range(lo, hi):
                 host_bytes(int(obj_addrs[i]), size).copy_(stage[i - lo], non_blocking=True)
+        return None
 
     def finish(self) -> None:
         if self.device.type == "cuda":

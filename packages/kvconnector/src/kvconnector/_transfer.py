@@ -86,14 +86,29 @@ def block_rows(kv: EngineKV, obj_addrs: np.ndarray, moves: Moves, gather: bool) 
     return merge_segments(rows)
 
 
+def object_table(obj_addrs: np.ndarray, size: int) -> np.ndarray:
+    """(addr, size) rows, one per object, for `copy_checksum` with base 0."""
+    table = np.empty((obj_addrs.shape[0], 2), dtype=np.int64)
+    table[:, 0] = obj_addrs
+    table[:, 1] = size
+    return table
+
+
 class Copier(Protocol):
-    """Moves blocks between one rank's KV (all groups) and objects in host memory."""
+    """Moves blocks between one rank's KV (all groups) and objects in host memory, and checksums the
+    objects (kvsum64, docs/engine.md "Verified reads")."""
 
     def num_blocks(self, group: int) -> int: ...
 
-    def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> None: ...
+    def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves, expected: Sequence[int]) -> list[int]:
+        """Copy, and return the indices of objects whose bytes do not have the `expected` checksum
+        (their blocks may have been written: the caller fails the whole load)."""
+        ...
 
-    def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> None: ...
+    def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> list[int] | None:
+        """Copy; return each object's kvsum64 as written, or None when the checksums can only be
+        taken from the objects after `finish` (the caller does that)."""
+        ...
 
     def finish(self) -> None:
         """Wait until every copy issued so far is complete (a no-op for synchronous copiers)."""
@@ -116,13 +131,16 @@ class HostCopier:
     def num_blocks(self, group: int) -> int:
         return self.groups[group].num_blocks
 
-    def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> None:
-        if len(moves):
-            kvcopy.batch_copy(0, 0, block_rows(self.groups[group], obj_addrs, moves, False), self.num_threads)
+    def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves, expected: Sequence[int]) -> list[int]:
+        kv = self.groups[group]
+        got = kvcopy.copy_checksum(0, 0, block_rows(kv, obj_addrs, moves, False),
+                                   object_table(obj_addrs, kv.layout.object_bytes), "src", self.num_threads)
+        return [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
 
-    def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> None:
-        if len(moves):
-            kvcopy.batch_copy(0, 0, block_rows(self.groups[group], obj_addrs, moves, True), self.num_threads)
+    def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> list[int] | None:
+        kv = self.groups[group]
+        return kvcopy.copy_checksum(0, 0, block_rows(kv, obj_addrs, moves, True),
+                                    object_table(obj_addrs, kv.layout.object_bytes), "dst", self.num_threads)
 
     def finish(self) -> None:
         return None

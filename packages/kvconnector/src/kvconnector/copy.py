@@ -58,6 +58,20 @@ def batch_copy(src_base: int, dst_base: int, segments: Any, num_threads: int = 0
     return int(_backend.batch_copy(src_base, dst_base, segments, num_threads))
 
 
+def copy_checksum(src_base: int, dst_base: int, segments: Any, objects: Any, object_side: str,
+                  num_threads: int = 0, seed: int = 0) -> list[int]:
+    """`batch_copy`, fused with the kvsum64 of every object, summed from the bytes as they are copied.
+
+    `objects`: (m, 2) int64 rows (offset, length) from the base of `object_side`: "dst" for a gather
+    (engine -> objects: the checksum of each object as written), "src" for a scatter (objects ->
+    engine: the checksum of each object as read). Every segment's object side must lie inside the
+    objects, and no object byte may be covered twice; object bytes no segment covers are summed from
+    the object. Results equal `checksum` of each object after the copy, whatever the thread count.
+    """
+    return [int(v) for v in _backend.copy_checksum(src_base, dst_base, segments, objects, object_side,
+                                                   num_threads, seed)]
+
+
 def checksum(addr: int, length: int, seed: int = 0) -> int:
     """kvsum64 (a 64-bit non-cryptographic checksum, see docs/layouts.md) of `length` bytes at `addr`."""
     return int(_backend.checksum(addr, length, seed))

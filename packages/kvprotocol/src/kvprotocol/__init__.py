@@ -4,11 +4,14 @@ Never imports torch: it runs on hosts with no GPU.
 """
 
 from ._client import DEFAULT_TIMEOUT, AsyncClient, Client, Reply
+from ._credentials import (SERVER_KEY_ENV, STATE_DIR_ENV, TOKEN_ENV, TOKEN_FILE_ENV, CredentialError,
+                           resolve_server_key, resolve_token)
 from ._errors import ErrorCode, KVProtocolError, RequestTimeout, ServerError, ValidationError
-from ._hashing import ZERO_HASH, chunk_hashes, pack_tokens, unpack_tokens
+from ._hashing import (EXTRA_DIGEST_BYTES, ZERO_HASH, ExtraKeys, check_extra, chunk_hashes, pack_tokens,
+                       unpack_tokens)
 from ._keys import ObjectKey, validate_model, validate_salt
-from ._layout import DTYPES, LAYOUT_TAGS, LayoutDescriptor
-from ._messages import MAX_TOKENS, PROTOCOL_VERSION, SCHEMA, validate_request
+from ._layout import DTYPES, LAYOUT_TAGS, MAX_OBJECT_BYTES, LayoutDescriptor
+from ._messages import MAX_KEYS, MAX_TOKENS, PROTOCOL_VERSION, SCHEMA, validate_request
 from ._keyspace import KeySpace
 from ._security import (bearer_matches, bearer_refusal, exposure_refusal, is_loopback, listen_socket,
                         tokens_equal)
@@ -20,4 +23,7 @@ __all__ = [
     "AsyncClient", "Client", "bearer_matches", "bearer_refusal", "exposure_refusal", "listen_socket", "is_loopback", "tokens_equal", "ErrorCode", "KVProtocolError", "KeySpace", "LayoutDescriptor", "ObjectKey",
     "Reply", "RequestTimeout", "ServerError", "ValidationError", "chunk_hashes", "pack_tokens",
     "unpack_tokens", "validate_model", "validate_request", "validate_salt",
+    "SERVER_KEY_ENV", "STATE_DIR_ENV", "TOKEN_ENV", "TOKEN_FILE_ENV", "CredentialError", "resolve_server_key",
+    "resolve_token", "MAX_KEYS", "MAX_OBJECT_BYTES",
+    "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra",
 ]

@@ -18,12 +18,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from ._credentials import resolve_server_key, resolve_token
 from ._errors import KVProtocolError, RequestTimeout, ServerError
 from ._messages import PROTOCOL_VERSION, pack, unpack_header
 
 Buffer = bytes | bytearray | memoryview
 DEFAULT_TIMEOUT = 5.0
-TOKEN_ENV = "KVSERVER_API_TOKEN"  # the same variable configures the server, so one setting serves a host
 
 
 @dataclass(slots=True)
@@ -34,7 +34,12 @@ class Reply:
     frames: list[memoryview] = field(default_factory=list)
 
 
-def _configure(sock: zmq.Socket) -> None:  # type: ignore[type-arg]
+def _configure(sock: zmq.Socket, server_key: bytes | None) -> None:  # type: ignore[type-arg]
+    if server_key is not None:  # CURVE: encrypted, and only the holder of the server's secret key answers
+        public, secret = zmq.curve_keypair()
+        sock.curve_serverkey = server_key
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
@@ -49,9 +54,9 @@ def _envelope(rid: int, op: str, fields: dict[str, Any], token: str | None) -> b
     return pack({**head, **fields})
 
 
-def _token(token: str | None) -> str | None:
-    """The API token: explicit, else $KVSERVER_API_TOKEN; servers bound beyond loopback require it."""
-    return token if token is not None else os.environ.get(TOKEN_ENV) or None
+def _token(token: str | None, url: str) -> str | None:
+    """The API token (see _credentials.resolve_token); the server needs it on every op but ping."""
+    return resolve_token(token, url)
 
 
 def _parse(parts: Sequence[zmq.Frame]) -> tuple[int, dict[str, Any]]:
@@ -78,13 +83,13 @@ class Client:
     """Blocking client; thread-safe (one request at a time per client)."""
 
     def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, context: zmq.Context | None = None,  # type: ignore[type-arg]
-                 token: str | None = None) -> None:
+                 token: str | None = None, server_key: str | None = None) -> None:
         self.url = url
         self.timeout = timeout
-        self._token = _token(token)
+        self._token = _token(token, url)
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
-        _configure(self._sock)
+        _configure(self._sock, resolve_server_key(server_key))
         self._sock.connect(url)
         self._ids = itertools.count(_start_id() & 0xFFFFFFFFFFFF)
         self._lock = threading.Lock()
@@ -120,13 +125,14 @@ class Client:
 class AsyncClient:
     """asyncio client: many requests in flight on one DEALER socket, matched to replies by id."""
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, token: str | None = None) -> None:
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, token: str | None = None,
+                 server_key: str | None = None) -> None:
         self.url = url
         self.timeout = timeout
-        self._token = _token(token)
+        self._token = _token(token, url)
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
-        _configure(self._sock)
+        _configure(self._sock, resolve_server_key(server_key))
         self._sock.connect(url)
         self._ids = itertools.count(_start_id() & 0xFFFFFFFFFFFF)
         self._pending: dict[int, asyncio.Future[Reply]] = {}

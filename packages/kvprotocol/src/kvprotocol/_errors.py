@@ -13,7 +13,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_OP = "UNKNOWN_OP"
     BAD_FIELD = "BAD_FIELD"  # missing, unexpected or mistyped field
     OUT_OF_RANGE = "OUT_OF_RANGE"  # ids, offsets, sizes, counts outside their bounds
-    TOO_LARGE = "TOO_LARGE"  # frame or token array over the configured limit
+    TOO_LARGE = "TOO_LARGE"  # frame, token array, objects per request or block_shape over its bound
+    TOO_MANY = "TOO_MANY"  # sessions or stores in flight at their cap; end some and retry
     UNKNOWN_ENGINE = "UNKNOWN_ENGINE"
     UNKNOWN_SESSION = "UNKNOWN_SESSION"
     UNKNOWN_STORE = "UNKNOWN_STORE"

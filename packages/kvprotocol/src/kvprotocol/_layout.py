@@ -14,6 +14,7 @@ from ._errors import ErrorCode, ValidationError
 LAYOUT_TAGS = ("vllm_cpu", "flash_attn", "mla")
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int8": 1}
 MAX_OBJECT_BYTES = 1 << 31
+MAX_BLOCK_DIMS = 8  # a block's tensor shape; bounded so a registration cannot carry a huge list
 _TAG_RE = re.compile(r"^[a-z0-9_]{1,32}$")
 
 
@@ -46,7 +47,10 @@ class LayoutDescriptor:
         _check(1 <= self.block_bytes <= MAX_OBJECT_BYTES, "block_bytes out of range")
         _check(1 <= self.chunk_size <= 65536, "chunk_size out of range")
         _check(self.chunk_size % self.block_size == 0, "chunk_size must be a multiple of block_size")
-        _check(all(isinstance(d, int) and d > 0 for d in self.block_shape), "bad block_shape")
+        _check(len(self.block_shape) <= MAX_BLOCK_DIMS, f"block_shape has more than {MAX_BLOCK_DIMS} dims",
+               ErrorCode.TOO_LARGE)
+        _check(all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= MAX_OBJECT_BYTES
+                   for d in self.block_shape), "bad block_shape")
         _check(self.object_bytes <= MAX_OBJECT_BYTES, "object too large")
 
     @property
@@ -88,6 +92,8 @@ class LayoutDescriptor:
                 value = data[name]
                 ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
                 _check(ok, f"layout field {name} must be {typ.__name__}", ErrorCode.BAD_FIELD)
+        _check(len(data.get("block_shape", ())) <= MAX_BLOCK_DIMS,
+               f"block_shape has more than {MAX_BLOCK_DIMS} dims", ErrorCode.TOO_LARGE)
         kwargs = dict(data)
         kwargs["block_shape"] = tuple(kwargs.get("block_shape", ()))
         return cls(**kwargs)

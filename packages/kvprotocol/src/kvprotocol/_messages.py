@@ -13,14 +13,16 @@ from typing import Any
 import msgpack
 
 from ._errors import ErrorCode, ValidationError
+from ._hashing import check_extra
 from ._keys import MAX_GROUPS, MAX_WORLD_SIZE, validate_fingerprint, validate_model, validate_salt
 from ._layout import LayoutDescriptor
 
 PROTOCOL_VERSION = 1
-MAX_HEADER_BYTES = 4 << 20  # the msgpack header frame; object bytes travel in their own frames
 MAX_TOKENS = 1 << 20  # tokens in one request (4 MiB packed)
+MAX_HEADER_BYTES = 4 * MAX_TOKENS + (64 << 10)  # the msgpack header: MAX_TOKENS plus the other fields
 MAX_CHUNKS = 1 << 14
 MAX_ID = (1 << 63) - 1
+MAX_KEYS = 1 << 16  # objects one request may name (chunks x world_size x groups): bounds its work
 MODES = ("shm", "tcp")
 
 
@@ -62,6 +64,23 @@ def _tokens(v: Any) -> bytes:
     return v
 
 
+def _extra(v: Any) -> list[tuple[int, bytes]]:
+    """Per-chunk extra keys: [[chunk index, 32-byte digest], ...], indices strictly increasing.
+
+    Whether every index names a full chunk of the request depends on the server's chunk size: the
+    server checks that (OUT_OF_RANGE) before it changes anything.
+    """
+    if not isinstance(v, list) or len(v) > MAX_CHUNKS:
+        raise ValidationError(ErrorCode.BAD_FIELD, f"extra must be a list of at most {MAX_CHUNKS} pairs")
+    for item in v:
+        if isinstance(item, list) and len(item) == 2:
+            _int(0, MAX_CHUNKS)(item[0])
+    try:
+        return check_extra(tuple(item) if isinstance(item, list) else item for item in v)
+    except ValueError as exc:
+        raise ValidationError(ErrorCode.BAD_FIELD, str(exc)) from None
+
+
 def _keyspace(v: Any) -> dict[str, Any]:
     if not isinstance(v, dict) or set(v) - {"model", "world_size", "groups"}:
         raise ValidationError(ErrorCode.BAD_FIELD, "keyspace must be a map of model, world_size, groups")
@@ -70,11 +89,28 @@ def _keyspace(v: Any) -> dict[str, Any]:
     groups = v["groups"]
     if not isinstance(groups, list) or not 1 <= len(groups) <= MAX_GROUPS:
         raise ValidationError(ErrorCode.BAD_FIELD, f"groups must be a list of 1-{MAX_GROUPS} fingerprints")
+    world = _int(1, MAX_WORLD_SIZE)(v["world_size"])
+    if world * len(groups) > MAX_KEYS:
+        raise ValidationError(ErrorCode.TOO_LARGE, f"world_size x groups over {MAX_KEYS} objects per chunk")
     return {
         "model": validate_model(v["model"]),
-        "world_size": _int(1, MAX_WORLD_SIZE)(v["world_size"]),
+        "world_size": world,
         "groups": [validate_fingerprint(g) for g in groups],
     }
+
+
+MAX_CHECKSUMS = MAX_CHUNKS * MAX_GROUPS
+U64_MAX = (1 << 64) - 1
+
+
+def _checksums(v: Any) -> list[int]:
+    """One kvsum64 (uint64) per reserved slot of a store, in slot order: the proof of the write."""
+    if not isinstance(v, list) or len(v) > MAX_CHECKSUMS:
+        raise ValidationError(ErrorCode.BAD_FIELD, f"checksums must be a list of at most {MAX_CHECKSUMS} uint64")
+    for x in v:
+        if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x <= U64_MAX:
+            raise ValidationError(ErrorCode.BAD_FIELD, "checksums must be unsigned 64-bit integers")
+    return v
 
 
 def _layouts(v: Any) -> list[LayoutDescriptor]:
@@ -101,6 +137,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "lookup": {
         "keyspace": Field(_keyspace),
         "tokens": Field(_tokens),
+        "extra": Field(_extra, _OPT),
         "salt": Field(validate_salt, _OPT),
         "session": Field(_SESSION, _OPT),
         "rank": Field(_int(0, MAX_WORLD_SIZE - 1), _OPT),  # with session: lease only this rank's objects
@@ -108,18 +145,20 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "query": {
         "keyspace": Field(_keyspace),
         "tokens": Field(_tokens),
+        "extra": Field(_extra, _OPT),
         "salt": Field(validate_salt, _OPT),
     },
     "store": {
         "keyspace": Field(_keyspace),
         "tokens": Field(_tokens),
+        "extra": Field(_extra, _OPT),
         "rank": Field(_int(0, MAX_WORLD_SIZE - 1)),
         "salt": Field(validate_salt, _OPT),
         "start_chunk": Field(_int(0, MAX_CHUNKS), _OPT),
         "mode": Field(_str(8, MODES), _OPT),
         "session": Field(_SESSION, _OPT),
     },
-    "commit": {"store_id": Field(_str(64))},
+    "commit": {"store_id": Field(_str(64)), "checksums": Field(_checksums)},
     "abort": {"store_id": Field(_str(64))},
     "retrieve": {
         "session": Field(_SESSION),
@@ -134,8 +173,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "lease": Field(_int(1, MAX_ID), _OPT),
     },
     "end_session": {"session": Field(_SESSION)},
-    "pin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "salt": Field(validate_salt, _OPT)},
-    "unpin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "salt": Field(validate_salt, _OPT)},
+    "pin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "extra": Field(_extra, _OPT),
+            "salt": Field(validate_salt, _OPT)},
+    "unpin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "extra": Field(_extra, _OPT),
+              "salt": Field(validate_salt, _OPT)},
 }
 
 

@@ -7,12 +7,13 @@ ever waits on another.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvprotocol import ErrorCode, ValidationError, chunk_hashes
+from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
 
 from .l1 import IKey, L1Cache, State
 from .leases import Leases, rank_keys
@@ -52,7 +53,11 @@ class Counters:
     late_commits: int = 0  # commits that arrived after their reservation's deadline
 
 
+log = logging.getLogger("kvserver")
 MAX_ENGINES = 256  # registrations kept for describe; the oldest go first
+MAX_SESSIONS = 4096  # live read sessions per server (an identity is the one server credential for now)
+MAX_SESSION_OBJECTS = 1 << 22  # chunk hashes + leased keys all live sessions keep, in total
+MAX_STORES = 4096  # store transactions in flight per server
 
 
 def _fail(code: ErrorCode, message: str) -> ValidationError:
@@ -96,8 +101,35 @@ class CacheService:
                     return i
         return len(hashes)
 
-    def _hashes(self, tokens: bytes) -> list[bytes]:
-        return chunk_hashes(tokens, self.chunk_size)
+    def _hashes(self, f: dict[str, Any], per_chunk: int) -> list[bytes]:
+        """The request's chunk hashes, its per-chunk extra keys folded in (kvprotocol's one definition).
+
+        Runs before a handler changes anything: a request naming more than MAX_KEYS objects is
+        TOO_LARGE before any hashing, and an extra key beyond the last full chunk is OUT_OF_RANGE.
+        """
+        chunks = len(f["tokens"]) // 4 // self.chunk_size
+        if chunks * per_chunk > MAX_KEYS:
+            raise _fail(ErrorCode.TOO_LARGE, f"{chunks} chunks x {per_chunk} objects each is over "
+                                             f"{MAX_KEYS} objects per request")
+        try:
+            return chunk_hashes(f["tokens"], self.chunk_size, f.get("extra", ()))
+        except IndexError as exc:
+            raise _fail(ErrorCode.OUT_OF_RANGE, str(exc)) from None
+
+    @staticmethod
+    def _per_chunk(f: dict[str, Any]) -> int:
+        return int(f["keyspace"]["world_size"]) * len(f["keyspace"]["groups"])
+
+    def _admit_session(self, session_id: str, objects: int) -> None:
+        """Refuse a new session past the per-server caps (after sweeping expired ones)."""
+        if session_id in self.table.sessions:
+            return
+        if len(self.table.sessions) >= MAX_SESSIONS or self.leases.objects + objects > MAX_SESSION_OBJECTS:
+            self.expire()
+        if len(self.table.sessions) >= MAX_SESSIONS:
+            raise _fail(ErrorCode.TOO_MANY, f"{MAX_SESSIONS} sessions are live; end some first")
+        if self.leases.objects + objects > MAX_SESSION_OBJECTS:
+            raise _fail(ErrorCode.TOO_MANY, "live sessions hold too many objects; end some first")
 
     # -- engines -------------------------------------------------------------------------------
     def register_engine(self, f: dict[str, Any], engine_id: str) -> dict[str, Any]:
@@ -114,12 +146,17 @@ class CacheService:
         engine = Engine(engine_id, f["model"], f["world_size"], f["rank"], [g.to_wire() for g in f["groups"]],
                         f.get("host", ""), f.get("pid", 0))
         # The same process registering again (a reconnect) keeps its id; the table stays bounded.
+        again = False
         for old in list(self.engines.values()):
             if (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
                     engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid) and engine.pid:
                 del self.engines[old.id]
                 engine.id = engine_id = old.id
+                again = True
         self.engines[engine_id] = engine
+        log.info("engine %s %s: model=%s rank=%d/%d host=%s pid=%d layouts=%s", engine_id,
+                 "registered again" if again else "registered", engine.model, engine.rank, engine.world_size,
+                 engine.host or "-", engine.pid, ",".join(g.fingerprint for g in f["groups"]))
         while len(self.engines) > MAX_ENGINES:
             del self.engines[next(iter(self.engines))]
         return {
@@ -132,7 +169,9 @@ class CacheService:
     # -- lookup / query --------------------------------------------------------------------------
     def lookup(self, f: dict[str, Any], hashes: list[bytes] | None = None) -> dict[str, Any]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"]) if hashes is None else hashes
+        hashes = self._hashes(f, self._per_chunk(f)) if hashes is None else hashes
+        if "session" in f:
+            self._admit_session(f["session"], len(hashes) * (1 + self._per_chunk(f)))
         hit = self._prefix_hits(ks, salt, hashes)
         c = self.counters
         c.lookups += 1
@@ -156,7 +195,9 @@ class CacheService:
         The answer counts only what is in L1 when the wait ends; see l2/prefetch.py.
         """
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"])
+        hashes = self._hashes(f, self._per_chunk(f))
+        if "session" in f:
+            self._admit_session(f["session"], len(hashes) * (1 + self._per_chunk(f)))
         hit = self._prefix_hits(ks, salt, hashes)
         if self.l2 is not None and hit < len(hashes):
             chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
@@ -167,7 +208,7 @@ class CacheService:
 
     def _query_keys(self, f: dict[str, Any]) -> tuple[list[bytes], list[list[IKey]]]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"])
+        hashes = self._hashes(f, self._per_chunk(f))
         return hashes, [self._chunk_keys(ks, salt, h) for h in hashes]
 
     def query(self, f: dict[str, Any]) -> dict[str, Any]:
@@ -176,9 +217,10 @@ class CacheService:
 
     def _query(self, f: dict[str, Any]) -> tuple[dict[str, Any], list[list[IKey]]]:
         hashes, per_chunk = self._query_keys(f)
-        chunks = [{"hash": h.hex(), "l1": sum(self.l1.ready(k) is not None for k in keys), "objects": len(keys)}
-                  for h, keys in zip(hashes, per_chunk)]
-        hit = self._prefix_hits(self._ks(f["keyspace"]), f.get("salt", ""), hashes)
+        ready = self.l1.ready
+        present = [sum(1 for k in keys if ready(k) is not None) for keys in per_chunk]
+        chunks = [{"hash": h.hex(), "l1": n, "objects": len(keys)} for h, n, keys in zip(hashes, present, per_chunk)]
+        hit = next((i for i, (n, keys) in enumerate(zip(present, per_chunk)) if n < len(keys)), len(chunks))
         result = {"chunks": chunks, "prefix_tokens": hit * self.chunk_size, "chunk_size": self.chunk_size}
         return result, per_chunk
 
@@ -205,7 +247,7 @@ class CacheService:
     def set_pinned(self, f: dict[str, Any], pinned: bool) -> dict[str, Any]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
         changed = 0
-        for h in self._hashes(f["tokens"]):
+        for h in self._hashes(f, self._per_chunk(f)):
             for key in self._chunk_keys(ks, salt, h):
                 changed += self.l1.set_pinned(key, pinned)
         return {"objects": changed}
@@ -220,7 +262,11 @@ class CacheService:
             if fp not in self.object_sizes:
                 raise _fail(ErrorCode.LAYOUT_MISMATCH, f"layout {fp} is not registered by any engine")
             sizes.append(self.object_sizes[fp])
-        hashes = self._hashes(f["tokens"])
+        hashes = self._hashes(f, len(ks[2]))
+        if len(self.table.stores) >= MAX_STORES:
+            self.expire()
+        if len(self.table.stores) >= MAX_STORES:
+            raise _fail(ErrorCode.TOO_MANY, f"{MAX_STORES} stores are in flight; commit or abort some first")
         start = f.get("start_chunk", 0)
         if start > len(hashes):
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
@@ -250,7 +296,7 @@ class CacheService:
         self.counters.stores += 1
         return {"store_id": txn.id if txn.slots else None, "slots": reply_slots}
 
-    def commit(self, store_id: str, frames: list[memoryview]) -> dict[str, Any]:
+    def commit(self, store_id: str, frames: list[memoryview], checksums: list[int]) -> dict[str, Any]:
         txn = self.table.stores.get(store_id)
         if txn is None:
             raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
@@ -260,6 +306,8 @@ class CacheService:
             self.counters.late_commits += 1
             self.counters.expired_stores += 1
             raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
+        if len(checksums) != len(txn.slots):
+            raise _fail(ErrorCode.BAD_FIELD, f"expected {len(txn.slots)} checksums, got {len(checksums)}")
         if txn.mode == "tcp":
             if len(frames) != len(txn.slots):
                 raise _fail(ErrorCode.BAD_FIELD, f"expected {len(txn.slots)} data frames, got {len(frames)}")
@@ -272,7 +320,8 @@ class CacheService:
         elif frames:
             raise _fail(ErrorCode.BAD_FIELD, "shm-mode commit takes no data frames")
         del self.table.stores[store_id]
-        for slot in txn.slots:
+        for slot, checksum in zip(txn.slots, checksums, strict=True):
+            slot.entry.checksum = checksum  # never verified here: the server does not read the bytes
             self.l1.finish_write(slot.key)
             self.counters.stored_bytes += slot.entry.size
         self.counters.stored_objects += len(txn.slots)
@@ -310,7 +359,7 @@ class CacheService:
         for chunk in range(start, end):
             for group, key in enumerate(self._keys(reader.keyspace, reader.salt, rank, reader.hashes[chunk])):
                 entry = self.l1.entries[key]  # leased, so present and ready
-                obj = {"chunk": chunk, "group": group, "size": entry.size}
+                obj = {"chunk": chunk, "group": group, "size": entry.size, "checksum": entry.checksum}
                 if mode == "shm":
                     obj["offset"] = entry.offset
                 else:

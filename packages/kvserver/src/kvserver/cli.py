@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -45,9 +46,15 @@ def main() -> None:
 @click.option("--http-host", default="127.0.0.1", show_default=True, help="Admin API bind address.")
 @click.option("--http-port", default=8080, show_default=True, type=int, help="Admin API port (0 disables it).")
 @click.option("--api-token", envvar="KVSERVER_API_TOKEN", show_envvar=True, default=None,
-              help="Bearer token for mutating admin endpoints (and all of them off loopback).")
+              help="API token every ZMQ op but ping and every HTTP endpoint but probes/status/metrics "
+                   "need. Default: generated at first start into $KVSERVER_STATE_DIR/token-<port> (0600).")
+@click.option("--api-token-file", envvar="KVSERVER_API_TOKEN_FILE", show_envvar=True, default=None,
+              type=click.Path(dir_okay=False), metavar="PATH", help="Read the API token from this file.")
 @click.option("--insecure", is_flag=True, default=False,
-              help="Allow a non-loopback bind without an API token.")
+              help="Allow a non-loopback bind without a configured API token (or without CURVE).")
+@click.option("--curve/--no-curve", default=None,
+              help="Encrypt the ZMQ plane with CURVE (default: on exactly when --host is not loopback); "
+                   "clients need the server's public key ($KVSERVER_SERVER_KEY).")
 @click.option("--coordinator", default=None, metavar="URL", help="Fleet coordinator to register with.")
 @click.option("--heartbeat-interval", default=5.0, show_default=True, type=float,
               help="Seconds between coordinator heartbeats.")
@@ -78,6 +85,15 @@ def main() -> None:
 def start(**options: Any) -> None:
     """Start the cache server in the foreground."""
     options["api_token"] = options.get("api_token") or None  # an empty env var means "no token"
+    token_file = options.pop("api_token_file", None)
+    if token_file and not options["api_token"]:
+        from kvprotocol._credentials import CredentialError, read_private
+
+        try:
+            options["api_token"] = read_private(Path(token_file), strict=False)
+        except CredentialError as exc:
+            click.echo(f"kvserver: --api-token-file: {exc}", err=True)
+            sys.exit(2)
     try:
         config = ServerConfig(**options)
     except ValueError as exc:
@@ -109,7 +125,8 @@ async def _run(config: ServerConfig) -> int:
         f"l1={config.l1_bytes / (1 << 30):.2f} GiB shm=/dev/shm/{server.arena.name}{stale} "
         f"policy={config.eviction_policy} chunk={config.chunk_size}"
         + (f" http=http://{config.http_host}:{server.http.port}" if server.http else "")
-        + (f" kv_events={config.kv_events_endpoint}" if config.kv_events_endpoint else ""),
+        + (f" kv_events={config.kv_events_endpoint}" if config.kv_events_endpoint else "")
+        + f" {server.auth.describe()}",
         err=False,
     )
     sys.stdout.flush()

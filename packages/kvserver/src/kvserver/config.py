@@ -30,8 +30,9 @@ class ServerConfig:
     # HTTP admin API (0 disables it)
     http_host: str = "127.0.0.1"
     http_port: int = 8080
-    api_token: str | None = None
+    api_token: str | None = None  # None: a token is generated into the default 0600 file (see auth.py)
     insecure: bool = False
+    curve: bool | None = None  # ZMQ CURVE encryption; None: on exactly when --host is not loopback
     # L2 tiers, in order: fs:///path, redis://host:port/db, redis+cluster://..., s3://bucket/prefix
     l2: tuple[str, ...] = ()
     l2_compression: str = "none"
@@ -69,6 +70,9 @@ class ServerConfig:
         kv_events_problem = _kv_events_problem(self)
         if kv_events_problem:
             raise ValueError(kv_events_problem)
+        if self.curve is False and not is_loopback(self.host) and not self.insecure:
+            raise ValueError(f"refusing to serve ZMQ on non-loopback address {self.host} without CURVE "
+                             "encryption (--no-curve): drop --no-curve, or pass --insecure")
         problem = exposure_problem(self)
         if problem:
             raise ValueError(problem)

@@ -35,6 +35,7 @@ class Entry:
     state: State = State.WRITING
     leases: int = 0
     pinned: bool = False
+    checksum: int = 0  # kvsum64 of the bytes, given by the writer's commit; readers verify against it
 
 
 class L1Cache:

@@ -35,6 +35,7 @@ class Leases:
     def __init__(self, l1: L1Cache, table: SessionTable) -> None:
         self.l1 = l1
         self.table = table
+        self.objects = 0  # chunk hashes + leased keys held by live readers (bounded by the cache's cap)
 
     # -- readers -------------------------------------------------------------------------------
     def take(self, session_id: str, ks: KeySpaceT, salt: str, hashes: list[bytes], hit: int,
@@ -50,13 +51,14 @@ class Leases:
         else:
             old = session.readers.pop(rank, None)
             if old is not None:
-                self._unlease(old.keys)
+                self._end_reader(old)
         lease = self.l1.lease
         for r in range(ks[1]) if rank is None else (rank,):
             keys = rank_keys(ks, salt, r, hashes[:hit])
             for key in keys:
                 lease(key)
             session.readers[r] = Reader(ks, salt, hashes, hit, keys)
+            self.objects += len(hashes) + len(keys)
         session.expires = self.table.deadline()
 
     def reader(self, session_id: str, rank: int) -> Reader:
@@ -91,7 +93,7 @@ class Leases:
         if reader is None or (lease is not None and reader.lease != lease):
             return {"released": False, "intact": False}
         del session.readers[rank]
-        self._unlease(reader.keys)
+        self._end_reader(reader)
         if not session.readers:
             del self.table.sessions[session_id]
         return {"released": True, "intact": True}
@@ -105,12 +107,13 @@ class Leases:
 
     def _end(self, session: Session) -> None:
         for reader in session.readers.values():
-            self._unlease(reader.keys)
+            self._end_reader(reader)
         session.readers.clear()
 
-    def _unlease(self, keys: list[IKey]) -> None:
+    def _end_reader(self, reader: Reader) -> None:
+        self.objects -= len(reader.hashes) + len(reader.keys)
         unlease = self.l1.unlease
-        for key in keys:
+        for key in reader.keys:
             unlease(key)
 
     # -- writers -------------------------------------------------------------------------------

@@ -19,10 +19,10 @@ import zmq.asyncio
 
 import kvprotocol
 from kvprotocol import ErrorCode, ValidationError, validate_request
-from kvprotocol import is_loopback, tokens_equal
-from kvprotocol._messages import error_reply, ok_reply, pack, request_id_of, unpack_header
+from kvprotocol._messages import MAX_HEADER_BYTES, error_reply, ok_reply, pack, request_id_of, unpack_header
 
 from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
+from .auth import ServerAuth
 from .cache import CacheService
 from .config import ServerConfig
 from .eviction import make_policy
@@ -30,11 +30,15 @@ from .l1 import L1Cache, State
 from .l2 import build_tier_manager
 
 log = logging.getLogger("kvserver")
-MAX_FRAME_BYTES = 1 << 31  # hard ZMQ limit; larger messages drop the connection
 Result = tuple[dict[str, Any], list[Any]]
 Handler = Callable[[dict[str, Any], list[memoryview]], Result | Awaitable[Result]]
 DATA_OPS = frozenset({"commit"})  # the only op that carries data frames in
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
+
+
+def max_frame_bytes(arena_size: int) -> int:
+    """ZMQ_MAXMSGSIZE: the largest object an arena of this size holds, or a header frame."""
+    return max(MAX_HEADER_BYTES, min(arena_size, kvprotocol.MAX_OBJECT_BYTES))
 
 
 class KVServer:
@@ -50,13 +54,18 @@ class KVServer:
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         try:
+            self.auth = ServerAuth(config)  # every op but ping needs the token, on loopback too (auth.py)
             self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+            # No frame can be larger than the largest object this arena can hold (or a header): ZMQ
+            # drops the connection of a peer that sends one, after buffering at most that much.
+            self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(config.l1_bytes))
+            self.auth.secure(self._sock)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
             try:
                 self._sock.bind(config.zmq_url)
             except zmq.ZMQError as exc:
                 raise RuntimeError(f"cannot bind {config.zmq_url}: {exc}") from None
+            self.auth.publish(config.port)  # only once the port is ours
             check_free_space(name, config.l1_bytes + HEADER_BYTES)
             self.arena = Arena(name, config.l1_bytes)
             self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
@@ -70,8 +79,6 @@ class KVServer:
         self.op_counts: dict[str, int] = {}
         self.observers: list[Callable[[str, float, str | None], None]] = []  # (op, seconds, error code)
         self._engine_ids = itertools.count(1)
-        # Beyond loopback (allowed only with a token or --insecure) every op but ping needs the token.
-        self._zmq_token = None if is_loopback(config.host) else config.api_token
         self._stop = asyncio.Event()
         self.handlers: dict[str, Handler] = self._builtin_handlers()
         if self.l2 is not None:
@@ -94,6 +101,7 @@ class KVServer:
 
             try:
                 self.http = HttpService(self)
+                self.auth.publish(self.http.port)
             except Exception:
                 self.close()
                 raise
@@ -109,7 +117,7 @@ class KVServer:
             "lookup": lambda f, fr: (c.lookup(f), []),
             "query": lambda f, fr: (c.query(f), []),
             "store": lambda f, fr: (c.store(f), []),
-            "commit": lambda f, fr: (c.commit(f["store_id"], fr), []),
+            "commit": lambda f, fr: (c.commit(f["store_id"], fr, f["checksums"]), []),
             "abort": lambda f, fr: (c.abort(f["store_id"]), []),
             "retrieve": lambda f, fr: c.retrieve(f),
             "release": lambda f, fr: (c.release(f), []),
@@ -163,8 +171,9 @@ class KVServer:
             msg = unpack_header(header_frame)
             rid = request_id_of(msg)
             rid, op, fields = validate_request(msg)
-            if self._zmq_token is not None and op not in OPEN_OPS:
-                self._check_token(msg.get("auth"))
+            if op not in OPEN_OPS and not self.auth.accepts(msg.get("auth")):
+                raise ValidationError(ErrorCode.UNAUTHORIZED, "this server needs its API token ('auth' field; "
+                                                              "clients read $KVSERVER_API_TOKEN or the token file)")
             if frames and op not in DATA_OPS:
                 raise ValidationError(ErrorCode.BAD_FIELD, f"{op} takes no data frames")
             out = self.handlers[op](fields, frames)
@@ -184,12 +193,6 @@ class KVServer:
         for observer in self.observers:
             observer(op, elapsed, code)
         return reply, data
-
-    def _check_token(self, auth: object) -> None:
-        assert self._zmq_token is not None
-        if not isinstance(auth, str) or not tokens_equal(auth, self._zmq_token):
-            raise ValidationError(ErrorCode.UNAUTHORIZED, "this server needs its API token ('auth' field; "
-                                                          "clients read $KVSERVER_API_TOKEN)")
 
     async def _serve_loop(self) -> None:
         while True:

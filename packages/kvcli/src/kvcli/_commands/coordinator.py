@@ -18,20 +18,33 @@ from .._output import fail
               help="Seconds without a heartbeat after which an instance is dropped.")
 @click.option("--fanout-timeout", default=2.0, show_default=True, type=click.FloatRange(0.05, 60),
               help="Seconds to wait for each instance in fleet status and fleet lookup.")
-@click.option("--api-token", envvar="KVCLI_COORDINATOR_API_TOKEN", show_envvar=True, default=None,
+@click.option("--api-token", envvar="KVSERVER_API_TOKEN", show_envvar=True, default=None,
               help="Bearer token for membership changes (and every endpoint off loopback); "
-                   "also sent to instances.")
+                   "also sent to trusted instances (loopback ones and --trust-host).")
+@click.option("--api-token-file", envvar="KVSERVER_API_TOKEN_FILE", show_envvar=True, default=None,
+              type=click.Path(dir_okay=False), metavar="PATH", help="Read the API token from this file.")
+@click.option("--trust-host", "trusted_hosts", multiple=True, metavar="HOST",
+              help="Non-loopback instance host the fleet token may be sent to (repeatable); instances "
+                   "elsewhere are asked without credentials.")
 @click.option("--insecure", is_flag=True, default=False, help="Allow a non-loopback bind without an API token.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def command(host: str, port: int, instance_timeout: float, fanout_timeout: float, api_token: str | None,
-            insecure: bool, log_level: str) -> None:
+            api_token_file: str | None, trusted_hosts: tuple[str, ...], insecure: bool, log_level: str) -> None:
     """Run the fleet coordinator: soft-state membership, fleet status and fleet lookup over HTTP."""
-    from kvprotocol import listen_socket
+    from pathlib import Path
+
+    from kvprotocol import CredentialError, listen_socket
+    from kvprotocol._credentials import read_private
 
     from ..coordinator.binding import exposure_problem
 
     api_token = api_token or None
+    if api_token is None and api_token_file:
+        try:
+            api_token = read_private(Path(api_token_file), strict=False)
+        except CredentialError as exc:
+            fail(f"--api-token-file: {exc}")
     if api_token is not None and any(ch.isspace() for ch in api_token):
         fail("--api-token must contain no whitespace")
     problem = exposure_problem(host, api_token, insecure)
@@ -53,7 +66,7 @@ def command(host: str, port: int, instance_timeout: float, fanout_timeout: float
     from ..coordinator.app import CoordinatorSettings, create_app
 
     settings = CoordinatorSettings(host, sock.getsockname()[1], instance_timeout, fanout_timeout, api_token,
-                                   insecure)
+                                   insecure, tuple(trusted_hosts))
     config = uvicorn.Config(create_app(settings), log_config=None, log_level=log_level,
                             access_log=log_level == "debug", server_header=False, timeout_graceful_shutdown=3)
     click.echo(f"kvcli coordinator ready: http://{host}:{settings.port} instance-timeout={instance_timeout:g}s")

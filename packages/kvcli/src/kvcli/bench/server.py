@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kvprotocol.kvsum import kvsum64
 from kvprotocol import Client, RequestTimeout, ServerError, chunk_hashes, pack_tokens
 
 from .kvshape import KVShape
@@ -155,15 +156,16 @@ class ServerBench:
         reply = self._call(client, "store", rank=0, start_chunk=start, mode=self.mode, session=session, **common)
         slots = reply.result["slots"]
         reserved = [s for s in slots if s["status"] == "reserved"]
-        frames = []
+        frames, checksums = [], []
         for slot in reserved:
             data = payload.make(hashes[slot["chunk"]])
+            checksums.append(kvsum64(data))  # the commit proves the write (what an engine's gather computes)
             if arena is None:
                 frames.append(data)
             else:
                 arena.write(slot["offset"], data)
         if reply.result["store_id"] is not None:
-            self._call(client, "commit", frames=frames, store_id=reply.result["store_id"])
+            self._call(client, "commit", frames=frames, store_id=reply.result["store_id"], checksums=checksums)
         self.lat.add("store", time.perf_counter() - t0)
         t.stored_objects += len(reserved)
         t.stored_bytes += sum(s["size"] for s in reserved)

@@ -1,8 +1,8 @@
 """The coordinator app factory: membership, fleet status, fleet lookup and metrics.
 
 Endpoints are `async def` (one event loop, no locks around the registry). The fan-out client is
-created in the app's lifespan and presents the coordinator's token to instances, so one fleet
-token serves both directions.
+created in the app's lifespan; it presents credentials only to instances it trusts (see
+credentials.py), so one fleet token serves both directions without leaking to a registrant's URL.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from prometheus_client.exposition import choose_encoder
 
 import kvprotocol
 
+from .credentials import InstanceCredentials
 from .errors import ApiError, install_error_handlers
 from .fanout import fleet_status, summarize
 from .index import PrefixIndex
@@ -33,7 +34,7 @@ from .routing import fleet_lookup
 from .subscriber import EventFeeds
 from .security import Guard
 
-MAX_BODY_BYTES = 32 << 20
+MAX_BODY_BYTES = 8 << 20  # 1M tokens as a JSON list
 
 
 @dataclass(frozen=True)
@@ -44,21 +45,22 @@ class CoordinatorSettings:
     fanout_timeout: float = 2.0
     api_token: str | None = None
     insecure: bool = False
+    trusted_hosts: tuple[str, ...] = ()  # non-loopback instance hosts the fleet token may be sent to
 
 
 def create_app(settings: CoordinatorSettings, registry: Registry | None = None) -> FastAPI:
     registry = registry or Registry(settings.instance_timeout)
     metrics = CoordinatorMetrics(registry, kvprotocol.__version__)
     guard = Guard(settings.host, settings.api_token)
-    headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
+    creds = InstanceCredentials(settings.api_token, settings.trusted_hosts)
     clients: dict[str, httpx.AsyncClient] = {}
     feeds: dict[str, EventFeeds] = {}  # the KV-events feeds of the prefix index, while running
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        clients["fanout"] = httpx.AsyncClient(headers=headers, trust_env=False,
+        clients["fanout"] = httpx.AsyncClient(trust_env=False,
                                               limits=httpx.Limits(max_connections=256))
-        feeds["index"] = EventFeeds(PrefixIndex(), settings.api_token, lambda: clients["fanout"],
+        feeds["index"] = EventFeeds(PrefixIndex(), creds, lambda: clients["fanout"],
                                     settings.fanout_timeout)
         registry.on_drop.append(lambda inst, _why: feeds["index"].drop(inst) if "index" in feeds else None)
         pruner = asyncio.create_task(prune_forever(registry, min(1.0, registry.timeout / 4)))
@@ -116,7 +118,7 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
     @app.get("/v1/fleet/status", tags=["fleet"], dependencies=read)
     async def status() -> dict[str, Any]:
         """Every live instance's /v1/status, fetched concurrently; unreachable ones say why."""
-        results = await fleet_status(clients["fanout"], registry.live(), settings.fanout_timeout, metrics.outcome)
+        results = await fleet_status(clients["fanout"], creds, registry.live(), settings.fanout_timeout, metrics.outcome)
         return {
             "summary": summarize(results),
             "instances": [{**registry.view(inst), "reachable": error is None, "error": error, "status": body}
@@ -139,7 +141,7 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
         except ValidationError as exc:
             raise RequestValidationError(exc.errors(include_url=False)) from None
         body.check()
-        answer = await fleet_lookup(clients["fanout"], feeds.get("index"), registry, body,
+        answer = await fleet_lookup(clients["fanout"], creds, feeds.get("index"), registry, body,
                                     settings.fanout_timeout, metrics.outcome)
         metrics.lookups.inc()
         metrics.lookup_tokens.inc(len(body.tokens))

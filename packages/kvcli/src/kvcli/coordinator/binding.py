@@ -11,4 +11,4 @@ from kvprotocol import exposure_refusal, is_loopback
 def exposure_problem(host: str, token: str | None, insecure: bool) -> str | None:
     if token or insecure or is_loopback(host):
         return None
-    return exposure_refusal(host, "--host", "KVCLI_COORDINATOR_API_TOKEN")
+    return exposure_refusal(host, "--host", "KVSERVER_API_TOKEN")

@@ -12,18 +12,20 @@ from typing import Any
 
 import httpx
 
+from .credentials import InstanceCredentials
 from .registry import Instance
 
 Outcome = Callable[[str, str], None]  # (endpoint, outcome) -> metrics
 
 
-async def _call(client: httpx.AsyncClient, inst: Instance, method: str, path: str, timeout: float,
-                body: Any = None) -> tuple[Any, str | None]:
+async def _call(client: httpx.AsyncClient, creds: InstanceCredentials, inst: Instance, method: str, path: str,
+                timeout: float, body: Any = None) -> tuple[Any, str | None]:
     """(json reply, None) or (None, why it failed)."""
     if not inst.http_url:
         return None, "no http url registered (server runs with --http-port 0)"
     try:
-        resp = await client.request(method, inst.http_url.rstrip("/") + path, json=body, timeout=timeout)
+        resp = await client.request(method, inst.http_url.rstrip("/") + path, json=body, timeout=timeout,
+                                    headers=creds.headers_for(inst.http_url))
     except httpx.TimeoutException:
         return None, f"timeout after {timeout:g}s"
     except httpx.HTTPError as exc:
@@ -46,9 +48,9 @@ def _kind(error: str | None) -> str:
     return "timeout" if error.startswith("timeout") else "error"
 
 
-async def fleet_status(client: httpx.AsyncClient, instances: list[Instance], timeout: float,
-                       outcome: Outcome) -> list[tuple[Instance, dict[str, Any] | None, str | None]]:
-    replies = await asyncio.gather(*(_call(client, i, "GET", "/v1/status", timeout) for i in instances))
+async def fleet_status(client: httpx.AsyncClient, creds: InstanceCredentials, instances: list[Instance],
+                       timeout: float, outcome: Outcome) -> list[tuple[Instance, dict[str, Any] | None, str | None]]:
+    replies = await asyncio.gather(*(_call(client, creds, i, "GET", "/v1/status", timeout) for i in instances))
     out = []
     for inst, (body, error) in zip(instances, replies, strict=True):
         outcome("status", _kind(error))
@@ -56,10 +58,12 @@ async def fleet_status(client: httpx.AsyncClient, instances: list[Instance], tim
     return out
 
 
-async def fleet_query(client: httpx.AsyncClient, instances: list[Instance], body: dict[str, Any], timeout: float,
+async def fleet_query(client: httpx.AsyncClient, creds: InstanceCredentials, instances: list[Instance],
+                      body: dict[str, Any], timeout: float,
                       outcome: Outcome) -> list[tuple[Instance, int | None, str | None]]:
     """Each instance's reusable prefix (tokens) for the body, or why it could not say."""
-    replies = await asyncio.gather(*(_call(client, i, "POST", "/v1/query", timeout, body) for i in instances))
+    replies = await asyncio.gather(*(_call(client, creds, i, "POST", "/v1/query", timeout, body)
+                                     for i in instances))
     out: list[tuple[Instance, int | None, str | None]] = []
     for inst, (reply, error) in zip(instances, replies, strict=True):
         prefix = reply.get("prefix_tokens") if isinstance(reply, dict) else None

@@ -18,6 +18,7 @@ import httpx
 
 from kvprotocol import chunk_hashes
 
+from .credentials import InstanceCredentials
 from .fanout import Outcome, fleet_query
 from .models import LookupBody
 from .registry import Instance, Registry
@@ -53,7 +54,8 @@ def from_index(feeds: EventFeeds, registry: Registry, model: str, tokens: list[i
     return out
 
 
-async def fleet_lookup(client: httpx.AsyncClient, feeds: EventFeeds | None, registry: Registry,
+async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, feeds: EventFeeds | None,
+                       registry: Registry,
                        body: LookupBody, timeout: float, outcome: Outcome) -> dict[str, Any]:
     tokens, mode = body.tokens, body.mode
     if feeds is None or mode == "fanout":
@@ -74,7 +76,7 @@ async def fleet_lookup(client: httpx.AsyncClient, feeds: EventFeeds | None, regi
             for inst_id, prefix in prefixes.items():
                 rows[inst_id] = _row(known[inst_id], prefix, None, "index")
     forwarded = body.model_dump(exclude_none=True, exclude={"mode"}) if ask else {}
-    asked = await fleet_query(client, ask, forwarded, timeout, outcome) if ask else []
+    asked = await fleet_query(client, creds, ask, forwarded, timeout, outcome) if ask else []
     by_all = {i.id: i for i in ask} | {i: known[i] for i in rows if i in known}
     for inst, asked_prefix, error in asked:
         rows[inst.id] = _row(inst, asked_prefix, error, "fanout")

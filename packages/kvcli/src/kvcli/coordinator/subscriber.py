@@ -2,7 +2,8 @@
 
 One SUB socket per instance that advertised KV events at registration (the coordinator connects
 out, so only endpoints a credentialed registration named can ever feed the index; beyond loopback
-the socket presents the coordinator's token with ZMQ PLAIN, as kvserver requires). Per instance:
+the socket presents the coordinator's token with ZMQ PLAIN, as kvserver requires, to hosts trusted
+with --trust-host only, like the fan-out's bearer token). Per instance:
 
 - the stream's sequence numbers must follow each other. Anything else (a gap from a slow join or
   a high-water-mark drop, a batch out of order, a payload that does not decode, a topic or hash of
@@ -38,6 +39,7 @@ import zmq
 
 from kvprotocol import is_loopback
 
+from .credentials import InstanceCredentials
 from .index import PrefixIndex
 from .registry import MAX_INSTANCES, Instance
 
@@ -84,10 +86,10 @@ def endpoint_host(endpoint: str) -> str | None:
 class EventFeeds:
     """The SUB sockets, per-instance sync state and counters; the index they feed."""
 
-    def __init__(self, index: PrefixIndex, token: str | None, client: Callable[[], httpx.AsyncClient],
+    def __init__(self, index: PrefixIndex, creds: InstanceCredentials, client: Callable[[], httpx.AsyncClient],
                  timeout: float = 2.0) -> None:
         self.index = index
-        self.token = token
+        self.creds = creds
         self.client = client
         self.timeout = timeout
         self.ctx = zmq.Context()
@@ -116,8 +118,9 @@ class EventFeeds:
         sock.setsockopt(zmq.RCVHWM, RCVHWM)
         sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
         host = endpoint_host(ad.endpoint)
-        if host is not None and not is_loopback(host) and self.token:
-            sock.plain_username, sock.plain_password = PLAIN_USER, self.token.encode()
+        if host is not None and not is_loopback(host) and self.creds.token and host.lower() in self.creds.trusted:
+            # the fleet token goes only where the fan-out would send it (--trust-host), as PLAIN
+            sock.plain_username, sock.plain_password = PLAIN_USER, self.creds.token.encode()
         sock.setsockopt(zmq.IPV6, int("[" in ad.endpoint))
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(ad.endpoint)
@@ -296,7 +299,8 @@ class EventFeeds:
         self._mark(feed, None)
         url = f"{feed.inst.http_url.rstrip('/')}/v1/kv-events/snapshot"  # type: ignore[union-attr]
         try:
-            reply = await self.client().get(url, timeout=self.timeout)
+            reply = await self.client().get(url, timeout=self.timeout,
+                                            headers=self.creds.headers_for(feed.inst.http_url or ""))
             reply.raise_for_status()
             snap = reply.json()
             next_seq = snap["next_seq"]

@@ -20,12 +20,13 @@ from .errors import install_error_handlers
 from .limits import RequestLimits
 from .metrics import ServerMetrics
 from .models import PinBody, QueryBody
-from .security import Guard
+from .security import BearerGate, Guard
 
 if TYPE_CHECKING:
     from ..server import KVServer
 
-MAX_BODY_BYTES = 32 << 20  # 1M tokens as a JSON list fits comfortably
+KEY_PATHS = frozenset({"/v1/query", "/v1/clear", "/v1/pin", "/v1/unpin"})  # token checked before the body
+MAX_BODY_BYTES = 8 << 20  # 1M tokens of up to 7 digits as a JSON list; refused before parsing beyond
 
 
 async def _call(server: KVServer, op: str, fields: dict[str, Any]) -> dict[str, Any]:
@@ -37,10 +38,11 @@ async def _call(server: KVServer, op: str, fields: dict[str, Any]) -> dict[str, 
 def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAPI:
     """Build the admin API of one server; `metrics` defaults to a fresh private registry."""
     metrics = metrics or ServerMetrics(server)
-    guard = Guard(server.config)
+    guard = Guard(server.config, server.auth.token)
     app = FastAPI(title="kvserver admin API", version=kvprotocol.__version__,
                   description="Health, status, metrics and key management of one kvserver.")
     install_error_handlers(app)
+    app.add_middleware(BearerGate, token=server.auth.token, paths=KEY_PATHS)
     app.add_middleware(RequestLimits, max_body=MAX_BODY_BYTES, counter=metrics.http_requests)
     read, write = [Depends(guard.read)], [Depends(guard.write)]
 
@@ -67,7 +69,7 @@ def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAP
         """What `kvcli describe` shows: config (no secrets), L1 usage, engines, counters, errors."""
         return server.describe()
 
-    @app.post("/v1/query", tags=["keys"], dependencies=read)
+    @app.post("/v1/query", tags=["keys"], dependencies=write)  # reveals cache contents: token always
     async def query(body: QueryBody) -> dict[str, Any]:
         """Per-chunk presence of a token sequence and its reusable prefix; leases nothing."""
         result = await _call(server, "query", body.to_fields("query"))
@@ -89,7 +91,7 @@ def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAP
         """Make pinned objects of a token sequence evictable again."""
         return await _call(server, "unpin", body.to_fields("unpin"))
 
-    app.include_router(kvevents_api.router(server, read))
+    app.include_router(kvevents_api.router(server, write))  # it reveals what is cached
     app.state.server = server
     app.state.metrics = metrics
     return app

@@ -1,18 +1,20 @@
 """Bearer-token checks for the admin API.
 
-Health probes are always open. Read-only endpoints are open while the API listens on loopback;
-once it listens on a network address (which needs a token or `--insecure`), they need the token too.
-Mutating endpoints need the token whenever one is configured.
+Health probes are always open. Status and metrics (aggregates, no cache contents) are open while
+the API listens on loopback; beyond loopback they need the token too. Key queries (they reveal what
+is cached) and mutations need the server's token always: the configured one, or the one generated
+into the default 0600 token file.
 """
 
 from __future__ import annotations
 
 from fastapi import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvprotocol import bearer_refusal, is_loopback
 
 from ..config import ServerConfig
-from .errors import ApiError
+from .errors import ApiError, error_response
 
 
 def check_bearer(request: Request, token: str | None) -> None:
@@ -24,12 +26,34 @@ def check_bearer(request: Request, token: str | None) -> None:
 class Guard:
     """FastAPI dependencies for the two access levels, bound to one server's config."""
 
-    def __init__(self, config: ServerConfig) -> None:
-        self.token = config.api_token
-        self.read_token = None if is_loopback(config.http_host) else config.api_token
+    def __init__(self, config: ServerConfig, token: str) -> None:
+        self.token = token
+        self.read_token = None if is_loopback(config.http_host) else token
 
     def read(self, request: Request) -> None:
         check_bearer(request, self.read_token)
 
     def write(self, request: Request) -> None:
         check_bearer(request, self.token)
+
+
+class BearerGate:
+    """ASGI middleware: refuse a key endpoint without the token before its body is read.
+
+    FastAPI parses a request's JSON body before it runs dependencies, so the `Guard` alone would let
+    an unauthenticated client make the server parse megabytes of JSON on its loop first.
+    """
+
+    def __init__(self, app: ASGIApp, token: str, paths: frozenset[str]) -> None:
+        self.app, self.token, self.paths = app, token, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") in self.paths:
+            header = dict(scope.get("headers") or []).get(b"authorization")
+            refusal = bearer_refusal(header.decode("latin-1") if header else None, self.token)
+            if refusal is not None:
+                status, code, message = refusal
+                headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+                await error_response(status, code, message, headers)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

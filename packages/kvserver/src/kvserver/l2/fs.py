@@ -6,6 +6,7 @@ place, so a reader never sees a partial object and a crash mid-write leaves only
 at start when older than an hour, since another server may share the directory). With `fsync=1` each
 file and its directory are synced before the rename; without it a power loss can leave a torn file,
 which the integrity header turns into a miss. A restarted server finds every object already there.
+Object files are 0600 and directories 0700 whatever the umask: cached KV is a tenant's data.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ from blake3 import blake3
 from .base import L2Adapter, L2Error, Usage
 
 STALE_TMP_S = 3600.0
+DIR_MODE, FILE_MODE = 0o700, 0o600
+
+
+def _private_dir(path: Path) -> None:
+    """mkdir 0700 (or tighten one of ours that is more open)."""
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(path, DIR_MODE)
 
 
 class FsAdapter(L2Adapter):
@@ -40,8 +50,8 @@ class FsAdapter(L2Adapter):
         await self._run(self._prepare)
 
     def _prepare(self) -> None:
-        self._objects.mkdir(parents=True, exist_ok=True)
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        for path in (self.root, self._objects, self._tmp):
+            _private_dir(path)
         cutoff = time.time() - STALE_TMP_S
         for entry in os.scandir(self._tmp):
             try:
@@ -66,12 +76,12 @@ class FsAdapter(L2Adapter):
             final = self.path_of(key)
             tmp = self._tmp / f"{final.name[:16]}-{uuid.uuid4().hex}.tmp"
             try:
-                with open(tmp, "wb") as fh:
+                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb") as fh:
                     fh.write(blob)
                     if self.fsync:
                         fh.flush()
                         os.fsync(fh.fileno())
-                final.parent.mkdir(exist_ok=True)
+                final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
                 os.replace(tmp, final)
                 if self.fsync:
                     _fsync_dir(final.parent)

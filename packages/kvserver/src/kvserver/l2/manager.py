@@ -135,23 +135,23 @@ class TierManager:
                     self._queue.task_done()
 
     async def _write_batch(self, items: list[QueueItem]) -> None:
-        live: list[tuple[IKey, str, memoryview, tuple[int, ...]]] = []
+        live: list[tuple[IKey, str, memoryview, int, tuple[int, ...]]] = []
         for key, targets in items:
             entry = self.l1.ready(key)
             if entry is None:
                 self.skipped += 1
                 continue
             self.l1.lease(key)
-            live.append((key, key_str(key), self.l1.arena.read(entry.offset, entry.size), targets))
+            live.append((key, key_str(key), self.l1.arena.read(entry.offset, entry.size), entry.checksum, targets))
         if not live:
             return
         try:
-            blobs = await asyncio.to_thread(lambda: [self.serde.encode(k, data) for _, k, data, _ in live])
+            blobs = await asyncio.to_thread(lambda: [self.serde.encode(k, data, cs) for _, k, data, cs, _ in live])
         finally:
             for key, *_ in live:
                 self.l1.unlease(key)
         for index, tier in enumerate(self.tiers):
-            batch = [(k, blob) for (_, k, _, targets), blob in zip(live, blobs, strict=True) if index in targets]
+            batch = [(k, blob) for (_, k, _, _, targets), blob in zip(live, blobs, strict=True) if index in targets]
             if not batch:
                 continue
             if not tier.available():

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..l1 import Entry, IKey, State
@@ -28,6 +29,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvserver.l2")
 Item = tuple[IKey, Entry | None, "asyncio.Future[bool]"]  # key, reserved slot (None: size unknown), done
 FETCH_BATCH = 8  # objects per get: a timeout still lets earlier batches land
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    """A decoded object: its payload (None when already written into its reserved slot) and kvsum64."""
+
+    payload: bytes | memoryview | None
+    checksum: int
 
 
 class Prefetcher:
@@ -206,7 +215,7 @@ class Prefetcher:
                 out.append(None)
                 continue
             try:
-                payload = self.m.serde.decode(name, blob)
+                payload, checksum = self.m.serde.decode_object(name, blob)
             except (CorruptObject, UndecryptableObject) as exc:
                 out.append(exc)
                 continue
@@ -215,23 +224,26 @@ class Prefetcher:
                     out.append(CorruptObject(f"payload has {len(payload)} bytes, the layout says {entry.size}"))
                     continue
                 arena.write(entry.offset, payload)
-                out.append(True)
+                out.append(_Loaded(None, checksum))
             else:
-                out.append(payload)
+                out.append(_Loaded(payload, checksum))
         return out
 
     def _commit(self, key: IKey, entry: Entry | None, result: object, future: asyncio.Future[bool]) -> bool:
         """Make a loaded object READY (reserving now if its size was unknown); False if not possible."""
         l1 = self.m.l1
+        if not isinstance(result, _Loaded):
+            return False
         if entry is None:
-            if key in l1.entries or not isinstance(result, (bytes, memoryview)):
+            if key in l1.entries or result.payload is None:
                 return False  # someone stored it meanwhile
-            entry = l1.reserve(key, len(result))
+            entry = l1.reserve(key, len(result.payload))
             if entry is None:
                 return False
-            l1.arena.write(entry.offset, result)
+            l1.arena.write(entry.offset, result.payload)
         elif l1.entries.get(key) is not entry:
             return False
+        entry.checksum = result.checksum  # the writer's checksum travels with the bytes
         l1.finish_write(key)
         for _ in range(self.waiting.get(key, 0)):
             l1.lease(key)  # keep it for the runs waiting on it until they answer

@@ -1,8 +1,10 @@
 """The serde chain at the L2 boundary: integrity header, optional compression, optional AES-GCM.
 
-Every blob below L1 is `header (72 bytes) || body`; the layout is given byte by byte in docs/l2.md.
-The header carries the object's key fingerprint and a BLAKE3 checksum over the header and body, so a
-corrupt, truncated or misplaced blob is detected before anything is decompressed or served.
+Every blob below L1 is `header (80 bytes) || body`; the layout is given byte by byte in docs/l2.md.
+The header carries the object's key fingerprint, the object's kvsum64 (the writer's checksum, kept so
+a prefetched object is verified by the engine like any other) and a BLAKE3 checksum over the header
+and body, so a corrupt, truncated or misplaced blob is detected before anything is decompressed or
+served.
 Compression is applied first and kept only when it shrinks the payload (KV bytes are often
 incompressible); encryption (AES-GCM, 96-bit random nonce) comes last and binds the object key as
 associated data, so a ciphertext moved under another key does not open. Decoding is self-describing:
@@ -25,8 +27,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 MAGIC = b"KVL2"
-VERSION = 1
-HEADER = struct.Struct("<4sBBBx16sQQ")  # magic, version, compression, encryption, pad, fingerprint, lengths
+VERSION = 2  # 2: + the object's kvsum64
+HEADER = struct.Struct("<4sBBBx16sQQQ")  # magic, version, compression, encryption, pad, fingerprint, lengths, kvsum64
 HEADER_BYTES = HEADER.size + 32  # + BLAKE3 checksum
 COMPRESSIONS = {"none": 0, "lz4": 1, "zstd": 2}
 ENC_NONE, ENC_AES_GCM = 0, 1
@@ -77,8 +79,9 @@ class Serde:
     def encrypted(self) -> bool:
         return self.key is not None
 
-    def encode(self, key: str, payload: bytes | memoryview) -> bytes:
-        """Blob for `payload` stored under `key` (CPU work: call from a worker thread)."""
+    def encode(self, key: str, payload: bytes | memoryview, checksum: int) -> bytes:
+        """Blob for `payload` (whose kvsum64 is `checksum`) stored under `key` (CPU work: call from a
+        worker thread)."""
         comp, body = 0, payload
         if self.compression == "lz4":
             packed = lz4.block.compress(payload, store_size=False)
@@ -90,16 +93,20 @@ class Serde:
         if self.key is not None:
             nonce = os.urandom(NONCE_BYTES)
             body = nonce + AESGCM(self.key).encrypt(nonce, bytes(body), _aad(key, comp, enc))
-        head = HEADER.pack(MAGIC, VERSION, comp, enc, fingerprint(key), len(payload), len(body))
+        head = HEADER.pack(MAGIC, VERSION, comp, enc, fingerprint(key), len(payload), len(body), checksum)
         return b"".join((head, _checksum(head, body), body))
 
     def decode(self, key: str, blob: bytes | memoryview) -> bytes | memoryview:
         """The payload stored under `key`; raises CorruptObject or UndecryptableObject."""
+        return self.decode_object(key, blob)[0]
+
+    def decode_object(self, key: str, blob: bytes | memoryview) -> tuple[bytes | memoryview, int]:
+        """(payload, its kvsum64 as the writer committed it); raises like `decode`."""
         view = memoryview(blob)
         if len(view) < HEADER_BYTES:
             raise CorruptObject(f"truncated: {len(view)} bytes, shorter than the header")
         head = bytes(view[: HEADER.size])
-        magic, version, comp, enc, fp, payload_len, body_len = HEADER.unpack(head)
+        magic, version, comp, enc, fp, payload_len, body_len, kvsum = HEADER.unpack(head)
         if magic != MAGIC:
             raise CorruptObject("bad magic")
         if version != VERSION:
@@ -139,7 +146,7 @@ class Serde:
             out = body
         if len(out) != payload_len:
             raise CorruptObject(f"payload has {len(out)} bytes, header says {payload_len}")
-        return out
+        return out, kvsum
 
 
 def _aad(key: str, comp: int, enc: int) -> bytes:
