@@ -64,7 +64,7 @@ class Coord:
 def start(coordinator_factory: Any, zctx: zmq.Context, sims: list[SimInstance], *args: str,
           token: str | None = None) -> tuple[Coord, SimInstance]:
     proc = coordinator_factory("--instance-timeout", "60", *args,
-                               env={"KVCLI_COORDINATOR_API_TOKEN": token} if token else None)
+                               env={"KVSERVER_API_TOKEN": token} if token else None)
     coord = Coord(proc, token)
     sim = SimInstance(zctx, f"sim{len(sims)}", CHUNK)
     sims.append(sim)
