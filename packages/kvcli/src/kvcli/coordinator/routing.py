@@ -12,6 +12,7 @@ was asked and failed, each with where its figure came from (`source`).
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 import httpx
@@ -25,7 +26,7 @@ from .registry import Instance, Registry
 from .subscriber import EventFeeds
 
 VERIFY_CANDIDATES = 4
-MAX_LISTED = 64
+MAX_LISTED = 16
 
 
 def _load(inst: Instance) -> float:
@@ -73,7 +74,8 @@ async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, fe
             ranked = sorted(prefixes, key=lambda i: (-prefixes[i], _load(known[i]), i))
             ask += [known[i] for i in ranked[:VERIFY_CANDIDATES]]
         else:
-            for inst_id, prefix in prefixes.items():
+            top = heapq.nsmallest(MAX_LISTED, prefixes.items(), key=lambda kv: (-kv[1], _load(known[kv[0]]), kv[0]))
+            for inst_id, prefix in top:  # the best ones: the answer lists no more, and the best is among them
                 rows[inst_id] = _row(known[inst_id], prefix, None, "index")
     forwarded = body.model_dump(exclude_none=True, exclude={"mode"}) if ask else {}
     asked = await fleet_query(client, creds, ask, forwarded, timeout, outcome) if ask else []
@@ -86,7 +88,7 @@ async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, fe
     best_prefix: int = best["prefix_tokens"] if best else 0
     order = sorted(rows.values(), key=lambda r: (-(r["prefix_tokens"] or 0), r["instance_id"]))
     listed = [r for r in order if r["source"] == "fanout"]  # every instance asked, as before the index
-    listed += [r for r in order if r["source"] == "index"][:MAX_LISTED]
+    listed += [r for r in order if r["source"] == "index"]
     return {
         "num_tokens": len(tokens),
         "prefix_tokens": best_prefix,
