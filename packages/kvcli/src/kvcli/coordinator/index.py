@@ -9,8 +9,10 @@ its cost does not grow with the fleet. Compact on purpose (10 M chunks must fit)
   its answer is "some namespace of this model holds the chunk" (see docs/fleet.md);
 - owners are a small int per key: an instance slot (>= 0, shared small-int objects), or, for a
   chunk held by several instances, the bitwise complement of a bitmap of slots (< 0);
-- per slot, the set of its keys, so an instance that resyncs or disappears is dropped in time
-  proportional to what it held, not to the whole index.
+- per slot, its keys, so an instance that resyncs or disappears is dropped in time proportional to
+  what it held, not to the whole index. They are dicts of int -> None, not sets: CPython's garbage
+  collector untracks dicts holding only ints, but walks every element of every set on each full
+  collection, which with 10 M keys stalled the event loop for a good part of a second.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class PrefixIndex:
 
     def __init__(self) -> None:
         self._owners: dict[int, int] = {}
-        self._held: dict[int, set[int]] = {}
+        self._held: dict[int, dict[int, None]] = {}
         self._tags: dict[str, int] = {}
 
     def tag(self, model: str) -> int:
@@ -55,12 +57,12 @@ class PrefixIndex:
 
     # -- updates ---------------------------------------------------------------------------------
     def add(self, slot: int, keys: Iterable[int]) -> None:
-        held = self._held.setdefault(slot, set())
+        held = self._held.setdefault(slot, {})
         owners, bit = self._owners, 1 << slot
         for k in keys:
             if k in held:
                 continue
-            held.add(k)
+            held[k] = None
             o = owners.get(k)
             if o is None:
                 owners[k] = slot
@@ -77,7 +79,7 @@ class PrefixIndex:
         for k in keys:
             if k not in held:
                 continue
-            held.discard(k)
+            del held[k]
             self._unown(owners, k, slot, bit)
 
     def clear(self, slot: int) -> int:
@@ -141,7 +143,7 @@ class PrefixIndex:
         if self._owners:
             total += len(self._owners) * sys.getsizeof(1 << 63)  # each key is its own int object
         total += sum(sys.getsizeof(~o) for o in self._owners.values() if o < 0)
-        total += sum(sys.getsizeof(s) for s in self._held.values())  # keys shared with the dict
+        total += sum(sys.getsizeof(h) for h in self._held.values())  # keys shared with the dict
         return total
 
 
