@@ -23,6 +23,7 @@ from kvprotocol._messages import MAX_HEADER_BYTES, error_reply, ok_reply, pack, 
 
 from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
 from .auth import ServerAuth
+from .blend_index import BlendService
 from .cache import CacheService
 from .config import ServerConfig
 from .eviction import make_policy
@@ -70,6 +71,7 @@ class KVServer:
             self.arena = Arena(name, config.l1_bytes)
             self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl)
+            self.blend = BlendService(self.cache)  # content-keyed chunks (CacheBlend), opt-in per request
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
         except BaseException:
             self.close()
@@ -125,6 +127,8 @@ class KVServer:
             "clear": lambda f, fr: (c.clear(), []),
             "pin": lambda f, fr: (c.set_pinned(f, True), []),
             "unpin": lambda f, fr: (c.set_pinned(f, False), []),
+            "blend_store": lambda f, fr: (self.blend.store(f), []),
+            "blend_lookup": lambda f, fr: (self.blend.lookup(f), []),
         }
 
     async def _lookup_l2(self, f: dict[str, Any], _frames: list[memoryview]) -> Result:
@@ -156,6 +160,7 @@ class KVServer:
             "sessions": len(c.table.sessions),
             "stores_in_flight": len(c.table.stores),
             "counters": vars(c.counters),
+            "blend": self.blend.describe(),  # CacheBlend hits are not prefix hits: never summed with counters
             "errors": dict(self.errors),
             "ops": dict(self.op_counts),
             **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),
