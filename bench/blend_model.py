@@ -2,11 +2,13 @@
 
 No pretrained weights can be installed here, so the model is a Llama-architecture transformer from
 transformers, randomly initialised and then trained for a few hundred steps on synthetic documents
-whose next token is only predictable from context: every prompt draws a random "topic" (a sparse
-Markov chain over 96 of the vocabulary's tokens) and its documents are walks on that chain. The
-model can only predict well by attending to earlier occurrences of the current token, in its own
-document and in the others (in-context learning of the chain). That makes attention non-trivial and
-cross-document, unlike a random model's near-uniform attention, which would make blending look easy.
+whose next token depends on context: there are TOPICS sparse Markov chains over one shared set of
+STATES tokens (so no single token tells the chains apart), every prompt draws one topic, and its
+documents are walks on that chain. To predict well the model must infer the topic from what it has
+read so far, in its own document and in the others before it: attention that gathers evidence
+across documents, unlike a random model's near-uniform attention, which would make blending look
+easy. A document's KV computed alone lacks the evidence of the documents before it: exactly the
+cross-chunk attention CacheBlend's recompute has to restore.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import numpy as np
 import torch
 
 VOCAB, BOS, DOC, QUERY, FIRST = 512, 1, 2, 3, 16
-STATES, FANOUT = 96, 3
+STATES, FANOUT, TOPICS = 128, 4, 32
+STATE_TOKENS = np.arange(FIRST, FIRST + STATES)
 
 
 def make_model(layers: int = 8, seed: int = 0) -> torch.nn.Module:
@@ -40,10 +43,15 @@ class Topic:
 
     @classmethod
     def draw(cls, rng: np.random.Generator) -> Topic:
-        states = rng.choice(np.arange(FIRST, VOCAB), STATES, replace=False)
         succ = np.stack([rng.choice(STATES, FANOUT, replace=False) for _ in range(STATES)])
-        probs = rng.dirichlet(np.full(FANOUT, 0.5), STATES)
-        return cls(states, succ, probs)
+        probs = rng.dirichlet(np.full(FANOUT, 0.3), STATES)
+        return cls(STATE_TOKENS, succ, probs)
+
+    @staticmethod
+    def all(seed: int = 1234) -> list[Topic]:
+        """The fixed topics (the "world" the model is trained on and evaluated in)."""
+        rng = np.random.default_rng(seed)
+        return [Topic.draw(rng) for _ in range(TOPICS)]
 
     def walk(self, rng: np.random.Generator, n: int) -> list[int]:
         s = int(rng.integers(STATES))
@@ -59,8 +67,8 @@ class Topic:
         return [DOC, *self.walk(rng, n - 1)]
 
 
-def training_sequence(rng: np.random.Generator, length: int) -> list[int]:
-    topic = Topic.draw(rng)
+def training_sequence(rng: np.random.Generator, length: int, topics: list[Topic]) -> list[int]:
+    topic = topics[int(rng.integers(len(topics)))]
     seq = [BOS]
     while len(seq) < length - 40:
         seq += topic.document(rng, int(rng.integers(48, 257)))
@@ -72,13 +80,14 @@ def train(model: torch.nn.Module, steps: int, seq_len: int = 1024, batch: int = 
           log_every: int = 25) -> list[tuple[int, float]]:
     """A few hundred AdamW steps; returns (step, loss) points."""
     rng = np.random.default_rng(seed)
+    topics = Topic.all()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
     model.train()
     curve = []
     started = time.time()
     for step in range(steps):
-        x = torch.tensor([training_sequence(rng, seq_len) for _ in range(batch)])
+        x = torch.tensor([training_sequence(rng, seq_len, topics) for _ in range(batch)])
         loss = model(x, labels=x).loss
         opt.zero_grad()
         loss.backward()

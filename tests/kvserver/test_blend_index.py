@@ -167,3 +167,27 @@ def test_prefix_store_unaffected_by_blend_corpus(server):
         assert {s["status"] for s in reply["slots"]} == {"reserved"}  # no dedup across the two families
         assert lookup(c, ks, doc, session="x") == (len(doc) // C) * C
         assert retrieve(c, "x", 0, 1)[(0, 0)] == payload(9, size)
+
+
+def test_blend_metrics_are_apart_from_prefix_metrics(server_factory):
+    import httpx
+
+    from httpkv import parse_metrics, value
+
+    srv = server_factory("--l1-size-gb", "0.05", http=True)
+    with srv.client() as c:
+        ks, _ = register(c)
+        size = tiny_layout().object_bytes
+        [doc] = docs(1, seed=5)
+        blend_store(c, ks, doc, lambda ch, g: payload(ch, size))
+        tokens, starts = prompt_of([[3] * 17, doc])
+        hit = blend_lookup(c, ks, tokens, starts)["hit_tokens"]
+        assert hit == (len(doc) // C) * C
+        assert lookup(c, ks, tokens) == 0
+    samples = parse_metrics(httpx.get(f"{srv.http_url}/metrics", timeout=5).text)
+    assert value(samples, "kvserver_blend_hit_tokens_total") == hit
+    assert value(samples, "kvserver_blend_lookup_requests_total") == 1
+    assert value(samples, "kvserver_blend_store_bytes_total") == (len(doc) // C) * size
+    assert value(samples, "kvserver_blend_index_entries") == len(doc) // C
+    assert value(samples, "kvserver_lookup_hit_tokens_total") == 0
+    assert value(samples, "kvserver_store_bytes_total", tier="l1") == 0
