@@ -126,7 +126,8 @@ def main() -> None:
                 for d in docs:
                     k, v = doc_kv(model, d)
                     store.store_document(d, k, v)
-            print(f"corpus: {sum(len(d) for d in corpus.values())} documents stored ({store.stats.stored_chunks} chunks)")
+            n_docs = sum(len(d) for d in corpus.values())
+            print(f"corpus: {n_docs} documents stored ({store.stats.stored_chunks} chunks)")
             for _ in range(args.prompts):
                 t = int(rng.integers(len(topics)))
                 picked = rng.choice(len(corpus[t]), int(rng.integers(4, 9)), replace=False)
