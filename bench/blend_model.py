@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 VOCAB, BOS, DOC, QUERY, FIRST = 512, 1, 2, 3, 16
-STATES, FANOUT, TOPICS = 128, 4, 32
+STATES, FANOUT, TOPICS = 128, 3, 8
 STATE_TOKENS = np.arange(FIRST, FIRST + STATES)
 
 
@@ -76,7 +76,7 @@ def training_sequence(rng: np.random.Generator, length: int, topics: list[Topic]
     return seq[:length]
 
 
-def train(model: torch.nn.Module, steps: int, seq_len: int = 1024, batch: int = 4, seed: int = 1,
+def train(model: torch.nn.Module, steps: int, seq_len: int = 768, batch: int = 6, seed: int = 1,
           log_every: int = 25) -> list[tuple[int, float]]:
     """A few hundred AdamW steps; returns (step, loss) points."""
     rng = np.random.default_rng(seed)
