@@ -191,3 +191,22 @@ def test_blend_metrics_are_apart_from_prefix_metrics(server_factory):
     assert value(samples, "kvserver_blend_index_entries") == len(doc) // C
     assert value(samples, "kvserver_lookup_hit_tokens_total") == 0
     assert value(samples, "kvserver_store_bytes_total", tier="l1") == 0
+
+
+def test_eviction_removes_index_entries(server_factory):
+    srv = server_factory("--l1-size-gb", "0.01")
+    with srv.client() as c:
+        ks, _ = register(c)
+        size = tiny_layout().object_bytes
+        [doc] = docs(1, seed=6)
+        blend_store(c, ks, doc, lambda ch, g: payload(ch, size))
+        tokens, starts = prompt_of([[3] * 5, doc])
+        assert blend_lookup(c, ks, tokens, starts)["matches"]
+        capacity = c.call("describe").result["l1"]["capacity_bytes"]
+        for i in range(3):  # prefix stores of more than the whole arena: the blend objects are evicted
+            filler = list(range(i * 10**6, i * 10**6 + C * (capacity // size // 2)))
+            store(c, ks, filler, lambda ch, g: payload(ch, size))
+        described = c.call("describe").result
+        assert described["l1"]["evictions"] > 0
+        assert blend_lookup(c, ks, tokens, starts)["matches"] == []
+        assert described["blend"]["index_entries"] == 0

@@ -49,7 +49,8 @@ class BlendService:
         self.chunk_size = cache.chunk_size
         self.counters = BlendCounters()
         self.index: dict[IndexKey, tuple[int, bytes]] = {}  # -> (reference position, object hash)
-        self._by_object: dict[tuple[str, str, bytes], IndexKey] = {}  # (model, salt, object hash) -> entry
+        # (model, world, salt, object hash) -> the entries naming that object (one per group layout set)
+        self._by_object: dict[tuple[str, int, str, bytes], set[IndexKey]] = {}
         self._pending: dict[str, list[tuple[IndexKey, int, bytes]]] = {}  # store id -> entries at commit
         cache.on_commit_txn.append(self._committed)
         cache.l1.on_evict.append(self._gone)
@@ -59,15 +60,29 @@ class BlendService:
     def _publish(self, ik: IndexKey, ref_pos: int, obj: bytes) -> None:
         old = self.index.get(ik)
         if old is not None:
-            self._by_object.pop((ik[0], ik[3], old[1]), None)
+            self._unlink(ik, old[1])
         self.index[ik] = (ref_pos, obj)
-        self._by_object[(ik[0], ik[3], obj)] = ik
+        self._by_object.setdefault((ik[0], ik[1], ik[3], obj), set()).add(ik)
+
+    def _unlink(self, ik: IndexKey, obj: bytes) -> None:
+        rev = (ik[0], ik[1], ik[3], obj)
+        names = self._by_object.get(rev)
+        if names is not None:
+            names.discard(ik)
+            if not names:
+                del self._by_object[rev]
 
     def _gone(self, key: IKey) -> None:
-        """An object left L1: its chunk can no longer hit, so its index entry goes too."""
-        ik = self._by_object.pop((key[0], key[5], key[6]), None)
-        if ik is not None and self.index.get(ik, (0, b""))[1] == key[6]:
-            del self.index[ik]
+        """An object left L1: its chunk can no longer hit, so the entries naming it go too (the index
+        therefore never holds more entries than L1 holds blend objects)."""
+        model, layout_fp, world, salt, obj = key[0], key[1], key[2], key[5], key[6]
+        names = self._by_object.get((model, world, salt, obj))
+        if not names:
+            return
+        for ik in [ik for ik in names if layout_fp in ik[2]]:
+            self._unlink(ik, obj)
+            if self.index.get(ik, (0, b""))[1] == obj:
+                del self.index[ik]
 
     def _committed(self, txn: StoreTxn) -> None:
         for entry in self._pending.pop(txn.id, []):
