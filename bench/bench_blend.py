@@ -95,7 +95,7 @@ def compare(full: torch.Tensor, other: torch.Tensor) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=250, help="training steps (0: untrained random model)")
+    ap.add_argument("--steps", type=int, default=160, help="training steps (0: untrained random model)")
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--gen", type=int, default=32, help="generated tokens compared per prompt")
     ap.add_argument("--docs-per-topic", type=int, default=10)

@@ -76,7 +76,7 @@ def training_sequence(rng: np.random.Generator, length: int, topics: list[Topic]
     return seq[:length]
 
 
-def train(model: torch.nn.Module, steps: int, seq_len: int = 768, batch: int = 6, seed: int = 1,
+def train(model: torch.nn.Module, steps: int, seq_len: int = 512, batch: int = 6, seed: int = 1,
           log_every: int = 25) -> list[tuple[int, float]]:
     """A few hundred AdamW steps; returns (step, loss) points."""
     rng = np.random.default_rng(seed)
