@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from kvhelpers import tiny_layout
 from serverproc import BIN, free_port
 
 
@@ -64,3 +66,14 @@ def test_module_entry_point_help():
     proc = subprocess.run([sys.executable, "-m", "kvserver", "start", "--help"], capture_output=True, text=True,
                           timeout=30, env={**os.environ})
     assert proc.returncode == 0 and "--eviction-policy" in proc.stdout
+
+
+def test_engine_registrations_are_logged(server_factory):
+    srv = server_factory()
+    with srv.client() as c:
+        for _ in range(2):  # the same process again: a reconnect keeps its id
+            reply = c.call("register_engine", model="logged-model", world_size=2, rank=1, host="h1", pid=4242,
+                           groups=[tiny_layout().to_wire()]).result
+    first, again = (re.search(rf"INFO kvserver: engine {reply['engine_id']} registered{w}: model=logged-model "
+                              r"rank=1/2 host=h1 pid=4242 layouts=[0-9a-f]{16}", srv.log()) for w in ("", " again"))
+    assert first and again, srv.log()

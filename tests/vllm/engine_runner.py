@@ -16,6 +16,9 @@ prompt + its generated tokens + append (a multi-turn chat). RESULT: {"init_s", "
 
 Optional SPEC keys: "gates": {"<batch index>": path} waits (up to 120 s) for that file before the
 batch, so a test can change the world (start a server) between two batches of one engine;
+"force_async_scheduling": true turns vLLM's async scheduling back on after the CPU platform
+turned it off (RESULT's "async_scheduling" says what the engine ran with); a prompt may carry
+"lora": [name, int id, adapter dir], or be {"text", "image_seed"} for the tiny_vlm model;
 "connector_stats": true sums, per batch, the KV connector stats that vLLM's scheduler routes into
 its SchedulerStats (the `get_kv_connector_stats` hook) into RESULT's batches[i]["connector_stats"], and
 puts the connector's `vllm:kvserver_*` counters from vLLM's Prometheus registry into RESULT["prometheus"].
@@ -57,8 +60,34 @@ def _wait_for(path: str, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def _force_async_scheduling() -> None:
+    """TEST ONLY: vLLM's CPU platform turns async scheduling off in check_and_update_config ("not
+    required on CPU"); turn it back on after that hook, to run the connector under async scheduling."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
+
+    def patched(cls: Any, vllm_config: Any) -> None:
+        original(cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = True
+
+    CpuPlatform.check_and_update_config = classmethod(patched)  # type: ignore[method-assign]
+
+
+def _lora(p: dict[str, Any]) -> Any:
+    if not p.get("lora"):
+        return None
+    from vllm.lora.request import LoRARequest
+
+    name, int_id, path = p["lora"]
+    return LoRARequest(name, int_id, path)
+
+
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tiny_vlm
     t0 = time.perf_counter()
+    if spec.get("force_async_scheduling"):
+        _force_async_scheduling()
     from vllm import LLM, SamplingParams
 
     kwargs: dict[str, Any] = dict(
@@ -78,6 +107,7 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         kwargs["disable_log_stats"] = False
     llm = LLM(**kwargs)
     init_s = time.perf_counter() - t0
+    async_on = bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
     totals = _capture_connector_stats(llm) if spec.get("connector_stats") else None
     gates: dict[str, str] = spec.get("gates", {})
 
@@ -91,10 +121,17 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         if totals is not None:
             totals.clear()
         prompts = []
+        loras = []
         for p in batch:
+            loras.append(_lora(p))
             if "extend" in p:
                 b, i = p["extend"]
                 ids = sent[b][i] + batches[b]["requests"][i]["token_ids"] + list(p.get("append", []))
+            elif "text" in p:  # a tiny_vlm prompt: text with one <image>, the image drawn from a seed
+                from tiny_vlm import image
+
+                prompts.append({"prompt": p["text"], "multi_modal_data": {"image": image(p["image_seed"])}})
+                continue
             else:
                 ids = list(p["prompt_token_ids"])
             prompt: dict[str, Any] = {"prompt_token_ids": ids}
@@ -102,13 +139,14 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
                 prompt["cache_salt"] = p["cache_salt"]
             prompts.append(prompt)
         t = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        lora_arg = loras if any(x is not None for x in loras) else None
+        outs = llm.generate(prompts, params, use_tqdm=False, lora_request=lora_arg)
         wall = time.perf_counter() - t
         requests = []
-        sent.append([pr["prompt_token_ids"] for pr in prompts])
-        for pr, out in zip(prompts, outs, strict=True):
+        sent.append([list(out.prompt_token_ids) for out in outs])
+        for out in outs:
             requests.append({
-                "prompt_len": len(pr["prompt_token_ids"]),
+                "prompt_len": len(out.prompt_token_ids),
                 "token_ids": list(out.outputs[0].token_ids),
                 "num_cached_tokens": out.num_cached_tokens,
                 "kv_transfer_params": out.kv_transfer_params,
@@ -116,7 +154,7 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         batches.append({"wall_s": wall, "requests": requests})
         if totals is not None:
             batches[-1]["connector_stats"] = dict(totals)
-    result: dict[str, Any] = {"init_s": init_s, "batches": batches}
+    result: dict[str, Any] = {"init_s": init_s, "batches": batches, "async_scheduling": async_on}
     if totals is not None:
         result["prometheus"] = _connector_prometheus()
     return result

@@ -148,3 +148,19 @@ def test_roles_producer_saves_only_consumer_loads_only(model_dir: Path, kvserver
     assert fresh.token_ids == reference.batches[1].requests[0].token_ids
     with Client(server.url) as c:
         assert c.call("describe").result["counters"]["stored_objects"] == 2  # only the producer's
+
+
+def test_load_the_scheduler_cannot_name_fails_safe(model_dir: Path, kvserver_factory: ServerFactory,
+                                                   reference: EngineRun) -> None:
+    """_plan's "cannot happen" branch (vLLM was promised external tokens, but the blocks cannot be
+    named): the blocks are reported failed and recomputed, never computed over uninitialised."""
+    server = kvserver_factory()
+    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    kv = kv_config(server.url, debug_fail_plan_loads=True)
+    run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
+    r = run.requests[0]
+    assert r.kv_transfer_params["kvserver"]["hit_tokens"] == 512
+    assert r.kv_transfer_params["kvserver"]["load_failed"] is True
+    assert r.connector_loaded_tokens == 0
+    assert r.token_ids == reference.batches[0].requests[0].token_ids
+    assert "reporting them failed" in run.log and "load of 16 blocks failed" in run.log

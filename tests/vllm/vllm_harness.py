@@ -46,6 +46,7 @@ class EngineRun:
     batches: list[BatchResult]
     log: str = field(repr=False, default="")
     prometheus: dict[str, float] | None = None  # the connector's vllm:kvserver_* counters, with connector_stats
+    async_scheduling: bool = False
 
     @property
     def requests(self) -> list[RequestResult]:
@@ -75,10 +76,34 @@ def build_model(out_dir: Path, spec_kwargs: dict[str, int] | None = None, timeou
     return Path(out_dir)
 
 
-def prompt(tokens: list[int], cache_salt: str | None = None) -> dict[str, Any]:
+def build_adapter(out_dir: Path, base_dir: Path, seed: int, timeout: float = 300) -> Path:
+    """Build a random PEFT LoRA adapter for the tiny model (tiny_model.build_lora) with .venv-vllm."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tiny_model import build_lora; "
+            "build_lora(sys.argv[2], sys.argv[3], int(sys.argv[4]))")
+    subprocess.run([str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir),
+                    str(base_dir), str(seed)], check=True, capture_output=True, timeout=timeout,
+                   env=engine_env(Path(out_dir).parent / "vllm-cache"))
+    return Path(out_dir)
+
+
+def build_vlm(out_dir: Path, timeout: float = 300) -> Path:
+    """Build the tiny Idefics3 of tiny_vlm.py with the .venv-vllm interpreter."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tiny_vlm import build_idefics3; "
+            "build_idefics3(sys.argv[2])")
+    subprocess.run([str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir)],
+                   check=True, capture_output=True, timeout=timeout,
+                   env=engine_env(Path(out_dir).parent / "vllm-cache"))
+    return Path(out_dir)
+
+
+def prompt(tokens: list[int], cache_salt: str | None = None,
+           lora: tuple[str, int, str] | None = None) -> dict[str, Any]:
+    """A token-id prompt; lora = (adapter name, int id, adapter directory) runs it with that adapter."""
     p: dict[str, Any] = {"prompt_token_ids": list(tokens)}
     if cache_salt is not None:
         p["cache_salt"] = cache_salt
+    if lora is not None:
+        p["lora"] = list(lora)
     return p
 
 
@@ -145,7 +170,8 @@ def run_engine(
             BatchResult(b["wall_s"], [RequestResult(**r) for r in b["requests"]], b.get("connector_stats"))
             for b in raw["batches"]
         ]
-        return EngineRun(init_s=raw["init_s"], total_s=total, batches=out, log=log, prometheus=raw.get("prometheus"))
+        return EngineRun(init_s=raw["init_s"], total_s=total, batches=out, log=log, prometheus=raw.get("prometheus"),
+                         async_scheduling=bool(raw.get("async_scheduling")))
     finally:
         if tmp_ctx is not None:
             tmp_ctx.cleanup()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from kvprotocol import ErrorCode, ServerError, pack_tokens
+from kvprotocol import ErrorCode, ExtraKeys, ServerError, check_extra, pack_tokens
 
 from . import copy as kvcopy
 from ._link import Deadline, EngineLink, LeaseLost
@@ -59,6 +59,12 @@ def as_tables(block_ids: Any, groups: int) -> list[np.ndarray]:
     return tables
 
 
+def extra_fields(extra: ExtraKeys, num_chunks: int) -> dict[str, Any]:
+    """The wire `extra` field for a request of num_chunks full chunks (keys of later chunks dropped)."""
+    pairs = [[i, d] for i, d in check_extra(extra) if i < num_chunks]
+    return {"extra": pairs} if pairs else {}
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -73,9 +79,10 @@ def load_blocks(link: EngineLink, tables: Sequence[np.ndarray], skip: int, num: 
 
 
 def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, session: str | None,
-           rank: int | None = None) -> int:
+           extra: ExtraKeys = (), rank: int | None = None) -> int:
     """Hit tokens; with a session, lease the hit objects of every rank (or of `rank` only) to it."""
-    fields: dict[str, Any] = {"keyspace": link.keyspace.to_wire(), "tokens": pack_tokens(tokens), "salt": salt}
+    fields: dict[str, Any] = {"keyspace": link.keyspace.to_wire(), "tokens": pack_tokens(tokens), "salt": salt,
+                              **extra_fields(extra, tokens.shape[0] // link.layouts[0].chunk_size)}
     if session is not None:
         fields["session"] = session
         if rank is not None:
@@ -130,7 +137,7 @@ def _object_addrs(link: EngineLink, mode: str, objects: list[dict[str, Any]], fr
 
 
 def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tokens: np.ndarray,
-         tables: Sequence[np.ndarray], skip: int, num: int, salt: str) -> int:
+         tables: Sequence[np.ndarray], skip: int, num: int, salt: str, extra: ExtraKeys = ()) -> int:
     """Write engine blocks covering tokens [skip, num) from the cache; returns the tokens loaded.
 
     Ends this rank's leases of the session, whatever happens. In shm mode, on success, by a release
@@ -139,7 +146,7 @@ def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tok
     (LeaseLost). tcp frames are copies the server took under the lease, so they need no such proof.
     """
     try:
-        loaded, lease = _load(link, copier, deadline, session, tokens, tables, skip, num, salt)
+        loaded, lease = _load(link, copier, deadline, session, tokens, tables, skip, num, salt, extra)
     except BaseException:
         _give_back(link, deadline, session)
         raise
@@ -162,7 +169,8 @@ def _give_back(link: EngineLink, deadline: Deadline, session: str) -> None:
 
 
 def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tokens: np.ndarray,
-          tables: Sequence[np.ndarray], skip: int, num: int, salt: str) -> tuple[int, int | None]:
+          tables: Sequence[np.ndarray], skip: int, num: int, salt: str, extra: ExtraKeys = ()
+          ) -> tuple[int, int | None]:
     """The load itself: (tokens loaded, the lease number an shm copy was made under, else None)."""
     if skip < 0 or num < 0:
         raise ValueError("skip_tokens and num_tokens must be >= 0")
@@ -185,7 +193,7 @@ def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, to
     except ServerError as exc:  # this rank's lease expired or was never taken here: lease again, then retry
         if exc.code not in RELEASE_CODES or tokens.shape[0] < end * chunk:
             raise
-        hit = lookup(link, deadline, tokens[: end * chunk], salt, session, rank=link.rank)
+        hit = lookup(link, deadline, tokens[: end * chunk], salt, session, extra, rank=link.rank)
         if hit < end * chunk:
             raise ServerError(ErrorCode.NOT_LEASED, f"only {hit} of the {end * chunk} tokens to load are cached "
                                                     "now") from exc
@@ -226,7 +234,7 @@ def _store(link: EngineLink, deadline: Deadline, fields: dict[str, Any]) -> tupl
 
 
 def save(link: EngineLink, copier: Copier, deadline: Deadline, tokens: np.ndarray,
-         tables: Sequence[np.ndarray], salt: str, skip: int) -> Saved:
+         tables: Sequence[np.ndarray], salt: str, skip: int, extra: ExtraKeys = ()) -> Saved:
     """Store every full chunk from the one holding skip_tokens on; reserve, gather, verify, commit."""
     chunk = link.layouts[0].chunk_size
     n = tokens.shape[0] // chunk
@@ -237,7 +245,8 @@ def save(link: EngineLink, copier: Copier, deadline: Deadline, tokens: np.ndarra
         return Saved(0, 0, 0)
     for g, (lay, table) in enumerate(zip(link.layouts, tables, strict=True)):
         check_blocks(save_moves(table, lay.blocks_per_chunk, range(start, n)), copier.num_blocks(g), distinct=False)
-    fields = {"tokens": pack_tokens(tokens[: n * chunk]), "rank": link.rank, "salt": salt, "start_chunk": start}
+    fields = {"tokens": pack_tokens(tokens[: n * chunk]), "rank": link.rank, "salt": salt, "start_chunk": start,
+              **extra_fields(extra, n)}
     mode, result = _store(link, deadline, fields)
     slots = result.get("slots", [])
     reserved = [s for s in slots if s.get("status") == "reserved"]

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-from kvprotocol import (ErrorCode, LayoutDescriptor, RequestTimeout, ServerError, ValidationError, validate_model,
-                        validate_salt)
+from kvprotocol import (ErrorCode, ExtraKeys, LayoutDescriptor, RequestTimeout, ServerError, ValidationError,
+                        validate_model, validate_salt)
 
 from . import _ops
 from ._link import ArenaChanged, Deadline, EngineLink, LeaseLost, Unavailable
@@ -202,8 +202,11 @@ class EngineClient:
             copier.attach_arena(self._link.arena.address, self._link.arena.size)
 
     def load(self, session: str, tokens: Any, block_ids: Any, skip_tokens: int, num_tokens: int,
-             salt: str = "") -> LoadResult:
+             salt: str = "", extra: ExtraKeys = ()) -> LoadResult:
         """Write the engine blocks covering tokens [skip_tokens, num_tokens) from the cache.
+
+        `extra` (here and in save/lookup): per-chunk extra keys, (chunk index, 32-byte digest) pairs,
+        for what else changes the KV of a chunk (an adapter, multimodal items); see docs/engine.md.
 
         block_ids are the request's blocks from token 0 (or one such list per group). Blocks before
         skip_tokens (which must be block-aligned) are never written. On any failure ok is False and
@@ -222,7 +225,7 @@ class EngineClient:
                     raise ValueError("register(kv_caches) must be called before load")
                 validate_salt(salt)
                 loaded = _ops.load(self._link, self._copier, deadline, session, _ops.as_tokens(tokens), tables,
-                                   int(skip_tokens), int(num_tokens), salt)
+                                   int(skip_tokens), int(num_tokens), salt, extra)
                 return LoadResult(True, loaded, [], None)
             except Exception as exc:
                 if isinstance(exc, _ops.ChecksumMismatch):
@@ -235,7 +238,8 @@ class EngineClient:
                     failed = []
                 return LoadResult(False, 0, failed, error)
 
-    def save(self, tokens: Any, block_ids: Any, salt: str = "", skip_tokens: int = 0) -> SaveResult:
+    def save(self, tokens: Any, block_ids: Any, salt: str = "", skip_tokens: int = 0,
+             extra: ExtraKeys = ()) -> SaveResult:
         """Store every full chunk of `tokens` from the chunk holding skip_tokens on.
 
         block_ids are the request's blocks from token 0; chunks they do not fully cover are skipped.
@@ -249,7 +253,7 @@ class EngineClient:
                 validate_salt(salt)
                 tables = _ops.as_tables(block_ids, len(self._link.layouts))
                 saved = _ops.save(self._link, self._copier, deadline, _ops.as_tokens(tokens), tables, salt,
-                                  int(skip_tokens))
+                                  int(skip_tokens), extra)
             except Exception as exc:
                 return SaveResult(False, 0, self._failed("save", exc))
             if saved.no_space:
@@ -259,7 +263,8 @@ class EngineClient:
             return SaveResult(True, saved.written, None, saved.cached)
 
     # -- scheduler side -----------------------------------------------------------------------------
-    def lookup(self, tokens: Any, salt: str = "", session: str | None = None) -> LookupResult:
+    def lookup(self, tokens: Any, salt: str = "", session: str | None = None,
+               extra: ExtraKeys = ()) -> LookupResult:
         """Tokens of the longest cached prefix (a multiple of chunk_size); with a session, the hit
         objects of every rank stay leased until each rank's load (or release(session, rank)) gives
         its part back, release(session) gives all back, or the server's lease TTL passes."""
@@ -267,7 +272,8 @@ class EngineClient:
             try:
                 deadline = self._deadline()
                 validate_salt(salt)
-                return LookupResult(_ops.lookup(self._link, deadline, _ops.as_tokens(tokens), salt, session))
+                return LookupResult(_ops.lookup(self._link, deadline, _ops.as_tokens(tokens), salt, session,
+                                                extra))
             except Exception as exc:
                 return LookupResult(0, self._failed("lookup", exc))
 

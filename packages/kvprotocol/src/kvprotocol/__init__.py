@@ -8,7 +8,8 @@ from ._credentials import (SERVER_KEY_ENV, STATE_DIR_ENV, TOKEN_ENV, TOKEN_FILE_
                            resolve_server_key, resolve_token)
 from ._errors import ErrorCode, KVProtocolError, RequestTimeout, ServerError, ValidationError
 from ._blend import BLEND_SEED, blend_fingerprints, blend_object_hash
-from ._hashing import ZERO_HASH, chunk_hashes, pack_tokens, unpack_tokens
+from ._hashing import (EXTRA_DIGEST_BYTES, ZERO_HASH, ExtraKeys, check_extra, chunk_hashes, pack_tokens,
+                       unpack_tokens)
 from ._keys import ObjectKey, validate_model, validate_salt
 from ._layout import DTYPES, LAYOUT_TAGS, MAX_OBJECT_BYTES, LayoutDescriptor
 from ._messages import MAX_KEYS, MAX_TOKENS, PROTOCOL_VERSION, SCHEMA, validate_request
@@ -25,5 +26,6 @@ __all__ = [
     "unpack_tokens", "validate_model", "validate_request", "validate_salt",
     "SERVER_KEY_ENV", "STATE_DIR_ENV", "TOKEN_ENV", "TOKEN_FILE_ENV", "CredentialError", "resolve_server_key",
     "resolve_token", "MAX_KEYS", "MAX_OBJECT_BYTES",
+    "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra",
     "BLEND_SEED", "blend_fingerprints", "blend_object_hash",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 import msgpack
 
 from ._errors import ErrorCode, ValidationError
+from ._hashing import check_extra
 from ._keys import MAX_GROUPS, MAX_WORLD_SIZE, validate_fingerprint, validate_model, validate_salt
 from ._layout import LayoutDescriptor
 
@@ -61,6 +62,23 @@ def _tokens(v: Any) -> bytes:
     if len(v) // 4 > MAX_TOKENS:
         raise ValidationError(ErrorCode.TOO_LARGE, f"more than {MAX_TOKENS} tokens")
     return v
+
+
+def _extra(v: Any) -> list[tuple[int, bytes]]:
+    """Per-chunk extra keys: [[chunk index, 32-byte digest], ...], indices strictly increasing.
+
+    Whether every index names a full chunk of the request depends on the server's chunk size: the
+    server checks that (OUT_OF_RANGE) before it changes anything.
+    """
+    if not isinstance(v, list) or len(v) > MAX_CHUNKS:
+        raise ValidationError(ErrorCode.BAD_FIELD, f"extra must be a list of at most {MAX_CHUNKS} pairs")
+    for item in v:
+        if isinstance(item, list) and len(item) == 2:
+            _int(0, MAX_CHUNKS)(item[0])
+    try:
+        return check_extra(tuple(item) if isinstance(item, list) else item for item in v)
+    except ValueError as exc:
+        raise ValidationError(ErrorCode.BAD_FIELD, str(exc)) from None
 
 
 def _keyspace(v: Any) -> dict[str, Any]:
@@ -133,6 +151,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "lookup": {
         "keyspace": Field(_keyspace),
         "tokens": Field(_tokens),
+        "extra": Field(_extra, _OPT),
         "salt": Field(validate_salt, _OPT),
         "session": Field(_SESSION, _OPT),
         "rank": Field(_int(0, MAX_WORLD_SIZE - 1), _OPT),  # with session: lease only this rank's objects
@@ -140,11 +159,13 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "query": {
         "keyspace": Field(_keyspace),
         "tokens": Field(_tokens),
+        "extra": Field(_extra, _OPT),
         "salt": Field(validate_salt, _OPT),
     },
     "store": {
         "keyspace": Field(_keyspace),
         "tokens": Field(_tokens),
+        "extra": Field(_extra, _OPT),
         "rank": Field(_int(0, MAX_WORLD_SIZE - 1)),
         "salt": Field(validate_salt, _OPT),
         "start_chunk": Field(_int(0, MAX_CHUNKS), _OPT),
@@ -166,8 +187,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "lease": Field(_int(1, MAX_ID), _OPT),
     },
     "end_session": {"session": Field(_SESSION)},
-    "pin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "salt": Field(validate_salt, _OPT)},
-    "unpin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "salt": Field(validate_salt, _OPT)},
+    "pin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "extra": Field(_extra, _OPT),
+            "salt": Field(validate_salt, _OPT)},
+    "unpin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "extra": Field(_extra, _OPT),
+              "salt": Field(validate_salt, _OPT)},
     # CacheBlend (docs/blend.md): chunks named by content, not by prefix; opt-in, kept apart from the above
     "blend_store": {  # one segment (document); its chunk i holds KV computed at pos_base + i * chunk_size
         "keyspace": Field(_keyspace),

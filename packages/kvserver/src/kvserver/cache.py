@@ -7,6 +7,7 @@ ever waits on another.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class Counters:
     late_commits: int = 0  # commits that arrived after their reservation's deadline
 
 
+log = logging.getLogger("kvserver")
 MAX_ENGINES = 256  # registrations kept for describe; the oldest go first
 MAX_SESSIONS = 4096  # live read sessions per server (an identity is the one server credential for now)
 MAX_SESSION_OBJECTS = 1 << 22  # chunk hashes + leased keys all live sessions keep, in total
@@ -99,13 +101,20 @@ class CacheService:
                     return i
         return len(hashes)
 
-    def _hashes(self, tokens: bytes, per_chunk: int) -> list[bytes]:
-        """The chunk hashes, after checking the request names at most MAX_KEYS objects (before any work)."""
-        chunks = len(tokens) // 4 // self.chunk_size
+    def _hashes(self, f: dict[str, Any], per_chunk: int) -> list[bytes]:
+        """The request's chunk hashes, its per-chunk extra keys folded in (kvprotocol's one definition).
+
+        Runs before a handler changes anything: a request naming more than MAX_KEYS objects is
+        TOO_LARGE before any hashing, and an extra key beyond the last full chunk is OUT_OF_RANGE.
+        """
+        chunks = len(f["tokens"]) // 4 // self.chunk_size
         if chunks * per_chunk > MAX_KEYS:
             raise _fail(ErrorCode.TOO_LARGE, f"{chunks} chunks x {per_chunk} objects each is over "
                                              f"{MAX_KEYS} objects per request")
-        return chunk_hashes(tokens, self.chunk_size)
+        try:
+            return chunk_hashes(f["tokens"], self.chunk_size, f.get("extra", ()))
+        except IndexError as exc:
+            raise _fail(ErrorCode.OUT_OF_RANGE, str(exc)) from None
 
     @staticmethod
     def _per_chunk(f: dict[str, Any]) -> int:
@@ -137,12 +146,17 @@ class CacheService:
         engine = Engine(engine_id, f["model"], f["world_size"], f["rank"], [g.to_wire() for g in f["groups"]],
                         f.get("host", ""), f.get("pid", 0))
         # The same process registering again (a reconnect) keeps its id; the table stays bounded.
+        again = False
         for old in list(self.engines.values()):
             if (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
                     engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid) and engine.pid:
                 del self.engines[old.id]
                 engine.id = engine_id = old.id
+                again = True
         self.engines[engine_id] = engine
+        log.info("engine %s %s: model=%s rank=%d/%d host=%s pid=%d layouts=%s", engine_id,
+                 "registered again" if again else "registered", engine.model, engine.rank, engine.world_size,
+                 engine.host or "-", engine.pid, ",".join(g.fingerprint for g in f["groups"]))
         while len(self.engines) > MAX_ENGINES:
             del self.engines[next(iter(self.engines))]
         return {
@@ -155,7 +169,7 @@ class CacheService:
     # -- lookup / query --------------------------------------------------------------------------
     def lookup(self, f: dict[str, Any], hashes: list[bytes] | None = None) -> dict[str, Any]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"], self._per_chunk(f)) if hashes is None else hashes
+        hashes = self._hashes(f, self._per_chunk(f)) if hashes is None else hashes
         if "session" in f:
             self._admit_session(f["session"], len(hashes) * (1 + self._per_chunk(f)))
         hit = self._prefix_hits(ks, salt, hashes)
@@ -181,7 +195,7 @@ class CacheService:
         The answer counts only what is in L1 when the wait ends; see l2/prefetch.py.
         """
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"], self._per_chunk(f))
+        hashes = self._hashes(f, self._per_chunk(f))
         if "session" in f:
             self._admit_session(f["session"], len(hashes) * (1 + self._per_chunk(f)))
         hit = self._prefix_hits(ks, salt, hashes)
@@ -194,7 +208,7 @@ class CacheService:
 
     def _query_keys(self, f: dict[str, Any]) -> tuple[list[bytes], list[list[IKey]]]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
-        hashes = self._hashes(f["tokens"], self._per_chunk(f))
+        hashes = self._hashes(f, self._per_chunk(f))
         return hashes, [self._chunk_keys(ks, salt, h) for h in hashes]
 
     def query(self, f: dict[str, Any]) -> dict[str, Any]:
@@ -233,7 +247,7 @@ class CacheService:
     def set_pinned(self, f: dict[str, Any], pinned: bool) -> dict[str, Any]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")
         changed = 0
-        for h in self._hashes(f["tokens"], self._per_chunk(f)):
+        for h in self._hashes(f, self._per_chunk(f)):
             for key in self._chunk_keys(ks, salt, h):
                 changed += self.l1.set_pinned(key, pinned)
         return {"objects": changed}
@@ -248,7 +262,7 @@ class CacheService:
             if fp not in self.object_sizes:
                 raise _fail(ErrorCode.LAYOUT_MISMATCH, f"layout {fp} is not registered by any engine")
             sizes.append(self.object_sizes[fp])
-        hashes = self._hashes(f["tokens"], len(ks[2]))
+        hashes = self._hashes(f, len(ks[2]))
         if len(self.table.stores) >= MAX_STORES:
             self.expire()
         if len(self.table.stores) >= MAX_STORES:

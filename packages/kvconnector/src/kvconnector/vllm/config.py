@@ -28,12 +28,18 @@ class ConnectorConfig:
     save_policy      "prompt": store full chunks of prompts; "all": also chunks filled by generated
                      tokens (useful for multi-turn chat); "none": read only
     chunk_size       tokens per cached object; a multiple of vLLM's block size, equal to the server's
-    model_name       names the model in cache keys (default: vLLM's served model name or model path)
+    model_name       names the model in cache keys (default: vLLM's served model name or model path);
+                     the key's model part is `<model_name>@<fingerprint>` (see fingerprint.py)
+    model_id         an operator-chosen identity of the weights that replaces the model path and the
+                     weight-file digest in the fingerprint: engines that load the same weights from
+                     different paths share with it; never give two different weights one model_id
     retry_after_s    after a failed server call, skip the server this long (doubling up to 30 s) so a
                      dead server costs one timeout, not one per request
     debug_fail_load_chunks  TEST ONLY fault injection: after each load, overwrite the blocks of these
                      chunk indexes with garbage and report them as failed, so tests can prove that
                      vLLM's kv_load_failure_policy recomputes them
+    debug_fail_plan_loads  TEST ONLY: plan every load as if the request's blocks could not be named
+                     (the scheduler's fail-safe branch): the blocks are reported failed, never loaded
     """
 
     kvserver_url: str = DEFAULT_URL
@@ -42,8 +48,10 @@ class ConnectorConfig:
     save_policy: str = "prompt"
     chunk_size: int = DEFAULT_CHUNK_SIZE
     model_name: str | None = None
+    model_id: str | None = None
     retry_after_s: float = 2.0
     debug_fail_load_chunks: tuple[int, ...] = ()
+    debug_fail_plan_loads: bool = False  # TEST ONLY: take _plan's "cannot name the blocks" branch
     load: bool = True  # not a key: False for kv_role "kv_producer" (saves only); see apply_role
 
     def apply_role(self, is_producer: bool, is_consumer: bool) -> ConnectorConfig:
@@ -61,8 +69,8 @@ class ConnectorConfig:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "kvserver_url": (str,), "mode": (str,), "timeout_s": (int, float), "save_policy": (str,),
-    "chunk_size": (int,), "model_name": (str, type(None)), "retry_after_s": (int, float),
-    "debug_fail_load_chunks": (list, tuple),
+    "chunk_size": (int,), "model_name": (str, type(None)), "model_id": (str, type(None)), "retry_after_s": (int, float),
+    "debug_fail_load_chunks": (list, tuple), "debug_fail_plan_loads": (bool,),
 }
 
 
@@ -83,7 +91,7 @@ def parse_config(extra: Mapping[str, Any] | None, environ: Mapping[str, str] | N
         raise ValueError(f"KVServerConnector: unknown kv_connector_extra_config keys {unknown}; "
                          f"known: {sorted(_TYPES)}")
     for key, value in extra.items():
-        ok = isinstance(value, _TYPES[key]) and not isinstance(value, bool)
+        ok = isinstance(value, _TYPES[key]) and (not isinstance(value, bool) or bool in _TYPES[key])
         if not ok:
             raise ValueError(f"KVServerConnector: {key} has type {type(value).__name__}")
     cfg = ConnectorConfig(**{k: v for k, v in extra.items() if k != "debug_fail_load_chunks"},
@@ -98,6 +106,8 @@ def parse_config(extra: Mapping[str, Any] | None, environ: Mapping[str, str] | N
         raise ValueError("KVServerConnector: timeout_s must be in (0, 600]")
     if not 0 <= cfg.retry_after_s <= 600:
         raise ValueError("KVServerConnector: retry_after_s must be in [0, 600]")
+    if cfg.model_id is not None and not 1 <= len(cfg.model_id) <= 200:
+        raise ValueError("KVServerConnector: model_id must be 1-200 characters")
     if not 1 <= cfg.chunk_size <= 65536:
         raise ValueError("KVServerConnector: chunk_size must be in [1, 65536]")
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in cfg.debug_fail_load_chunks):

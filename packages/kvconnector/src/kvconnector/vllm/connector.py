@@ -26,7 +26,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from .config import ConnectorConfig, parse_config
 from .log import log
 from .metadata import KVServerConnectorMetadata
-from .plan import model_key
+from .fingerprint import config_parts, model_fingerprint, model_key_with_fingerprint
 from .scheduler import SchedulerSide
 from .stats import KVServerConnectorStats
 from .vllm_layout import UnsupportedLayout, attention_isa, scheduler_layout, worker_layout
@@ -162,13 +162,19 @@ class KVServerConnector(KVConnectorBase_V1):
 
 
 def _model_name(vllm_config: VllmConfig, cfg: ConnectorConfig) -> str:
-    if cfg.model_name:
-        return model_key(cfg.model_name)
+    """`<served name>@<fingerprint>`: the model part of every cache key (computed once, at start)."""
     mc = vllm_config.model_config
     served = getattr(mc, "served_model_name", None)
     if isinstance(served, (list, tuple)):
         served = served[0] if served else None
-    return model_key(str(served or mc.model))
+    name = cfg.model_name or str(served or mc.model)
+    fp, files = model_fingerprint(config_parts(vllm_config), str(mc.model), cfg.model_id)
+    key = model_key_with_fingerprint(name, fp)
+    if cfg.model_id is None and files == 0:
+        log.warning("KVServerConnector: no local weight files under %r to fingerprint; cache keys depend on "
+                    "the model name and config only (set kv_connector_extra_config.model_id)", mc.model)
+    log.info("KVServerConnector: model key %s (%d weight files fingerprinted)", key, files)
+    return key
 
 
 def _world_and_rank(vllm_config: VllmConfig, role: KVConnectorRole) -> tuple[int | None, int]:

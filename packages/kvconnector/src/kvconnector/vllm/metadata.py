@@ -22,6 +22,9 @@ class LoadJob:
     skip_tokens: int  # tokens vLLM already holds (its own prefix cache); never overwritten
     num_tokens: int  # chunk-aligned end of the load
     salt: str
+    extra: tuple[tuple[int, bytes], ...] = ()  # per-chunk extra keys (extra_keys.py)
+    epoch: int = 0  # the request's load-failure epoch when planned (see SaveJob.epoch)
+    fail: str = ""  # non-empty: do not load, report these blocks as failed (the scheduler cannot name them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +36,19 @@ class SaveJob:
     block_ids: list[int]
     skip_tokens: int  # chunk-aligned; chunks below are known to be stored already
     salt: str
+    extra: tuple[tuple[int, bytes], ...] = ()
+    # How many failed loads of this request the scheduler knew of when it planned the save. A worker
+    # that saw a load of this request fail at an epoch >= this one drops the save: the step that
+    # computed these chunks was planned before the failure was known (async scheduling plans step
+    # N+1 before step N's results arrive), so it may have attended to garbage blocks.
+    epoch: int = 0
 
 
 @dataclass
 class KVServerConnectorMetadata(KVConnectorMetadata):
     loads: list[LoadJob] = field(default_factory=list)
     saves: list[SaveJob] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)  # request ids the workers may forget
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 from . import plan
 from .breaker import Breaker
 from .config import ConnectorConfig
+from .extra_keys import AdapterDigests, request_keys
 from .log import log
 from .metadata import KVServerConnectorMetadata, LoadJob, SaveJob
 from .stats import KVServerConnectorStats
@@ -35,6 +36,8 @@ class _Req:
     stored: int = 0  # tokens [0, stored) confirmed stored by the workers (or found on the server)
     loaded_tokens: int = 0
     load_failed: bool = False
+    cacheable: bool = True  # False: never looked up nor saved (prompt embeddings, unknown adapter, ...)
+    epoch: int = 0  # failed loads the scheduler has heard of (SaveJob.epoch)
 
 
 class SchedulerSide:
@@ -46,6 +49,7 @@ class SchedulerSide:
         self.reqs: dict[str, _Req] = {}
         self.stats = KVServerConnectorStats()
         self.breaker = Breaker(cfg.retry_after_s)
+        self.adapters = AdapterDigests()
         self._session_prefix = uuid.uuid4().hex[:12]
 
     # --- vLLM hooks -------------------------------------------------------------------------
@@ -56,8 +60,8 @@ class SchedulerSide:
         st.load_pending = False
         st.local_computed = num_computed_tokens
         n = int(request.num_tokens)
-        if n <= self.chunk or self.client is None or not self.cfg.load:  # kv_producer: saves only
-            return 0, False
+        if not st.cacheable or n <= self.chunk or self.client is None or not self.cfg.load:
+            return 0, False  # kv_producer: saves only
         if not self.breaker.allow():
             self.stats.add("skipped_server_down")
             return 0, False
@@ -65,7 +69,7 @@ class SchedulerSide:
         self.stats.add("lookups")
         self.stats.add("lookup_tokens", n)
         try:
-            res = self.client.lookup(tokens, salt=st.salt, session=st.session)
+            res = self.client.lookup(tokens, salt=st.salt, session=st.session, extra=self._extra(st, n))
         except Exception as exc:  # noqa: BLE001 - the engine must never fail because of the cache
             res = None
             err: str | None = f"{type(exc).__name__}: {exc}"
@@ -103,8 +107,8 @@ class SchedulerSide:
         meta = KVServerConnectorMetadata()
         for new in so.scheduled_new_reqs:
             st = self.reqs.get(new.req_id)
-            if st is None:  # never looked up (should not happen): track it for saving only
-                st = self._new_state(new.req_id, None, None)
+            if st is None:  # never looked up (should not happen): without its Request, its keys are
+                st = self._new_state(new.req_id, None, None)  # unknown: never saved
             st.block_ids = list(new.block_ids[0])
             self._plan(meta, st, int(new.num_computed_tokens), so.num_scheduled_tokens.get(new.req_id, 0),
                        new.prompt_token_ids)
@@ -120,6 +124,7 @@ class SchedulerSide:
                 st.block_ids.extend(new_blocks[0])
             self._plan(meta, st, int(cached.num_computed_tokens[i]), so.num_scheduled_tokens.get(req_id, 0),
                        None)
+        meta.finished = list(getattr(so, "finished_req_ids", ()) or ())
         return meta
 
     def update_connector_output(self, report: Any) -> None:
@@ -139,6 +144,7 @@ class SchedulerSide:
             st = self.reqs.get(req_id)
             if st is not None:
                 st.load_failed = True
+                st.epoch += 1  # saves planned from now on are over recomputed blocks
                 st.loaded_tokens = max(0, min(st.loaded_tokens, pos - st.local_computed))
                 st.saved_upto = min(st.saved_upto, plan.floor_to(pos, self.chunk))
                 st.stored = min(st.stored, plan.floor_to(pos, self.chunk))
@@ -166,15 +172,14 @@ class SchedulerSide:
             end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
             toks = self._tokens(st, end, prompt_tokens)
             nblocks = end // self.block_size
-            if len(toks) == end and len(st.block_ids) >= nblocks:
+            if len(toks) == end and len(st.block_ids) >= nblocks and not self.cfg.debug_fail_plan_loads:
                 meta.loads.append(LoadJob(st.req_id, st.session, toks, st.block_ids[:nblocks],
-                                          st.local_computed, end, st.salt))
+                                          st.local_computed, end, st.salt, self._extra(st, end), st.epoch))
                 st.loaded_tokens = st.external_tokens
                 st.leased = False  # the worker releases the session once the load is done
-            else:  # cannot happen with vLLM 0.32's allocation; never load what we cannot name
-                log.error("KVServerConnector: request %s has %d blocks for a %d-token load; not loading",
-                          st.req_id, len(st.block_ids), end)
-        if self.cfg.save_policy == "none" or self.client is None:
+            else:
+                self._fail_load(meta, st, end, nblocks)
+        if self.cfg.save_policy == "none" or self.client is None or not st.cacheable:
             return
         limit = self._num_prompt_tokens(st, prompt_tokens) if self.cfg.save_policy == "prompt" else 1 << 62
         end = plan.save_end(st.saved_upto, num_computed + num_scheduled, limit, self.chunk)
@@ -184,8 +189,26 @@ class SchedulerSide:
         nblocks = end // self.block_size
         if len(toks) < end or len(st.block_ids) < nblocks:
             return
-        meta.saves.append(SaveJob(st.req_id, toks, st.block_ids[:nblocks], st.saved_upto, st.salt))
+        meta.saves.append(SaveJob(st.req_id, toks, st.block_ids[:nblocks], st.saved_upto, st.salt,
+                                  self._extra(st, end), st.epoch))
         st.saved_upto = end
+
+    def _fail_load(self, meta: KVServerConnectorMetadata, st: _Req, end: int, nblocks: int) -> None:
+        """vLLM was promised external tokens that we cannot load (cannot happen with vLLM 0.32's
+        allocation). Fail safe: the worker reports the blocks of the promised range as failed, so
+        vLLM recomputes them instead of computing over uninitialised blocks, and nothing of the
+        request from there on is saved before the scheduler hears of the failure."""
+        log.error("KVServerConnector: request %s has %d blocks for a %d-token load; reporting them failed",
+                  st.req_id, len(st.block_ids), end)
+        meta.loads.append(LoadJob(st.req_id, st.session, [], st.block_ids[:nblocks], st.local_computed, end,
+                                  st.salt, (), st.epoch, fail="blocks missing for the promised load"))
+        st.loaded_tokens = 0
+
+    def _extra(self, st: _Req, num_tokens: int) -> tuple[tuple[int, bytes], ...]:
+        if st.request is None:
+            return ()
+        keys = request_keys(st.request, num_tokens, self.chunk, self.adapters)
+        return keys.extra
 
     @staticmethod
     def _tokens(st: _Req, end: int, prompt_tokens: list[int] | None) -> list[int]:
@@ -206,10 +229,21 @@ class SchedulerSide:
         st.request = request
         return st
 
+    def _check_cacheable(self, st: _Req, request: Any) -> None:
+        if request is None:
+            st.cacheable = False
+            return
+        keys = request_keys(request, 0, self.chunk, self.adapters)
+        if not keys.cacheable:
+            st.cacheable = False
+            self.stats.add("uncacheable_requests")
+            log.debug("KVServerConnector: request %s is not cached (%s)", st.req_id, keys.reason)
+
     def _new_state(self, req_id: str, request: Any, cache_salt: str | None) -> _Req:
         st = _Req(req_id=req_id, request=request, salt=plan.key_salt(cache_salt),
                   session=f"{self._session_prefix}:{req_id}"[:128])
         self.reqs[req_id] = st
+        self._check_cacheable(st, request)
         return st
 
     def _release(self, st: _Req) -> None:

@@ -16,7 +16,8 @@ COUNTERS = (
     "lookups", "lookup_errors", "lookup_tokens", "hit_tokens", "external_tokens",
     "loads", "load_errors", "loaded_tokens", "failed_blocks", "load_s",
     "verify_failures",  # loads failed because cached bytes did not match their committed checksum
-    "saves", "save_errors", "saved_chunks", "save_s", "skipped_server_down",
+    "saves", "save_errors", "saved_chunks", "save_s", "skipped_server_down", "uncacheable_requests",
+    "unsafe_saves_dropped",
 )
 
 

@@ -30,6 +30,7 @@ class WorkerSide:
         self.enabled = client is not None
         self.failed_blocks: set[int] = set()
         self.failed_reqs: set[str] = set()
+        self.failed_epochs: dict[str, int] = {}  # req id -> highest LoadJob.epoch whose load failed
         self.report = KVServerWorkerMetadata()
         self.stats = KVServerConnectorStats()
         self.breaker = Breaker(cfg.retry_after_s)
@@ -52,20 +53,27 @@ class WorkerSide:
         self.failed_reqs.clear()
         for job in meta.loads:
             self._load(job)
+        for req_id in meta.finished:
+            self.failed_epochs.pop(req_id, None)
 
     def save(self, meta: KVServerConnectorMetadata) -> None:
         if not self.enabled or self.cfg.save_policy == "none":
             return
         for job in meta.saves:
-            if job.req_id in self.failed_reqs:
-                continue  # this step computed it over blocks that failed to load: never store that
+            if job.req_id in self.failed_reqs or job.epoch <= self.failed_epochs.get(job.req_id, -1):
+                # Computed over blocks that failed to load, in this step or in one planned before the
+                # scheduler heard of the failure (async scheduling): never store that.
+                self.stats.add("unsafe_saves_dropped")
+                self._save_failed(job.req_id, job.skip_tokens)
+                continue
             if not self.breaker.allow():
                 self.stats.add("skipped_server_down")
                 self._save_failed(job.req_id, job.skip_tokens)
                 continue
             t = time.perf_counter()
             try:
-                res = self.client.save(job.tokens, job.block_ids, salt=job.salt, skip_tokens=job.skip_tokens)
+                res = self.client.save(job.tokens, job.block_ids, salt=job.salt, skip_tokens=job.skip_tokens,
+                                       extra=job.extra)
                 ok, err, chunks = res.ok, res.error, res.saved_chunks
             except Exception as exc:  # noqa: BLE001 - a failed store is a future miss, never an engine error
                 ok, err, chunks = False, f"{type(exc).__name__}: {exc}", 0
@@ -103,15 +111,15 @@ class WorkerSide:
     def _load(self, job: LoadJob) -> None:
         bs = self.layout.block_size if self.layout else 1
         wanted = list(job.block_ids[job.skip_tokens // bs: job.num_tokens // bs])
-        if not self.enabled or self.layout is None:
+        if not self.enabled or self.layout is None or job.fail:
             self._release(job.session)
-            self._fail(job, wanted, "connector disabled on this worker")
+            self._fail(job, wanted, job.fail or "connector disabled on this worker")
             return
         t = time.perf_counter()
         verify_before = self.client.verify_failures
         try:
             res = self.client.load(job.session, job.tokens, job.block_ids, skip_tokens=job.skip_tokens,
-                                   num_tokens=job.num_tokens, salt=job.salt)
+                                   num_tokens=job.num_tokens, salt=job.salt, extra=job.extra)
             ok, err, bad, loaded = res.ok, res.error, list(res.failed_block_ids), res.loaded_tokens
         except Exception as exc:  # noqa: BLE001 - load already gave this rank's leases back
             ok, err, bad, loaded = False, f"{type(exc).__name__}: {exc}", wanted, 0
@@ -133,6 +141,7 @@ class WorkerSide:
         self.stats.add("failed_blocks", len(blocks))
         self.failed_blocks.update(blocks)
         self.failed_reqs.add(job.req_id)
+        self.failed_epochs[job.req_id] = max(job.epoch, self.failed_epochs.get(job.req_id, -1))
         bs = self.layout.block_size if self.layout else 1
         pos = {b: i for i, b in enumerate(job.block_ids)}
         first = min((pos[b] * bs for b in blocks if b in pos), default=job.skip_tokens)

@@ -1,0 +1,57 @@
+"""A failed load under async scheduling never lets a chunk computed over garbage blocks be saved.
+
+Async scheduling plans step N+1 before step N's results (and its load errors) reach the scheduler.
+vLLM's CPU platform turns async scheduling off ("not required on CPU", vllm/platforms/cpu.py
+check_and_update_config); the engine runner turns it back on after that hook
+(`force_async_scheduling`), and the test checks the engine really ran with it.
+
+Scenario: chunks 0-1 of a 1100-token prompt are cached; the load of chunk 1 is made to fail
+(garbage written into its blocks, reported failed); chunked prefill (256 tokens a step) computes
+chunk 2 in the load's step and chunk 3 in the next step, which was planned before the failure was
+known: both attended to the garbage. Neither may be stored. A fresh engine then loads all four
+chunks and must generate exactly what a no-connector engine does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvprotocol import Client
+from kvserver_proc import ServerFactory
+from tiny_model import random_prompt
+from vllm_cases import MAX_TOKENS, kv_config
+from vllm_harness import prompt, run_engine
+
+pytestmark = pytest.mark.vllm_engine
+
+P_ASYNC = random_prompt(1100, seed=21)
+CHUNKED = {"enable_prefix_caching": False, "max_num_batched_tokens": 256, "enable_chunked_prefill": True}
+
+
+def test_failed_load_under_async_scheduling_saves_nothing_computed_over_it(
+        model_dir: Path, kvserver_factory: ServerFactory) -> None:
+    baseline = run_engine(model_dir, [[prompt(P_ASYNC)]], max_tokens=MAX_TOKENS,
+                          llm_kwargs={"enable_prefix_caching": False})
+    want = baseline.requests[0].token_ids
+    server = kvserver_factory()
+    failing = run_engine(
+        model_dir, [[prompt(P_ASYNC[:600])], [prompt(P_ASYNC)]], max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv_config(server.url, debug_fail_load_chunks=[1]),
+        llm_kwargs={**CHUNKED, "async_scheduling": True},
+        extra_spec={"force_async_scheduling": True, "connector_stats": True})
+    assert failing.async_scheduling, "the engine did not run with async scheduling"
+    seed, r = failing.requests
+    assert seed.kv_transfer_params["kvserver"]["stored_tokens"] == 512
+    assert r.kv_transfer_params["kvserver"]["load_failed"] is True
+    assert r.token_ids == want
+    stats = failing.batches[1].connector_stats
+    assert stats is not None and stats["unsafe_saves_dropped"] >= 1, stats
+    with Client(server.url) as c:
+        counters = c.call("describe").result["counters"]
+    fresh = run_engine(model_dir, [[prompt(P_ASYNC)]], max_tokens=MAX_TOKENS,
+                       kv_transfer_config=kv_config(server.url), llm_kwargs={"enable_prefix_caching": False})
+    got = fresh.requests[0]
+    assert got.token_ids == want, (counters, got.kv_transfer_params)
+    assert got.connector_loaded_tokens in (512, 1024)  # chunks 2-3 stored only after being recomputed
