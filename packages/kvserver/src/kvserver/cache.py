@@ -331,8 +331,10 @@ class CacheService:
             slot.entry.checksum = checksum  # never verified here: the server does not read the bytes
         for slot in reversed(txn.slots):  # the tail enters the policy first, the head last (see lookup)
             self.l1.finish_write(slot.key)
-            self.counters.stored_bytes += slot.entry.size
-        self.counters.stored_objects += len(txn.slots)
+            if txn.kind == "prefix":  # blend stores count in their own counters (blend_index.py)
+                self.counters.stored_bytes += slot.entry.size
+        if txn.kind == "prefix":
+            self.counters.stored_objects += len(txn.slots)
         keys = [s.key for s in txn.slots]
         for hook in self.on_commit:
             hook(keys)

@@ -23,6 +23,7 @@ from kvprotocol._messages import MAX_HEADER_BYTES, error_reply, ok_reply, pack, 
 
 from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
 from .auth import ServerAuth
+from .blend_index import BlendService
 from .cache import CacheService
 from .config import ServerConfig
 from .ec import ECCache, check_ec_space, ec_arena_name
@@ -75,6 +76,7 @@ class KVServer:
             self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes)
             self.ec = ECCache(self.ec_arena, config.lease_ttl)
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl)
+            self.blend = BlendService(self.cache)  # content-keyed chunks (CacheBlend), opt-in per request
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
         except BaseException:
             self.close()
@@ -133,6 +135,8 @@ class KVServer:
             "pin": lambda f, fr: (c.set_pinned(f, True), []),
             "unpin": lambda f, fr: (c.set_pinned(f, False), []),
             **self.ec.handlers(),
+            "blend_store": lambda f, fr: (self.blend.store(f), []),
+            "blend_lookup": lambda f, fr: (self.blend.lookup(f), []),
         }
 
     async def _lookup_l2(self, f: dict[str, Any], _frames: list[memoryview]) -> Result:
@@ -165,6 +169,7 @@ class KVServer:
             "stores_in_flight": len(c.table.stores),
             "counters": vars(c.counters),
             "ec": self.ec.describe(),
+            "blend": self.blend.describe(),  # CacheBlend hits are not prefix hits: never summed with counters
             "errors": dict(self.errors),
             "ops": dict(self.op_counts),
             **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),

@@ -87,6 +87,10 @@ def render(url: str, status: dict[str, Any]) -> list[Any]:
                           str(len(e.get("groups", []))), str(e.get("host") or "-"), str(e.get("pid") or "-"))
         out.append(table)
     out.append(_kv_table("counters", [(k, str(v)) for k, v in c.items()]))
+    blend = status.get("blend")
+    if isinstance(blend, dict) and (blend.get("stores") or blend.get("lookups")):  # only once CacheBlend is used
+        out.append(_kv_table("blend (approximate reuse; not in the prefix counters)",
+                             [(k, str(v)) for k, v in blend.items()]))
     ops = status.get("ops", {})
     if ops:
         out.append(_kv_table("ops", [(k, str(v)) for k, v in sorted(ops.items())]))

@@ -159,6 +159,26 @@ class ServerCollector(Collector):
         yield errors
         yield from _l2_families(tiers, d.get("l2_queue"))
         yield from ec_families(d.get("ec"))
+        yield from _blend_families(d.get("blend"))
+
+
+_BLEND = {  # describe()["blend"] key -> (metric, kind, help); never folded into the prefix series above
+    "lookups": ("kvserver_blend_lookup_requests", "counter", "Blend lookups served (CacheBlend, opt-in)."),
+    "lookup_tokens": ("kvserver_blend_lookup_tokens", "counter", "Prompt tokens of blend lookups."),
+    "hit_tokens": ("kvserver_blend_hit_tokens", "counter",
+                   "Tokens blend lookups found as content chunks at any position (approximate reuse)."),
+    "stored_bytes": ("kvserver_blend_store_bytes", "counter", "Bytes of blend chunks committed to L1."),
+    "index_entries": ("kvserver_blend_index_entries", "gauge", "Content fingerprints findable by blend lookups."),
+}
+
+
+def _blend_families(blend: Any) -> Iterator[Metric]:
+    if isinstance(blend, Mapping):
+        for key, (name, kind, help_text) in _BLEND.items():
+            value = _number(blend, (key,))
+            if value is not None:
+                family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                yield family(name, help_text, value=value)
 
 
 def _l2_families(tiers: list[TierStats], queue: Any) -> Iterator[Metric]:
