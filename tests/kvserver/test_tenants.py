@@ -176,7 +176,8 @@ def test_quota_evicts_the_tenants_own_objects_first_then_refuses(tenancy):
     assert [s["status"] for s in reply["slots"]] == ["reserved", "reserved"]
     row = admin.call("describe").result["tenants"]["carol"]
     assert row["l1_used_bytes"] == 3 * OBJ and row["quota_evictions"] == 1 and row["quota_refusals"] == 0
-    assert lookup(carol, ks, first) == 0 and lookup(carol, ks, second) == 512
+    # one of her first prompt's objects went (which one is the eviction policy's choice)
+    assert lookup(carol, ks, first) < 512 and lookup(carol, ks, second) == 512
     assert lookup(c["alice"], ks, T1) == 512  # alice untouched
     # four chunks at once: three reservations fill the quota (evicting her own), the fourth is refused
     big = list(range(40_000, 40_000 + 4 * 256))

@@ -125,11 +125,55 @@ class PinReply(Reply_):
     objects: int
 
 
+class BlendStoreReply(Reply_):
+    store_id: str | None
+    slots: list[StoreSlot]
+    chunk_size: int
+
+
+class BlendLookupReply(Reply_):
+    matches: list[Any]  # per matched chunk: where it sits in the prompt and which stored chunk it is
+    candidate_chunks: int
+    hit_tokens: int
+    chunk_size: int
+
+
+class ECLookupReply(Reply_):
+    items: list[Any]
+    arena: ArenaInfo
+
+
+class ECStoreReply(Reply_):
+    status: str  # reserved | present | writing | no_space
+    store_id: str | None = None
+    size: int | None = None
+    offset: int | None = None
+    arena: ArenaInfo | None = None
+
+
+class ECCommitReply(Reply_):
+    committed: bool
+
+
+class ECAbortReply(Reply_):
+    aborted: bool
+
+
+class ECRetrieveReply(Reply_):
+    found: bool  # and, when found, the object's dtype, shape, size, checksum, lease / offset / arena
+
+
+class ECReleaseReply(Reply_):
+    released: bool
+
+
 REPLIES: dict[str, type[Reply_]] = {
     "ping": PingReply, "describe": DescribeReply, "clear": ClearReply, "register_engine": RegisterReply,
     "lookup": LookupReply, "query": QueryReply, "store": StoreReply, "commit": CommitReply, "abort": AbortReply,
     "retrieve": RetrieveReply, "release": ReleaseReply, "end_session": EndSessionReply, "pin": PinReply,
-    "unpin": PinReply,
+    "unpin": PinReply, "blend_store": BlendStoreReply, "blend_lookup": BlendLookupReply, "ec_lookup": ECLookupReply,
+    "ec_store": ECStoreReply, "ec_commit": ECCommitReply, "ec_abort": ECAbortReply, "ec_retrieve": ECRetrieveReply,
+    "ec_release": ECReleaseReply, "ec_clear": ClearReply,
 }
 assert set(REPLIES) == set(REQUESTS), "every op needs a reply Struct"
 

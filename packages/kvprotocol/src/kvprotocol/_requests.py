@@ -216,13 +216,98 @@ class EndSession(Request, tag="end_session"):
     session: SessionId
 
 
+# -- CacheBlend (docs/blend.md): chunks named by content, not by prefix; opt-in ---------------------
+class BlendStore(KeysRequest, tag="blend_store", kw_only=True):
+    """One segment (document); its chunk i holds KV computed at pos_base + i * chunk_size."""
+
+    rank: Rank
+    pos_base: Annotated[int, Meta(ge=0, le=MAX_TOKENS)] = 0
+    mode: Mode = "shm"
+    session: SessionId | None = None
+
+
+class BlendLookup(KeysRequest, tag="blend_lookup", kw_only=True):
+    """A whole prompt and where its segments start; matches are leased like a lookup's prefix."""
+
+    starts: Annotated[list[Annotated[int, Meta(ge=0, le=MAX_TOKENS - 1)]], Meta(min_length=1, max_length=MAX_CHUNKS)]
+    session: SessionId | None = None
+    rank: Rank | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if any(b <= a for a, b in zip(self.starts, self.starts[1:])):
+            raise ValidationError(ErrorCode.BAD_FIELD, "starts must be strictly increasing")
+
+
+# -- encoder cache (docs/multimodal.md): one encoder output per multimodal item -------------------
+MAX_EC_ITEMS = 256
+MAX_EC_BYTES = 1 << 34
+ECItem = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._:@+=/-]{1,256}$")]
+ECSize = Annotated[int, Meta(ge=0, le=MAX_EC_BYTES)]
+
+
+def _u64(value: int, what: str) -> None:
+    if value > U64_MAX:
+        raise ValidationError(ErrorCode.OUT_OF_RANGE, f"{what} must be an unsigned 64-bit integer")
+
+
+class ECLookup(Request, tag="ec_lookup", kw_only=True):
+    model: Model
+    space: Fingerprint
+    items: Annotated[list[ECItem], Meta(min_length=1, max_length=MAX_EC_ITEMS)]
+    readers: Annotated[int, Meta(ge=0, le=MAX_WORLD_SIZE)] | None = None  # > 0: lease each hit for that many
+
+
+class ECStore(Request, tag="ec_store", kw_only=True):
+    model: Model
+    space: Fingerprint
+    item: ECItem
+    dtype: Annotated[str, Meta(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+    shape: Annotated[list[ECSize], Meta(min_length=1, max_length=8)]
+    size: ECSize
+    mode: Mode = "shm"
+
+
+class ECCommit(Request, tag="ec_commit", kw_only=True):
+    store_id: StoreId
+    checksum: Annotated[int, Meta(ge=0)]
+    DATA_IN: ClassVar[bool] = True  # tcp mode: the object's bytes as one frame
+
+    def __post_init__(self) -> None:
+        _u64(self.checksum, "checksum")
+
+
+class ECAbort(Request, tag="ec_abort", kw_only=True):
+    store_id: StoreId
+
+
+class ECRetrieve(Request, tag="ec_retrieve", kw_only=True):
+    model: Model
+    space: Fingerprint
+    item: ECItem
+    mode: Mode = "shm"
+
+
+class ECRelease(Request, tag="ec_release", kw_only=True):
+    lease: Annotated[int, Meta(ge=0)]
+
+    def __post_init__(self) -> None:
+        _u64(self.lease, "lease")
+
+
+class ECClear(Request, tag="ec_clear"):
+    pass
+
+
 REQUESTS: dict[str, type[Request]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in (Ping, Describe, Clear, RegisterEngine, Lookup, Query, Store, Commit, Abort, Retrieve, Release,
-                EndSession, Pin, Unpin)
+                EndSession, Pin, Unpin, BlendStore, BlendLookup, ECLookup, ECStore, ECCommit, ECAbort, ECRetrieve,
+                ECRelease, ECClear)
 }
 AnyRequest = (Ping | Describe | Clear | RegisterEngine | Lookup | Query | Store | Commit | Abort | Retrieve | Release
-              | EndSession | Pin | Unpin)
+              | EndSession | Pin | Unpin | BlendStore | BlendLookup | ECLookup | ECStore | ECCommit | ECAbort
+              | ECRetrieve | ECRelease | ECClear)
 
 
 def fields_of(req: Request) -> dict[str, Any]:

@@ -62,12 +62,18 @@ class CacheService:
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
         self.counters = Counters()
         self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
+        self.on_hit: list[Callable[[list[IKey]], None]] = []  # objects a lookup hit (L2 admission)
         self.on_commit_txn: list[Callable[[StoreTxn], None]] = []  # e.g. KV events (need tokens, keyspace)
         # after an L2 prefetch: (keyspace, salt, tokens, chunk hashes, first chunk that missed before)
         self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
 
     # -- helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def _ks(keyspace: dict[str, Any]) -> KeySpaceT:
+        """A keyspace map (field-map handlers, e.g. blend_index.py) as the server's key tuple."""
+        return (keyspace["model"], keyspace["world_size"], tuple(keyspace["groups"]))
+
     def _keys(self, ks: KeySpaceT, salt: str, rank: int, chunk_hash: bytes) -> list[IKey]:
         return rank_keys(ks, salt, rank, [chunk_hash])
 
@@ -173,9 +179,13 @@ class CacheService:
         if rank is not None and rank >= ks[1]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         touch = self.l1.touch
-        for h in hashes[:hit]:
+        for h in reversed(hashes[:hit]):  # tail first: a prefix's head ends up the most recently used
             for key in self._chunk_keys(ks, salt, h):
                 touch(key)
+        if self.on_hit and hit:
+            hit_keys = [k for h in hashes[:hit] for k in self._chunk_keys(ks, salt, h)]
+            for hook in self.on_hit:
+                hook(hit_keys)
         if session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
             self.leases.take(session, ks, salt, hashes, hit, rank)
         return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
@@ -194,6 +204,7 @@ class CacheService:
         if self.l2 is not None and hit < len(hashes):
             chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
             await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
+            self.l1.link_chain(ks[0], ks[1], salt, hashes)
             for hook in self.on_prefetched:
                 hook(ks, salt, f.tokens, hashes, hit)
         return self.lookup(f, who, hashes)  # no await since the wait: the prefix is recomputed and leased at once
@@ -280,7 +291,7 @@ class CacheService:
                     self.counters.no_space += 1
                     reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
                     continue
-                entry = self.l1.reserve(key, sizes[group])
+                entry = self.l1.reserve(key, sizes[group], hashes[chunk - 1] if chunk else None)
                 if entry is None:
                     self.counters.no_space += 1
                     reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
@@ -328,9 +339,12 @@ class CacheService:
         del self.table.stores[store_id]
         for slot, checksum in zip(txn.slots, checksums, strict=True):
             slot.entry.checksum = checksum  # never verified here: the server does not read the bytes
+        for slot in reversed(txn.slots):  # the tail enters the policy first, the head last (see lookup)
             self.l1.finish_write(slot.key)
-            self.counters.stored_bytes += slot.entry.size
-        self.counters.stored_objects += len(txn.slots)
+            if txn.kind == "prefix":  # blend stores count in their own counters (blend_index.py)
+                self.counters.stored_bytes += slot.entry.size
+        if txn.kind == "prefix":
+            self.counters.stored_objects += len(txn.slots)
         t = self.ledger.counters(who)
         t.stored_objects += len(txn.slots)
         t.stored_bytes += sum(s.entry.size for s in txn.slots)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -24,8 +25,10 @@ from kvprotocol._requests import Request
 
 from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
 from .auth import ServerAuth
+from .blend_index import BlendService
 from .cache import CacheService
 from .config import ServerConfig
+from .ec import ECCache, check_ec_space, ec_arena_name
 from .eviction import make_policy
 from .l1 import L1Cache, State
 from .l2 import build_tier_manager
@@ -35,12 +38,32 @@ log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
 Handler = Callable[[Any, list[memoryview], Identity], Result | Awaitable[Result]]
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
-ADMIN_OPS = frozenset({"clear"})  # touch every tenant's objects: the server's own token only
+ADMIN_OPS = frozenset({"clear", "ec_clear"})  # touch every tenant's objects: the server's own token only
 
 
 def max_frame_bytes(arena_size: int) -> int:
     """ZMQ_MAXMSGSIZE: the largest object an arena of this size holds, or a header frame."""
     return max(MAX_HEADER_BYTES, min(arena_size, kvprotocol.MAX_OBJECT_BYTES))
+
+
+def _as_fields(req: Request, who: Identity) -> dict[str, Any]:
+    """A typed request as the field map older handlers (ec.py, blend_index.py) take: set fields only,
+    nested Structs as maps, and the caller's salt and session ids inside its tenant's namespace."""
+    out: dict[str, Any] = {}
+    for name in req.__struct_fields__:
+        value = getattr(req, name)
+        if name in ("v", "id", "auth") or value is None:
+            continue
+        out[name] = msgspec.structs.asdict(value) if isinstance(value, msgspec.Struct) else value
+    if "salt" in out:
+        out["salt"] = who.salt(out["salt"])
+    if "session" in out:
+        out["session"] = who.scope(out["session"])
+    return out
+
+
+def _fields_handler(handler: Callable[[dict[str, Any], list[memoryview]], Any]) -> Handler:
+    return lambda r, fr, w: handler(_as_fields(r, w), fr)
 
 
 class KVServer:
@@ -60,7 +83,7 @@ class KVServer:
             self._sock.setsockopt(zmq.LINGER, 0)
             # No frame can be larger than the largest object this arena can hold (or a header): ZMQ
             # drops the connection of a peer that sends one, after buffering at most that much.
-            self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(config.l1_bytes))
+            self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(max(config.l1_bytes, config.ec_bytes)))
             self.auth.secure(self._sock)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
             try:
@@ -71,7 +94,12 @@ class KVServer:
             check_free_space(name, config.l1_bytes + HEADER_BYTES)
             self.arena = Arena(name, config.l1_bytes)
             self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
+            # the encoder cache: its own segment and budget, never evicted by KV (ec.py)
+            check_ec_space(ec_arena_name(name), config.ec_bytes + HEADER_BYTES)
+            self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes)
+            self.ec = ECCache(self.ec_arena, config.lease_ttl)
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl, self.auth.tenants)
+            self.blend = BlendService(self.cache)  # content-keyed chunks (CacheBlend), opt-in per request
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
         except BaseException:
             self.close()
@@ -85,7 +113,9 @@ class KVServer:
         self.handlers: dict[str, Handler] = self._builtin_handlers()
         if self.l2 is not None:
             self.cache.l2 = self.l2
-            self.cache.on_commit.append(self.l2.enqueue)
+            self.cache.on_commit.append(self.l2.committed)
+            if self.l2.admission.mode != "all":
+                self.cache.on_hit.append(self.l2.hit)
             self.handlers["lookup"] = self._lookup_l2
             self.handlers["query"] = self._query_l2
         self.kv_events: Any = None
@@ -129,7 +159,17 @@ class KVServer:
             "clear": lambda r, fr, w: (c.clear(), []),
             "pin": lambda r, fr, w: (c.set_pinned(r, True, w), []),
             "unpin": lambda r, fr, w: (c.set_pinned(r, False, w), []),
+            **{op: _fields_handler(h) for op, h in self.ec.handlers().items()},
+            "blend_store": self._blend_store,
+            "blend_lookup": _fields_handler(lambda f, fr: (self.blend.lookup(f), [])),
         }
+
+    def _blend_store(self, r: Any, frames: list[memoryview], who: Identity) -> Result:
+        result = self.blend.store(_as_fields(r, who))
+        txn = self.cache.table.stores.get(result.get("store_id") or "")
+        if txn is not None:
+            txn.owner = who.tenant  # like a prefix store, only its owner may commit or abort it
+        return result, []
 
     async def _lookup_l2(self, r: Any, _frames: list[memoryview], who: Identity) -> Result:
         return await self.cache.lookup_l2(r, who), []
@@ -171,6 +211,8 @@ class KVServer:
             "stores_in_flight": len(c.table.stores),
             "counters": vars(c.counters),
             "tenants": self.tenants_usage(),
+            "ec": self.ec.describe(),
+            "blend": self.blend.describe(),  # CacheBlend hits are not prefix hits: never summed with counters
             "errors": dict(self.errors),
             "ops": dict(self.op_counts),
             **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),
@@ -274,6 +316,7 @@ class KVServer:
             await asyncio.sleep(interval)
             try:
                 self.cache.expire()
+                self.ec.expire()
             except Exception:  # the sweeper must never die silently
                 log.exception("lease expiry sweep failed")
 
@@ -324,6 +367,9 @@ class KVServer:
         arena: Arena | None = getattr(self, "arena", None)
         if arena is not None:
             arena.close()
+        ec_arena: Arena | None = getattr(self, "ec_arena", None)
+        if ec_arena is not None:
+            ec_arena.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None

@@ -68,6 +68,7 @@ class StoreTxn:
     tokens: bytes = b""
     hashes: list[bytes] | None = None
     owner: str = "default"  # the tenant that reserved it: nobody else can commit or abort it
+    kind: str = "prefix"  # "blend": a content-keyed chunk (blend_index.py), counted apart from prefix stores
 
 
 def new_store_id() -> str:

@@ -7,6 +7,7 @@ under the same ZMQ url (a restart) replaces its old entry, so a crashed server n
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -29,6 +30,7 @@ class Instance:
     l1_capacity_bytes: int
     heartbeat_interval: float
     chunk_size: int | None = None
+    kv_events: Any = None  # models.KVEventsAd when the instance publishes KV events
     models: list[str] = field(default_factory=list)
     l1_used_bytes: int = 0
     objects: int = 0
@@ -128,3 +130,10 @@ class Registry:
                  inst.zmq_url, self.clock() - inst.last_seen, len(self.instances))
         for hook in self.on_drop:
             hook(inst, why)
+
+
+async def prune_forever(registry: Registry, period: float = 1.0) -> None:
+    """Drop timed-out instances even while nobody registers or heartbeats (their index entries go with them)."""
+    while True:
+        await asyncio.sleep(period)
+        registry.prune()

@@ -25,8 +25,8 @@ class Guard:
         self.token = token
         self.read_token = None if is_loopback(host) else token
 
-    def read(self, request: Request) -> None:
+    async def read(self, request: Request) -> None:  # async: a sync dependency costs a threadpool hop
         _check(request, self.read_token)
 
-    def write(self, request: Request) -> None:
+    async def write(self, request: Request) -> None:
         _check(request, self.token)

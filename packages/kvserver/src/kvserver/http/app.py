@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from fastapi import Depends, FastAPI, Request, Response
 from prometheus_client.exposition import choose_encoder
 
 import kvprotocol
-from kvprotocol._requests import Clear, KeysRequest, Pin, Query, Unpin
+from kvprotocol._requests import Clear, KeysBody, KeysRequest, Pin, Query, Unpin
 
+from . import kvevents_api
 from .errors import install_error_handlers
 from .limits import RequestLimits
 from .metrics import ServerMetrics
@@ -72,12 +74,18 @@ def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAP
         """What `kvcli describe` shows: config (no secrets), L1 usage, engines, counters, errors."""
         return server.describe()
 
-    @app.post("/v1/query", tags=["keys"], dependencies=write)  # reveals cache contents: token always
-    async def query(request: Request) -> dict[str, Any]:
-        """Per-chunk presence of a token sequence and its reusable prefix; leases nothing."""
+    @app.post("/v1/query", tags=["keys"], dependencies=write,  # reveals cache contents: token always
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": msgspec.json.schema(KeysBody)}}}})
+    async def query(request: Request) -> Response:
+        """Per-chunk presence of a token sequence and its reusable prefix; leases nothing.
+
+        Routers call this per request: the body is decoded by msgspec straight from the bytes and
+        the answer encoded by msgspec, skipping FastAPI's slower generic paths.
+        """
         req, result = await _keys_op(server, request, Query)
         result["num_tokens"] = len(req.tokens) // 4
-        return result
+        return Response(msgspec.json.encode(result), media_type="application/json")
 
     @app.post("/v1/clear", tags=["keys"], dependencies=write)
     async def clear() -> dict[str, Any]:
@@ -94,6 +102,7 @@ def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAP
         """Make pinned objects of a token sequence evictable again."""
         return (await _keys_op(server, request, Unpin))[1]
 
+    app.include_router(kvevents_api.router(server, write))  # it reveals what is cached
     app.state.server = server
     app.state.metrics = metrics
     return app

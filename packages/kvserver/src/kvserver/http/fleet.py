@@ -29,6 +29,26 @@ def advertised(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://[{name}]:{port}" if ":" in name else f"{scheme}://{name}:{port}"
 
 
+def advertised_endpoint(endpoint: str) -> str:
+    """A ZMQ bind endpoint as peers connect to it (ipc:// as is; a wildcard host becomes this host's name)."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme != "tcp":
+        return endpoint
+    host, _, port = rest.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return advertised("tcp", host if host != "*" else "", int(port))
+
+
+def kv_events_ad(cfg: Any) -> dict[str, Any] | None:
+    """Where this server's KV events are, for the coordinator's prefix index (None when they are off)."""
+    if not cfg.kv_events_endpoint:
+        return None
+    return {"endpoint": advertised_endpoint(cfg.kv_events_endpoint),
+            "replay_endpoint": (advertised_endpoint(cfg.kv_events_replay_endpoint)
+                                if cfg.kv_events_replay_endpoint else None),
+            "topic": cfg.kv_events_topic.format(host=socket.gethostname(), model="{model}")}
+
+
 def _why(exc: Exception) -> str:
     if isinstance(exc, httpx.HTTPStatusError):
         code = exc.response.status_code
@@ -55,14 +75,21 @@ class FleetAgent:
 
     def _stats(self) -> dict[str, Any]:
         l1, c = self.server.l1, self.server.cache
-        return {"models": sorted({e.model for e in c.engines.values()})[:64],
-                "l1_used_bytes": l1.used_bytes, "objects": len(l1.entries)}
+        out = {"models": sorted({e.model for e in c.engines.values()})[:64],
+               "l1_used_bytes": l1.used_bytes, "objects": len(l1.entries)}
+        if self.server.kv_events is not None:  # lets the coordinator notice a lost tail of the stream
+            out["kv_events_seq"] = self.server.kv_events.publisher.next_seq
+        return out
 
     def registration(self) -> dict[str, Any]:
         cfg = self.server.config
-        return {"zmq_url": self.zmq_url, "http_url": self.http_url, "l1_capacity_bytes": self.server.arena.capacity,
-                "version": kvprotocol.__version__, "chunk_size": cfg.chunk_size,
-                "heartbeat_interval": cfg.heartbeat_interval, **self._stats()}
+        out = {"zmq_url": self.zmq_url, "http_url": self.http_url, "l1_capacity_bytes": self.server.arena.capacity,
+               "version": kvprotocol.__version__, "chunk_size": cfg.chunk_size,
+               "heartbeat_interval": cfg.heartbeat_interval, **self._stats()}
+        events = kv_events_ad(cfg)
+        if events is not None and self.http_url is not None:  # the coordinator resyncs over HTTP
+            out["kv_events"] = events
+        return out
 
     async def _register(self) -> None:
         reply = await self._client.post(f"{self.base}/v1/instances", json=self.registration())

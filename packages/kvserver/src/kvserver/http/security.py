@@ -30,10 +30,10 @@ class Guard:
         self.token = token
         self.read_token = None if is_loopback(config.http_host) else token
 
-    def read(self, request: Request) -> None:
+    async def read(self, request: Request) -> None:  # async: a sync dependency costs a threadpool hop
         check_bearer(request, self.read_token)
 
-    def write(self, request: Request) -> None:
+    async def write(self, request: Request) -> None:
         check_bearer(request, self.token)
 
 

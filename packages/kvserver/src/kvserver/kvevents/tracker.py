@@ -170,6 +170,13 @@ class L1EventTracker:
         """(the chunk's tokens as packed uint32, its parent's chunk hash) while kept."""
         return self._info.get(ident)
 
+    def snapshot(self) -> dict[str, list[bytes]]:
+        """Model -> chunk hashes announced as stored and not removed: what a resyncing subscriber rebuilds from."""
+        out: dict[str, list[bytes]] = {}
+        for model, h in self._holders:
+            out.setdefault(model, []).append(h)
+        return out
+
     def started(self) -> None:
         """A fresh server holds nothing: tell subscribers to forget what an earlier process announced."""
         self.batcher.add("", all_blocks_cleared())

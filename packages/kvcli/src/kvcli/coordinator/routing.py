@@ -1,0 +1,107 @@
+"""Fleet lookup: answered from the prefix index where an instance's feed is in sync, by fan-out elsewhere.
+
+- `auto` (default): instances whose KV-events feed is in sync are answered from the index (no
+  request to them); the others (no events, resyncing, topic not indexable) are asked directly;
+- `verify`: the index picks the candidates (the best few), which are then asked directly, so
+  the answer respects the layout, world size and salt of the body, which events do not carry;
+- `fanout`: every live instance is asked, as before the index existed.
+
+The answer lists the instances that hold at least one chunk (best first) and every instance that
+was asked and failed, each with where its figure came from (`source`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+import httpx
+
+from kvprotocol import chunk_hashes
+
+from .credentials import InstanceCredentials
+from .fanout import Outcome, fleet_query
+from .models import LookupBody
+from .registry import Instance, Registry
+from .subscriber import EventFeeds
+
+VERIFY_CANDIDATES = 4
+MAX_LISTED = 16
+
+
+def _load(inst: Instance) -> float:
+    return inst.l1_used_bytes / inst.l1_capacity_bytes if inst.l1_capacity_bytes else 1.0
+
+
+def from_index(feeds: EventFeeds, registry: Registry, model: str, tokens: list[int]) -> dict[str, int]:
+    """Instance id -> reusable prefix (tokens) by the index, for fresh in-sync instances holding a chunk.
+
+    Work is proportional to the chunks of the prompt and the instances that hold them, not to the
+    fleet: an instance past its timeout but not yet pruned is skipped here by its age.
+    """
+    out: dict[str, int] = {}
+    now, instances = registry.clock(), registry.instances
+    for chunk in feeds.chunk_sizes():
+        if len(tokens) < chunk:
+            continue
+        keys = feeds.index.keys(model, chunk_hashes(tokens, chunk))
+        for slot, n in feeds.index.prefixes(keys).items():
+            feed = feeds.by_slot.get(slot)
+            if not n or feed is None or feed.expected is None or feed.inst.chunk_size != chunk:
+                continue
+            inst = instances.get(feed.inst.id)
+            if inst is not None and now - inst.last_seen <= registry.timeout:
+                out[inst.id] = n * chunk
+    return out
+
+
+async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, feeds: EventFeeds | None,
+                       registry: Registry,
+                       body: LookupBody, timeout: float, outcome: Outcome) -> dict[str, Any]:
+    tokens, mode = body.tokens, body.mode
+    if feeds is None or mode == "fanout":
+        ask, indexed = registry.live(), 0
+    elif feeds.in_sync == len(registry.instances):  # the usual case: nobody to ask, no O(fleet) scan
+        ask, indexed = [], feeds.in_sync
+    else:
+        ask = [i for i in registry.live() if not feeds.synced(i.id)]
+        indexed = feeds.in_sync
+    rows: dict[str, dict[str, Any]] = {}
+    known = registry.instances
+    if indexed and feeds is not None:
+        prefixes = from_index(feeds, registry, body.model, tokens)
+        if mode == "verify":
+            ranked = sorted(prefixes, key=lambda i: (-prefixes[i], _load(known[i]), i))
+            ask += [known[i] for i in ranked[:VERIFY_CANDIDATES]]
+        else:
+            top = heapq.nsmallest(MAX_LISTED, prefixes.items(), key=lambda kv: (-kv[1], _load(known[kv[0]]), kv[0]))
+            for inst_id, prefix in top:  # the best ones: the answer lists no more, and the best is among them
+                rows[inst_id] = _row(known[inst_id], prefix, None, "index")
+    forwarded = body.model_dump(exclude_none=True, exclude={"mode"}) if ask else {}
+    asked = await fleet_query(client, creds, ask, forwarded, timeout, outcome) if ask else []
+    by_all = {i.id: i for i in ask} | {i: known[i] for i in rows if i in known}
+    for inst, asked_prefix, error in asked:
+        rows[inst.id] = _row(inst, asked_prefix, error, "fanout")
+    answered = [r for r in rows.values() if r["prefix_tokens"] is not None]
+    best = min(answered, key=lambda r: (-r["prefix_tokens"], _load(by_all[r["instance_id"]]), r["instance_id"]),
+               default=None)
+    best_prefix: int = best["prefix_tokens"] if best else 0
+    order = sorted(rows.values(), key=lambda r: (-(r["prefix_tokens"] or 0), r["instance_id"]))
+    listed = [r for r in order if r["source"] == "fanout"]  # every instance asked, as before the index
+    listed += [r for r in order if r["source"] == "index"]
+    return {
+        "num_tokens": len(tokens),
+        "prefix_tokens": best_prefix,
+        "best": ({"instance_id": best["instance_id"], "zmq_url": best["zmq_url"],
+                  "http_url": by_all[best["instance_id"]].http_url, "prefix_tokens": best_prefix,
+                  "source": best["source"]}
+                 if best and best_prefix > 0 else None),
+        "instances": listed,
+        "indexed": indexed if mode != "verify" else 0,
+        "fanned_out": len(ask),
+    }
+
+
+def _row(inst: Instance, prefix: int | None, error: str | None, source: str) -> dict[str, Any]:
+    return {"instance_id": inst.id, "zmq_url": inst.zmq_url, "prefix_tokens": prefix, "reachable": error is None,
+            "error": error, "source": source}
