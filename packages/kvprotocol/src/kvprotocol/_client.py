@@ -37,7 +37,7 @@ class Reply:
     frames: list[memoryview] = field(default_factory=list)
 
 
-def _configure(sock: zmq.Socket, server_key: bytes | None) -> None:  # type: ignore[type-arg]
+def _configure(sock: zmq.Socket, server_key: bytes | None) -> None:
     if server_key is not None:  # CURVE: encrypted, and only the holder of the server's secret key answers
         public, secret = zmq.curve_keypair()
         sock.curve_serverkey = server_key
@@ -101,7 +101,7 @@ def _start_id() -> int:
 class Client:
     """Blocking client; thread-safe (one request at a time per client)."""
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, context: zmq.Context | None = None,  # type: ignore[type-arg]
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, context: zmq.Context | None = None,
                  token: str | None = None, server_key: str | None = None) -> None:
         self.url = url
         self.timeout = timeout

@@ -37,7 +37,7 @@ class ServerAuth:
         """Write the token for a port this server has bound, for same-user clients to find."""
         publish_token([port], self.token)
 
-    def secure(self, sock: zmq.Socket) -> None:  # type: ignore[type-arg]
+    def secure(self, sock: zmq.Socket) -> None:
         """Make a ROUTER socket a CURVE server (before it binds) when CURVE is on."""
         if self._keys is None:
             return

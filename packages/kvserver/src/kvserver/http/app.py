@@ -66,7 +66,7 @@ def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAP
     @app.get("/metrics", tags=["metrics"], dependencies=read, response_class=Response)
     async def prometheus(request: Request) -> Response:
         """Prometheus text exposition of this server's private registry (OpenMetrics if asked for)."""
-        encoder, content_type = choose_encoder(request.headers.get("accept"))
+        encoder, content_type = choose_encoder(request.headers.get("accept") or "")
         return Response(encoder(metrics.registry), headers={"Content-Type": content_type})
 
     @app.get("/v1/status", tags=["status"], dependencies=read)
