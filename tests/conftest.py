@@ -46,6 +46,7 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
         # a server the test killed leaves its segment behind (as a crash would): clean it up
         Path(f"/dev/shm/kvserver-{proc.port}").unlink(missing_ok=True)
         Path(f"/dev/shm/kvserver-{proc.port}.lock").unlink(missing_ok=True)
+        Path(f"/dev/shm/kvserver-{proc.port}-ec").unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -78,7 +78,7 @@ def req(op: str, auth: str, **fields) -> bytes:
 
 @pytest.fixture
 def srv(server_factory):
-    return server_factory("--l1-size-gb", "0.01", http=True)
+    return server_factory("--l1-size-gb", "0.01", "--ec-size-gb", "0.005", http=True)  # frames: max of both
 
 
 def _code(reply: dict | None) -> str:
@@ -110,7 +110,7 @@ def test_hostile_requests_are_refused_with_their_code_while_pings_are_served(srv
 
 
 def test_a_frame_over_the_largest_object_is_dropped_and_the_server_goes_on(srv) -> None:
-    """ZMQ_MAXMSGSIZE is max(header bound, arena size): a bigger frame closes that peer's connection
+    """ZMQ_MAXMSGSIZE is max(header bound, arena size, EC segment size): a bigger frame closes that peer's connection
     (ZMQ gives no reply to a message it never delivers); everyone else is served."""
     reply, _ = hostile(srv.url, [req("ping", "x"), b"\0" * (16 << 20)], "16 MiB frame to a 10 MiB arena",
                        wait_s=2.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from kvserver.arena import Arena
 from kvserver.eviction import LRUPolicy
 from kvserver.l1 import L1Cache, State
-from kvserver.slab import ALIGN, ExtentAllocator, SlabAllocator
+from kvserver.slab import ALIGN, ArenaAllocator as SlabAllocator, ExtentAllocator
 
 
 def test_extent_allocator_coalesces_back_to_one_extent():
@@ -50,7 +51,7 @@ def test_objects_never_overlap():
             if off is not None:
                 live[off] = SlabAllocator.slot_size(size)
         spans = sorted(live.items())
-        assert all(a + la <= b for (a, la), (b, _) in zip(spans, spans[1:]))
+        assert all(a + la <= b for (a, la), (b, _) in itertools.pairwise(spans))
         assert all(off + ln <= 256 * ALIGN for off, ln in spans)
 
 
@@ -89,7 +90,7 @@ def test_abort_write_frees_the_slot(l1):
 
 def test_maintained_counts_match_a_scan(l1):
     rng = random.Random(3)
-    for step in range(400):
+    for _ in range(400):
         k = key(rng.randrange(8))
         e = l1.entries.get(k)
         op = rng.random()

@@ -9,6 +9,7 @@ import pytest
 
 from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout
 from kvprotocol import ServerError, pack_tokens
+from kvprotocol.kvsum import kvsum64
 
 TOKENS = list(range(512))
 
@@ -160,7 +161,7 @@ def test_late_writer_cannot_reach_a_reused_slot(server_factory):
         for off in late_offsets:  # the late writer wakes up and writes anyway
             arena.write(off, b"\xee" * obj)
         with pytest.raises(ServerError) as err:
-            c.call("commit", store_id=late["store_id"])
+            c.call("commit", store_id=late["store_id"], checksums=[kvsum64(b"\xee" * obj)] * 2)
         assert err.value.code == "UNKNOWN_STORE"
         lookup(c, ks, others[:512], session="r")
         got = retrieve(c, "r", 0, 2, mode="shm", arena=arena)

@@ -7,6 +7,7 @@ from blake3 import blake3
 
 from kvhelpers import lookup, payload, register, retrieve
 from kvprotocol import ServerError, chunk_hashes, pack_tokens
+from kvprotocol.kvsum import kvsum64
 
 TOKENS = list(range(100, 100 + 800))  # 3 full chunks of 256
 A, B = blake3(b"adapter-a").digest(), blake3(b"adapter-b").digest()
@@ -17,7 +18,8 @@ def _store(c, ks, extra, seed):
     reply = c.call("store", keyspace=ks.to_wire(), tokens=pack_tokens(TOKENS), rank=0, mode="tcp",
                    extra=extra).result
     reserved = [s for s in reply["slots"] if s["status"] == "reserved"]
-    c.call("commit", frames=[payload(seed + s["chunk"], s["size"]) for s in reserved], store_id=reply["store_id"])
+    frames = [payload(seed + s["chunk"], s["size"]) for s in reserved]
+    c.call("commit", frames=frames, store_id=reply["store_id"], checksums=[kvsum64(f) for f in frames])
     return reply
 
 

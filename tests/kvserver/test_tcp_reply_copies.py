@@ -8,7 +8,7 @@ import threading
 import time
 
 from kvhelpers import lookup, payload, register, store, tiny_layout
-from kvprotocol import Client
+from kvprotocol import Client, resolve_token
 
 BIG = tiny_layout(block_bytes=2 << 20)  # 2 layers x 8 blocks x 2 MiB = one 32 MiB object per chunk
 
@@ -62,7 +62,8 @@ def test_tcp_reply_bytes_do_not_change_after_the_lease_ends(server_factory):
     ready, go = threading.Event(), threading.Event()
 
     def slow_reader() -> None:
-        with Client(f"tcp://127.0.0.1:{relay.port}", timeout=60) as x:
+        # through the relay's port: the server's token, which only its own port's file names
+        with Client(f"tcp://127.0.0.1:{relay.port}", timeout=60, token=resolve_token(None, srv.url)) as x:
             x.call("ping")
             ready.set()
             go.wait()

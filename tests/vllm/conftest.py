@@ -22,6 +22,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # real engines take minutes on 2 busy cores: more than the suite's 300 s default
+        if item.get_closest_marker("vllm_engine") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(900))
     if VLLM_PYTHON.exists():
         return
     skip = pytest.mark.skip(reason=f"{VLLM_PYTHON} missing: build it with scripts/make-vllm-env.sh")

@@ -19,9 +19,12 @@ batch, so a test can change the world (start a server) between two batches of on
 "force_async_scheduling": true turns vLLM's async scheduling back on after the CPU platform
 turned it off (RESULT's "async_scheduling" says what the engine ran with); a prompt may carry
 "lora": [name, int id, adapter dir], or be {"text", "image_seed"} for the tiny_vlm model;
-"connector_stats": true sums, per batch, the KV connector stats that vLLM's scheduler routes into
+"connector_stats": true sums, per batch, the KV (and EC) connector stats that vLLM's scheduler routes into
 its SchedulerStats (the `get_kv_connector_stats` hook) into RESULT's batches[i]["connector_stats"], and
-puts the connector's `vllm:kvserver_*` counters from vLLM's Prometheus registry into RESULT["prometheus"].
+puts the connector's `vllm:kvserver_*` counters from vLLM's Prometheus registry into RESULT["prometheus"];
+"ec_transfer_config" sets vLLM's encoder-cache connector; "count_encoder": true counts, per batch, the
+encoder outputs the model runner computed (each call of its `_cache_encoder_output`, in-process) into
+batches[i]["encoder_runs"], and the EC connector's worker-side counters into batches[i]["ec"].
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def _capture_connector_stats(llm: Any) -> dict[str, float]:
 
     def capture(*args: Any, **kwargs: Any) -> Any:
         stats = make_stats(*args, **kwargs)
-        payload = getattr(stats, "kv_connector_stats", None) or {}
+        payload = {**(getattr(stats, "kv_connector_stats", None) or {}),
+                   **(getattr(stats, "ec_connector_stats", None) or {})}
         for name, value in payload.items():
             if isinstance(value, (int, float)):
                 totals[name] = totals.get(name, 0) + value
@@ -49,6 +53,33 @@ def _capture_connector_stats(llm: Any) -> dict[str, float]:
 
     sched.make_stats = capture
     return totals
+
+
+def _count_encoder_runs() -> list[int]:
+    """TEST ONLY: count encoder outputs computed by vLLM's model runner (one call per encoded item)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runs = [0]
+    original = GPUModelRunner._cache_encoder_output
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        runs[0] += 1
+        return original(self, *args, **kwargs)
+
+    GPUModelRunner._cache_encoder_output = counting  # type: ignore[method-assign]
+    return runs
+
+
+def _ec_stats() -> dict[str, Any]:
+    """The worker-side EC connector's counters (the worker runs in this process)."""
+    from vllm.distributed.ec_transfer import get_ec_transfer, has_ec_transfer
+
+    if not has_ec_transfer():
+        return {}
+    conn = get_ec_transfer()
+    stats = dict(vars(conn.client.stats)) if hasattr(conn, "client") else {}
+    stats["encoded_instead"] = getattr(conn, "encoded_instead", 0)
+    return stats
 
 
 def _wait_for(path: str, timeout: float = 120.0) -> None:
@@ -102,6 +133,9 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     if spec.get("kv_transfer_config"):
         kwargs["kv_transfer_config"] = spec["kv_transfer_config"]
+    if spec.get("ec_transfer_config"):
+        kwargs["ec_transfer_config"] = spec["ec_transfer_config"]
+    encoder_runs = _count_encoder_runs() if spec.get("count_encoder") else None
     kwargs.update(spec.get("llm_kwargs", {}))
     if spec.get("connector_stats"):
         kwargs["disable_log_stats"] = False
@@ -154,6 +188,10 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         batches.append({"wall_s": wall, "requests": requests})
         if totals is not None:
             batches[-1]["connector_stats"] = dict(totals)
+        if encoder_runs is not None:
+            batches[-1]["encoder_runs"] = encoder_runs[0]
+            batches[-1]["ec"] = _ec_stats()
+            encoder_runs[0] = 0
     result: dict[str, Any] = {"init_s": init_s, "batches": batches, "async_scheduling": async_on}
     if totals is not None:
         result["prometheus"] = _connector_prometheus()

@@ -76,6 +76,7 @@ class KVServer:
         self.stop(signal.SIGKILL)
         Path(f"/dev/shm/kvtest{self.port}-{self.port}").unlink(missing_ok=True)
         Path(f"/dev/shm/kvtest{self.port}-{self.port}.lock").unlink(missing_ok=True)
+        Path(f"/dev/shm/kvtest{self.port}-{self.port}-ec").unlink(missing_ok=True)
 
 
 ServerFactory = Callable[..., KVServer]

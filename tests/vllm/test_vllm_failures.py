@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvprotocol import Client
+from kvserver.arena import HEADER_BYTES
 from kvserver_proc import ServerFactory
 from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_TURN1, kv_config
 from vllm_harness import EngineRun, prompt, run_engine
@@ -46,8 +47,11 @@ def test_corrupted_arena_bytes_are_verified_and_recomputed(model_dir: Path, kvse
         arena = mmap.mmap(fd, l1["capacity_bytes"])
     finally:
         os.close(fd)
-    assert any(arena[:4096])  # the first slot holds the first object stored (chunk 0)
-    arena[100] ^= 0x01
+    # The arena's first page is its header (magic and instance nonce); the first slot after it holds
+    # the first object stored (chunk 0).
+    first = HEADER_BYTES
+    assert any(arena[first : first + 4096])
+    arena[first + 100] ^= 0x01
     arena.close()
     run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS,
                      kv_transfer_config=kv_config(server.url, policy="recompute"))

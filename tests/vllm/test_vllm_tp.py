@@ -13,7 +13,7 @@ from kvserver_proc import ServerFactory
 from vllm_cases import MAX_TOKENS, P_LONG, kv_config
 from vllm_harness import prompt, run_engine
 
-pytestmark = pytest.mark.vllm_engine
+pytestmark = [pytest.mark.vllm_engine, pytest.mark.timeout(1200)]  # two TP=2 engines, minutes each on 2 cores
 
 TP = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
 

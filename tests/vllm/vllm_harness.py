@@ -37,6 +37,8 @@ class BatchResult:
     wall_s: float
     requests: list[RequestResult]
     connector_stats: dict[str, float] | None = None  # with extra_spec={"connector_stats": True}
+    encoder_runs: int | None = None  # with extra_spec={"count_encoder": True}: items the engine encoded
+    ec: dict[str, Any] | None = None  # with count_encoder: the EC connector's worker-side counters (cumulative)
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,8 @@ def run_engine(
             raise EngineRunError(f"engine exited with {proc.returncode}:\n{log[-6000:]}")
         raw = json.loads(result_path.read_text())
         out = [
-            BatchResult(b["wall_s"], [RequestResult(**r) for r in b["requests"]], b.get("connector_stats"))
+            BatchResult(b["wall_s"], [RequestResult(**r) for r in b["requests"]], b.get("connector_stats"),
+                        b.get("encoder_runs"), b.get("ec"))
             for b in raw["batches"]
         ]
         return EngineRun(init_s=raw["init_s"], total_s=total, batches=out, log=log, prometheus=raw.get("prometheus"),

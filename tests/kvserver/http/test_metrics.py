@@ -84,7 +84,8 @@ def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
         assert value(m2, "kvserver_store_bytes_total", tier="l1") == value(m1, "kvserver_store_bytes_total",
                                                                            tier="l1") + 2 * 2048
         assert value(m2, "kvserver_objects", tier="l1") == value(m1, "kvserver_objects", tier="l1") + 2
-        assert value(m2, "kvserver_tier_used_bytes", tier="l1") >= value(m1, "kvserver_tier_used_bytes", tier="l1") + 2 * 2048
+        used_before = value(m1, "kvserver_tier_used_bytes", tier="l1")
+        assert value(m2, "kvserver_tier_used_bytes", tier="l1") >= used_before + 2 * 2048
 
         hit = lookup(c, ks, tokens, session="s1")
         assert hit == 2 * CHUNK
@@ -176,4 +177,7 @@ def test_l2_tier_series_come_from_a_real_fs_tier(server_factory, tmp_path) -> No
     assert value(samples, "kvserver_store_bytes_total", tier="l1") == 2 * 2048
     assert value(samples, "kvserver_l2_up", tier="fs") == 1
     assert ("kvserver_l2_queue_capacity", frozenset()) in samples
+    assert value(samples, "kvserver_l2_admitted_total") == 2  # admission "all": both objects
+    assert value(samples, "kvserver_l2_retried_total", tier="fs") == 0
+    assert ("kvserver_l2_negative_cache_hits_total", frozenset()) in samples
     assert not any(dict(labels).get("tier", "").startswith("fs:") for _, labels in samples)  # no URLs

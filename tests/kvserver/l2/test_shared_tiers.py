@@ -20,7 +20,8 @@ def _share(server_factory, url: str, *extra: str, env: dict[str, str] | None = N
            seed: int = 1) -> dict:
     """Server A stores a prompt; server B, which never saw it, serves it from the shared tier."""
     tokens = prompt(n, seed=seed)
-    a, b = (server_factory(*L1, "--l2", url, *extra, env=env, start=False) for _ in range(2))
+    a, b = (server_factory(*L1, "--l2", url, "--l2-negative-ttl", "0.3", *extra, env=env, start=False)
+            for _ in range(2))
     with ThreadPoolExecutor(2) as pool:  # start both at once (process start is mostly imports)
         list(pool.map(lambda p: p.start(), (a, b)))
     with a.client() as ca, b.client() as cb:
@@ -29,7 +30,8 @@ def _share(server_factory, url: str, *extra: str, env: dict[str, str] | None = N
         assert lookup(cb, ks, tokens) == 0
         store(ca, ks, tokens, data(seed))
         wait_tier(ca, "puts", n)
-        assert lookup(cb, ks, tokens, session="s") == n * 256
+        # B's first miss is remembered for the negative TTL: A's objects show up once it has passed
+        wait_until(lambda: lookup(cb, ks, tokens, session="s") == n * 256, what="shared objects visible to B")
         assert retrieve(cb, "s", 0, n) == {(ch, 0): data(seed)(ch, 0) for ch in range(n)}
         t = tier(cb)
         assert t["hits"] == n and t["corrupt"] == 0 and t["puts"] == 0
@@ -129,12 +131,17 @@ def test_redis_going_away_and_coming_back(server_factory, redis_server) -> None:
         assert lookup(c, ks, prompt(2, seed=8)) == 0  # a miss that asks the dead tier still answers
         t = wait_tier(c, "errors", 1)
         assert t["up"] is False
-        wait_tier(c, "dropped", 3)  # the writes of `during` could not be done
+        wait_tier(c, "retry_pending", 3)  # the writes of `during` could not be done: kept for a retry
         redis_server.start()  # same port, empty
         wait_until(lambda: tier(c)["up"], 15, 0.05, what="tier back up")
+        t = wait_tier(c, "retried", 3)  # written once the tier answered again
+        assert t["retry_pending"] == 0 and t["dropped"] == 0
+        wait_until(lambda: tier(c)["puts"] >= 5, what="retried writes put")
+        with redis_server.client() as r:
+            assert r.exists(*object_keys(ks, during)) == 3
         after = prompt(2, seed=9)
         store(c, ks, after, data(9))
-        wait_tier(c, "puts", 4)
+        wait_tier(c, "puts", 7)
         with redis_server.client() as r:
             assert r.exists(*object_keys(ks, after)) == 2
         c.call("clear")

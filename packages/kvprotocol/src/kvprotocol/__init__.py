@@ -7,6 +7,7 @@ from ._client import DEFAULT_TIMEOUT, AsyncClient, Client, Reply
 from ._credentials import (SERVER_KEY_ENV, STATE_DIR_ENV, TOKEN_ENV, TOKEN_FILE_ENV, CredentialError,
                            resolve_server_key, resolve_token)
 from ._errors import ErrorCode, KVProtocolError, RequestTimeout, ServerError, ValidationError
+from ._blend import BLEND_SEED, blend_fingerprints, blend_object_hash
 from ._hashing import (EXTRA_DIGEST_BYTES, ZERO_HASH, ExtraKeys, check_extra, chunk_hashes, pack_tokens,
                        unpack_tokens)
 from ._keys import ObjectKey, validate_model, validate_salt
@@ -26,4 +27,5 @@ __all__ = [
     "SERVER_KEY_ENV", "STATE_DIR_ENV", "TOKEN_ENV", "TOKEN_FILE_ENV", "CredentialError", "resolve_server_key",
     "resolve_token", "MAX_KEYS", "MAX_OBJECT_BYTES",
     "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra",
+    "BLEND_SEED", "blend_fingerprints", "blend_object_hash",
 ]

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgpack
 
+from ._ec_messages import EC_OPS
 from ._errors import ErrorCode, ValidationError
 from ._hashing import check_extra
 from ._keys import MAX_GROUPS, MAX_WORLD_SIZE, validate_fingerprint, validate_model, validate_salt
@@ -119,6 +120,20 @@ def _layouts(v: Any) -> list[LayoutDescriptor]:
     return [LayoutDescriptor.from_wire(item) for item in v]
 
 
+def _starts(v: Any) -> list[int]:
+    """Segment (document) start offsets of a blend lookup: strictly increasing token offsets."""
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_CHUNKS:
+        raise ValidationError(ErrorCode.BAD_FIELD, f"starts must be a list of 1-{MAX_CHUNKS} token offsets")
+    check = _int(0, MAX_TOKENS - 1)
+    prev = -1
+    for x in v:
+        check(x)
+        if x <= prev:
+            raise ValidationError(ErrorCode.BAD_FIELD, "starts must be strictly increasing")
+        prev = x
+    return v
+
+
 _SESSION = _str(128)
 _OPT = False
 
@@ -177,7 +192,26 @@ SCHEMA: dict[str, dict[str, Field]] = {
             "salt": Field(validate_salt, _OPT)},
     "unpin": {"keyspace": Field(_keyspace), "tokens": Field(_tokens), "extra": Field(_extra, _OPT),
               "salt": Field(validate_salt, _OPT)},
+    # CacheBlend (docs/blend.md): chunks named by content, not by prefix; opt-in, kept apart from the above
+    "blend_store": {  # one segment (document); its chunk i holds KV computed at pos_base + i * chunk_size
+        "keyspace": Field(_keyspace),
+        "tokens": Field(_tokens),
+        "rank": Field(_int(0, MAX_WORLD_SIZE - 1)),
+        "salt": Field(validate_salt, _OPT),
+        "pos_base": Field(_int(0, MAX_TOKENS), _OPT),
+        "mode": Field(_str(8, MODES), _OPT),
+        "session": Field(_SESSION, _OPT),
+    },
+    "blend_lookup": {  # a whole prompt and where its segments start; matches lease like a lookup's prefix
+        "keyspace": Field(_keyspace),
+        "tokens": Field(_tokens),
+        "starts": Field(_starts),
+        "salt": Field(validate_salt, _OPT),
+        "session": Field(_SESSION, _OPT),
+        "rank": Field(_int(0, MAX_WORLD_SIZE - 1), _OPT),
+    },
 }
+SCHEMA.update({op: {name: Field(check, req) for name, (check, req) in spec.items()} for op, spec in EC_OPS.items()})
 
 
 def pack(obj: Any) -> bytes:

@@ -74,6 +74,7 @@ class CacheService:
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
         self.counters = Counters()
         self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
+        self.on_hit: list[Callable[[list[IKey]], None]] = []  # objects a lookup hit (L2 admission)
         self.on_commit_txn: list[Callable[[StoreTxn], None]] = []  # e.g. KV events (need tokens, keyspace)
         # after an L2 prefetch: (keyspace, salt, tokens, chunk hashes, first chunk that missed before)
         self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
@@ -148,8 +149,9 @@ class CacheService:
         # The same process registering again (a reconnect) keeps its id; the table stays bounded.
         again = False
         for old in list(self.engines.values()):
-            if (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
-                    engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid) and engine.pid:
+            same = (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
+                engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid)
+            if same and engine.pid:
                 del self.engines[old.id]
                 engine.id = engine_id = old.id
                 again = True
@@ -181,9 +183,13 @@ class CacheService:
         if rank is not None and rank >= ks[1]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         touch = self.l1.touch
-        for h in hashes[:hit]:
+        for h in reversed(hashes[:hit]):  # tail first: a prefix's head ends up the most recently used
             for key in self._chunk_keys(ks, salt, h):
                 touch(key)
+        if self.on_hit and hit:
+            hit_keys = [k for h in hashes[:hit] for k in self._chunk_keys(ks, salt, h)]
+            for hook in self.on_hit:
+                hook(hit_keys)
         if "session" in f:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
             self.leases.take(f["session"], ks, salt, hashes, hit, rank)
         return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
@@ -202,6 +208,7 @@ class CacheService:
         if self.l2 is not None and hit < len(hashes):
             chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
             await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
+            self.l1.link_chain(ks[0], ks[1], salt, hashes)
             for hook in self.on_prefetched:
                 hook(ks, salt, f["tokens"], hashes, hit)
         return self.lookup(f, hashes)  # no await since the wait: the prefix is recomputed and leased at once
@@ -281,7 +288,7 @@ class CacheService:
                     self.counters.deduplicated_objects += 1
                     reply_slots.append({"chunk": chunk, "group": group, "status": status})
                     continue
-                entry = self.l1.reserve(key, sizes[group])
+                entry = self.l1.reserve(key, sizes[group], hashes[chunk - 1] if chunk else None)
                 if entry is None:
                     self.counters.no_space += 1
                     reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
@@ -322,9 +329,12 @@ class CacheService:
         del self.table.stores[store_id]
         for slot, checksum in zip(txn.slots, checksums, strict=True):
             slot.entry.checksum = checksum  # never verified here: the server does not read the bytes
+        for slot in reversed(txn.slots):  # the tail enters the policy first, the head last (see lookup)
             self.l1.finish_write(slot.key)
-            self.counters.stored_bytes += slot.entry.size
-        self.counters.stored_objects += len(txn.slots)
+            if txn.kind == "prefix":  # blend stores count in their own counters (blend_index.py)
+                self.counters.stored_bytes += slot.entry.size
+        if txn.kind == "prefix":
+            self.counters.stored_objects += len(txn.slots)
         keys = [s.key for s in txn.slots]
         for hook in self.on_commit:
             hook(keys)

@@ -37,6 +37,8 @@ def main() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="ZMQ bind address.")
 @click.option("--port", default=5555, show_default=True, type=int, help="ZMQ port.")
 @click.option("--l1-size-gb", default=4.0, show_default=True, type=float, help="Shared-memory L1 size.")
+@click.option("--ec-size-gb", default=1.0, show_default=True, type=float,
+              help="Encoder-cache budget (its own shm segment, apart from L1).")
 @click.option("--chunk-size", default=256, show_default=True, type=int, help="Tokens per cached chunk.")
 @click.option("--eviction-policy", default="lru", show_default=True, type=click.Choice(sorted(POLICIES)))
 @click.option("--lease-ttl", default=30.0, show_default=True, type=float, help="Seconds a lease or reservation lives.")
@@ -70,6 +72,14 @@ def main() -> None:
               help="Write-behind queue length (objects); overflow is dropped and counted.")
 @click.option("--l2-prefetch-timeout", default=0.5, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds a lookup waits for L2 objects to load into L1.")
+@click.option("--l2-admission", default="all", show_default=True,
+              type=click.Choice(["all", "second-hit", "tinylfu"]),
+              help="Write every commit to L2; or only objects a lookup hit in L1 (second-hit), or also those "
+                   "stored before (tinylfu): no one-hit wonders in L2.")
+@click.option("--l2-negative-ttl", default=1.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="Seconds an L2 tier's 'absent' answer is remembered, sparing lookups a round trip (0: off).")
+@click.option("--l2-retry-keys", default=4096, show_default=True, type=click.IntRange(0, 1 << 24),
+              help="Per tier: writes missed while it was down, written once it answers again.")
 @click.option("--kv-events-endpoint", default=None, metavar="URL",
               help="Publish KV events for KV-aware routers on this ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 "
                    "(off by default; see docs/kv-events.md).")
@@ -123,6 +133,7 @@ async def _run(config: ServerConfig) -> int:
     click.echo(
         f"kvserver {__version__} ready in {time.perf_counter() - t0:.2f}s: zmq={config.zmq_url} "
         f"l1={config.l1_bytes / (1 << 30):.2f} GiB shm=/dev/shm/{server.arena.name}{stale} "
+        f"ec={config.ec_bytes / (1 << 30):.2f} GiB "
         f"policy={config.eviction_policy} chunk={config.chunk_size}"
         + (f" http=http://{config.http_host}:{server.http.port}" if server.http else "")
         + (f" kv_events={config.kv_events_endpoint}" if config.kv_events_endpoint else "")

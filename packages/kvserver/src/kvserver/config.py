@@ -22,6 +22,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 5555
     l1_size_gb: float = 4.0
+    ec_size_gb: float = 1.0  # the encoder cache's own budget (a second shm segment; see ec.py)
     chunk_size: int = 256
     eviction_policy: str = "lru"
     lease_ttl: float = 30.0
@@ -39,6 +40,9 @@ class ServerConfig:
     l2_encryption_key_file: str | None = None
     l2_queue_size: int = 1024
     l2_prefetch_timeout: float = 0.5
+    l2_admission: str = "all"  # "second-hit"/"tinylfu": keep one-hit wonders out of L2 (l2/admission.py)
+    l2_negative_ttl: float = 1.0  # seconds a tier's "absent" answer is remembered (0: never)
+    l2_retry_keys: int = 4096  # per tier: writes missed while it was down, retried when it answers
     # fleet coordinator
     coordinator: str | None = None
     heartbeat_interval: float = 5.0
@@ -52,6 +56,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.l1_size_gb <= 4096:
             raise ValueError("l1_size_gb must be in (0, 4096]")
+        if not 0 < self.ec_size_gb <= 4096:
+            raise ValueError("ec_size_gb must be in (0, 4096]")
         if not 1 <= self.chunk_size <= 65536:
             raise ValueError("chunk_size must be in [1, 65536]")
         if self.eviction_policy not in POLICIES:
@@ -65,6 +71,12 @@ class ServerConfig:
             raise ValueError("api_token must be non-empty and contain no whitespace")
         if self.coordinator is not None and not self.coordinator.startswith(("http://", "https://")):
             raise ValueError("coordinator must be an http:// or https:// URL")
+        if self.l2_admission not in ("all", "second-hit", "tinylfu"):
+            raise ValueError("l2_admission must be 'all', 'second-hit' or 'tinylfu'")
+        if not 0 <= self.l2_negative_ttl <= 3600:
+            raise ValueError("l2_negative_ttl must be in [0, 3600] seconds")
+        if not 0 <= self.l2_retry_keys <= 1 << 24:
+            raise ValueError("l2_retry_keys must be in [0, 16777216]")
         if not 0 < self.heartbeat_interval <= 3600:
             raise ValueError("heartbeat_interval must be in (0, 3600] seconds")
         kv_events_problem = _kv_events_problem(self)
@@ -80,6 +92,10 @@ class ServerConfig:
     @property
     def l1_bytes(self) -> int:
         return int(self.l1_size_gb * (1 << 30)) // 4096 * 4096
+
+    @property
+    def ec_bytes(self) -> int:
+        return max(4096, int(self.ec_size_gb * (1 << 30)) // 4096 * 4096)
 
     @property
     def zmq_url(self) -> str:

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 from .arena import HEADER_BYTES, Arena
 from .eviction import EvictionPolicy
-from .slab import SlabAllocator
+from .prefix import FamId, IKey, PrefixIndex
+from .slab import ArenaAllocator
 
-IKey = tuple[str, str, int, int, int, str, bytes]  # (model, layout fp, world, rank, group, salt, chunk hash)
+__all__ = ["Entry", "FamId", "IKey", "L1Cache", "State"]
 
 
 class State(enum.Enum):
@@ -42,8 +43,10 @@ class L1Cache:
     def __init__(self, arena: Arena, policy: EvictionPolicy) -> None:
         self.arena = arena
         self.policy = policy
-        self.alloc = SlabAllocator(arena.capacity, base=HEADER_BYTES)  # the header page is not ours
+        self.alloc = ArenaAllocator(arena.capacity, base=HEADER_BYTES)  # the header page is not ours
         self.entries: dict[IKey, Entry] = {}
+        self.prefix = PrefixIndex()  # chunks (families of objects) and which chunk extends which
+        self._at: dict[int, IKey] = {}  # offset -> key, to find an eviction victim's neighbours
         self.evictions = 0
         # maintained incrementally so describe() and /metrics never scan the index
         self.n_writing = 0
@@ -60,8 +63,18 @@ class L1Cache:
         return e if e is not None and e.state is State.READY else None
 
     def evictable(self, key: Hashable) -> bool:
+        """Ready, unleased and unpinned, like every other object of its chunk; and no resident chunk
+        extends it (prefixes shrink from the tail). See prefix.py."""
         e = self.entries.get(key)  # type: ignore[call-overload]
-        return e is not None and e.state is State.READY and e.leases == 0 and not e.pinned
+        if e is None or e.state is not State.READY or e.leases or e.pinned:
+            return False
+        if self.prefix.extended(key):  # type: ignore[arg-type]
+            return False
+        for k in self.prefix.siblings(key):  # type: ignore[arg-type]
+            s = self.entries.get(k)
+            if s is None or s.state is not State.READY or s.leases or s.pinned:
+                return False
+        return True
 
     @property
     def used_bytes(self) -> int:
@@ -82,25 +95,92 @@ class L1Cache:
         return iter(self.entries)
 
     # -- writes --------------------------------------------------------------------------------
-    def reserve(self, key: IKey, size: int) -> Entry | None:
-        """Allocate a WRITING slot for a key that is not present; evicts as needed."""
+    def reserve(self, key: IKey, size: int, parent: bytes | None = None) -> Entry | None:
+        """Allocate a WRITING slot for a key that is not present; evicts as needed.
+
+        `parent` is the hash of the chunk this one extends: linked before anything is evicted, so
+        the prefix being extended is never evicted to make room for its own continuation.
+        """
         assert key not in self.entries
         if size > self.alloc.capacity:
             return None
+        self.prefix.add(key, parent)
         offset = self.alloc.alloc(size)
         while offset is None:
             victim = self.policy.pop_victim(self.evictable)
             if victim is None:
+                self.prefix.remove(key)
                 return None
-            self._drop(victim)  # type: ignore[arg-type]
-            self.evictions += 1
-            for hook in self.on_evict:
-                hook(victim)  # type: ignore[arg-type]
+            where = self.entries[victim].offset  # type: ignore[index]
+            self._evict_chunk(victim)  # type: ignore[arg-type]
             offset = self.alloc.alloc(size)
+            if offset is None:  # sizes mix: free a contiguous window around the victim's hole
+                offset = self._evict_window(where, size)
         entry = Entry(offset, size)
         self.entries[key] = entry
+        self._at[offset] = key
         self.n_writing += 1
         return entry
+
+    def _evict_chunk(self, victim: IKey) -> None:
+        """Evict the victim (already forgotten by the policy) and the other objects of its chunk."""
+        for k in list(self.prefix.siblings(victim)):
+            if k != victim:
+                self.policy.on_remove(k)
+            self._drop(k)
+            self.evictions += 1
+            for hook in self.on_evict:
+                hook(k)
+
+    def _evict_window(self, where: int, size: int) -> int | None:
+        """Evict the cheapest run of evictable neighbours that, with the hole at `where`, spans `size`.
+
+        The run starts or ends at the hole and grows one neighbour at a time, so it overshoots the
+        need by less than one object. None when leased, pinned, writing or quarantined neighbours
+        (or the arena's ends) leave no such run; the caller then takes the policy's next victim.
+        """
+        need = self.alloc.slot_size(size)
+        start, end = self.alloc.hole_at(where)
+
+        def side(segments: Iterator[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
+            out, got = [], end - start
+            for seg in segments:
+                if got >= need or (seg[2] and not self._neighbour_evictable(seg[0])):
+                    break
+                out.append(seg)
+                got += seg[1]
+            return out
+
+        segs = side(self.alloc.left_of(start))[::-1] + [(start, end - start, False)]
+        segs += side(self.alloc.right_of(end))
+        best: tuple[int, int, int] | None = None  # (bytes evicted, first, last)
+        for i in range(len(segs)):
+            span = cost = 0
+            for j in range(i, len(segs)):
+                span += segs[j][1]
+                if segs[j][2]:
+                    cost += sum(self.entries[k].size for k in self.prefix.siblings(self._at[segs[j][0]]))
+                if span >= need:
+                    if best is None or cost < best[0]:
+                        best = (cost, i, j)
+                    break
+        if best is None:
+            return None
+        for seg_start, _, used in segs[best[1] : best[2] + 1]:
+            k = self._at.get(seg_start)
+            if used and k is not None:  # None: already gone as a sibling of an earlier neighbour
+                self.policy.on_remove(k)
+                self._evict_chunk(k)
+        return self.alloc.alloc(size)
+
+    def _neighbour_evictable(self, offset: int) -> bool:
+        key = self._at.get(offset)  # None: a quarantined slot
+        return key is not None and self.evictable(key)
+
+    def link_chain(self, model: str, world: int, salt: str, hashes: list[bytes]) -> None:
+        """Link each resident chunk of a prefix to the chunk before it (after an L2 prefetch)."""
+        for i in range(1, len(hashes)):
+            self.prefix.link((model, world, salt, hashes[i]), (model, world, salt, hashes[i - 1]))
 
     def finish_write(self, key: IKey) -> None:
         entry = self.entries[key]
@@ -130,6 +210,8 @@ class L1Cache:
         if entry is None or entry.state is not State.WRITING:
             return
         del self.entries[key]
+        del self._at[entry.offset]
+        self.prefix.remove(key)
         self.n_writing -= 1
         self._quarantine.append((until, entry.offset, entry.size))
         self.quarantined_bytes += entry.size
@@ -184,6 +266,8 @@ class L1Cache:
 
     def _drop(self, key: IKey) -> None:
         entry = self.entries.pop(key)
+        del self._at[entry.offset]
+        self.prefix.remove(key)
         self.n_writing -= entry.state is State.WRITING
         self.n_leased -= entry.leases > 0
         self.n_pinned -= entry.pinned

@@ -23,8 +23,10 @@ from kvprotocol._messages import MAX_HEADER_BYTES, error_reply, ok_reply, pack, 
 
 from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
 from .auth import ServerAuth
+from .blend_index import BlendService
 from .cache import CacheService
 from .config import ServerConfig
+from .ec import ECCache, check_ec_space, ec_arena_name
 from .eviction import make_policy
 from .l1 import L1Cache, State
 from .l2 import build_tier_manager
@@ -32,7 +34,7 @@ from .l2 import build_tier_manager
 log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
 Handler = Callable[[dict[str, Any], list[memoryview]], Result | Awaitable[Result]]
-DATA_OPS = frozenset({"commit"})  # the only op that carries data frames in
+DATA_OPS = frozenset({"commit", "ec_commit"})  # the only ops that carry data frames in
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
 
 
@@ -58,7 +60,7 @@ class KVServer:
             self._sock.setsockopt(zmq.LINGER, 0)
             # No frame can be larger than the largest object this arena can hold (or a header): ZMQ
             # drops the connection of a peer that sends one, after buffering at most that much.
-            self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(config.l1_bytes))
+            self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(max(config.l1_bytes, config.ec_bytes)))
             self.auth.secure(self._sock)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
             try:
@@ -69,7 +71,12 @@ class KVServer:
             check_free_space(name, config.l1_bytes + HEADER_BYTES)
             self.arena = Arena(name, config.l1_bytes)
             self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
+            # the encoder cache: its own segment and budget, never evicted by KV (ec.py)
+            check_ec_space(ec_arena_name(name), config.ec_bytes + HEADER_BYTES)
+            self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes)
+            self.ec = ECCache(self.ec_arena, config.lease_ttl)
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl)
+            self.blend = BlendService(self.cache)  # content-keyed chunks (CacheBlend), opt-in per request
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
         except BaseException:
             self.close()
@@ -83,7 +90,9 @@ class KVServer:
         self.handlers: dict[str, Handler] = self._builtin_handlers()
         if self.l2 is not None:
             self.cache.l2 = self.l2
-            self.cache.on_commit.append(self.l2.enqueue)
+            self.cache.on_commit.append(self.l2.committed)
+            if self.l2.admission.mode != "all":
+                self.cache.on_hit.append(self.l2.hit)
             self.handlers["lookup"] = self._lookup_l2
             self.handlers["query"] = self._query_l2
         self.kv_events: Any = None
@@ -125,6 +134,9 @@ class KVServer:
             "clear": lambda f, fr: (c.clear(), []),
             "pin": lambda f, fr: (c.set_pinned(f, True), []),
             "unpin": lambda f, fr: (c.set_pinned(f, False), []),
+            **self.ec.handlers(),
+            "blend_store": lambda f, fr: (self.blend.store(f), []),
+            "blend_lookup": lambda f, fr: (self.blend.lookup(f), []),
         }
 
     async def _lookup_l2(self, f: dict[str, Any], _frames: list[memoryview]) -> Result:
@@ -156,6 +168,8 @@ class KVServer:
             "sessions": len(c.table.sessions),
             "stores_in_flight": len(c.table.stores),
             "counters": vars(c.counters),
+            "ec": self.ec.describe(),
+            "blend": self.blend.describe(),  # CacheBlend hits are not prefix hits: never summed with counters
             "errors": dict(self.errors),
             "ops": dict(self.op_counts),
             **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),
@@ -221,6 +235,7 @@ class KVServer:
             await asyncio.sleep(interval)
             try:
                 self.cache.expire()
+                self.ec.expire()
             except Exception:  # the sweeper must never die silently
                 log.exception("lease expiry sweep failed")
 
@@ -271,6 +286,9 @@ class KVServer:
         arena: Arena | None = getattr(self, "arena", None)
         if arena is not None:
             arena.close()
+        ec_arena: Arena | None = getattr(self, "ec_arena", None)
+        if ec_arena is not None:
+            ec_arena.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None

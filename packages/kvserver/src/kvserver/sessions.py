@@ -67,6 +67,7 @@ class StoreTxn:
     salt: str = ""
     tokens: bytes = b""
     hashes: list[bytes] | None = None
+    kind: str = "prefix"  # "blend": a content-keyed chunk (blend_index.py), counted apart from prefix stores
 
 
 def new_store_id() -> str:

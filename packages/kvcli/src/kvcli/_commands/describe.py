@@ -56,6 +56,18 @@ def render(url: str, status: dict[str, Any]) -> list[Any]:
                  f"({percent(d['l1_used_fraction'])})"),
         *[(k, str(l1.get(k))) for k in ("objects", "writing", "leased", "pinned", "evictions", "arena") if k in l1],
     ]))
+    ec = status.get("ec")
+    if isinstance(ec, dict):  # the encoder cache: its own segment and budget, shown apart from L1's KV
+        ec_c = ec.get("counters", {})
+        asked = ec_c.get("hits", 0) + ec_c.get("misses", 0)
+        out.append(_kv_table("encoder cache (EC)", [
+            ("used", f"{human_bytes(ec.get('used_bytes'))} of {human_bytes(ec.get('capacity_bytes'))}"),
+            ("objects", f"{ec.get('objects', 0)} ({human_bytes(ec.get('object_bytes'))})"),
+            ("hit rate", f"{percent(ec_c.get('hits', 0) / asked if asked else None)} "
+                         f"({ec_c.get('hits', 0)} of {asked} items)"),
+            *[(k, str(ec_c.get(k))) for k in ("stores", "evictions", "no_space") if k in ec_c],
+            ("leases", str(ec.get("leases", 0))), ("arena", str(ec.get("arena", "-"))),
+        ]))
     tiers = status.get("l2") or []
     if tiers:
         cols = ["url", "up", "objects", "bytes", "puts", "gets", "hits", "misses", "errors", "dropped"]
@@ -75,6 +87,10 @@ def render(url: str, status: dict[str, Any]) -> list[Any]:
                           str(len(e.get("groups", []))), str(e.get("host") or "-"), str(e.get("pid") or "-"))
         out.append(table)
     out.append(_kv_table("counters", [(k, str(v)) for k, v in c.items()]))
+    blend = status.get("blend")
+    if isinstance(blend, dict) and (blend.get("stores") or blend.get("lookups")):  # only once CacheBlend is used
+        out.append(_kv_table("blend (approximate reuse; not in the prefix counters)",
+                             [(k, str(v)) for k, v in blend.items()]))
     ops = status.get("ops", {})
     if ops:
         out.append(_kv_table("ops", [(k, str(v)) for k, v in sorted(ops.items())]))

@@ -46,6 +46,10 @@ class InstanceView:
     l1_objects: int = 0
     l2_objects: int = 0
     l2_bytes: int = 0
+    ec_used: int = 0  # the encoder cache, apart from L1's KV (its own budget)
+    ec_capacity: int = 0
+    ec_objects: int = 0
+    ec_hit_rate_total: float | None = None  # items found of items asked, since the server started
     ops_s: float | None = None
     evictions_s: float | None = None
     errors_s: float | None = None
@@ -144,6 +148,12 @@ class Fleet:
         view.l2_objects = int(sum(t.get("objects", 0) or 0 for t in tiers))
         view.l2_bytes = int(sum(t.get("bytes", 0) or 0 for t in tiers))
         view.errors_total = int(sum(status.get("errors", {}).values()))
+        ec = status.get("ec") or {}
+        ec_c = ec.get("counters", {})
+        view.ec_used, view.ec_capacity = int(ec.get("used_bytes", 0)), int(ec.get("capacity_bytes", 0))
+        view.ec_objects = int(ec.get("objects", 0))
+        asked = ec_c.get("hits", 0) + ec_c.get("misses", 0)
+        view.ec_hit_rate_total = ec_c.get("hits", 0) / asked if asked else None
         view.engines, view.sessions = len(status.get("engines", [])), int(status.get("sessions", 0))
         lookups = c.get("lookup_tokens", 0)
         view.hit_rate_total = c.get("lookup_hit_tokens", 0) / lookups if lookups else None

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .connector import KVServerConnector
+    from .ec_connector import KVServerECConnector
 
-__all__ = ["KVServerConnector"]
+__all__ = ["KVServerConnector", "KVServerECConnector"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +21,8 @@ def __getattr__(name: str) -> Any:
         from .connector import KVServerConnector
 
         return KVServerConnector
+    if name == "KVServerECConnector":
+        from .ec_connector import KVServerECConnector
+
+        return KVServerECConnector
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

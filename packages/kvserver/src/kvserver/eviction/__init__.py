@@ -5,9 +5,10 @@ from .base import EvictionPolicy
 from .lfu import LFUPolicy
 from .lru import LRUPolicy
 from .s3fifo import S3FIFOPolicy
+from .slru import SLRUPolicy
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
-    p.name: p for p in (LRUPolicy, LFUPolicy, ARCPolicy, S3FIFOPolicy)
+    p.name: p for p in (LRUPolicy, LFUPolicy, ARCPolicy, S3FIFOPolicy, SLRUPolicy)
 }
 
 
@@ -18,4 +19,5 @@ def make_policy(name: str) -> EvictionPolicy:
         raise ValueError(f"unknown eviction policy {name!r}; choose from {sorted(POLICIES)}") from None
 
 
-__all__ = ["ARCPolicy", "EvictionPolicy", "LFUPolicy", "LRUPolicy", "POLICIES", "S3FIFOPolicy", "make_policy"]
+__all__ = ["ARCPolicy", "EvictionPolicy", "LFUPolicy", "LRUPolicy", "POLICIES", "S3FIFOPolicy", "SLRUPolicy",
+           "make_policy"]

@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .ec_metrics import ec_families
+
 if TYPE_CHECKING:
     from ..server import KVServer
 
@@ -36,6 +38,7 @@ _L2_KEYS = {
     "errors": ("errors",),
     "corrupt": ("corrupt",),
     "dropped": ("dropped",),
+    "retried": ("retried",),
     "up": ("up",),
 }
 # describe()["l2_queue"] key -> (metric name, type, help)
@@ -45,6 +48,14 @@ _L2_QUEUE = {
     "dropped": ("kvserver_l2_queue_dropped", "counter", "Write-behind objects dropped because the queue was full."),
     "prefetched_objects": ("kvserver_l2_prefetched_objects", "counter", "Objects loaded from L2 into L1 on lookups."),
     "prefetch_timeouts": ("kvserver_l2_prefetch_timeouts", "counter", "Lookups that stopped waiting for L2."),
+    "negative_cache_hits": ("kvserver_l2_negative_cache_hits", "counter",
+                            "L2 presence checks answered by the negative cache (no round trip)."),
+}
+# describe()["l2_queue"]["admission"] key -> (metric name, help)
+_L2_ADMISSION = {
+    "admitted": ("kvserver_l2_admitted", "Committed objects passed on to L2 write-behind."),
+    "deferred": ("kvserver_l2_admission_deferred", "Committed objects held back until a second use."),
+    "forgotten": ("kvserver_l2_admission_forgotten", "Held-back objects never written (evicted first)."),
 }
 
 
@@ -61,6 +72,7 @@ class TierStats:
     errors: float | None = None
     corrupt: float | None = None
     dropped: float | None = None
+    retried: float | None = None
     up: float | None = None
 
 
@@ -146,6 +158,27 @@ class ServerCollector(Collector):
             errors.add_metric([code], d["errors"].get(code, 0))
         yield errors
         yield from _l2_families(tiers, d.get("l2_queue"))
+        yield from ec_families(d.get("ec"))
+        yield from _blend_families(d.get("blend"))
+
+
+_BLEND = {  # describe()["blend"] key -> (metric, kind, help); never folded into the prefix series above
+    "lookups": ("kvserver_blend_lookup_requests", "counter", "Blend lookups served (CacheBlend, opt-in)."),
+    "lookup_tokens": ("kvserver_blend_lookup_tokens", "counter", "Prompt tokens of blend lookups."),
+    "hit_tokens": ("kvserver_blend_hit_tokens", "counter",
+                   "Tokens blend lookups found as content chunks at any position (approximate reuse)."),
+    "stored_bytes": ("kvserver_blend_store_bytes", "counter", "Bytes of blend chunks committed to L1."),
+    "index_entries": ("kvserver_blend_index_entries", "gauge", "Content fingerprints findable by blend lookups."),
+}
+
+
+def _blend_families(blend: Any) -> Iterator[Metric]:
+    if isinstance(blend, Mapping):
+        for key, (name, kind, help_text) in _BLEND.items():
+            value = _number(blend, (key,))
+            if value is not None:
+                family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                yield family(name, help_text, value=value)
 
 
 def _l2_families(tiers: list[TierStats], queue: Any) -> Iterator[Metric]:
@@ -155,7 +188,8 @@ def _l2_families(tiers: list[TierStats], queue: Any) -> Iterator[Metric]:
                                  ("misses", "Objects asked of an L2 tier and absent."),
                                  ("errors", "Failed L2 operations (each a batch)."),
                                  ("corrupt", "L2 objects that failed their integrity check (served as misses)."),
-                                 ("dropped", "Writes to an L2 tier not done (queue full or tier down).")):
+                                 ("dropped", "Writes to an L2 tier not done (queue full or retry set full)."),
+                                 ("retried", "Writes missed while an L2 tier was down, queued again.")):
             name = "kvserver_l2_dropped_writes" if field == "dropped" else f"kvserver_l2_{field}"
             yield _per_tier(CounterMetricFamily(name, help_text, labels=["tier"]), tiers, field)
         yield _per_tier(GaugeMetricFamily("kvserver_l2_up", "1 while an L2 tier answers, 0 while it is skipped.",
@@ -166,6 +200,12 @@ def _l2_families(tiers: list[TierStats], queue: Any) -> Iterator[Metric]:
             if value is not None:
                 family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
                 yield family(name, help_text, value=value)
+        admission = queue.get("admission")
+        if isinstance(admission, Mapping):
+            for key, (name, help_text) in _L2_ADMISSION.items():
+                value = _number(admission, (key,))
+                if value is not None:
+                    yield CounterMetricFamily(name, help_text, value=value)
 
 
 class ServerMetrics:

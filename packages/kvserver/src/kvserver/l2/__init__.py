@@ -24,4 +24,5 @@ def build_tier_manager(config: ServerConfig, l1: L1Cache) -> TierManager | None:
     serde = Serde(config.l2_compression, load_key(config.l2_encryption_key_file))
     adapters = [make_adapter(url) for url in config.l2]
     return TierManager(adapters, serde, l1, queue_size=config.l2_queue_size,
-                       prefetch_timeout=config.l2_prefetch_timeout)
+                       prefetch_timeout=config.l2_prefetch_timeout, admission=config.l2_admission,
+                       negative_ttl=config.l2_negative_ttl, retry_keys=config.l2_retry_keys)

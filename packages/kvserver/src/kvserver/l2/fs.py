@@ -7,22 +7,32 @@ at start when older than an hour, since another server may share the directory).
 file and its directory are synced before the rename; without it a power loss can leave a torn file,
 which the integrity header turns into a miss. A restarted server finds every object already there.
 Object files are 0600 and directories 0700 whatever the umask: cached KV is a tenant's data.
+
+With `capacity_gb` the tier is bounded: an in-memory index of its files in access order (rebuilt at
+start from the files' access and modification times) evicts the least recently used files once the
+bytes written exceed the capacity, and `usage` comes from the index instead of a directory walk. The
+index is this server's view: servers sharing a directory should give it one capacity each, or one
+of them the capacity and the others none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from blake3 import blake3
 
 from .base import L2Adapter, L2Error, Usage
 
 STALE_TMP_S = 3600.0
+T = TypeVar("T")
 DIR_MODE, FILE_MODE = 0o700, 0o600
 
 
@@ -35,9 +45,15 @@ def _private_dir(path: Path) -> None:
 
 
 class FsAdapter(L2Adapter):
-    def __init__(self, root: str | Path, *, fsync: bool = False, url: str | None = None) -> None:
+    def __init__(self, root: str | Path, *, fsync: bool = False, url: str | None = None,
+                 capacity: int | None = None) -> None:
         self.root = Path(root)
         self.fsync = fsync
+        self.capacity = capacity
+        self._index: OrderedDict[Path, int] = OrderedDict()  # file -> bytes, least recently used first
+        self._bytes = 0
+        self._lock = threading.Lock()  # the operations run on worker threads
+        self.evicted = 0
         self.url = url or f"fs://{self.root}"
         self._objects = self.root / "objects"
         self._tmp = self.root / "tmp"
@@ -59,9 +75,58 @@ class FsAdapter(L2Adapter):
                     os.unlink(entry.path)
             except OSError:
                 pass  # another server removed or renamed it meanwhile
+        if self.capacity is not None:
+            self._rebuild_index()
+
+    def _rebuild_index(self) -> None:
+        found = []
+        for sub in os.scandir(self._objects):
+            if not sub.is_dir():
+                continue
+            for entry in os.scandir(sub.path):
+                try:
+                    st = entry.stat()
+                except OSError:
+                    continue
+                found.append((max(st.st_atime, st.st_mtime), Path(entry.path), st.st_size))
+        found.sort(key=lambda f: f[0])
+        with self._lock:
+            self._index = OrderedDict((path, size) for _, path, size in found)
+            self._bytes = sum(size for _, _, size in found)
+        self._evict()
+
+    def _note(self, path: Path, size: int | None) -> None:
+        """Record a write (size) or a read hit (None) in the index; a no-op without a capacity."""
+        if self.capacity is None:
+            return
+        with self._lock:
+            if size is None:
+                if path in self._index:
+                    self._index.move_to_end(path)
+                return
+            self._bytes += size - self._index.pop(path, 0)
+            self._index[path] = size
+
+    def _forget(self, path: Path) -> None:
+        if self.capacity is not None:
+            with self._lock:
+                self._bytes -= self._index.pop(path, 0)
+
+    def _evict(self) -> None:
+        """Remove least recently used files until the bytes held fit the capacity."""
+        if self.capacity is None:
+            return
+        while True:
+            with self._lock:
+                if self._bytes <= self.capacity or not self._index:
+                    return
+                path, size = self._index.popitem(last=False)
+                self._bytes -= size
+            path.unlink(missing_ok=True)
+            self.evicted += 1
 
     @staticmethod
-    async def _run(fn, *args):  # type: ignore[no-untyped-def]
+    async def _run(fn: Callable[..., T], *args: Any) -> T:
         try:
             return await asyncio.to_thread(fn, *args)
         except OSError as exc:
@@ -88,6 +153,8 @@ class FsAdapter(L2Adapter):
             except BaseException:
                 tmp.unlink(missing_ok=True)
                 raise
+            self._note(final, len(blob))
+        self._evict()
 
     async def get(self, keys: Sequence[str]) -> list[bytes | None]:
         return await self._run(self._get_all, list(keys))
@@ -95,9 +162,12 @@ class FsAdapter(L2Adapter):
     def _get_all(self, keys: list[str]) -> list[bytes | None]:
         out: list[bytes | None] = []
         for key in keys:
+            path = self.path_of(key)
             try:
-                out.append(self.path_of(key).read_bytes())
+                out.append(path.read_bytes())
+                self._note(path, None)
             except FileNotFoundError:
+                self._forget(path)
                 out.append(None)
         return out
 
@@ -109,12 +179,17 @@ class FsAdapter(L2Adapter):
 
     def _delete_all(self, keys: list[str]) -> None:
         for key in keys:
-            self.path_of(key).unlink(missing_ok=True)
+            path = self.path_of(key)
+            path.unlink(missing_ok=True)
+            self._forget(path)
 
     async def usage(self) -> Usage:
         return await self._run(self._usage)
 
     def _usage(self) -> Usage:
+        if self.capacity is not None:
+            with self._lock:
+                return Usage(len(self._index), self._bytes)
         objects = size = 0
         if not self._objects.is_dir():
             return Usage(0, 0)

@@ -5,6 +5,11 @@ counted: an engine's store is never blocked or slowed). A few writer tasks take 
 queue, lease the objects while the serde chain encodes them in a worker thread (so eviction cannot
 recycle the bytes underneath), then put each batch to each tier in one call. An object evicted
 before its turn is skipped. Eviction from L1 never touches L2 copies.
+
+Writes a tier missed while it was down are kept (a bounded set of keys per tier) and queued again
+when the tier answers again; keys that no longer fit, or whose object left L1 meanwhile, are
+dropped and counted. Admission (admission.py) can hold commits back until their second use, and a
+negative cache (negcache.py) spares lookups a round trip for keys a tier just said it lacks.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from typing import Any
 from kvprotocol import ObjectKey
 
 from ..l1 import IKey, L1Cache
+from .admission import Admission
 from .base import L2Adapter, L2Error
+from .negcache import NegativeCache
 from .prefetch import Prefetcher
 from .serde import Serde
 from .tier import Tier
@@ -36,7 +43,8 @@ def key_str(key: IKey) -> str:
 class TierManager:
     def __init__(self, adapters: Sequence[L2Adapter], serde: Serde, l1: L1Cache, *, queue_size: int = 1024,
                  prefetch_timeout: float = 0.5, writers: int = 2, batch: int = 16,
-                 usage_interval: float = 1.0) -> None:
+                 usage_interval: float = 1.0, admission: str = "all", negative_ttl: float = 1.0,
+                 retry_keys: int = 4096) -> None:
         if queue_size < 1:
             raise ValueError("l2 queue size must be at least 1")
         if not prefetch_timeout > 0:
@@ -54,6 +62,11 @@ class TierManager:
         self._queue: asyncio.Queue[QueueItem] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.prefetcher = Prefetcher(self)
+        self.admission = Admission(admission)
+        self.negative = NegativeCache(negative_ttl)
+        self.retry_keys = retry_keys  # per tier: keys kept to write again once a down tier answers
+        if self.admission.mode != "all":
+            l1.on_evict.append(self.admission.on_evict)
         # observers (KV events): keys a tier now holds, and keys a tier was found not to hold
         self.on_put: list[Callable[[int, list[IKey]], None]] = []
         self.on_missing: list[Callable[[int, list[IKey]], None]] = []
@@ -105,6 +118,38 @@ class TierManager:
         self._tasks = []
 
     # -- write-behind ----------------------------------------------------------------------------
+    def committed(self, keys: Sequence[IKey]) -> None:
+        """The on_commit hook: queue what admission lets through now."""
+        admitted = self.admission.on_commit(keys)
+        if admitted:
+            self.enqueue(admitted)
+
+    def hit(self, keys: Sequence[IKey]) -> None:
+        """Objects a lookup hit in L1: under `second-hit` admission, held-back ones are written now."""
+        admitted = self.admission.on_hit(keys)
+        if admitted:
+            self.enqueue(admitted)
+
+    def _missed(self, index: int, keys: list[IKey]) -> None:
+        """Writes tier `index` missed while down: keep them for a retry, as far as the bound allows."""
+        tier = self.tiers[index]
+        room = max(0, self.retry_keys - len(tier.retry))
+        for key in keys[:room]:
+            tier.retry[key] = None
+        tier.stats.dropped += max(0, len(keys) - room)
+
+    def _flush_retry(self, index: int) -> None:
+        """The tier answers again: queue the writes it missed (as many as the queue takes)."""
+        tier = self.tiers[index]
+        if not tier.retry or self._queue is None:
+            return
+        room = self.queue_size - self._queue.qsize()
+        keys: list[IKey] = []
+        while tier.retry and len(keys) < room:
+            keys.append(tier.retry.popitem(last=False)[0])
+        tier.stats.retried += len(keys)
+        self.enqueue(keys, (index,))
+
     def enqueue(self, keys: Sequence[IKey], tiers: tuple[int, ...] | None = None) -> None:
         """Queue keys for L2 (the on_commit hook). Never blocks: overflow is dropped and counted."""
         if self._queue is None:
@@ -154,20 +199,23 @@ class TierManager:
             batch = [(k, blob) for (_, k, _, _, targets), blob in zip(live, blobs, strict=True) if index in targets]
             if not batch:
                 continue
+            written = [key for key, _, _, _, targets in live if index in targets]
             if not tier.available():
-                tier.stats.dropped += len(batch)
+                self._missed(index, written)
                 continue
             try:
                 await tier.adapter.put(batch)
             except L2Error as exc:
                 tier.failed(exc)
-                tier.stats.dropped += len(batch)
+                self._missed(index, written)
                 continue
             tier.succeeded()
+            self.negative.forget(index, (k for k, _ in batch))
+            self._flush_retry(index)
             tier.stats.puts += len(batch)
             tier.stats.put_bytes += sum(len(b) for _, b in batch)
             for hook in self.on_put:
-                hook(index, [key for key, _, _, targets in live if index in targets])
+                hook(index, written)
 
     # -- prefetch --------------------------------------------------------------------------------
     async def prefetch(self, chunks: Sequence[Sequence[IKey]], first_miss: int,
@@ -185,6 +233,7 @@ class TierManager:
                 try:
                     tier.usage = await tier.adapter.usage()
                     tier.succeeded()
+                    self._flush_retry(self.tiers.index(tier))
                 except L2Error as exc:
                     tier.failed(exc)
                 except Exception:
@@ -205,6 +254,9 @@ class TierManager:
             "prefetch_lookups": p.lookups,
             "prefetched_objects": p.loaded,
             "prefetch_timeouts": p.timeouts,
+            "negative_cache": len(self.negative),
+            "negative_cache_hits": self.negative.hits,
+            "admission": self.admission.describe(),
             "compression": self.serde.compression,
             "encrypted": self.serde.encrypted,
         }

@@ -106,11 +106,14 @@ class Prefetcher:
             if not tier.available():
                 continue
             names = [self.m_key(k) for k in todo]
+            known_absent = [self.m.negative.absent(index, n) for n in names]  # no round trip for these
+            ask = [n for n, gone in zip(names, known_absent, strict=True) if not gone]
             try:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                present = await asyncio.wait_for(tier.adapter.contains(names), remaining)
+                answers = iter(await asyncio.wait_for(tier.adapter.contains(ask), remaining) if ask else [])
+                present = [False if gone else next(answers) for gone in known_absent]
             except TimeoutError:
                 self.timeouts += 1
                 break
@@ -118,6 +121,8 @@ class Prefetcher:
                 tier.failed(exc)
                 continue
             tier.succeeded()
+            self.m.negative.remember(index, (n for n, hit, gone in zip(names, present, known_absent, strict=True)
+                                             if not hit and not gone))
             tier.stats.misses += present.count(False)
             rest = []
             for key, hit in zip(todo, present, strict=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,7 +31,8 @@ class TierStats:
     errors: int = 0  # failed operations (each a batch)
     corrupt: int = 0  # failed integrity checks: treated as a miss and deleted
     undecryptable: int = 0  # intact but not openable with this server's key: a miss, kept
-    dropped: int = 0  # writes not done (queue full or tier down)
+    dropped: int = 0  # writes not done (queue full, or tier down with its retry set full)
+    retried: int = 0  # writes missed while the tier was down, queued again once it answered
 
 
 class Tier:
@@ -41,6 +43,7 @@ class Tier:
         self.down_until = 0.0
         self._backoff = 0.0
         self.last_error = ""
+        self.retry: OrderedDict[Any, None] = OrderedDict()  # L1 keys to write once the tier answers
 
     @property
     def url(self) -> str:
@@ -74,5 +77,6 @@ class Tier:
             "up": self.up,
             "objects": self.usage.objects if self.usage else None,
             "bytes": self.usage.bytes if self.usage else None,
+            "retry_pending": len(self.retry),
             **asdict(self.stats),
         }

@@ -1,8 +1,8 @@
 """`--l2` URLs -> adapters, and URL redaction (passwords never reach logs, describe or status).
 
-    fs:///path[?fsync=1]                      a directory
-    redis://[user:pass@]host:port/db[?ttl=S&timeout=S]   (rediss:// for TLS)
-    redis+cluster://host:port[?ttl=S&timeout=S]          Redis Cluster (any node as seed)
+    fs:///path[?fsync=1&capacity_gb=G]        a directory, optionally bounded (LRU by access)
+    redis://[user:pass@]host:port/db[?ttl=S&timeout=S&prefix=P]   (rediss:// for TLS)
+    redis+cluster://host:port[?ttl=S&timeout=S&prefix=P]          Redis Cluster (any node as seed)
     s3://bucket/prefix[?endpoint=URL&region=R&timeout=S]
 """
 
@@ -62,11 +62,13 @@ def make_adapter(url: str) -> L2Adapter:
     if scheme == "fs":
         from .fs import FsAdapter
 
-        opts = _options(parts.query, ("fsync",), url)
+        opts = _options(parts.query, ("fsync", "capacity_gb"), url)
         path = parts.netloc + parts.path
         if not path:
             raise ValueError(f"l2 url {safe}: needs a directory, e.g. fs:///var/cache/kv")
-        return FsAdapter(path, fsync=opts.get("fsync", "0") in ("1", "true", "yes"), url=safe)
+        gb = _positive(opts, "capacity_gb", url)
+        return FsAdapter(path, fsync=opts.get("fsync", "0") in ("1", "true", "yes"), url=safe,
+                         capacity=int(gb * (1 << 30)) if gb else None)
     if scheme == "s3":
         from .s3 import S3Adapter
 
@@ -77,7 +79,7 @@ def make_adapter(url: str) -> L2Adapter:
                          region=opts.get("region") or None, timeout=_positive(opts, "timeout", url) or 5.0)
     from .redis_store import RedisAdapter
 
-    opts = _options(parts.query, ("ttl", "timeout"), url)
+    opts = _options(parts.query, ("ttl", "timeout", "prefix"), url)
     if not parts.hostname:
         raise ValueError(f"l2 url {safe}: needs a host, e.g. redis://127.0.0.1:6379/0")
     cluster = scheme.endswith("+cluster")
@@ -86,8 +88,8 @@ def make_adapter(url: str) -> L2Adapter:
     if not cluster and parts.path.strip("/") and not parts.path.strip("/").isdigit():
         raise ValueError(f"l2 url {safe}: the path must be a database number")
     ttl = _positive(opts, "ttl", url)
-    rest = {k: v for k, v in parse_qsl(parts.query) if k not in ("ttl", "timeout")}
+    rest = {k: v for k, v in parse_qsl(parts.query) if k not in ("ttl", "timeout", "prefix")}
     client_url = urlunsplit(parts._replace(scheme=scheme.split("+")[0], query=urlencode(rest),
                                            path="" if cluster else parts.path))
     return RedisAdapter(client_url, url=safe, cluster=cluster, ttl=int(ttl) if ttl else None,
-                        timeout=_positive(opts, "timeout", url) or 2.0)
+                        timeout=_positive(opts, "timeout", url) or 2.0, prefix=opts.get("prefix", ""))

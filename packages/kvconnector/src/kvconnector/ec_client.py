@@ -1,0 +1,180 @@
+"""Engine-side client of the kvserver's encoder cache (EC): save and load one encoder output per item.
+
+Why engine-agnostic and torch-free: an encoder output crosses the wire as opaque bytes plus its dtype
+name and shape; turning it back into a tensor is the engine connector's job (vllm/ec_connector.py).
+Every failure is a miss (None/False), never an exception: the engine then runs its encoder.
+
+Data modes: "shm" copies through the server's EC segment (mapped here, checked by its instance
+nonce), "tcp" sends the bytes as a frame, "auto" uses shm when the segment is visible from this
+host and tcp otherwise. Every load verifies the kvsum64 checksum the writer committed, on the
+bytes it hands back (after the copy), so a torn or foreign write is a miss, never wrong output.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvprotocol import Client, KVProtocolError
+
+from ._arena_map import ArenaMap, shm_exists
+from .copy import checksum_bytes
+from .vllm.breaker import Breaker
+
+log = logging.getLogger("kvconnector.ec")
+
+
+@dataclass
+class ECStats:
+    lookups: int = 0
+    hits: int = 0
+    loads: int = 0
+    loaded_bytes: int = 0
+    saves: int = 0
+    saved_bytes: int = 0
+    present: int = 0  # saves the server already held (another engine or rank stored it first)
+    failures: int = 0  # server calls that failed (the engine encoded instead)
+    bad_checksums: int = 0  # loads whose bytes did not match: dropped, never used
+
+
+class ECClient:
+    """One engine's EC channel: key (model, space), mode, and a lazily mapped EC segment."""
+
+    def __init__(self, url: str, model: str, space: str, mode: str = "auto", timeout: float = 5.0,
+                 retry_after_s: float = 2.0) -> None:
+        if mode not in ("auto", "shm", "tcp"):
+            raise ValueError(f"mode must be auto, shm or tcp, not {mode!r}")
+        self.url, self.model, self.space, self.mode = url, model, space, mode
+        self._client = Client(url, timeout=timeout)
+        self._breaker = Breaker(retry_after_s)
+        self._seg: ArenaMap | None = None
+        self._shm_ok = mode != "tcp"
+        self.stats = ECStats()
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _call(self, op: str, frames: Any = (), **fields: Any) -> Any:
+        """One server call, or None after a failure (counted; the breaker then skips the server a while)."""
+        if not self._breaker.allow():
+            return None
+        try:
+            reply = self._client.call(op, frames, model=self.model, space=self.space, **fields) \
+                if op in ("ec_lookup", "ec_store", "ec_retrieve") else self._client.call(op, frames, **fields)
+        except KVProtocolError as exc:
+            self.stats.failures += 1
+            self._breaker.failed()
+            log.warning("kvserver EC %s failed (%s: %s); encoding instead", op, type(exc).__name__, exc)
+            return None
+        self._breaker.succeeded()
+        return reply
+
+    def _segment(self, arena: Any) -> ArenaMap | None:
+        """The mapped EC segment the reply names, if it is visible here and is that server's (nonce)."""
+        if not self._shm_ok or not isinstance(arena, dict):
+            return None
+        seg = self._seg
+        if seg is not None and (seg.name != arena.get("name") or not seg.is_current()
+                                or seg.nonce() != arena.get("nonce")):
+            seg.close()
+            self._seg = seg = None
+        if seg is None:
+            name, size = arena.get("name"), arena.get("size")
+            if not isinstance(name, str) or not isinstance(size, int) or not shm_exists(name):
+                if self.mode == "auto":
+                    self._shm_ok = False  # the server is on another host: tcp from now on
+                return None
+            try:
+                seg = ArenaMap(name, size)
+            except (OSError, ValueError):
+                self._shm_ok = self.mode == "shm"
+                return None
+            if seg.nonce() != arena.get("nonce"):
+                seg.close()
+                return None
+            self._seg = seg
+        return seg
+
+    # -- ops -----------------------------------------------------------------------------------
+    def lookup(self, items: list[str], readers: int = 0) -> list[dict[str, Any] | None]:
+        """Per item: None (miss) or its descriptor; with readers > 0 each hit is leased until released."""
+        self.stats.lookups += 1
+        reply = self._call("ec_lookup", items=list(items), **({"readers": readers} if readers else {}))
+        if reply is None:
+            return [None] * len(items)
+        out: list[dict[str, Any] | None] = list(reply.result["items"])
+        for d in out:
+            if d is not None:
+                d["arena"] = reply.result.get("arena")
+        self.stats.hits += sum(d is not None for d in out)
+        return out
+
+    def save(self, item: str, data: np.ndarray, dtype: str, shape: list[int]) -> bool:
+        """Store one encoder output (a C-contiguous array of its bytes); False when not stored."""
+        buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        size = int(buf.nbytes)
+        mode = "shm" if self._shm_ok else "tcp"
+        reply = self._call("ec_store", item=item, dtype=dtype, shape=list(shape), size=size, mode=mode)
+        if reply is None:
+            return False
+        r = reply.result
+        if r["status"] != "reserved":
+            self.stats.present += r["status"] in ("present", "writing")
+            return False
+        checksum = checksum_bytes(buf)
+        if mode == "shm":
+            seg = self._segment(r.get("arena"))
+            if seg is None:  # not mappable from here after all: give the slot back, send the bytes
+                self._call("ec_abort", store_id=r["store_id"])
+                if self.mode == "shm":
+                    return False
+                return self.save(item, data, dtype, shape)
+            seg.check_range(r["offset"], size)
+            np.frombuffer(seg.mm, np.uint8, size, r["offset"])[:] = buf
+            ok = self._call("ec_commit", store_id=r["store_id"], checksum=checksum) is not None
+        else:
+            ok = self._call("ec_commit", [buf.data], store_id=r["store_id"], checksum=checksum) is not None
+        if ok:
+            self.stats.saves += 1
+            self.stats.saved_bytes += size
+        return ok
+
+    def load(self, item: str, desc: dict[str, Any] | None = None) -> tuple[np.ndarray, str, list[int]] | None:
+        """(bytes as uint8 array, dtype, shape) of one item, or None. With a leased descriptor from
+        `lookup` the bytes are read straight from the mapped segment (no round trip); otherwise the
+        item is retrieved. The checksum is verified on the returned copy."""
+        data: np.ndarray | None = None
+        if desc is not None and "lease" in desc:
+            seg = self._segment(desc.get("arena"))
+            if seg is not None:
+                try:
+                    seg.check_range(desc["offset"], desc["size"])
+                    data = np.frombuffer(seg.mm, np.uint8, desc["size"], desc["offset"]).copy()
+                    if not seg.is_current():
+                        data = None
+                except ValueError:
+                    data = None
+        if data is None:
+            reply = self._call("ec_retrieve", item=item, mode="tcp")
+            if reply is None or not reply.result.get("found") or len(reply.frames) != 1:
+                return None
+            desc = reply.result
+            data = np.frombuffer(reply.frames[0], np.uint8).copy()
+        assert desc is not None
+        if data.nbytes != desc["size"] or checksum_bytes(data) != desc["checksum"]:
+            self.stats.bad_checksums += 1
+            log.error("kvserver EC item %s: bytes do not match their checksum; encoding instead", item)
+            return None
+        self.stats.loads += 1
+        self.stats.loaded_bytes += int(data.nbytes)
+        return data, str(desc["dtype"]), [int(x) for x in desc["shape"]]
+
+    def release(self, lease: int) -> None:
+        self._call("ec_release", lease=lease)
+
+    def close(self) -> None:
+        if self._seg is not None:
+            self._seg.close()
+            self._seg = None
+        self._client.close()

@@ -1,0 +1,87 @@
+"""The trace simulation: Belady bounds every policy, and a real server replaying the same trace
+gets exactly the simulated hit rate (the simulation runs the server's own L1 code)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from kvhelpers import register
+from kvprotocol import LayoutDescriptor, pack_tokens
+from kvprotocol.kvsum import kvsum64
+from kvserver.eviction import POLICIES
+from kvserver.tracesim import BLOCK_TOKENS, OBJECT_BYTES, belady, load_trace, plain_lru, simulate, unique_blocks
+
+SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+
+
+def synthetic_trace(path: Path, n: int = 240, seed: int = 3) -> Path:
+    """Conversations that come back with longer prompts, sharing one system block (id 0)."""
+    rng = random.Random(seed)
+    convs: list[list[int]] = []
+    next_id = 1
+    with path.open("w") as fh:
+        for t in range(n):
+            if convs and rng.random() < 0.45:
+                conv = rng.choice(convs)
+            else:
+                conv = [0]
+                convs.append(conv)
+            for _ in range(rng.randint(1, 4)):
+                conv.append(next_id)
+                next_id += 1
+            ids = list(conv)
+            fh.write(json.dumps({"timestamp": t, "input_length": len(ids) * BLOCK_TOKENS + 100,
+                                 "output_length": 10, "hash_ids": ids + [next_id]}) + "\n")
+            next_id += 1
+    return path
+
+
+@pytest.fixture
+def trace(tmp_path: Path):
+    if SHARED.exists():  # read-only is enough
+        return load_trace(SHARED, limit=300)
+    return load_trace(synthetic_trace(tmp_path / "trace.jsonl"))
+
+
+def test_belady_bounds_every_policy(trace):
+    unique = unique_blocks(trace)
+    for frac in (0.05, 0.2, 1.0):
+        cap = max(1, round(unique * frac))
+        best = belady(trace, cap)
+        for name in POLICIES:
+            assert simulate(trace, name, cap) <= best + 1e-9
+        assert plain_lru(trace, cap) <= best + 1e-9
+    assert belady(trace, unique) == simulate(trace, "lru", unique)  # everything fits: every reuse hits
+
+
+def block_tokens(hash_id: int) -> list[int]:
+    return [(hash_id * BLOCK_TOKENS + t) % (1 << 32) for t in range(BLOCK_TOKENS)]
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_real_server_gets_the_simulated_hit_rate(server_factory, trace, policy):
+    cap = max(8, round(unique_blocks(trace) * 0.1))
+    srv = server_factory("--l1-size-gb", repr(cap * OBJECT_BYTES / (1 << 30)), "--chunk-size", str(BLOCK_TOKENS),
+                         "--eviction-policy", policy)
+    layout = LayoutDescriptor("trace", "uint8", 1, 32, 256, BLOCK_TOKENS, (256,))
+    with srv.client() as c:
+        ks, _ = register(c, model="trace", layouts=[layout])
+        assert c.call("describe").result["l1"]["capacity_bytes"] == cap * OBJECT_BYTES
+        hit_tokens = total = 0
+        for req in trace:
+            total += req.input_tokens
+            toks = pack_tokens([t for b in req.blocks for t in block_tokens(b)])
+            hit = c.call("lookup", keyspace=ks.to_wire(), tokens=toks).result["hit_chunks"]
+            hit_tokens += hit * BLOCK_TOKENS
+            if hit < len(req.blocks):
+                reply = c.call("store", keyspace=ks.to_wire(), tokens=toks, rank=0, mode="tcp", start_chunk=hit).result
+                n = sum(s["status"] == "reserved" for s in reply["slots"])
+                if n:
+                    zero = bytes(OBJECT_BYTES)
+                    c.call("commit", store_id=reply["store_id"], frames=[zero] * n, checksums=[kvsum64(zero)] * n)
+    assert hit_tokens > 0
+    assert hit_tokens / total == pytest.approx(simulate(trace, policy, cap), abs=1e-12)
