@@ -1,6 +1,6 @@
 """CacheBlend evaluation: compute saved and quality against a full recompute, on a small trained Llama.
 
-Reproduce: `uv run python bench/bench_blend.py` (trains the model once, ~5-15 min on 2 cores, and keeps
+Reproduce: `uv run python bench/bench_blend.py` (trains the model once, ~30 min on 2 shared cores, and keeps
 it in .cache/blend-model/; `--steps 0` uses an untrained random model instead). Starts a real
 kvserver (chunk size 64), pre-stores a corpus of documents (each computed alone, positions 0..),
 then for RAG-style prompts (a system prefix, 4-8 corpus documents of 256-512 tokens in shuffled

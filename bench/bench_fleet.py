@@ -7,7 +7,8 @@ spread over a few worker processes. Each simulated instance starts holding `--ch
 random chunks (the coordinator loads them from the first snapshot) plus prefixes of a few real
 prompts, so lookups hit instances at different depths. Then:
 
-1. fleet lookups of a 4096-token prompt, idle: p50 / p99 (client side, one reused connection);
+1. fleet lookups of a 4096-token prompt, idle: p50 / p99 (client side, one reused connection),
+   and the coordinator's `GET /healthz` in the same run as the baseline (the HTTP round trip);
 2. the simulated instances publish `--rate` events/s in total (stores of new chunks and removals
    of old ones, one event a batch) while lookups run again: lookup p50 / p99 under load, and the
    event-to-index lag (batch timestamp to applied, on the coordinator) p50 / p99;
@@ -116,6 +117,17 @@ def lookups(url: str, n: int, body: dict[str, Any], warmup: int = 20) -> tuple[l
     return out, last
 
 
+def healthz(url: str, n: int) -> list[float]:
+    out = []
+    with httpx.Client(trust_env=False, timeout=30) as c:
+        for i in range(n + 20):
+            t0 = time.perf_counter()
+            c.get(url).raise_for_status()
+            if i >= 20:
+                out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
 def pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
 
@@ -181,8 +193,11 @@ def main() -> None:
         figures["index_bytes_per_chunk"] = round(mem["memory_bytes"] / max(1, mem["chunks"]), 1)
         figures["rss_bytes_per_chunk"] = round((rss(coord.proc.pid) - base_rss) / max(1, mem["chunks"]), 1)  # type: ignore[union-attr]
         body = {"model": MODEL, "world_size": 1, "groups": GROUPS, "tokens": prompt(0)}
+        health = healthz(f"{coord.url}/healthz", args.lookups)  # the baseline: the framework's own round trip
+        figures["coordinator_healthz_p50_ms"] = statistics.median(health)
         idle, answer = lookups(f"{coord.url}/v1/fleet/lookup", args.lookups, body)
         figures["lookup_idle_p50_ms"], figures["lookup_idle_p99_ms"] = statistics.median(idle), pct(idle, 0.99)
+        figures["lookup_idle_p50_over_healthz"] = statistics.median(idle) / statistics.median(health)
         figures["lookup_answer"] = {k: answer[k] for k in ("prefix_tokens", "indexed", "fanned_out")}
         figures["lookup_holders"] = len(answer["instances"])
         report(figures)

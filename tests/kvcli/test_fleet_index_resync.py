@@ -162,3 +162,19 @@ def test_only_credentialed_registrations_feed_the_index(coordinator_factory, zct
     assert coord.prefix(forged) == 0 and coord.index()["feeds"] == 1
     # nor can it speak on a member's stream: the coordinator connects out, to the endpoint registered
     assert coord.lookup(a)["best"]["instance_id"] == member.instance_id
+
+
+def test_an_instance_whose_snapshot_fails_is_asked_directly(coordinator_factory, zctx, sims) -> None:
+    proc = coordinator_factory("--instance-timeout", "60", "--fanout-timeout", "1")
+    coord = Coord(proc)
+    sim = SimInstance(zctx, "nosnap", CHUNK)
+    sims.append(sim)
+    sim.http.shutdown()  # its HTTP side is gone: no snapshot, no /v1/query
+    sim.http.server_close()
+    assert sim.register(coord.http, proc.url).status_code == 201
+    sim.store(MODEL, low64(tokens(2, 11)))  # events alone are never trusted without a sync
+    wait_for(lambda: coord.index()["resync_failures"] >= 1, what="a failed resync")
+    answer = coord.lookup(tokens(2, 11))
+    assert answer["indexed"] == 0 and answer["fanned_out"] == 1 and answer["best"] is None
+    assert answer["instances"][0]["reachable"] is False and answer["instances"][0]["source"] == "fanout"
+    assert coord.index()["synced"] == 0 and coord.index()["chunks"] == 0

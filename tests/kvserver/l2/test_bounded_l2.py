@@ -34,7 +34,9 @@ def test_fs_capacity_evicts_by_access_and_rebuilds_its_index(server_factory, tmp
         store(c, ks, c_, data(3))
         wait_tier(c, "puts", 12)
         t = wait_until(lambda: (t := tier(c))["objects"] == 10 and t, what="usage from the index")
-        assert t["bytes"] == 10 * BLOB and len(_files(root)) == 10  # a's two oldest files went
+        assert t["bytes"] == 10 * BLOB and len(_files(root)) == 10  # a's two oldest files went: its tail
+        c.call("clear")
+        assert lookup(c, ks, a) == 2 * 256  # a's head still serves
         c.call("clear")
         assert lookup(c, ks, b) == 4 * 256  # read from L2: b becomes the most recently used there
         store(c, ks, d, data(4))
@@ -42,7 +44,8 @@ def test_fs_capacity_evicts_by_access_and_rebuilds_its_index(server_factory, tmp
         wait_until(lambda: len(_files(root)) == 10, what="fs eviction")
         c.call("clear")
         assert lookup(c, ks, b) == 4 * 256  # kept: used after c was written
-        assert lookup(c, ks, c_) == 0  # c's head was the least recently used
+        assert lookup(c, ks, c_) == 0  # the least recently used: written, never read
+        assert lookup(c, ks, a) == 2 * 256  # its head was read back after c was written
     s.stop()
     s2 = server_factory(*L1, "--l2", _fs(root, 6.5))  # smaller: the rebuilt index evicts at start
     with s2.client() as c:

@@ -118,7 +118,8 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
     @app.get("/v1/fleet/status", tags=["fleet"], dependencies=read)
     async def status() -> dict[str, Any]:
         """Every live instance's /v1/status, fetched concurrently; unreachable ones say why."""
-        results = await fleet_status(clients["fanout"], creds, registry.live(), settings.fanout_timeout, metrics.outcome)
+        results = await fleet_status(clients["fanout"], creds, registry.live(), settings.fanout_timeout,
+                                     metrics.outcome)
         return {
             "summary": summarize(results),
             "instances": [{**registry.view(inst), "reachable": error is None, "error": error, "status": body}

@@ -49,7 +49,7 @@ PLAIN_USER = b"kvserver"
 RCVHWM = 100_000
 LAG_SAMPLES = 4096
 MAX_BACKOFF = 5.0
-DRAIN_MAX = 1000  # batches taken from one socket per poll
+DRAIN_MAX = 1000  # batches taken from one socket per loop callback
 
 
 class Resync(Exception):
@@ -197,8 +197,11 @@ class EventFeeds:
         (which re-arms it), and if a batch is still waiting (the drain is bounded so that one busy
         instance cannot starve the loop), the drain is scheduled again.
         """
-        if feed.resync is not None or feed.sock.closed:
-            return  # the stream waits in the socket until the resync ends
+        if feed.sock.closed:
+            return
+        if feed.resync is not None:  # the stream waits in the socket until the resync ends; reading
+            feed.sock.getsockopt(zmq.EVENTS)  # EVENTS settles the FD, so the loop does not spin on it
+            return
         try:
             self._drain(feed)
             more = bool(int(feed.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)

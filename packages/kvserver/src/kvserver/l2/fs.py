@@ -137,24 +137,32 @@ class FsAdapter(L2Adapter):
         await self._run(self._put_all, list(items))
 
     def _put_all(self, items: list[tuple[str, bytes]]) -> None:
-        for key, blob in items:
-            final = self.path_of(key)
-            tmp = self._tmp / f"{final.name[:16]}-{uuid.uuid4().hex}.tmp"
-            try:
-                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb") as fh:
-                    fh.write(blob)
-                    if self.fsync:
-                        fh.flush()
-                        os.fsync(fh.fileno())
-                final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
-                os.replace(tmp, final)
-                if self.fsync:
-                    _fsync_dir(final.parent)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-            self._note(final, len(blob))
+        written: list[tuple[Path, int]] = []
+        try:
+            for key, blob in items:
+                written.append((self._put_one(key, blob), len(blob)))
+        finally:
+            for path, size in reversed(written):  # a batch is in chunk order: its head ends up most recent
+                self._note(path, size)
         self._evict()
+
+    def _put_one(self, key: str, blob: bytes) -> Path:
+        final = self.path_of(key)
+        tmp = self._tmp / f"{final.name[:16]}-{uuid.uuid4().hex}.tmp"
+        try:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb") as fh:
+                fh.write(blob)
+                if self.fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
+            os.replace(tmp, final)
+            if self.fsync:
+                _fsync_dir(final.parent)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return final
 
     async def get(self, keys: Sequence[str]) -> list[bytes | None]:
         return await self._run(self._get_all, list(keys))
@@ -165,10 +173,12 @@ class FsAdapter(L2Adapter):
             path = self.path_of(key)
             try:
                 out.append(path.read_bytes())
-                self._note(path, None)
             except FileNotFoundError:
                 self._forget(path)
                 out.append(None)
+        for key, blob in zip(reversed(keys), reversed(out), strict=True):  # head last: most recent
+            if blob is not None:
+                self._note(self.path_of(key), None)
         return out
 
     async def contains(self, keys: Sequence[str]) -> list[bool]:
