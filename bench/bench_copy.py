@@ -129,7 +129,7 @@ def bench_block_size(block_size: int, args: argparse.Namespace) -> dict[str, Any
 
     # Correctness guard first (timing below rewrites the cache): all methods gather the same bytes.
     digests = set()
-    for name, (gather_fn, _) in methods.items():
+    for gather_fn, _ in methods.values():
         arena.fill(0)
         gather_fn()
         digests.add(copy.checksum_bytes(arena))
@@ -144,7 +144,8 @@ def bench_block_size(block_size: int, args: argparse.Namespace) -> dict[str, Any
                          "ratio": memcpy_s / s, "seconds": s})
     verify = _verify_rows(abase, gather_rows, scatter_rows, offsets, lay.object_bytes, arena, args)
     seg_s = _time(lambda: chunk_segments(kv, ids, offsets, "gather"), args.repeats)
-    return {"verify": verify, "block_size": block_size, "bytes_per_run": total, "chunks": chunks, "object_bytes": lay.object_bytes,
+    return {"verify": verify, "block_size": block_size, "bytes_per_run": total, "chunks": chunks,
+            "object_bytes": lay.object_bytes,
             "segments": int(gather_rows.shape[0]), "segment_compute_us": seg_s * 1e6,
             "memcpy_fresh_numpy_gbps": total / fresh_s / 1e9, "rows": rows}
 

@@ -271,7 +271,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 skipped.append("s3 (moto_server missing or --quick)")
     finally:
         procs.stop()
-    return {"objects": args.objects, "repeat": args.repeat, "object_bytes": args.object_kib << 10, "batch": BATCH, "data": args.data,
+    return {"objects": args.objects, "repeat": args.repeat, "object_bytes": args.object_kib << 10, "batch": BATCH,
+            "data": args.data,
             "rows": rows, "skipped": skipped}
 
 

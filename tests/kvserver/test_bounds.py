@@ -97,8 +97,9 @@ def test_hostile_requests_are_refused_with_their_code_while_pings_are_served(srv
         ("lookup naming MAX_KEYS+ objects", lambda: [req("lookup", auth, keyspace={
             "model": "m", "world_size": 64, "groups": [FP] * 4}, tokens=b"\0" * 4 * 256 * (MAX_KEYS // 256 + 1))],
          "TOO_LARGE"),
-        ("block_shape of 100000 dims", lambda: [req("register_engine", auth, model="m", world_size=1, rank=0,
-                                                    groups=[{**tiny_layout().to_wire(), "block_shape": [1] * 100_000}])],
+        ("block_shape of 100000 dims",
+         lambda: [req("register_engine", auth, model="m", world_size=1, rank=0,
+                      groups=[{**tiny_layout().to_wire(), "block_shape": [1] * 100_000}])],
          "TOO_LARGE"),
         ("8 MiB data frame on ping", lambda: [req("ping", auth), b"\0" * (8 << 20)], "BAD_FIELD"),
         ("64 data frames on clear", lambda: [req("clear", auth), *[b"x" * 1024] * 64], "BAD_FIELD"),

@@ -105,7 +105,7 @@ def test_salt_isolates_and_retrieve_needs_a_lease(server):
 
 def test_store_needs_registered_layout(server):
     with server.client() as c:
-        ks, _ = register(c)
+        register(c)
         unknown = KeySpace("m", 1, (tiny_layout(block_bytes=4096).fingerprint,))
         with pytest.raises(ServerError) as err:
             store(c, unknown, TOKENS, lambda ch, g: b"")

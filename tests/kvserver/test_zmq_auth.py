@@ -93,9 +93,9 @@ def test_beyond_loopback_curve_is_on_and_a_client_without_the_key_gets_nothing(s
     monkeypatch.delenv("KVSERVER_API_TOKEN", raising=False)
     srv = server_factory("--l1-size-gb", "0.01", "--host", "0.0.0.0", "--api-token", TOKEN)
     assert "curve-key=" in srv.log()
-    with Client(srv.url, timeout=1, token=TOKEN) as plain:  # no server key: the handshake never completes
-        with pytest.raises(RequestTimeout):
-            plain.call("ping")
+    # no server key: the handshake never completes
+    with Client(srv.url, timeout=1, token=TOKEN) as plain, pytest.raises(RequestTimeout):
+        plain.call("ping")
     wrong_key = zmq.curve_keypair()[0].decode()
     with Client(srv.url, timeout=1, token=TOKEN, server_key=wrong_key) as wrong, pytest.raises(RequestTimeout):
         wrong.call("ping")

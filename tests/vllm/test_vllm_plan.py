@@ -25,7 +25,7 @@ def test_load_range_is_within_the_hit_and_the_request(hit_chunks: int, n: int, l
     hit = min(hit_chunks * chunk, plan.floor_to(n, chunk))
     local = min(local_blocks * block, plan.floor_to(n - 1, block))
     ext = plan.usable_hit(hit, n, local)
-    assert 0 <= ext and local + ext <= n - 1
+    assert ext >= 0 and local + ext <= n - 1
     if ext:
         end = plan.load_end(local, ext, chunk)
         assert end % chunk == 0 and local + ext <= end <= hit <= n

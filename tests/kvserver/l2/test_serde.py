@@ -72,7 +72,7 @@ def test_any_bit_flip_is_caught(position: int, bit: int, chain: Serde) -> None:
 @pytest.mark.parametrize("keep", [0, 3, HEADER_BYTES - 1, HEADER_BYTES, HEADER_BYTES + 100, -1])
 def test_truncation_is_caught(keep: int) -> None:
     blob = Serde("lz4").encode(KEY, PAYLOAD, CS)
-    with pytest.raises(CorruptObject, match="truncated|bad magic"):
+    with pytest.raises(CorruptObject, match=r"truncated|bad magic"):
         Serde("lz4").decode(KEY, blob[:keep])
 
 

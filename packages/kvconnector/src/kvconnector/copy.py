@@ -30,7 +30,7 @@ def _select_backend() -> tuple[ModuleType, str]:
         _log.info("kvconnector copy backend: numpy fallback (forced by %s)", FORCE_FALLBACK_ENV)
         return _copy_fallback, "numpy-fallback"
     try:
-        from . import _kvcopy
+        from . import _kvcopy  # type: ignore[attr-defined]  # the compiled extension (csrc/)
     except ImportError as exc:  # not built, or built for another interpreter
         _log.warning("kvconnector copy backend: C++ extension unavailable (%s); using the numpy fallback", exc)
         return _copy_fallback, "numpy-fallback"

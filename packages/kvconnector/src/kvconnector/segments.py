@@ -54,7 +54,8 @@ class EngineKV:
             raise ValueError(f"block_stride {self.block_stride} is smaller than a run ({self.run_bytes} bytes)")
         if self.runs_per_block > 1:
             planes = self.run_stride >= self.num_blocks * self.block_stride  # [2, num_blocks, ...]
-            interleaved = self.run_bytes <= self.run_stride <= self.block_stride - self.run_bytes  # [num_blocks, 2, ...]
+            # [num_blocks, 2, ...]
+            interleaved = self.run_bytes <= self.run_stride <= self.block_stride - self.run_bytes
             if not (planes or interleaved):
                 raise ValueError("run_stride makes the K and V runs of different blocks overlap")
 

@@ -23,7 +23,7 @@ def pack_tokens(tokens: Sequence[int] | np.ndarray) -> bytes:
     return arr.astype(TOKEN_DTYPE, copy=False).tobytes()
 
 
-def unpack_tokens(data: bytes) -> np.ndarray:
+def unpack_tokens(data: bytes | bytearray | memoryview) -> np.ndarray:
     """Inverse of `pack_tokens`; raises ValueError when the length is not a multiple of 4."""
     if len(data) % 4:
         raise ValueError("token bytes length must be a multiple of 4")

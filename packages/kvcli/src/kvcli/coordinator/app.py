@@ -160,7 +160,7 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
 
     @app.get("/metrics", tags=["metrics"], dependencies=read, response_class=Response)
     async def prometheus(request: Request) -> Response:
-        encoder, content_type = choose_encoder(request.headers.get("accept"))
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         return Response(encoder(metrics.registry), headers={"Content-Type": content_type})
 
     app.state.registry = registry

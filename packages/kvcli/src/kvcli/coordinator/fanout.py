@@ -76,7 +76,7 @@ async def fleet_query(client: httpx.AsyncClient, creds: InstanceCredentials, ins
 
 def summarize(results: list[tuple[Instance, dict[str, Any] | None, str | None]]) -> dict[str, Any]:
     """Fleet totals over the instances that answered."""
-    total = {"instances": len(results), "reachable": 0, "l1_capacity_bytes": 0, "l1_used_bytes": 0,
+    total: dict[str, Any] = {"instances": len(results), "reachable": 0, "l1_capacity_bytes": 0, "l1_used_bytes": 0,
              "objects": 0, "lookup_tokens": 0, "lookup_hit_tokens": 0}
     for _inst, status, _error in results:
         if status is None:

@@ -66,7 +66,7 @@ class Registry:
             self._drop(old, "replaced")
         if len(self.instances) >= self.max_instances:
             raise RegistryFull(f"registry holds {self.max_instances} instances already")
-        stats = {k: fields.pop(k) for k in ("models", "l1_used_bytes", "objects") if k in fields}
+        stats: dict[str, Any] = {k: fields.pop(k) for k in ("models", "l1_used_bytes", "objects") if k in fields}
         inst = Instance(id=secrets.token_hex(8), **fields)
         inst.update(stats)
         inst.last_seen = self.clock()

@@ -16,8 +16,9 @@ BLOCKS = " ▁▂▃▄▅▆▇█"
 
 def bars(values: Sequence[float | None], width: int, height: int, top: float) -> list[str]:
     """Rows (top first) of a bar chart of the last `width` values on a 0..top scale."""
-    vals = list(values)[-width:] if width > 0 else []
-    vals = [None] * (width - len(vals)) + vals
+    vals: list[float | None] = list(values)[-width:] if width > 0 else []
+    pad: list[float | None] = [None] * (width - len(vals))
+    vals = pad + vals
     rows = []
     for r in range(height):
         floor = (height - 1 - r) * 8

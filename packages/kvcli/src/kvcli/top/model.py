@@ -65,7 +65,7 @@ class InstanceView:
         return self.l1_used / self.l1_capacity if self.l1_capacity else None
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in self.__slots__ if k != "status"}  # type: ignore[attr-defined]
+        out = {k: getattr(self, k) for k in self.__slots__ if k != "status"}
         out["l1_fraction"] = self.l1_fraction
         return out
 

@@ -182,9 +182,10 @@ class SchedulerSide:
         if self.cfg.save_policy == "none" or self.client is None or not st.cacheable:
             return
         limit = self._num_prompt_tokens(st, prompt_tokens) if self.cfg.save_policy == "prompt" else 1 << 62
-        end = plan.save_end(st.saved_upto, num_computed + num_scheduled, limit, self.chunk)
-        if end is None:
+        save_to = plan.save_end(st.saved_upto, num_computed + num_scheduled, limit, self.chunk)
+        if save_to is None:
             return
+        end = save_to
         toks = self._tokens(st, end, prompt_tokens)
         nblocks = end // self.block_size
         if len(toks) < end or len(st.block_ids) < nblocks:

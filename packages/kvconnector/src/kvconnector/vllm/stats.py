@@ -33,7 +33,7 @@ class KVServerConnectorStats(KVConnectorStats):
         self.data[name] = self.data.get(name, 0) + value
 
     def reset(self) -> None:
-        self.data = {name: 0 for name in COUNTERS}
+        self.data = dict.fromkeys(COUNTERS, 0)
 
     def aggregate(self, other: KVConnectorStats) -> KVServerConnectorStats:
         for name, value in other.data.items():

@@ -55,7 +55,7 @@ class S3Adapter(L2Adapter):
 
     def _get_one(self, key: str) -> bytes | None:
         try:
-            return self._s3.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()  # type: ignore[no-any-return]
+            return self._s3.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in _ABSENT:
                 return None
