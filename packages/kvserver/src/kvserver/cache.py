@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
 from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve, Store
 
+from .engines import Engine, EngineTable
 from .l1 import IKey, L1Cache, State
 from .leases import Leases, rank_keys
 from .sessions import KeySpaceT, SessionTable, Slot, StoreTxn, new_store_id
@@ -26,22 +26,9 @@ if TYPE_CHECKING:
     from .l2 import TierManager
 
 
-@dataclass
-class Engine:
-    id: str
-    model: str
-    world_size: int
-    rank: int
-    groups: list[dict[str, Any]]
-    host: str
-    pid: int
-    registered_at: float = field(default_factory=time.time)
-
-
 log = logging.getLogger("kvserver")
 
 
-MAX_ENGINES = 256  # registrations kept for describe; the oldest go first
 MAX_SESSIONS = 4096  # live read sessions per server, all tenants together (each tenant has its own cap too)
 MAX_SESSION_OBJECTS = 1 << 22  # chunk hashes + leased keys all live sessions keep, in total
 MAX_STORES = 4096  # store transactions in flight per server
@@ -58,7 +45,7 @@ class CacheService:
         self.table = SessionTable(lease_ttl)
         self.ledger = TenantLedger(l1, self.table, tenants, (MAX_SESSIONS, MAX_STORES))
         self.leases = Leases(l1, self.table)
-        self.engines: dict[str, Engine] = {}
+        self.engine_table = EngineTable()
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
         self.counters = Counters()
         self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
@@ -67,6 +54,11 @@ class CacheService:
         # after an L2 prefetch: (keyspace, salt, tokens, chunk hashes, first chunk that missed before)
         self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
+
+    @property
+    def engines(self) -> dict[str, Engine]:
+        """Registered engine ranks by id (describe, the fleet agent)."""
+        return self.engine_table.engines
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -135,23 +127,9 @@ class CacheService:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         for layout in layouts:
             self.object_sizes[layout.fingerprint] = layout.object_bytes
-        engine = Engine(engine_id, f.model, f.world_size, f.rank, [g.to_wire() for g in layouts],
-                        f.host or "", f.pid or 0)
-        # The same process registering again (a reconnect) keeps its id; the table stays bounded.
-        again = False
-        for old in list(self.engines.values()):
-            same = (old.model, old.world_size, old.rank, old.groups, old.host, old.pid) == (
-                engine.model, engine.world_size, engine.rank, engine.groups, engine.host, engine.pid)
-            if same and engine.pid:
-                del self.engines[old.id]
-                engine.id = engine_id = old.id
-                again = True
-        self.engines[engine_id] = engine
-        log.info("engine %s %s: model=%s rank=%d/%d host=%s pid=%d layouts=%s", engine_id,
-                 "registered again" if again else "registered", engine.model, engine.rank, engine.world_size,
-                 engine.host or "-", engine.pid, ",".join(g.fingerprint for g in layouts))
-        while len(self.engines) > MAX_ENGINES:
-            del self.engines[next(iter(self.engines))]
+        engine_id = self.engine_table.add(Engine(engine_id, f.model, f.world_size, f.rank,
+                                                 [g.to_wire() for g in layouts], f.host or "", f.pid or 0),
+                                          [g.fingerprint for g in layouts])
         return {
             "engine_id": engine_id,
             "arena": {"name": self.l1.arena.name, "size": self.l1.arena.size, "nonce": self.l1.arena.nonce},

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from .arena import Arena
 from .eviction import make_policy
@@ -76,15 +76,7 @@ def simulate(trace: list[Request], policy: str, capacity_blocks: int, inherit: b
         for k in reversed(keys[:hit]):
             l1.touch(k)
         hit_tokens += hit * BLOCK_TOKENS
-        written = []
-        for i in range(hit, len(keys)):
-            if keys[i] in l1.entries:
-                continue
-            if l1.reserve(keys[i], OBJECT_BYTES, req.blocks[i - 1].to_bytes(32, "big") if i else None) is None:
-                break
-            written.append(keys[i])
-        for k in reversed(written):
-            l1.finish_write(k)
+        written = _store_missing(l1, keys, req.blocks, hit)
         if inherit and hit >= 2:
             for k in reversed(written):
                 l1.touch(k)
@@ -196,14 +188,21 @@ def l2_admission(trace: list[Request], policy: str, capacity_blocks: int, mode: 
         while served < len(keys) and req.blocks[served] in l2:
             served += 1  # loaded from L2 into L1 below, like a prefetch
         hit_tokens += served * BLOCK_TOKENS
-        written = []
-        for i in range(hit, len(keys)):
-            if keys[i] in l1.entries:
-                continue
-            if l1.reserve(keys[i], OBJECT_BYTES, req.blocks[i - 1].to_bytes(32, "big") if i else None) is None:
-                break
-            written.append(keys[i])
-        for k in reversed(written):
-            l1.finish_write(k)
+        written = _store_missing(l1, keys, req.blocks, hit)
         writes += write(adm.on_commit(written))
     return hit_tokens / max(1, total), writes
+
+
+def _store_missing(l1: Any, keys: list[Any], blocks: tuple[int, ...], hit: int) -> list[Any]:
+    """Store the blocks after the hit the way a real store does (each linked to its parent, stopping
+    at the first one that finds no room); returns the keys written."""
+    written = []
+    for i in range(hit, len(keys)):
+        if keys[i] in l1.entries:
+            continue
+        if l1.reserve(keys[i], OBJECT_BYTES, blocks[i - 1].to_bytes(32, "big") if i else None) is None:
+            break
+        written.append(keys[i])
+    for k in reversed(written):
+        l1.finish_write(k)
+    return written
