@@ -79,19 +79,22 @@ def load_blocks(link: EngineLink, tables: Sequence[np.ndarray], skip: int, num: 
 
 
 def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, session: str | None,
-           extra: ExtraKeys = (), rank: int | None = None) -> int:
-    """Hit tokens; with a session, lease the hit objects of every rank (or of `rank` only) to it."""
+           extra: ExtraKeys = (), rank: int | None = None, wait: bool = True) -> tuple[int, bool]:
+    """Hit tokens and whether an L2 prefetch is still running (only with wait=False); with a session,
+    lease the hit objects of every rank (or of `rank` only) to it."""
     fields: dict[str, Any] = {"keyspace": link.keyspace.to_wire(), "tokens": pack_tokens(tokens), "salt": salt,
                               **extra_fields(extra, tokens.shape[0] // link.layouts[0].chunk_size)}
     if session is not None:
         fields["session"] = session
         if rank is not None:
             fields["rank"] = rank
+    if not wait:
+        fields["wait"] = False
     result = link.call("lookup", deadline, **fields).result
     if int(result["chunk_size"]) != link.layouts[0].chunk_size:
         raise ServerError(ErrorCode.LAYOUT_MISMATCH, f"server chunk_size {result['chunk_size']} "
                                                      f"!= layout chunk_size {link.layouts[0].chunk_size}")
-    return int(result["hit_tokens"])
+    return int(result["hit_tokens"]), bool(result.get("pending", False))
 
 
 @dataclass
@@ -193,7 +196,7 @@ def _load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, to
     except ServerError as exc:  # this rank's lease expired or was never taken here: lease again, then retry
         if exc.code not in RELEASE_CODES or tokens.shape[0] < end * chunk:
             raise
-        hit = lookup(link, deadline, tokens[: end * chunk], salt, session, extra, rank=link.rank)
+        hit, _ = lookup(link, deadline, tokens[: end * chunk], salt, session, extra, rank=link.rank)
         if hit < end * chunk:
             raise ServerError(ErrorCode.NOT_LEASED, f"only {hit} of the {end * chunk} tokens to load are cached "
                                                     "now") from exc

@@ -120,6 +120,12 @@ def _layouts(v: Any) -> list[LayoutDescriptor]:
     return [LayoutDescriptor.from_wire(item) for item in v]
 
 
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValidationError(ErrorCode.BAD_FIELD, "must be true or false")
+    return v
+
+
 _SESSION = _str(128)
 _OPT = False
 
@@ -142,6 +148,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "salt": Field(validate_salt, _OPT),
         "session": Field(_SESSION, _OPT),
         "rank": Field(_int(0, MAX_WORLD_SIZE - 1), _OPT),  # with session: lease only this rank's objects
+        "wait": Field(_bool, _OPT),  # false: do not wait for an L2 prefetch; the reply says "pending"
     },
     "query": {
         "keyspace": Field(_keyspace),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
 
 from .l1 import IKey, L1Cache, State
+from .l2.background import BackgroundPrefetches
 from .leases import Leases, rank_keys
 from .sessions import KeySpaceT, SessionTable, Slot, StoreTxn, new_store_id
 
@@ -78,6 +79,7 @@ class CacheService:
         # after an L2 prefetch: (keyspace, salt, tokens, chunk hashes, first chunk that missed before)
         self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
+        self.background = BackgroundPrefetches()  # prefetches of lookups that did not wait
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -199,12 +201,26 @@ class CacheService:
         if "session" in f:
             self._admit_session(f["session"], len(hashes) * (1 + self._per_chunk(f)))
         hit = self._prefix_hits(ks, salt, hashes)
+        wait = f.get("wait", True)
+        pending = False
         if self.l2 is not None and hit < len(hashes):
             chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
-            await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
-            for hook in self.on_prefetched:
-                hook(ks, salt, f["tokens"], hashes, hit)
-        return self.lookup(f, hashes)  # no await since the wait: the prefix is recomputed and leased at once
+            tokens = f["tokens"]
+
+            async def prefetch() -> None:
+                assert self.l2 is not None
+                await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
+                for hook in self.on_prefetched:
+                    hook(ks, salt, tokens, hashes, hit)
+
+            if wait:
+                await prefetch()
+            else:  # answer now; the engine asks again (see l2/background.py)
+                pending = self.background.poll((ks, salt, hashes[hit], hashes[-1]), prefetch)
+        out = self.lookup(f, hashes)  # no await since the wait: the prefix is recomputed and leased at once
+        if not wait:
+            out["pending"] = pending
+        return out
 
     def _query_keys(self, f: dict[str, Any]) -> tuple[list[bytes], list[list[IKey]]]:
         ks, salt = self._ks(f["keyspace"]), f.get("salt", "")

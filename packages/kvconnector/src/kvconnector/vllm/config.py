@@ -35,6 +35,9 @@ class ConnectorConfig:
                      different paths share with it; never give two different weights one model_id
     retry_after_s    after a failed server call, skip the server this long (doubling up to 30 s) so a
                      dead server costs one timeout, not one per request
+    wait_for_l2      False (default): a lookup never waits for the server's L2 prefetch; while one runs
+                     the connector tells vLLM "ask again later" (None) and reports the hit once it is
+                     in L1. True: the lookup blocks up to the server's --l2-prefetch-timeout
     debug_fail_load_chunks  TEST ONLY fault injection: after each load, overwrite the blocks of these
                      chunk indexes with garbage and report them as failed, so tests can prove that
                      vLLM's kv_load_failure_policy recomputes them
@@ -50,6 +53,7 @@ class ConnectorConfig:
     model_name: str | None = None
     model_id: str | None = None
     retry_after_s: float = 2.0
+    wait_for_l2: bool = False
     debug_fail_load_chunks: tuple[int, ...] = ()
     debug_fail_plan_loads: bool = False  # TEST ONLY: take _plan's "cannot name the blocks" branch
     load: bool = True  # not a key: False for kv_role "kv_producer" (saves only); see apply_role
@@ -70,7 +74,7 @@ class ConnectorConfig:
 _TYPES: dict[str, tuple[type, ...]] = {
     "kvserver_url": (str,), "mode": (str,), "timeout_s": (int, float), "save_policy": (str,),
     "chunk_size": (int,), "model_name": (str, type(None)), "model_id": (str, type(None)), "retry_after_s": (int, float),
-    "debug_fail_load_chunks": (list, tuple), "debug_fail_plan_loads": (bool,),
+    "debug_fail_load_chunks": (list, tuple), "debug_fail_plan_loads": (bool,), "wait_for_l2": (bool,),
 }
 
 

@@ -85,6 +85,13 @@ class KVServerConnector(KVConnectorBase_V1):
         assert self._scheduler is not None
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
+    def get_external_cache_hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
+        """Tokens from the server's L1 (host memory) and from its L2 tiers (disk, object stores)."""
+        if self._scheduler is None:
+            return super().get_external_cache_hit_sources(request, num_external_tokens)
+        tiers = {"l1": CacheHitSource.HOST, "l2": CacheHitSource.DISK}
+        return {tiers[k]: v for k, v in self._scheduler.hit_sources(request, num_external_tokens).items()}
+
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         assert self._scheduler is not None
         self._scheduler.update_state_after_alloc(request, num_external_tokens)

@@ -7,6 +7,7 @@ request's chunks are known to be stored, so each step's metadata names exactly t
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,9 +36,12 @@ class _Req:
     saved_upto: int = 0  # chunk-aligned: tokens [0, saved_upto) are stored or being stored
     stored: int = 0  # tokens [0, stored) confirmed stored by the workers (or found on the server)
     loaded_tokens: int = 0
+    l2_tokens: int = 0  # of loaded_tokens, those the server's L2 prefetch brought into L1
     load_failed: bool = False
     cacheable: bool = True  # False: never looked up nor saved (prompt embeddings, unknown adapter, ...)
     epoch: int = 0  # failed loads the scheduler has heard of (SaveJob.epoch)
+    pending_since: float | None = None  # monotonic time of the first "L2 prefetch pending" answer
+    l1_hit: int | None = None  # the L1 hit before the server's L2 prefetch (tokens); None: no prefetch
 
 
 class SchedulerSide:
@@ -53,7 +57,7 @@ class SchedulerSide:
         self._session_prefix = uuid.uuid4().hex[:12]
 
     # --- vLLM hooks -------------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         st = self._state(request)
         self._release(st)  # a repeated call (the request could not be scheduled) leases afresh
         st.hit_tokens = st.external_tokens = 0
@@ -67,9 +71,9 @@ class SchedulerSide:
             return 0, False
         tokens = list(request.all_token_ids[:n])
         self.stats.add("lookups")
-        self.stats.add("lookup_tokens", n)
         try:
-            res = self.client.lookup(tokens, salt=st.salt, session=st.session, extra=self._extra(st, n))
+            res = self.client.lookup(tokens, salt=st.salt, session=st.session, extra=self._extra(st, n),
+                                     wait=self.cfg.wait_for_l2)
         except Exception as exc:  # noqa: BLE001 - the engine must never fail because of the cache
             res = None
             err: str | None = f"{type(exc).__name__}: {exc}"
@@ -83,6 +87,15 @@ class SchedulerSide:
         st.leased = True
         hit = int(res.hit_tokens) if res is not None else 0
         hit = min(plan.floor_to(hit, self.chunk), plan.floor_to(n, self.chunk))
+        if res is not None and getattr(res, "pending", False) and self._may_wait(st):
+            # The server prefetches the rest from L2: never block the scheduler on it. vLLM skips the
+            # request this step and asks again; the leases taken now are given back at once.
+            st.l1_hit = hit if st.l1_hit is None else min(st.l1_hit, hit)
+            self._release(st)
+            self.stats.add("lookups_pending")
+            return None, False
+        st.pending_since = None
+        self.stats.add("lookup_tokens", n)
         st.hit_tokens = hit
         st.saved_upto = max(st.saved_upto, hit)  # those chunks are on the server already
         st.stored = max(st.stored, hit)
@@ -92,12 +105,31 @@ class SchedulerSide:
             self._release(st)
         return ext, False
 
+    def hit_sources(self, request: Any, num_external_tokens: int) -> dict[str, int]:
+        """Split the external tokens by tier: "l1" (in the server's memory when first asked) and
+        "l2" (brought into L1 by the prefetch the lookup started)."""
+        st = self.reqs.get(request.request_id)
+        if st is None or num_external_tokens <= 0:
+            return {}
+        l1_end = st.hit_tokens if st.l1_hit is None else min(st.l1_hit, st.hit_tokens)
+        l1 = max(0, min(num_external_tokens, l1_end - st.local_computed))
+        return {k: v for k, v in (("l1", l1), ("l2", num_external_tokens - l1)) if v}
+
+    def _may_wait(self, st: _Req) -> bool:
+        """Ask again later, for at most timeout_s per request (a server that keeps prefetching, e.g.
+        restarted meanwhile, must not hold a request back for good)."""
+        now = time.monotonic()
+        if st.pending_since is None:
+            st.pending_since = now
+        return now - st.pending_since < self.cfg.timeout_s
+
     def update_state_after_alloc(self, request: Any, num_external_tokens: int) -> None:
         st = self.reqs.get(request.request_id)
         if st is None:
             return
         st.external_tokens = num_external_tokens
         st.load_pending = num_external_tokens > 0
+        st.l2_tokens = self.hit_sources(request, num_external_tokens).get("l2", 0)
         if num_external_tokens > 0:
             self.stats.add("external_tokens", num_external_tokens)
         else:
@@ -155,6 +187,7 @@ class SchedulerSide:
             return None
         self._release(st)
         return {"kvserver": {"hit_tokens": st.hit_tokens, "loaded_tokens": st.loaded_tokens,
+                             "l2_tokens": min(st.l2_tokens, st.loaded_tokens),
                              "load_failed": st.load_failed, "stored_tokens": st.stored}}
 
     def close(self) -> None:

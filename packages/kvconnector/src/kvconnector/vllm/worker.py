@@ -74,9 +74,9 @@ class WorkerSide:
             try:
                 res = self.client.save(job.tokens, job.block_ids, salt=job.salt, skip_tokens=job.skip_tokens,
                                        extra=job.extra)
-                ok, err, chunks = res.ok, res.error, res.saved_chunks
+                ok, err, chunks, full = res.ok, res.error, res.saved_chunks, res.no_space
             except Exception as exc:  # noqa: BLE001 - a failed store is a future miss, never an engine error
-                ok, err, chunks = False, f"{type(exc).__name__}: {exc}", 0
+                ok, err, chunks, full = False, f"{type(exc).__name__}: {exc}", 0, False
             self.stats.add("save_s", time.perf_counter() - t)
             self.stats.add("saves")
             self.stats.add("saved_chunks", chunks)
@@ -84,6 +84,13 @@ class WorkerSide:
                 self.breaker.succeeded()
                 end = len(job.tokens)
                 self.report.saved[job.req_id] = min(end, self.report.saved.get(job.req_id, end))
+            elif full:
+                # A full cache (every object leased or being written): what fitted is stored, the
+                # server works, so no breaker. The rest of the request is not known stored.
+                self.breaker.succeeded()
+                self.stats.add("partial_saves" if chunks else "no_space_saves")
+                self._save_failed(job.req_id, job.skip_tokens)
+                log.debug("KVServerConnector: save incomplete, cache full (%s)", err)
             else:
                 self.stats.add("save_errors")
                 self._save_failed(job.req_id, job.skip_tokens)
