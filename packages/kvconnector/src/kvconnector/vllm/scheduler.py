@@ -15,6 +15,7 @@ from typing import Any
 from . import plan
 from .breaker import Breaker
 from .config import ConnectorConfig
+from .costs import CostModel
 from .extra_keys import AdapterDigests, request_keys
 from .log import log
 from .metadata import KVServerConnectorMetadata, LoadJob, SaveJob
@@ -55,6 +56,8 @@ class SchedulerSide:
         self.breaker = Breaker(cfg.retry_after_s)
         self.adapters = AdapterDigests()
         self._session_prefix = uuid.uuid4().hex[:12]
+        self.costs = CostModel.new()  # load vs recompute (plan_loads)
+        self._async: list[str] = []  # requests whose asynchronous load the next metadata carries
 
     # --- vLLM hooks -------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -101,9 +104,13 @@ class SchedulerSide:
         st.stored = max(st.stored, hit)
         self.stats.add("hit_tokens", hit)
         ext = plan.usable_hit(hit, n, num_computed_tokens)
+        if ext > 0 and self.cfg.plan_loads and not self.costs.worth_loading(ext):
+            self.stats.add("declined_hits")  # recomputing is estimated cheaper than loading
+            self.stats.add("declined_tokens", ext)
+            ext = 0
         if ext == 0:
             self._release(st)
-        return ext, False
+        return ext, self.cfg.async_loads and ext > 0
 
     def hit_sources(self, request: Any, num_external_tokens: int) -> dict[str, int]:
         """Split the external tokens by tier: "l1" (in the server's memory when first asked) and
@@ -123,20 +130,33 @@ class SchedulerSide:
             st.pending_since = now
         return now - st.pending_since < self.cfg.timeout_s
 
-    def update_state_after_alloc(self, request: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Any, num_external_tokens: int,
+                                 block_ids: list[int] | None = None) -> None:
+        """With async_loads, vLLM parks the request until its load ends: the load is planned from the
+        blocks allocated here (the request is not among the next step's scheduled ones); vLLM calls
+        this again with 0 external tokens once the load is done."""
         st = self.reqs.get(request.request_id)
         if st is None:
             return
         st.external_tokens = num_external_tokens
         st.load_pending = num_external_tokens > 0
-        st.l2_tokens = self.hit_sources(request, num_external_tokens).get("l2", 0)
+        if num_external_tokens > 0:
+            st.l2_tokens = self.hit_sources(request, num_external_tokens).get("l2", 0)
+            if self.cfg.async_loads and block_ids is not None:
+                st.block_ids = list(block_ids)
+                self._async.append(st.req_id)
         if num_external_tokens > 0:
             self.stats.add("external_tokens", num_external_tokens)
         else:
             self._release(st)
 
     def build_connector_meta(self, so: Any) -> KVServerConnectorMetadata:
-        meta = KVServerConnectorMetadata()
+        meta = KVServerConnectorMetadata(scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0))
+        for req_id in self._async:  # loads vLLM is waiting for (WAITING_FOR_REMOTE_KVS)
+            st = self.reqs.get(req_id)
+            if st is not None and st.load_pending:
+                self._plan_load(meta, st, None, background=True)
+        self._async.clear()
         for new in so.scheduled_new_reqs:
             st = self.reqs.get(new.req_id)
             if st is None:  # never looked up (should not happen): without its Request, its keys are
@@ -167,6 +187,8 @@ class SchedulerSide:
         """
         if report is None:
             return
+        self.costs.observe(getattr(report, "load_tokens", 0), getattr(report, "load_s", 0.0),
+                           getattr(report, "step_tokens", 0), getattr(report, "step_s", 0.0))
         failed_saves = getattr(report, "save_failed", {})
         for req_id, end in getattr(report, "saved", {}).items():
             st = self.reqs.get(req_id)
@@ -201,17 +223,7 @@ class SchedulerSide:
     def _plan(self, meta: KVServerConnectorMetadata, st: _Req, num_computed: int, num_scheduled: int,
               prompt_tokens: list[int] | None) -> None:
         if st.load_pending:
-            st.load_pending = False
-            end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
-            toks = self._tokens(st, end, prompt_tokens)
-            nblocks = end // self.block_size
-            if len(toks) == end and len(st.block_ids) >= nblocks and not self.cfg.debug_fail_plan_loads:
-                meta.loads.append(LoadJob(st.req_id, st.session, toks, st.block_ids[:nblocks],
-                                          st.local_computed, end, st.salt, self._extra(st, end), st.epoch))
-                st.loaded_tokens = st.external_tokens
-                st.leased = False  # the worker releases the session once the load is done
-            else:
-                self._fail_load(meta, st, end, nblocks)
+            self._plan_load(meta, st, prompt_tokens)
         if self.cfg.save_policy == "none" or self.client is None or not st.cacheable:
             return
         limit = self._num_prompt_tokens(st, prompt_tokens) if self.cfg.save_policy == "prompt" else 1 << 62
@@ -226,7 +238,22 @@ class SchedulerSide:
                                   self._extra(st, end), st.epoch))
         st.saved_upto = end
 
-    def _fail_load(self, meta: KVServerConnectorMetadata, st: _Req, end: int, nblocks: int) -> None:
+    def _plan_load(self, meta: KVServerConnectorMetadata, st: _Req, prompt_tokens: list[int] | None,
+                   background: bool = False) -> None:
+        st.load_pending = False
+        end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
+        toks = self._tokens(st, end, prompt_tokens)
+        nblocks = end // self.block_size
+        if len(toks) == end and len(st.block_ids) >= nblocks and not self.cfg.debug_fail_plan_loads:
+            meta.loads.append(LoadJob(st.req_id, st.session, toks, st.block_ids[:nblocks], st.local_computed, end,
+                                      st.salt, self._extra(st, end), st.epoch, background=background))
+            st.loaded_tokens = st.external_tokens
+            st.leased = False  # the worker releases the session once the load is done
+        else:
+            self._fail_load(meta, st, end, nblocks, background)
+
+    def _fail_load(self, meta: KVServerConnectorMetadata, st: _Req, end: int, nblocks: int,
+                   background: bool = False) -> None:
         """vLLM was promised external tokens that we cannot load (cannot happen with vLLM 0.32's
         allocation). Fail safe: the worker reports the blocks of the promised range as failed, so
         vLLM recomputes them instead of computing over uninitialised blocks, and nothing of the
@@ -234,7 +261,8 @@ class SchedulerSide:
         log.error("KVServerConnector: request %s has %d blocks for a %d-token load; reporting them failed",
                   st.req_id, len(st.block_ids), end)
         meta.loads.append(LoadJob(st.req_id, st.session, [], st.block_ids[:nblocks], st.local_computed, end,
-                                  st.salt, (), st.epoch, fail="blocks missing for the promised load"))
+                                  st.salt, (), st.epoch, fail="blocks missing for the promised load",
+                                  background=background))
         st.loaded_tokens = 0
 
     def _extra(self, st: _Req, num_tokens: int) -> tuple[tuple[int, bytes], ...]:

@@ -20,6 +20,8 @@ COUNTERS = (
     "unsafe_saves_dropped",
     "partial_saves",  # saves the server stored only in part: the cache had no room for the rest (NO_SPACE)
     "no_space_saves",  # saves of which nothing fitted (NO_SPACE); neither counts as save_errors
+    "declined_hits", "declined_tokens",  # hits plan_loads left to recompute (estimated cheaper)
+    "steps_during_loads",  # forward steps that ran while a background load (async_loads) was in flight
 )
 
 
@@ -35,7 +37,7 @@ class KVServerConnectorStats(KVConnectorStats):
         self.data[name] = self.data.get(name, 0) + value
 
     def reset(self) -> None:
-        self.data = {name: 0 for name in COUNTERS}
+        self.data = dict.fromkeys(COUNTERS, 0)
 
     def aggregate(self, other: KVConnectorStats) -> KVServerConnectorStats:
         for name, value in other.data.items():

@@ -1,7 +1,8 @@
 """Worker side of KVServerConnector: registers the paged KV, loads before the forward, saves after.
 
 Loads are synchronous in `start_load_kv` (vLLM calls it before the forward when a step has
-connector loads); saves run in `wait_for_save`, after the whole forward, one EngineClient call per
+connector loads), or, with async_loads, handed to a background thread (loader.py) and reported
+done in `get_finished`; saves run in `wait_for_save`, after the whole forward, one EngineClient call per
 request for all layers. The per-layer hooks are no-ops: on CPU there is no copy engine to overlap
 with, and whole-step copies are one batched kernel call each.
 """
@@ -15,15 +16,22 @@ from kvprotocol import LayoutDescriptor
 
 from .breaker import Breaker
 from .config import ConnectorConfig
+from .loader import BackgroundLoader, LoadOutcome, copy_job
 from .log import log
 from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob
 from .stats import KVServerConnectorStats
 
 
 class WorkerSide:
-    def __init__(self, cfg: ConnectorConfig, client: Any, expected: LayoutDescriptor | None) -> None:
+    def __init__(self, cfg: ConnectorConfig, client: Any, expected: LayoutDescriptor | None,
+                 load_client: Any = None) -> None:
         self.cfg = cfg
         self.client = client
+        # async_loads: background loads through a client of their own (see loader.py)
+        self.loader = BackgroundLoader(load_client, cfg.debug_load_delay_s) if load_client is not None else None
+        self.received: set[str] = set()  # background loads that ended without a copy (reported next poll)
+        self._step_t0: float | None = None  # perf_counter at bind_connector_metadata (costs.py samples)
+        self._step_load_s = 0.0
         self.expected = expected
         self.layout: LayoutDescriptor | None = None
         self.tensors: list[Any] = []
@@ -46,6 +54,9 @@ class WorkerSide:
             log.error("KVServerConnector: the EngineClient rejected the KV tensors; connector disabled")
             self.enabled = False
             return
+        if self.loader is not None and not self.loader.client.register(tensors):
+            log.error("KVServerConnector: the loader's EngineClient rejected the KV tensors; loads run in the step")
+            self.loader = None
         log.info("KVServerConnector worker: registered %d layers, tensor layout %s", len(tensors),
                  layout.fingerprint)
 
@@ -56,7 +67,19 @@ class WorkerSide:
         for req_id in meta.finished:
             self.failed_epochs.pop(req_id, None)
 
+    def step_started(self) -> None:
+        self._step_t0 = time.perf_counter()
+        self._step_load_s = 0.0
+
+    def _step_ended(self, meta: KVServerConnectorMetadata) -> None:
+        """The forward's cost (without the loads run in the step), a sample of the prefill rate."""
+        if self._step_t0 is not None and meta.scheduled_tokens:
+            self.report.step_tokens += meta.scheduled_tokens
+            self.report.step_s += max(0.0, time.perf_counter() - self._step_t0 - self._step_load_s)
+        self._step_t0 = None
+
     def save(self, meta: KVServerConnectorMetadata) -> None:
+        self._step_ended(meta)
         if not self.enabled or self.cfg.save_policy == "none":
             return
         for job in meta.saves:
@@ -111,6 +134,8 @@ class WorkerSide:
         return out
 
     def close(self) -> None:
+        if self.loader is not None:
+            self.loader.close()
         if self.client is not None:
             self.client.close()
 
@@ -121,24 +146,45 @@ class WorkerSide:
         if not self.enabled or self.layout is None or job.fail:
             self._release(job.session)
             self._fail(job, wanted, job.fail or "connector disabled on this worker")
+            if job.background:
+                self.received.add(job.req_id)
             return
-        t = time.perf_counter()
-        verify_before = self.client.verify_failures
-        try:
-            res = self.client.load(job.session, job.tokens, job.block_ids, skip_tokens=job.skip_tokens,
-                                   num_tokens=job.num_tokens, salt=job.salt, extra=job.extra)
-            ok, err, bad, loaded = res.ok, res.error, list(res.failed_block_ids), res.loaded_tokens
-        except Exception as exc:  # noqa: BLE001 - load already gave this rank's leases back
-            ok, err, bad, loaded = False, f"{type(exc).__name__}: {exc}", wanted, 0
-        self.stats.add("verify_failures", self.client.verify_failures - verify_before)
-        self.stats.add("load_s", time.perf_counter() - t)
+        if job.background and self.loader is not None:
+            self.loader.submit(job, wanted)
+            return
+        outcome = copy_job(self.client, job, wanted, self.cfg.debug_load_delay_s)
+        self._finish_load(job, wanted, outcome)
+        if job.background:  # no loader thread on this worker: loaded in the step, reported next poll
+            self.received.add(job.req_id)
+
+    def get_finished(self, scheduled_tokens: int) -> set[str] | None:
+        """Request ids whose background load ended (ok or failed: failures are in the failed blocks
+        vLLM collects right after this call). Counts forward steps that ran while loads were in flight."""
+        if self.loader is not None and self.loader.in_flight() and scheduled_tokens:
+            self.stats.add("steps_during_loads")
+        bs = self.layout.block_size if self.layout else 1
+        for job, outcome in self.loader.take_done() if self.loader is not None else ():
+            wanted = list(job.block_ids[job.skip_tokens // bs: job.num_tokens // bs])
+            self._finish_load(job, wanted, outcome)
+            self.received.add(job.req_id)
+        out, self.received = self.received, set()
+        return out or None
+
+    def _finish_load(self, job: LoadJob, wanted: list[int], outcome: LoadOutcome) -> None:
+        self.stats.add("verify_failures", outcome.verify_failures)
+        self.stats.add("load_s", outcome.seconds)
         self.stats.add("loads")
+        ok, err, bad = outcome.ok, outcome.error, list(outcome.failed_block_ids)
         if ok and not bad and self.cfg.debug_fail_load_chunks:
             bad = self._inject_failure(job)
             ok = not bad
             err = "debug_fail_load_chunks"
         if ok and not bad:
-            self.stats.add("loaded_tokens", loaded)
+            self.stats.add("loaded_tokens", outcome.loaded_tokens)
+            self.report.load_tokens += outcome.loaded_tokens
+            self.report.load_s += outcome.seconds
+            if not job.background:
+                self._step_load_s += outcome.seconds
             self.breaker.succeeded()
             return
         self._fail(job, bad or wanted, err or "load failed")
