@@ -43,3 +43,22 @@ def test_async_load_failure_is_recomputed(model_dir: Path, kvserver_factory: Ser
     assert r.kv_transfer_params["kvserver"]["load_failed"] is True
     assert r.connector_loaded_tokens == 256  # chunk 0 loaded; chunk 1 on was recomputed
     assert r.token_ids == reference.batches[0].requests[0].token_ids
+
+
+def test_async_save_keeps_blocks_until_stored(model_dir: Path, kvserver_factory: ServerFactory,
+                                              reference: EngineRun) -> None:
+    """A save that takes 2 s after its request finished: with 32 KV blocks in all, the next request
+    needs P_LONG's blocks, and gets them only once the save has read them (vLLM frees them on our
+    "finished sending"). Had they been freed at once, the save would store the next prompt's KV
+    under P_LONG's keys, and the second engine's output would differ from the reference."""
+    server = kvserver_factory()
+    kv = kv_config(server.url, async_saves=True, debug_save_delay_s=2.0)
+    first = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)]], max_tokens=MAX_TOKENS,
+                       kv_transfer_config=kv, max_model_len=960, llm_kwargs={"num_gpu_blocks_override": 32},
+                       extra_spec={"connector_stats": True})
+    assert first.requests[0].token_ids == reference.batches[0].requests[0].token_ids
+    assert first.requests[1].token_ids == reference.batches[1].requests[0].token_ids
+    run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    r = run.requests[0]
+    assert r.connector_loaded_tokens == 512
+    assert r.token_ids == reference.batches[0].requests[0].token_ids

@@ -41,10 +41,14 @@ class ConnectorConfig:
     async_loads      True: loads run on a background thread (vLLM's asynchronous path: the request waits
                      in WAITING_FOR_REMOTE_KVS, other requests keep decoding, completion is reported
                      through get_finished); False (default): loads run inside the step, before the forward
+    async_saves      True: saves return at once and run on the background thread; vLLM keeps a finished
+                     request's blocks until its saves ended ("finished sending"); a preemption waits
+                     for the saves in flight. False (default): saves run in wait_for_save
     plan_loads       True: load a hit only when the online estimate (costs.py: load throughput and
                      prefill rate measured by the workers) says it is cheaper than recomputing it;
                      declined hits are counted (declined_hits, declined_tokens). False (default): always load
     debug_load_delay_s  TEST ONLY: sleep this long before each load's copy (a slow load on purpose)
+    debug_save_delay_s  TEST ONLY: sleep this long before each background save (async_saves)
     debug_fail_load_chunks  TEST ONLY fault injection: after each load, overwrite the blocks of these
                      chunk indexes with garbage and report them as failed, so tests can prove that
                      vLLM's kv_load_failure_policy recomputes them
@@ -63,7 +67,9 @@ class ConnectorConfig:
     wait_for_l2: bool = False
     async_loads: bool = False
     plan_loads: bool = False
+    async_saves: bool = False
     debug_load_delay_s: float = 0.0
+    debug_save_delay_s: float = 0.0
     debug_fail_load_chunks: tuple[int, ...] = ()
     debug_fail_plan_loads: bool = False  # TEST ONLY: take _plan's "cannot name the blocks" branch
     load: bool = True  # not a key: False for kv_role "kv_producer" (saves only); see apply_role
@@ -85,7 +91,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "kvserver_url": (str,), "mode": (str,), "timeout_s": (int, float), "save_policy": (str,),
     "chunk_size": (int,), "model_name": (str, type(None)), "model_id": (str, type(None)), "retry_after_s": (int, float),
     "debug_fail_load_chunks": (list, tuple), "debug_fail_plan_loads": (bool,), "wait_for_l2": (bool,),
-    "async_loads": (bool,), "plan_loads": (bool,), "debug_load_delay_s": (int, float),
+    "async_loads": (bool,), "plan_loads": (bool,), "async_saves": (bool,), "debug_load_delay_s": (int, float),
+    "debug_save_delay_s": (int, float),
 }
 
 

@@ -74,7 +74,7 @@ class KVServerConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerSide(self.cfg, client, block_size)
         else:
             load_client = None
-            if client is not None and self.cfg.async_loads and self.cfg.load:
+            if client is not None and ((self.cfg.async_loads and self.cfg.load) or self.cfg.async_saves):
                 load_client = _make_client(self.cfg, model, world or 1, rank, layout)
             self._worker = WorkerSide(self.cfg, client, layout, load_client)
         log.info("KVServerConnector %s: server %s, mode %s, config layout %s (isa %s)", role.name.lower(),
@@ -111,8 +111,10 @@ class KVServerConnector(KVConnectorBase_V1):
             self._scheduler.update_connector_output(connector_output.kv_connector_worker_meta)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """With async_saves, vLLM keeps the blocks of a request with saves until the workers report
+        it in get_finished's "finished sending" set (its saves have read them)."""
         assert self._scheduler is not None
-        return False, self._scheduler.request_finished(request)
+        return self._scheduler.request_finished_delay(request)
 
     # ---- worker side -----------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -128,6 +130,8 @@ class KVServerConnector(KVConnectorBase_V1):
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         if self._worker is not None:
+            if isinstance(connector_metadata, KVServerConnectorMetadata):
+                self._worker.drain_saves(connector_metadata.preempted)
             self._worker.step_started()
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
@@ -137,14 +141,14 @@ class KVServerConnector(KVConnectorBase_V1):
             self._worker.start_load(meta)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        """(finished sending, finished receiving): saves are synchronous; background loads end here."""
+        """(finished sending, finished receiving): background saves and loads end here."""
         if self._worker is None:
             return None, None
         scheduled = 0
         if self.has_connector_metadata():
             meta = self._get_connector_metadata()
             scheduled = meta.scheduled_tokens if isinstance(meta, KVServerConnectorMetadata) else 0
-        return None, self._worker.get_finished(scheduled)
+        return self._worker.get_finished(scheduled, set(finished_req_ids or ()))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads finished in start_load_kv

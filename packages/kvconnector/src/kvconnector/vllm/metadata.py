@@ -51,6 +51,7 @@ class KVServerConnectorMetadata(KVConnectorMetadata):
     saves: list[SaveJob] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)  # request ids the workers may forget
     scheduled_tokens: int = 0  # tokens this step computes (0: a step without forward work)
+    preempted: bool = False  # some request was preempted: its blocks may be reused in this step
 
 
 @dataclass

@@ -37,6 +37,7 @@ class _Req:
     saved_upto: int = 0  # chunk-aligned: tokens [0, saved_upto) are stored or being stored
     stored: int = 0  # tokens [0, stored) confirmed stored by the workers (or found on the server)
     loaded_tokens: int = 0
+    had_saves: bool = False  # a SaveJob was planned (async_saves: vLLM must keep the blocks until "sent")
     l2_tokens: int = 0  # of loaded_tokens, those the server's L2 prefetch brought into L1
     load_failed: bool = False
     cacheable: bool = True  # False: never looked up nor saved (prompt embeddings, unknown adapter, ...)
@@ -66,6 +67,8 @@ class SchedulerSide:
         st.hit_tokens = st.external_tokens = 0
         st.load_pending = False
         st.local_computed = num_computed_tokens
+        if st.pending_since is None:  # a fresh lookup, not the next round of an "ask again later"
+            st.l1_hit = None
         n = int(request.num_tokens)
         if not st.cacheable or n <= self.chunk or self.client is None or not self.cfg.load:
             return 0, False  # kv_producer: saves only
@@ -151,7 +154,8 @@ class SchedulerSide:
             self._release(st)
 
     def build_connector_meta(self, so: Any) -> KVServerConnectorMetadata:
-        meta = KVServerConnectorMetadata(scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0))
+        meta = KVServerConnectorMetadata(scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
+                                         preempted=bool(getattr(so, "preempted_req_ids", None)))
         for req_id in self._async:  # loads vLLM is waiting for (WAITING_FOR_REMOTE_KVS)
             st = self.reqs.get(req_id)
             if st is not None and st.load_pending:
@@ -203,6 +207,12 @@ class SchedulerSide:
                 st.saved_upto = min(st.saved_upto, plan.floor_to(pos, self.chunk))
                 st.stored = min(st.stored, plan.floor_to(pos, self.chunk))
 
+    def request_finished_delay(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
+        """(keep the blocks until the workers' saves end, kv_transfer_params)."""
+        st = self.reqs.get(request.request_id)
+        delay = bool(st is not None and st.had_saves and self.cfg.async_saves)
+        return delay, self.request_finished(request)
+
     def request_finished(self, request: Any) -> dict[str, Any] | None:
         st = self.reqs.pop(request.request_id, None)
         if st is None:
@@ -234,6 +244,7 @@ class SchedulerSide:
         nblocks = end // self.block_size
         if len(toks) < end or len(st.block_ids) < nblocks:
             return
+        st.had_saves = True
         meta.saves.append(SaveJob(st.req_id, toks, st.block_ids[:nblocks], st.saved_upto, st.salt,
                                   self._extra(st, end), st.epoch))
         st.saved_upto = end

@@ -21,6 +21,7 @@ COUNTERS = (
     "partial_saves",  # saves the server stored only in part: the cache had no room for the rest (NO_SPACE)
     "no_space_saves",  # saves of which nothing fitted (NO_SPACE); neither counts as save_errors
     "declined_hits", "declined_tokens",  # hits plan_loads left to recompute (estimated cheaper)
+    "save_drains",  # steps that waited for background saves (a preempted request's blocks get reused)
     "steps_during_loads",  # forward steps that ran while a background load (async_loads) was in flight
 )
 

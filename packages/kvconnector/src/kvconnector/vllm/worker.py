@@ -16,9 +16,9 @@ from kvprotocol import LayoutDescriptor
 
 from .breaker import Breaker
 from .config import ConnectorConfig
-from .loader import BackgroundLoader, LoadOutcome, copy_job
+from .loader import BackgroundLoader, LoadOutcome, SaveOutcome, copy_job, save_job
 from .log import log
-from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob
+from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob, SaveJob
 from .stats import KVServerConnectorStats
 
 
@@ -28,8 +28,12 @@ class WorkerSide:
         self.cfg = cfg
         self.client = client
         # async_loads: background loads through a client of their own (see loader.py)
-        self.loader = BackgroundLoader(load_client, cfg.debug_load_delay_s) if load_client is not None else None
+        self.loader = (BackgroundLoader(load_client, cfg.debug_load_delay_s, cfg.debug_save_delay_s)
+                       if load_client is not None else None)
         self.received: set[str] = set()  # background loads that ended without a copy (reported next poll)
+        self.saving: dict[str, int] = {}  # req id -> background saves in flight (async_saves)
+        self.save_reqs: set[str] = set()  # requests with saves whose blocks vLLM keeps until we say "sent"
+        self.finishing: set[str] = set()  # of those, finished ones waiting for their saves
         self._step_t0: float | None = None  # perf_counter at bind_connector_metadata (costs.py samples)
         self._step_load_s = 0.0
         self.expected = expected
@@ -83,6 +87,8 @@ class WorkerSide:
         if not self.enabled or self.cfg.save_policy == "none":
             return
         for job in meta.saves:
+            if self.cfg.async_saves:
+                self.save_reqs.add(job.req_id)  # the scheduler delays freeing its blocks (request_finished)
             if job.req_id in self.failed_reqs or job.epoch <= self.failed_epochs.get(job.req_id, -1):
                 # Computed over blocks that failed to load, in this step or in one planned before the
                 # scheduler heard of the failure (async scheduling): never store that.
@@ -93,32 +99,32 @@ class WorkerSide:
                 self.stats.add("skipped_server_down")
                 self._save_failed(job.req_id, job.skip_tokens)
                 continue
-            t = time.perf_counter()
-            try:
-                res = self.client.save(job.tokens, job.block_ids, salt=job.salt, skip_tokens=job.skip_tokens,
-                                       extra=job.extra)
-                ok, err, chunks, full = res.ok, res.error, res.saved_chunks, res.no_space
-            except Exception as exc:  # noqa: BLE001 - a failed store is a future miss, never an engine error
-                ok, err, chunks, full = False, f"{type(exc).__name__}: {exc}", 0, False
-            self.stats.add("save_s", time.perf_counter() - t)
-            self.stats.add("saves")
-            self.stats.add("saved_chunks", chunks)
-            if ok:
-                self.breaker.succeeded()
-                end = len(job.tokens)
-                self.report.saved[job.req_id] = min(end, self.report.saved.get(job.req_id, end))
-            elif full:
-                # A full cache (every object leased or being written): what fitted is stored, the
-                # server works, so no breaker. The rest of the request is not known stored.
-                self.breaker.succeeded()
-                self.stats.add("partial_saves" if chunks else "no_space_saves")
-                self._save_failed(job.req_id, job.skip_tokens)
-                log.debug("KVServerConnector: save incomplete, cache full (%s)", err)
-            else:
-                self.stats.add("save_errors")
-                self._save_failed(job.req_id, job.skip_tokens)
-                log.warning("KVServerConnector: save failed (%s)", err)
-                self.breaker.failed()
+            if self.loader is not None and self.cfg.async_saves:
+                self.loader.submit_save(job)
+                self.saving[job.req_id] = self.saving.get(job.req_id, 0) + 1
+                continue
+            self._finish_save(job, save_job(self.client, job))
+
+    def _finish_save(self, job: SaveJob, out: SaveOutcome) -> None:
+        self.stats.add("save_s", out.seconds)
+        self.stats.add("saves")
+        self.stats.add("saved_chunks", out.chunks)
+        if out.ok:
+            self.breaker.succeeded()
+            end = len(job.tokens)
+            self.report.saved[job.req_id] = min(end, self.report.saved.get(job.req_id, end))
+        elif out.no_space:
+            # A full cache (every object leased or being written): what fitted is stored, the
+            # server works, so no breaker. The rest of the request is not known stored.
+            self.breaker.succeeded()
+            self.stats.add("partial_saves" if out.chunks else "no_space_saves")
+            self._save_failed(job.req_id, job.skip_tokens)
+            log.debug("KVServerConnector: save incomplete, cache full (%s)", out.error)
+        else:
+            self.stats.add("save_errors")
+            self._save_failed(job.req_id, job.skip_tokens)
+            log.warning("KVServerConnector: save failed (%s)", out.error)
+            self.breaker.failed()
 
     def _save_failed(self, req_id: str, skip_tokens: int) -> None:
         self.report.save_failed[req_id] = min(skip_tokens, self.report.save_failed.get(req_id, skip_tokens))
@@ -157,18 +163,35 @@ class WorkerSide:
         if job.background:  # no loader thread on this worker: loaded in the step, reported next poll
             self.received.add(job.req_id)
 
-    def get_finished(self, scheduled_tokens: int) -> set[str] | None:
-        """Request ids whose background load ended (ok or failed: failures are in the failed blocks
-        vLLM collects right after this call). Counts forward steps that ran while loads were in flight."""
-        if self.loader is not None and self.loader.in_flight() and scheduled_tokens:
+    def get_finished(self, scheduled_tokens: int, finished: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """(sent, received): finished requests whose background saves all ended (vLLM frees their
+        blocks now), and requests whose background load ended (ok or failed: failures are in the
+        failed blocks vLLM collects right after this call). Counts forward steps run during loads."""
+        if self.loader is not None and self.loader.loads_in_flight() and scheduled_tokens:
             self.stats.add("steps_during_loads")
         bs = self.layout.block_size if self.layout else 1
         for job, outcome in self.loader.take_done() if self.loader is not None else ():
+            if isinstance(job, SaveJob):
+                self.saving[job.req_id] -= 1
+                if not self.saving[job.req_id]:
+                    del self.saving[job.req_id]
+                self._finish_save(job, outcome)
+                continue
             wanted = list(job.block_ids[job.skip_tokens // bs: job.num_tokens // bs])
             self._finish_load(job, wanted, outcome)
             self.received.add(job.req_id)
+        self.finishing |= finished & self.save_reqs
+        sent = {r for r in self.finishing if r not in self.saving}
+        self.finishing -= sent
+        self.save_reqs -= sent
         out, self.received = self.received, set()
-        return out or None
+        return sent or None, out or None
+
+    def drain_saves(self, preempted: bool) -> None:
+        """A preempted request's blocks are free for reuse in this very step: finish saves first."""
+        if preempted and self.loader is not None and self.saving:
+            self.loader.wait_saves()
+            self.stats.add("save_drains")
 
     def _finish_load(self, job: LoadJob, wanted: list[int], outcome: LoadOutcome) -> None:
         self.stats.add("verify_failures", outcome.verify_failures)
