@@ -14,6 +14,7 @@ from ._keys import ObjectKey, validate_model, validate_salt
 from ._layout import DTYPES, LAYOUT_TAGS, MAX_OBJECT_BYTES, LayoutDescriptor
 from ._messages import MAX_KEYS, MAX_TOKENS, PROTOCOL_VERSION, SCHEMA, validate_request
 from ._keyspace import KeySpace
+from ._typed import SESSION_ID_BYTES, new_session_id
 from . import _flows as flows
 from . import _replies as replies
 from . import _requests as requests
@@ -31,5 +32,5 @@ __all__ = [
     "SERVER_KEY_ENV", "STATE_DIR_ENV", "TOKEN_ENV", "TOKEN_FILE_ENV", "CredentialError", "resolve_server_key",
     "resolve_token", "MAX_KEYS", "MAX_OBJECT_BYTES",
     "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra", "flows", "replies", "requests",
-    "BLEND_SEED", "blend_fingerprints", "blend_object_hash",
+    "BLEND_SEED", "blend_fingerprints", "blend_object_hash", "SESSION_ID_BYTES", "new_session_id",
 ]
