@@ -43,7 +43,7 @@ def test_save_then_load_into_other_blocks_is_exact(kv_server, tag: str, mode: st
         assert a.data_mode == mode
         saved = a.save(tokens, src_ids)
         assert saved == SaveResult(True, 4, None, 4)
-        hit = b.lookup(tokens, session="s-exact")
+        hit = b.lookup(tokens, session="s-exact-pad-to-128-bit-length")
         assert hit == LookupResult(256, None)
         # the engine already holds 2 blocks (32 tokens); load up to 250 tokens (not chunk-aligned)
         res = b.load("s-exact", tokens, dst_ids, skip_tokens=32, num_tokens=250)
@@ -70,7 +70,7 @@ def test_stacked_cache_and_chunk_aligned_full_load(kv_server, mode: str) -> None
     with client(kv_server, [lay], mode) as a, client(kv_server, [lay], mode) as b:
         assert a.register(src) and b.register(dst)
         assert a.save(torch.tensor(tokens), list(range(8))).saved_chunks == 2  # tokens as a torch tensor
-        assert b.lookup(tokens.tolist(), session="s-stacked").hit_tokens == 128
+        assert b.lookup(tokens.tolist(), session="s-stacked-pad-to-128-bit-length").hit_tokens == 128
         ids = [11, 10, 9, 8, 7, 6, 5, 4]
         assert b.load("s-stacked", tokens, ids, 0, 128).ok
     for j, d in enumerate(ids):
@@ -139,7 +139,7 @@ def test_load_rejects_bad_requests_without_touching_blocks(kv_server) -> None:
         a.register(geo.random_kv(8, seed=6))
         assert a.save(tokens, list(range(8))).ok
         b.register(dst)
-        b.lookup(tokens, session="s-bad")
+        b.lookup(tokens, session="s-bad-pad-to-128-bit-length")
         cases = {
             "unaligned skip": b.load("s-bad", tokens, list(range(8)), 8, 64),
             "short table": b.load("s-bad", tokens, [0, 1], 0, 64),
@@ -179,7 +179,7 @@ def test_two_object_groups_with_their_own_block_tables(kv_server) -> None:
     with client(kv_server, layouts, "shm") as a, client(kv_server, layouts, "tcp") as b:
         assert a.register(src) and b.register(dst)
         assert a.save(tokens, tables_a) == SaveResult(True, 2, None, 2)
-        assert b.lookup(tokens, session="s-groups").hit_tokens == 128
+        assert b.lookup(tokens, session="s-groups-pad-to-128-bit-length").hit_tokens == 128
         assert b.load("s-groups", tokens, tables_b, 64, 128).ok
     for layer in range(2):
         for j in (2, 3):

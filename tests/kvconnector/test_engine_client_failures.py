@@ -51,7 +51,7 @@ def test_killed_server_fails_loads_and_lookups_then_restart_recovers(server_fact
         dst = GEO.sentinel_kv(16)
         assert b.register(dst)
         assert a.save(tokens, list(range(12))).ok
-        assert b.lookup(tokens, session="s1").hit_tokens == 192
+        assert b.lookup(tokens, session="s1-pad-to-128-bit-length").hit_tokens == 192
         server.kill()
 
         started = time.monotonic()
@@ -73,7 +73,7 @@ def test_killed_server_fails_loads_and_lookups_then_restart_recovers(server_fact
         with make_client(server, "tcp") as reader:
             fresh = GEO.sentinel_kv(16)
             reader.register(fresh)
-            assert reader.lookup(tokens, session="s2").hit_tokens == 192
+            assert reader.lookup(tokens, session="s2-pad-to-128-bit-length").hit_tokens == 192
             assert reader.load("s2", tokens, list(range(12)), 0, 192).ok
         for layer in range(GEO.num_layers):
             assert all(torch.equal(fresh[layer][j], src[layer][j]) for j in range(12))

@@ -119,7 +119,7 @@ def test_loaded_prefix_gives_bitwise_equal_logits(kv_server, mode: str) -> None:
     cache_b, table_b = PagedModel.new_cache(nb, float("nan")), [int(b) for b in rng.permutation(nb)[:16]]
     with EngineClient(server.url, "ref/tiny", 1, 0, [LAYOUT], mode=mode) as engine:
         assert engine.register(cache_b)
-        hit = engine.lookup(prompt_b, session="req-b").hit_tokens
+        hit = engine.lookup(prompt_b, session="req-b-pad-to-128-bit-length").hit_tokens
         assert hit == 2 * CHUNK
         assert engine.load("req-b", prompt_b, table_b, 0, hit).ok
         engine.release("req-b")

@@ -37,8 +37,8 @@ def main() -> None:
     with Client(url, timeout=5) as c:  # finds no token: none in its env, the owner's file is unreadable
         out["ping"] = attempt(lambda: c.call("ping"))
         out["describe"] = attempt(lambda: c.call("describe"))
-        out["lookup"] = attempt(lambda: c.call("lookup", session="steal", **keys))
-        out["retrieve"] = attempt(lambda: c.call("retrieve", session="steal", rank=0, start_chunk=0, end_chunk=1,
+        out["lookup"] = attempt(lambda: c.call("lookup", session="steal-pad-to-128-bit-length", **keys))
+        out["retrieve"] = attempt(lambda: c.call("retrieve", session="steal-pad-to-128-bit-length", rank=0, start_chunk=0, end_chunk=1,
                                                  mode="tcp"))
         out["query"] = attempt(lambda: c.call("query", **keys))
         out["store"] = attempt(lambda: c.call("store", rank=0, mode="tcp", **keys))
