@@ -6,7 +6,7 @@ import msgpack
 import pytest
 import zmq
 
-from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout
+from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout, sid
 from kvprotocol import MAX_TOKENS, PROTOCOL_VERSION, resolve_token
 
 TOKENS = list(range(777, 777 + 512))
@@ -62,13 +62,15 @@ CASES = [
     ("unknown mode", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0, mode="udp")], "BAD_FIELD"),
     ("start chunk past end", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0, start_chunk=9)],
      "OUT_OF_RANGE"),
-    ("negative chunk", lambda: [req("retrieve", session="s-pad-to-128-bit-length", rank=0, start_chunk=-1, end_chunk=1)], "OUT_OF_RANGE"),
-    ("oversize chunk id", lambda: [req("retrieve", session="s-pad-to-128-bit-length", rank=0, start_chunk=0, end_chunk=1 << 40)],
+    ("negative chunk", lambda: [req("retrieve", session=sid("s"), rank=0, start_chunk=-1, end_chunk=1)],
      "OUT_OF_RANGE"),
-    ("chunks outside lease", lambda: [req("retrieve", session="held-pad-to-128-bit-length", rank=0, start_chunk=0, end_chunk=50)],
+    ("oversize chunk id", lambda: [req("retrieve", session=sid("s"), rank=0, start_chunk=0, end_chunk=1 << 40)],
+     "OUT_OF_RANGE"),
+    ("chunks outside lease", lambda: [req("retrieve", session=sid("held"), rank=0, start_chunk=0, end_chunk=50)],
      "NOT_LEASED"),
-    ("reversed range", lambda: [req("retrieve", session="held-pad-to-128-bit-length", rank=0, start_chunk=2, end_chunk=1)], "NOT_LEASED"),
-    ("session id too long", lambda: [req("release", session="x-pad-to-128-bit-length" * 1000)], "BAD_FIELD"),
+    ("reversed range", lambda: [req("retrieve", session=sid("held"), rank=0, start_chunk=2, end_chunk=1)],
+     "NOT_LEASED"),
+    ("session id too long", lambda: [req("release", session=sid("x") * 1000)], "BAD_FIELD"),
     ("unknown store", lambda: [req("commit", store_id="st-nope", checksums=[])], "UNKNOWN_STORE"),
     ("data frames on lookup", lambda: [req("lookup", keyspace=ks_wire(), tokens=TOK), b"payload"], "BAD_FIELD"),
     ("oversize header", lambda: [req("ping") + b"\x00" * (5 << 20)], "TOO_LARGE"),
@@ -98,7 +100,7 @@ def prepared(server):
     GOOD_KS, _ = register(c)
     size = tiny_layout().object_bytes
     store(c, GOOD_KS, TOKENS, lambda ch, g: payload(ch, size))
-    assert lookup(c, GOOD_KS, TOKENS, session="held-pad-to-128-bit-length") == 512
+    assert lookup(c, GOOD_KS, TOKENS, session=sid("held")) == 512
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(server.url)

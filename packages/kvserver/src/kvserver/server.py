@@ -14,7 +14,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-import msgspec
 import zmq
 import zmq.asyncio
 
@@ -46,26 +45,6 @@ ADMIN_OPS = frozenset({"clear", "ec_clear"})  # touch every tenant's objects: th
 def max_frame_bytes(arena_size: int) -> int:
     """ZMQ_MAXMSGSIZE: the largest object an arena of this size holds, or a header frame."""
     return max(MAX_HEADER_BYTES, min(arena_size, kvprotocol.MAX_OBJECT_BYTES))
-
-
-def _as_fields(req: Request, who: Identity) -> dict[str, Any]:
-    """A typed request as the field map older handlers (ec.py, blend_index.py) take: set fields only,
-    nested Structs as maps, and the caller's salt and session ids inside its tenant's namespace."""
-    out: dict[str, Any] = {}
-    for name in req.__struct_fields__:
-        value = getattr(req, name)
-        if name in ("v", "id", "auth") or value is None:
-            continue
-        out[name] = msgspec.structs.asdict(value) if isinstance(value, msgspec.Struct) else value
-    if "salt" in out:
-        out["salt"] = who.salt(out["salt"])
-    if "session" in out:
-        out["session"] = who.scope(out["session"])
-    return out
-
-
-def _fields_handler(handler: Callable[[dict[str, Any], list[memoryview]], Any]) -> Handler:
-    return lambda r, fr, w: handler(_as_fields(r, w), fr)
 
 
 class KVServer:
@@ -164,13 +143,13 @@ class KVServer:
             "clear": lambda r, fr, w: (c.clear(), []),
             "pin": lambda r, fr, w: (c.set_pinned(r, True, w), []),
             "unpin": lambda r, fr, w: (c.set_pinned(r, False, w), []),
-            **{op: _fields_handler(h) for op, h in self.ec.handlers().items()},
+            **self.ec.handlers(),
             "blend_store": self._blend_store,
-            "blend_lookup": _fields_handler(lambda f, fr: (self.blend.lookup(f), [])),
+            "blend_lookup": lambda r, fr, w: (self.blend.lookup(r, w), []),
         }
 
     def _blend_store(self, r: Any, frames: list[memoryview], who: Identity) -> Result:
-        result = self.blend.store(_as_fields(r, who))
+        result = self.blend.store(r, who)
         txn = self.cache.table.stores.get(result.get("store_id") or "")
         if txn is not None:
             txn.owner = who.tenant  # like a prefix store, only its owner may commit or abort it
