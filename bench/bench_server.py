@@ -40,9 +40,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+KVSERVER = str(Path(sys.executable).parent / "kvserver")  # --kvserver: another build (a before/after comparison)
+
+
 def start_server(l1_gb: float) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    exe = Path(sys.executable).parent / "kvserver"
+    exe = KVSERVER
     proc = subprocess.Popen([str(exe), "start", "--port", str(port), "--l1-size-gb", str(l1_gb), "--http-port", "0",
                              "--log-level", "warning"], stdout=subprocess.DEVNULL)
     url = f"tcp://127.0.0.1:{port}"
@@ -178,10 +181,12 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--runs", type=int, default=1, help="runs (a fresh server each); figures are their medians")
     ap.add_argument("--ping-iters", type=int, default=3000)
+    ap.add_argument("--kvserver", default=KVSERVER, help="the kvserver executable to measure")
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--lookup-iters", type=int, default=2000)
     ap.add_argument("--chunks", type=int, default=16, help="chunks per transfer (16 = a 4k-token prompt)")
     args = ap.parse_args()
+    globals()["KVSERVER"] = args.kvserver
     runs = [one_run(args) for _ in range(args.runs)]
     med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
     results: dict[str, object] = {
