@@ -175,7 +175,7 @@ def test_busy_port_is_a_clear_error(shared: CoordinatorProc) -> None:
 
 
 def test_coordinator_imports_no_torch_or_kvserver() -> None:
-    code = ("import sys, kvcli.coordinator.app, kvcli._commands.coordinator; "
+    code = ("import sys, kvcoordinator.app, kvcoordinator.cli, kvcli._commands.coordinator; "
             "bad = [m for m in ('torch', 'kvserver', 'kvconnector') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
