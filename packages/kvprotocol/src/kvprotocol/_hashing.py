@@ -29,6 +29,10 @@ def _u32_array(tokens: Any) -> array[int]:
     """Token ids as a native uint32 array; ValueError when one does not fit in uint32."""
     if isinstance(tokens, array) and tokens.typecode == _U32:
         return tokens
+    if not _is_ndarray(tokens) and hasattr(tokens, "__array__"):  # a tensor: its caller has numpy already
+        import numpy
+
+        tokens = numpy.asarray(tokens)
     if _is_ndarray(tokens):
         if tokens.ndim != 1:
             raise ValueError("tokens must be one-dimensional")
