@@ -124,4 +124,8 @@ def test_bench_engine_shared_prefix_tokens_and_errors(cli: CLI, refused_port: in
                     "--answer-tokens", "2", "--context-tokens", "10")
         assert human.code == 0 and "ttft" in human.out
     assert_one_line_error(cli("bench", "engine", "--url", f"http://127.0.0.1:{refused_port}", "--no-progress"),
-                          "cannot reach")
+                          "connection refused")
+    refused = cli("bench", "engine", "--url", f"127.0.0.1:{refused_port}", "--model", "m", "--no-progress", "--json")
+    assert refused.code == 1 and "Traceback" not in refused.err and "ConnectError" not in refused.err
+    assert refused.json() == {"ok": False, "url": f"http://127.0.0.1:{refused_port}",
+                              "reason": f"connection refused at 127.0.0.1:{refused_port}"}

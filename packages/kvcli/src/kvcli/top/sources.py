@@ -41,7 +41,9 @@ class DirectSource:
         self.urls = [check_url(u) for u in urls]
         self.timeout = timeout
         self.label = ", ".join(self.urls)
-        self._clients = {u: Client(u, timeout=timeout) for u in self.urls if not is_http(u)}
+        from .._auth import cli_token
+
+        self._clients = {u: Client(u, timeout=timeout, token=cli_token()) for u in self.urls if not is_http(u)}
         self._down = set(self.urls)  # probe before the first describe too: fail fast, not after a timeout
         self._pool = ThreadPoolExecutor(max_workers=min(16, len(self.urls)), thread_name_prefix="kvcli-top")
 
