@@ -192,7 +192,8 @@ def auth_headers(url: str) -> dict[str, str]:
 
 def _detail(body: Any) -> str:
     if isinstance(body, dict):
-        err = body.get("error") if isinstance(body.get("error"), dict) else body
+        nested = body.get("error")
+        err: dict[str, Any] = nested if isinstance(nested, dict) else body
         message = err.get("message") or err.get("detail")
         code = err.get("code")
         if message:

@@ -15,7 +15,8 @@ from .._source import DEFAULT_URL, HTTP_URL, URL, Unreachable
 @click.option("--url", "urls", multiple=True, type=URL,
               help="Instance to watch (repeat for several): tcp:// (ZMQ describe) or http:// (/v1/status). "
                    f"Default: {DEFAULT_URL}.")
-@click.option("--coordinator", type=HTTP_URL, default=None, help="Watch every instance a coordinator knows (http:// url).")
+@click.option("--coordinator", type=HTTP_URL, default=None,
+              help="Watch every instance a coordinator knows (http:// url).")
 @click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds between polls.")
 @click.option("--window", default=300.0, show_default=True, type=click.FloatRange(10),
