@@ -17,6 +17,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 _explicit: list[str] = []  # the token given on the command line (at most one)
 
 
+def reset() -> None:
+    """Forget a previous invocation's flag (kvcli's main runs more than once in one process under tests)."""
+    _explicit.clear()
+
+
 def cli_token() -> str | None:
     """The token given with --token/--token-file, or None (then clients resolve it themselves)."""
     return _explicit[-1] if _explicit else None

@@ -154,6 +154,11 @@ def http_client(url: str) -> Any:
     return client
 
 
+def close_http_clients() -> None:
+    while _HTTP_CLIENTS:
+        _HTTP_CLIENTS.popitem()[1].close()
+
+
 def http_request(method: str, url: str, path: str, timeout: float, json_body: Any = None
                  ) -> tuple[int, Any, float]:
     """One request to url+path: (status, parsed JSON or text, seconds); Unreachable when no answer came."""

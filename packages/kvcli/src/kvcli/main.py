@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ._auth import token_options
+from ._auth import reset, token_options
 
 # name -> (module under kvcli._commands, short help shown without importing it)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -53,6 +53,16 @@ class LazyGroup(click.Group):
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         """click's main, except that usage errors are one `kvcli: ...` line on stderr (exit 2)."""
+        reset()
+        try:
+            return self._main(args, prog_name, complete_var, standalone_mode, **extra)
+        finally:
+            source = sys.modules.get("kvcli._source")
+            if source is not None:
+                source.close_http_clients()
+
+    def _main(self, args: Sequence[str] | None, prog_name: str | None, complete_var: str | None,
+              standalone_mode: bool, **extra: Any) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:

@@ -54,6 +54,10 @@ def command(host: str, port: int, instance_timeout: float, fanout_timeout: float
     from .binding import exposure_problem
 
     api_token = api_token or None
+    if api_token is None and not api_token_file:
+        from kvprotocol._credentials import legacy_token
+
+        api_token = legacy_token()
     if api_token is None and api_token_file:
         try:
             api_token = read_private(Path(api_token_file), strict=False)
