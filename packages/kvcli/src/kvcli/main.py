@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "Load generators against a kvserver or an OpenAI-compatible engine."),
     "coordinator": ("coordinator", "Run the fleet coordinator (needs the kvcoordinator package)."),
     "top": ("top", "Live dashboard of one server or a whole fleet."),
-    "clear": ("admin", "Drop every unpinned object (or one model's) from a server's L1."),
+    "clear": ("admin", "Remove every ready, unleased object (pinned ones too) from a server's L1."),
     "pin": ("admin", "Keep a token sequence's chunks in L1 (eviction never takes them)."),
     "unpin": ("admin", "Release pinned chunks of a token sequence."),
     "instances": ("instances", "Instances registered with a coordinator."),
