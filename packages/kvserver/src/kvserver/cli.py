@@ -110,10 +110,21 @@ def start(**options: Any) -> None:
     try:
         config = ServerConfig(**options)
     except ValueError as exc:
-        click.echo(f"kvserver: {exc}", err=True)
+        click.echo(f"kvserver: {flag_names(str(exc))}", err=True)
         sys.exit(2)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(asyncio.run(_run(config)))
+
+
+def flag_names(message: str) -> str:
+    """A configuration error as the operator typed it: `l1_size_gb must ...` becomes `--l1-size-gb must ...`
+    (the field's env var and config-file key follow from the flag; see docs/configuration.md)."""
+    import re
+    from dataclasses import fields
+
+    names = {f.name for f in fields(ServerConfig)}
+    return re.sub(r"(?<![\w-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+|port|host|l2|coordinator|curve|insecure)(?![\w-])",
+                  lambda m: "--" + m.group(1).replace("_", "-") if m.group(1) in names else m.group(1), message)
 
 
 @main.group()

@@ -37,6 +37,7 @@ from .tenants import ADMIN, Identity
 log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
 Handler = Callable[[Any, list[memoryview], Identity], Result | Awaitable[Result]]
+OPERATOR_OPS = frozenset({"query", "pin", "unpin"})  # an operator's look at a keyspace, not engine traffic
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
 ADMIN_OPS = frozenset({"clear", "ec_clear"})  # touch every tenant's objects: the server's own token only
 
@@ -269,6 +270,9 @@ class KVServer:
                                                        "not a tenant's")
         if frames and not req.DATA_IN:
             raise ValidationError(ErrorCode.BAD_FIELD, f"{op} takes no data frames")
+        keyspace = getattr(req, "keyspace", None)
+        if keyspace is not None and op not in OPERATOR_OPS:  # its engines are alive (engine expiry, engines.py)
+            self.cache.engine_table.touch(keyspace.model, keyspace.world_size)
         out = self.handlers[op](req, frames, who)
         return await out if asyncio.iscoroutine(out) else out  # type: ignore[return-value]
 
@@ -312,11 +316,15 @@ class KVServer:
 
     async def _expiry_loop(self) -> None:
         interval = max(0.05, min(1.0, self.config.lease_ttl / 4))
+        swept = time.monotonic()
         while True:
             await asyncio.sleep(interval)
             try:
                 self.cache.expire()
                 self.ec.expire()
+                if time.monotonic() - swept >= 1.0:  # exited engines leave describe and the gauge
+                    swept = time.monotonic()
+                    self.cache.engine_table.expire()
             except Exception:  # the sweeper must never die silently
                 log.exception("lease expiry sweep failed")
 
