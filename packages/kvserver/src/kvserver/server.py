@@ -32,6 +32,7 @@ from .ec import ECCache, check_ec_space, ec_arena_name
 from .eviction import make_policy
 from .l1 import L1Cache, State
 from .l2 import build_tier_manager
+from .latency import LatencyBuckets
 from .tenants import ADMIN, Identity
 
 log = logging.getLogger("kvserver")
@@ -109,6 +110,8 @@ class KVServer:
         self.errors: dict[str, int] = {}
         self.op_counts: dict[str, int] = {}
         self.observers: list[Callable[[str, float, str | None], None]] = []  # (op, seconds, error code)
+        self.latency = LatencyBuckets()  # describe's "latency": interval p99 for kvcli top
+        self.observers.append(self.latency.observe)
         self._engine_ids = itertools.count(1)
         self._stop = asyncio.Event()
         self.handlers: dict[str, Handler] = self._builtin_handlers()
@@ -216,6 +219,7 @@ class KVServer:
             "blend": self.blend.describe(),  # CacheBlend hits are not prefix hits: never summed with counters
             "errors": dict(self.errors),
             "ops": dict(self.op_counts),
+            "latency": self.latency.describe(),
             **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),
             **({"kv_events": self.kv_events.describe()} if self.kv_events is not None else {}),
         }

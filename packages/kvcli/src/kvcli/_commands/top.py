@@ -57,7 +57,8 @@ def command(urls: tuple[str, ...], coordinator: str | None, interval: float, win
         if as_json:
             emit_json({"source": source.label, **sample_json(fleet, sort)})
         else:
-            stdout_console(150).print(table(fleet, sort, f"kvcli top: {source.label}"))
+            console = stdout_console(150)
+            console.print(table(fleet, sort, f"kvcli top: {source.label}", console.width))
         if not any(v.up for v in fleet.views.values()):
             fail("no instance is up")
         return
