@@ -57,8 +57,8 @@ def command(urls: tuple[str, ...], coordinator: str | None, interval: float, win
         if as_json:
             emit_json({"source": source.label, **sample_json(fleet, sort)})
         else:
-            console = stdout_console(150)
-            console.print(table(fleet, sort, f"kvcli top: {source.label}", console.width))
+            sample = table(fleet, sort, f"kvcli top: {source.label}")  # every column: for logs and scripts
+            stdout_console(max(150, stdout_console(10_000).measure(sample).maximum)).print(sample)
         if not any(v.up for v in fleet.views.values()):
             fail("no instance is up")
         return

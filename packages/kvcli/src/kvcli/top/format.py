@@ -20,7 +20,7 @@ COLUMNS = ("instance", "state", "hit% int", "hit% all", "L1 used", "L1%", "p99 m
 # which columns stay when the terminal is narrow: earlier ones first (the note takes what is left)
 PRIORITY = ("instance", "state", "hit% int", "L1%", "errors", "p99 ms", "ops/s", "nospace/s", "L2", "evict/s",
             "MB/s", "engines", "model", "hit% all", "L1 used", "tenants", "EC")
-NOTE_MIN, NOTE_WANT = 12, 40
+NOTE_MIN, NOTE_WANT = 8, 40
 KEY_COLUMNS = 7  # the first PRIORITY columns, kept even when the note must be cut to NOTE_MIN
 
 L1_FULL, L1_HIGH = 0.95, 0.85
@@ -118,7 +118,8 @@ def cells(v: InstanceView, now: float | None = None) -> dict[str, str]:
         "evict/s": _colour(num(v.evictions_s), "yellow" if v.evictions_s and frac is not None and frac >= L1_FULL
                            else None),
         "nospace/s": _colour(num(v.no_space_s), "bold red" if v.no_space_s else None),
-        "errors": _colour(f"{v.errors_total}" + (f" +{v.errors_s:.1f}/s" if v.errors_s else ""),
+        "errors": _colour(f"{v.errors_total}" + (f" +{num(v.errors_s, 0 if v.errors_s >= 9.95 else 1)}/s"
+                                                  if v.errors_s else ""),
                           "bold red" if v.errors_s else None),
         "MB/s": mbps(v.bytes_s),
         "L2": l2_cell(v),
@@ -134,6 +135,8 @@ def cells(v: InstanceView, now: float | None = None) -> dict[str, str]:
         return out
     ago = f" (last up {now - v.last_seen:.0f}s ago)" if now is not None and v.last_seen else ""
     reason = (v.reason or "unreachable").replace(f" at {v.id}", "")  # the row already names it
+    if v.auth:  # the whole reason is in the detail screen; the row says what to do
+        reason = "token refused: give --token or KVSERVER_API_TOKEN"
     for key in out:
         if key not in ("instance", "state", "note"):
             out[key] = f"[dim]{Text.from_markup(out[key]).plain}[/]"

@@ -28,15 +28,16 @@ def as_json(fleet: Fleet, sort: str) -> dict[str, Any]:
                       "down": sum(not v.up for v in fleet.views.values())}}
 
 
-def table(fleet: Fleet, sort: str, title: str, width: int = 200) -> Any:
-    """The sample as a rich table of the columns that fit `width` (key columns first, like the dashboard)."""
+def table(fleet: Fleet, sort: str, title: str, width: int | None = None) -> Any:
+    """The sample as a rich table: every column, or those that fit `width` (key columns first, like the
+    dashboard)."""
     from rich.table import Table
     from rich.text import Text
 
     views = fleet.rows(sort)
     now = max((v.last_seen or 0.0 for v in views), default=0.0) or None
     rows = [cells(view, now) for view in views]
-    columns, note_width = fit_columns(rows, width, padding=3)  # 3: rich's borders and padding per column
+    columns, note_width = fit_columns(rows, width or 10_000, padding=3)  # 3: rich's borders and padding
     out = Table(title=title, title_justify="left")
     for col in columns:
         out.add_column(col, justify="left" if col in ("instance", "state", "note", "L2", "model", "tenants")
