@@ -67,3 +67,16 @@ def test_process_gone_sees_exit_and_pid_reuse() -> None:
 
     assert not process_gone(os.getpid(), time.time())
     assert process_gone(os.getpid(), 0.0)  # registered "before" this process started: a reused pid
+
+
+def test_engine_ttl_flag_expires_a_silent_remote_engine(server_factory) -> None:
+    srv = server_factory("--l1-size-gb", "0.02", "--engine-ttl", "1")
+    with srv.client() as c:
+        c.call("register_engine", model="far", world_size=1, rank=0, groups=[tiny_layout().to_wire()],
+               host="another-host", pid=1234)
+        assert [e["model"] for e in _engines(c)] == ["far"]
+        deadline = time.monotonic() + 10
+        while _engines(c):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert c.call("describe").result["config"]["engine_ttl"] == 1.0

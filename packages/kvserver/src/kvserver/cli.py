@@ -42,6 +42,9 @@ def main() -> None:
 @click.option("--chunk-size", default=256, show_default=True, type=int, help="Tokens per cached chunk.")
 @click.option("--eviction-policy", default="lru", show_default=True, type=click.Choice(sorted(POLICIES)))
 @click.option("--lease-ttl", default=30.0, show_default=True, type=float, help="Seconds a lease or reservation lives.")
+@click.option("--engine-ttl", default=600.0, show_default=True, type=float,
+              help="Seconds without a keyed request after which an engine registration this server cannot "
+                   "check (another host or container) expires; local engines expire when their process exits.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--shm-prefix", default="kvserver", show_default=True, help="Prefix of the /dev/shm segment name.")

@@ -21,7 +21,7 @@ from typing import Any
 
 log = logging.getLogger("kvserver")
 MAX_ENGINES = 256  # registrations kept; the oldest go first
-ENGINE_TTL = 600.0  # seconds of silence after which a registration nobody can check is dropped
+ENGINE_TTL = 600.0  # default of --engine-ttl: silence after which a registration nobody can check goes
 _HOST = socket.gethostname()
 
 
