@@ -131,6 +131,7 @@ def server_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (("--l2", "s3://bucket/prefix"), "kvserver[s3]"),
     (("--l2", "redis://127.0.0.1:1/0"), "kvserver[redis]"),
     (("--l2", "fs:///tmp/kv-light-l2", "--l2-compression", "zstd"), "kvserver[zstd]"),
+    (("--l2", "fs:///tmp/kv-light-l2", "--l2-encryption-key-file", "KEYFILE"), "kvserver[crypto]"),
 ])
 def test_a_tier_without_its_extra_is_refused_naming_the_extra(server_venv: Path, tmp_path: Path, args: tuple,
                                                                extra: str) -> None:
@@ -139,6 +140,9 @@ def test_a_tier_without_its_extra_is_refused_naming_the_extra(server_venv: Path,
     subprocess.run([str(server_venv / "bin" / "python"), "-c", code], check=True, timeout=60)
     from serverproc import free_port
 
+    key = tmp_path / "l2.key"
+    key.write_text("00" * 32)
+    args = tuple(str(key) if a == "KEYFILE" else a for a in args)
     port = free_port()
     done = subprocess.run([str(server_venv / "bin" / "kvserver"), "start", "--port", str(port), "--http-port", "0",
                            "--l1-size-gb", "0.01", *args], capture_output=True, text=True, timeout=60,

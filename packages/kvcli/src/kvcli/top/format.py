@@ -139,7 +139,7 @@ def cells(v: InstanceView, now: float | None = None) -> dict[str, str]:
         reason = "token refused: give --token or KVSERVER_API_TOKEN"
     for key in out:
         if key not in ("instance", "state", "note"):
-            out[key] = f"[dim]{Text.from_markup(out[key]).plain}[/]"
+            out[key] = f"[dim]{escape(Text.from_markup(out[key]).plain)}[/]"
     out["note"] = f"[{'magenta' if v.auth else 'red'}]{escape(reason + ago)}[/]"
     return out
 
