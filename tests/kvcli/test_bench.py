@@ -82,7 +82,9 @@ def test_bench_server_failures(cli: CLI, server, refused_port: int) -> None:
     assert_one_line_error(bigger_than_l1, "register_engine refused", "NO_SPACE")
     too_large = cli("bench", "server", "--url", server.url, "--layers", "4096", "--kv-heads", "64",
                     "--head-dim", "256", "--no-progress")
-    assert_one_line_error(too_large, "bad KV shape", "object too large")
+    assert_one_line_error(too_large, "bad KV shape", "--layers", "is too large")
+    odd_block = cli("bench", "server", "--url", server.url, "--block-size", "7", "--no-progress")
+    assert_one_line_error(odd_block, "bad KV shape", "--block-size 7 does not divide the server's chunk size")
     with Client(server.url) as c:
         assert c.call("ping").result["protocol"] == 1
 

@@ -45,6 +45,18 @@ def _workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def shape_message(message: str, block_size: int) -> str:
+    """A layout refusal in the words of bench's flags, not of LayoutDescriptor's fields."""
+    if "multiple of block_size" in message:
+        return f"--block-size {block_size} does not divide the server's chunk size"
+    if "too large" in message:
+        return "one object (--layers x --kv-heads x 2 x --head-dim x --block-size x dtype per chunk) is too large"
+    for field, flag in (("block_size", "--block-size"), ("num_layers", "--layers"), ("dtype", "--dtype"),
+                        ("block_shape", "--kv-heads/--head-dim"), ("chunk_size", "the server's chunk size")):
+        message = message.replace(field, flag)
+    return message
+
+
 @contextmanager
 def _progress(total: int, label: str, enabled: bool) -> Iterator[Callable[[int], None]]:
     if not enabled:
@@ -112,7 +124,7 @@ def server(url: str, mode: str, workload: str, users: int, rounds: int, context_
         with _progress(spec.total_requests, f"{workload} ({mode})", not no_progress) as advance:
             report = bench.run(advance)
     except ValidationError as exc:
-        fail(f"bad KV shape: {exc.message}", as_json, url=url)
+        fail(f"bad KV shape: {shape_message(exc.message, block_size)}", as_json, url=url)
     except (Unreachable, BenchAborted, OSError, ValueError) as exc:
         fail(str(exc), as_json, url=url)
     if as_json:
