@@ -125,3 +125,14 @@ async def test_engines_that_exit_leave_the_dashboard(server_factory) -> None:
         await until(pilot, lambda: app.fleet.views.get(iid) is not None and app.fleet.views[iid].up)
         await until(pilot, lambda: app.fleet.views[iid].engines == 0, timeout=15)
         assert cells(app, iid)["engines"] == "0"
+
+
+def test_coordinator_rows_refused_for_the_token_are_auth() -> None:
+    from kvcli.top.sources import parse_fleet_status
+
+    body = {"instances": [
+        {"id": "a", "zmq_url": "tcp://10.0.0.1:5555", "status": None, "error": "HTTP 401: this endpoint needs a token"},
+        {"id": "b", "zmq_url": "tcp://10.0.0.2:5555", "status": None, "error": "timeout after 2s"},
+    ]}
+    auth, down = parse_fleet_status(body, 0.0)
+    assert auth.auth and not auth.up and not down.auth
