@@ -276,8 +276,9 @@ class KVServer:
         if frames and not req.DATA_IN:
             raise ValidationError(ErrorCode.BAD_FIELD, f"{op} takes no data frames")
         keyspace = getattr(req, "keyspace", None)
-        if keyspace is not None and op not in OPERATOR_OPS:  # its engines are alive (engine expiry, engines.py)
-            self.cache.engine_table.touch(keyspace.model, keyspace.world_size)
+        model, world = getattr(keyspace, "model", None), getattr(keyspace, "world_size", None)
+        if isinstance(model, str) and isinstance(world, int) and op not in OPERATOR_OPS:
+            self.cache.engine_table.touch(model, world)  # its engines are alive (engine expiry, engines.py)
         out = self.handlers[op](req, frames, who)
         return await out if asyncio.iscoroutine(out) else out  # type: ignore[return-value]
 
