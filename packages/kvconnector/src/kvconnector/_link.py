@@ -24,8 +24,9 @@ import zmq
 from kvprotocol import Backoff, Client, ErrorCode, KeySpace, LayoutDescriptor, RequestTimeout, ServerError
 from kvprotocol._replies import RegisterReply, Reply_
 from kvprotocol._requests import LayoutW, RegisterEngine, Request
+from kvprotocol._shm import ShmMapping as ArenaMap
+from kvprotocol._shm import shm_exists
 
-from ._arena_map import ArenaMap, shm_exists
 
 R = TypeVar("R")
 
