@@ -43,12 +43,12 @@ MODEL = {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "num_kv_heads": 4,
 MAX_MODEL_LEN = 4096
 SCALES: dict[str, dict[str, Any]] = {
     "full": {"configs": "none,example,kvserver,kvserver-async", "workloads": "chat,trace,noreuse",
-             "chat": dict(users=8, rounds=4, system_tokens=1024, user_tokens=96, max_tokens=24, think_s=2.0,
+             "chat": dict(users=8, rounds=4, system_tokens=1024, user_tokens=192, max_tokens=24, think_s=2.0,
                           stagger_s=1.0),
              "trace": dict(conversations=24, block_tokens=32, duration_s=45.0, max_prompt=2048, max_tokens=24),
-             "noreuse": dict(requests=32, prompt_tokens=768, max_tokens=24, concurrency=4)},
+             "noreuse": dict(requests=48, prompt_tokens=768, max_tokens=24, concurrency=4)},
     "quick": {"configs": "none,example,kvserver", "workloads": "chat,trace,noreuse",
-              "chat": dict(users=4, rounds=3, system_tokens=768, user_tokens=64, max_tokens=16, think_s=1.0,
+              "chat": dict(users=4, rounds=3, system_tokens=768, user_tokens=128, max_tokens=16, think_s=1.0,
                            stagger_s=0.5),
               "trace": dict(conversations=6, block_tokens=32, duration_s=15.0, max_prompt=1536, max_tokens=16),
               "noreuse": dict(requests=12, prompt_tokens=512, max_tokens=16, concurrency=4)},
@@ -137,6 +137,10 @@ def run_config(config: str, model: Path, workloads: dict[str, wl.Workload], args
             out["workloads"][name] = summarise(records, wall, delta(scrape(urls), before))
         if config == "example":
             out["example_disk_bytes"] = eng.disk_bytes(dep.workdir / "example-store")
+    except Exception as exc:  # one broken configuration must not lose the others' results
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        out["engine_logs"] = [e.log_tail(4000) for e in dep.engines]
+        progress.console.log(f"[{config}] FAILED: {out['error'][:300]}")
     finally:
         dep.stop()
         eng.clean(work / config)
@@ -148,9 +152,12 @@ def _ratio(x: float, base: float | None) -> str:
 
 
 def report(results: dict[str, Any], console: Console) -> None:
-    configs = list(results["configs"])
+    configs = [c for c, r in results["configs"].items() if "error" not in r]
+    for c, r in results["configs"].items():
+        if "error" in r:
+            console.print(f"{c}: FAILED: {r['error'][:500]}")
     for name in results["workloads"]:
-        base = results["configs"].get("none", {}).get("workloads", {}).get(name)
+        base = results["configs"].get("none", {}).get("workloads", {}).get(name) if "none" in configs else None
         console.print(f"\n### {name} ({results['workload_sizes'][name]} requests)\n")
         console.print("| configuration | TTFT p50 s | p90 s | p99 s | ITL p99 ms | req/s | req/s vs none "
                       "| TTFT p50 vs none |")
@@ -212,6 +219,8 @@ def main() -> int:
                 fresh = {n: build_workload(n, scale, args.trace) for n in names}  # sessions are consumed
                 results["configs"][c] = run_config(c, model, fresh, args, tmp, progress, bar)
                 w = results["configs"][c]
+                if "error" in w:
+                    continue
                 console.log(f"{c}: engines up in {w['startup_s']:.0f}s; " + ", ".join(
                     f"{n} {r['req_per_s']:.2f} req/s TTFT p50 {r['ttft_p50_s']:.3f}s"
                     for n, r in w["workloads"].items()))
@@ -219,14 +228,16 @@ def main() -> int:
     out.print(f"\nbench_serving --{scale_name}: {args.engines} engines, round-robin, model {MODEL}, "
               f"total {results['total_s']:.0f}s")
     report(results, out)
-    if "none" in results["configs"] and "noreuse" in names:
+    ok = [c for c in configs if "error" not in results["configs"][c]]
+    if "none" in ok and "noreuse" in names:
         base = results["configs"]["none"]["workloads"]["noreuse"]["req_per_s"]
-        for c in configs:
+        for c in ok:
             r = results["configs"][c]["workloads"]["noreuse"]["req_per_s"]
             out.print(f"no-reuse throughput {c} / none: {r / base:.3f}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     bad = [(c, n) for c in configs for n, r in results["configs"][c]["workloads"].items() if not r["sources_sum_ok"]]
+    bad += [(c, "error") for c in configs if "error" in results["configs"][c]]
     if bad:
         out.print(f"token sources do not sum to the prompt tokens for {bad}")
     return 1 if bad else 0

@@ -72,6 +72,8 @@ async def _complete(http: aiohttp.ClientSession, router: Router, prompt: list[in
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            if chunk.get("error"):
+                raise RequestFailed(f"engine {engine}: {json.dumps(chunk['error'])[:1000]}")
             if chunk.get("usage"):
                 usage = chunk["usage"]
             new = [t for c in chunk.get("choices", []) for t in (c.get("token_ids") or [])]
