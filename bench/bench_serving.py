@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -135,6 +136,7 @@ def run_config(config: str, model: Path, workloads: dict[str, wl.Workload], args
             records, wall = asyncio.run(run_workload(urls, w, lambda: progress.advance(bar)))
             time.sleep(1.0)
             out["workloads"][name] = summarise(records, wall, delta(scrape(urls), before))
+            out["workloads"][name]["loadavg_1m"] = os.getloadavg()[0]  # other load on the host skews timings
         if config == "example":
             out["example_disk_bytes"] = eng.disk_bytes(dep.workdir / "example-store")
     except Exception as exc:  # one broken configuration must not lose the others' results
@@ -160,14 +162,14 @@ def report(results: dict[str, Any], console: Console) -> None:
         base = results["configs"].get("none", {}).get("workloads", {}).get(name) if "none" in configs else None
         console.print(f"\n### {name} ({results['workload_sizes'][name]} requests)\n")
         console.print("| configuration | TTFT p50 s | p90 s | p99 s | ITL p99 ms | req/s | req/s vs none "
-                      "| TTFT p50 vs none |")
-        console.print("|---|---:|---:|---:|---:|---:|---:|---:|")
+                      "| TTFT p50 vs none | host load (1 min) |")
+        console.print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for c in configs:
             r = results["configs"][c]["workloads"][name]
             console.print(f"| {c} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['ttft_p99_s']:.3f} | "
                           f"{1000 * r['itl_p99_s']:.1f} | {r['req_per_s']:.3f} | "
                           f"{_ratio(r['req_per_s'], base and base['req_per_s'])} | "
-                          f"{_ratio(r['ttft_p50_s'], base and base['ttft_p50_s'])} |")
+                          f"{_ratio(r['ttft_p50_s'], base and base['ttft_p50_s'])} | {r.get('loadavg_1m', 0):.1f} |")
         console.print("\n| configuration | prompt tokens | vLLM prefix cache | kvserver L1 | kvserver L2 "
                       "| other connector | recomputed | sums exactly |")
         console.print("|---|---:|---:|---:|---:|---:|---:|---|")
