@@ -7,6 +7,7 @@ commit; or retrieve, validate the reply, copy, verify) are in one place.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -19,7 +20,7 @@ from kvprotocol import requests as rq
 
 from . import copy as kvcopy
 from ._link import Deadline, EngineLink, LeaseLost
-from ._transfer import Copier, Moves, check_blocks, load_moves, save_moves
+from ._transfer import Copier, Moves, check_blocks, load_moves, save_moves, window_moves
 
 U64_MAX = (1 << 64) - 1
 
@@ -86,11 +87,17 @@ def _block_range(geo: GroupGeometry, lay: LayoutDescriptor, skip: int, num: int,
     (tokens [num - W + 1, num)), of a state group only the blocks of the object holding the state at num."""
     bs = lay.block_size
     if geo.kind == "state":
-        j = num // lay.chunk_size - 1
-        return j * lay.blocks_per_chunk, (j + 1) * lay.blocks_per_chunk
+        top = num // bs
+        return top - lay.blocks_per_chunk, top
     if geo.kind == "sliding":
-        return max(skip, num - geo.window + 1, 0) // bs, _ceil(num, bs)
+        top = _ceil(num, unit) * unit // bs
+        return max(top - lay.blocks_per_chunk, max(skip, num - geo.window + 1, 0) // bs, 0), _ceil(num, bs)
     return _ceil(skip, bs), _ceil(num, bs)
+
+
+def _base(lay: LayoutDescriptor, end_unit: int, unit: int) -> int:
+    """The request block in slot 0 of an exact-kind object ending at unit end_unit (< 0: before token 0)."""
+    return (end_unit + 1) * unit // lay.block_size - lay.blocks_per_chunk
 
 
 def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, session: str | None,
@@ -231,7 +238,10 @@ def _plan_load(link: EngineLink, copier: Copier, skip: int, num: int, tables: Se
         lo, hi = _block_range(geo, lay, skip, num, chunk)
         if geo.kind == "state" and lo * lay.block_size < skip:
             raise ValueError("the state's blocks lie before skip_tokens (they belong to the engine)")
-        m = load_moves(table, lay.blocks_per_chunk, objs.start, lo, hi)
+        if geo.exact:
+            m = window_moves(table, _base(lay, end - 1, chunk), lo, hi)
+        else:
+            m = load_moves(table, lay.blocks_per_chunk, objs.start, lo, hi)
         if m.obj.size and (int(m.obj.min()) < 0 or int(m.obj.max()) >= len(objs)):
             raise ValueError("the load's blocks lie outside the objects a hit provides")
         check_blocks(m, copier.num_blocks(g), distinct=True)
@@ -254,13 +264,15 @@ def save(link: EngineLink, copier: Copier, deadline: Deadline, tokens: np.ndarra
     chunk = link.unit
     n = tokens.shape[0] // chunk
     for geo, lay, table in zip(link.geoms, link.layouts, tables, strict=True):
-        n = min(n, table.shape[0] // lay.blocks_per_chunk * geo.units)
+        cover = table.shape[0] * lay.block_size // chunk  # units the block table covers
+        n = min(n, cover if geo.exact else cover // geo.units * geo.units)
     start = max(0, skip) // chunk
     if start >= n:
         return Saved(0, 0, 0)
-    for g, (geo, lay, table) in enumerate(zip(link.geoms, link.layouts, tables, strict=True)):
+    for g, geo in enumerate(link.geoms):
         objs = range(start, n) if geo.trivial else geo.stored(start, n, chunk)
-        check_blocks(save_moves(table, lay.blocks_per_chunk, objs), copier.num_blocks(g), distinct=False)
+        check_blocks(_save_moves(link, g, tables[g], [geo.end_unit(j) for j in objs]), copier.num_blocks(g),
+                     distinct=False)
     mode = link.ensure(deadline)
     req = rq.Store(keyspace=link.keyspace.wire(), tokens=pack_tokens(tokens[: n * chunk]), rank=link.rank,
                    salt=salt, start_chunk=start, extra=extra_pairs(extra, n), mode="shm" if mode == "shm" else "tcp")
@@ -315,11 +327,11 @@ def _gather(link: EngineLink, copier: Copier, mode: str, reserved: list[rp.Store
         frames = [memoryview(buf[e - z : e]) for e, z in zip(ends, sizes, strict=True)]  # type: ignore[arg-type]
         addrs = [kvcopy.address_of(buf) + int(e - z) for e, z in zip(ends, sizes, strict=True)]
     checksums: list[int | None] = [None] * len(reserved)
-    for g, lay in enumerate(link.layouts):
+    for g in range(len(link.layouts)):
         idx = [i for i, s in enumerate(reserved) if s.group == g]
         if idx:
-            k = link.geoms[g].units  # an object is named by the unit it ends at (kvprotocol._geometry)
-            moves = save_moves(tables[g], lay.blocks_per_chunk, [(reserved[i].chunk + 1) // k - 1 for i in idx])
+            moves = _save_moves(link, g, tables[g], [reserved[i].chunk for i in idx])
+            _zero_before_start(link, g, [addrs[i] for i in idx], [reserved[i].chunk for i in idx])
             sums = copier.gather(g, np.asarray([addrs[i] for i in idx], dtype=np.int64), moves)
             for j, i in enumerate(idx):
                 checksums[i] = None if sums is None else sums[j]
@@ -330,6 +342,33 @@ def _gather(link: EngineLink, copier: Copier, mode: str, reserved: list[rp.Store
     if mode == "shm":
         link.check_arena()  # we wrote into the arena of the server that reserved the slots
     return frames, proof
+
+
+def _save_moves(link: EngineLink, g: int, table: np.ndarray, end_units: list[int]) -> Moves:
+    """Moves that fill the objects of group g ending at end_units (kvprotocol._geometry names an object
+    by the unit it ends at): whole chunks, or for an exact kind the blocks ending at its boundary."""
+    geo, lay = link.geoms[g], link.layouts[g]
+    if not geo.exact:
+        return save_moves(table, lay.blocks_per_chunk, [(c + 1) // geo.units - 1 for c in end_units])
+    bases = [_base(lay, c, link.unit) for c in end_units]
+    parts = [window_moves(table, b, b, b + lay.blocks_per_chunk) for b in bases]
+    for i, m in enumerate(parts):
+        m.obj[:] = i
+    cat = [np.concatenate([getattr(m, f) for m in parts]) if parts else np.zeros(0, dtype=np.int64)
+           for f in ("obj", "slot", "block")]
+    return Moves(*cat)
+
+
+def _zero_before_start(link: EngineLink, g: int, addrs: list[int], end_units: list[int]) -> None:
+    """A window snapshot near the start of a prompt has slots before token 0: they hold zeros, never
+    whatever the reserved slot held before (another object's bytes)."""
+    lay = link.layouts[g]
+    for addr, c in zip(addrs, end_units, strict=True):
+        missing = -_base(lay, c, link.unit)
+        if link.geoms[g].exact and missing > 0:
+            per_layer = lay.blocks_per_chunk * lay.block_bytes
+            for layer in range(lay.num_layers):
+                ctypes.memset(addr + layer * per_layer, 0, missing * lay.block_bytes)
 
 
 def _grace(deadline: Deadline) -> Deadline:

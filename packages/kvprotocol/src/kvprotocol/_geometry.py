@@ -10,15 +10,25 @@ unit, so the hash of unit c names the whole prefix [0, (c+1)U)). A group whose l
 last unit, `c = (j+1)*k - 1`; the wire's `chunk` field of an object is that unit index c. With
 k = 1 (every layout today) object j is unit chunk j, exactly as before.
 
-What a hit of t units (tokens [0, t*U)) needs of each group kind:
-- full: every object overlapping [0, tU) (the last one may be used in part);
-- sliding (window W tokens): only the objects overlapping [tU - W, tU): attention never reads further
-  back, so the prefix before the window need not be cached at all;
-- state (a recurrent Mamba/GDN state after its chunk's last token): exactly the object that ends at
-  tU, and only when tU is one of its boundaries. A state never bridges a gap: the state at 512
-  tokens says nothing about the state at 768.
-The reusable prefix is the largest t for which every group has everything it needs; for sliding and
-state groups this is not monotone in t, so the fold checks candidates from the longest down.
+What a hit of t units (tokens [0, T), T = t*U) needs of each group kind:
+- full: every object overlapping [0, T) (the last one may be used in part);
+- sliding (window W tokens): attention never reads further back than W tokens, so the prefix before
+  the window need not be cached at all. The group's object at T is a *window snapshot*: the
+  ceil(W / block_size) blocks ending at T (slots before token 0 are zeros). A hit at T needs exactly
+  that snapshot. Why a snapshot and not the chunks overlapping the window: an engine (vLLM) frees
+  the blocks that fell out of the window, so at a store only the last window is sure to hold valid
+  KV; a chunk object reaching further back could carry freed blocks that a later, shorter hit would
+  read. A snapshot is written only from the window its store holds, and read only at its own T.
+- state (a recurrent Mamba/GDN state after its chunk's last token): exactly the object ending at T,
+  and only when T is one of its boundaries. A state never bridges a gap: the state at 512 tokens
+  says nothing about the state at 768.
+Sliding and state groups ("exact" kinds) are thus stored only at the end of a store (the boundary
+the engine has just computed) and usable only at exactly that boundary. The reusable prefix is the
+largest t for which every group has everything it needs; for exact kinds this is not monotone in
+t, so the fold checks candidates from the longest down.
+
+An object of any kind is "the blocks_per_chunk blocks ending at token (c+1)*U" for its end unit c:
+for a full object that is its chunk, for a snapshot its window, for a state its chunk.
 """
 
 from __future__ import annotations
@@ -53,31 +63,30 @@ class GroupGeometry:
     def end_unit(self, j: int) -> int:
         return (j + 1) * self.units - 1
 
+    @property
+    def exact(self) -> bool:
+        """Usable only at exactly its boundary (sliding snapshots, recurrent states)."""
+        return self.kind != "full"
+
     def needed(self, t: int, unit: int) -> range:
         """Object indices a hit of t >= 1 units needs (an empty range: impossible for this group)."""
         k = self.units
-        last = -(-t // k)
-        if self.kind == "state":
+        if self.exact:
             return range(t // k - 1, t // k) if t % k == 0 else range(0)
-        if self.kind == "sliding":
-            return range(max(0, t * unit - self.window) // (k * unit), last)
-        return range(0, last)
+        return range(0, -(-t // k))
 
     def stored(self, start: int, n: int, unit: int) -> range:
-        """Object indices a store of unit chunks [start, n) (tokens [0, n*U) known) writes: every
-        complete object ending at or after unit `start`; of a sliding group only those overlapping the
-        last window before n*U; of a state group only the state at n*U."""
+        """Object indices a store of unit chunks [start, n) writes: of a full group every complete
+        object ending at or after unit `start`; of an exact kind only the one ending at n (if any)."""
         k = self.units
         first, end = -(-(start + 1) // k) - 1, n // k
-        if self.kind == "state":
+        if self.exact:
             return range(end - 1, end) if n % k == 0 and end - 1 >= max(first, 0) else range(0)
-        if self.kind == "sliding":
-            first = max(first, max(0, n * unit - self.window) // (k * unit))
         return range(max(first, 0), end)
 
     def overlapping(self, objs: range, start: int, end: int) -> range:
-        """The objects of `objs` that hold any token of units [start, end) (a state: its one object)."""
-        if self.kind == "state":
+        """The objects of `objs` holding tokens of units [start, end) (an exact kind: its one object)."""
+        if self.exact:
             return objs
         k = self.units
         lo, hi = max(objs.start, start // k), min(objs.stop, -(-end // k))

@@ -39,9 +39,10 @@ class LayoutDescriptor:
     stacked: bool = False
     variant: str = ""  # what else decides the bytes, e.g. the CPU attention ISA that packs a block
     # Which objects of the group a prefix needs (kvprotocol._geometry): "full" attention (every chunk),
-    # "sliding" (the chunks of the last `window` tokens), "state" (a recurrent state, usable only at
-    # exactly its chunk boundary). `shared`: every rank holds the same bytes (MLA's latent cache), so
-    # one object per chunk serves all ranks.
+    # "sliding" (one snapshot of the blocks of the last `window` tokens before a chunk boundary),
+    # "state" (a recurrent state after a chunk). The last two are usable only at exactly their
+    # boundary. `shared`: every rank holds the same bytes (MLA's latent cache), so one object per
+    # chunk serves all ranks.
     kind: str = "full"
     window: int = 0
     shared: bool = False
@@ -66,6 +67,9 @@ class LayoutDescriptor:
 
     @property
     def blocks_per_chunk(self) -> int:
+        """Blocks one object holds: a chunk's, or for a sliding group the blocks of one window."""
+        if self.kind == "sliding":
+            return -(-self.window // self.block_size)
         return self.chunk_size // self.block_size
 
     @property
