@@ -32,8 +32,11 @@ def attention_group(kv_cache_config: Any) -> tuple[list[str], Any]:
         if getattr(spec, "model_version", None) is not None or getattr(spec, "alignment", None) is not None:
             raise UnsupportedLayout("this MLA cache variant (DeepSeek-V4 style) is not supported")
         return list(groups[0].layer_names), spec
-    if kind != "FullAttentionSpec" or getattr(spec, "sliding_window", None):
-        raise UnsupportedLayout(f"KV cache spec {kind} is not supported (full attention only)")
+    if kind == "SlidingWindowSpec":  # every layer windowed (Mistral-style): vLLM frees blocks out of the window
+        if int(getattr(spec, "extra_retained_tokens", 0) or 0):
+            raise UnsupportedLayout("sliding windows with extra retained tokens (multi-module MTP) are not supported")
+    elif kind != "FullAttentionSpec" or getattr(spec, "sliding_window", None):
+        raise UnsupportedLayout(f"KV cache spec {kind} is not supported (full attention, one sliding window or MLA)")
     if getattr(spec, "head_size_v", spec.head_size) != spec.head_size:
         raise UnsupportedLayout("different K and V head sizes are not supported")
     return list(groups[0].layer_names), spec
@@ -41,6 +44,13 @@ def attention_group(kv_cache_config: Any) -> tuple[list[str], Any]:
 
 def is_mla(spec: Any) -> bool:
     return type(spec).__name__ == "MLAAttentionSpec"
+
+
+def _kind(layout: LayoutDescriptor, spec: Any) -> LayoutDescriptor:
+    """A sliding-window group's objects are window snapshots (kvprotocol._geometry): one per store end."""
+    if type(spec).__name__ == "SlidingWindowSpec":
+        return dataclasses.replace(layout, kind="sliding", window=int(spec.sliding_window))
+    return layout
 
 
 def attention_isa(vllm_config: Any, kv_cache_config: Any) -> str:
@@ -85,7 +95,7 @@ def scheduler_layout(kv_cache_config: Any, chunk_size: int, isa: str) -> LayoutD
     layout = vllm_cpu_layout(num_layers=len(layer_names), num_kv_heads=int(spec.num_kv_heads),
                              head_dim=int(spec.head_size), block_size=int(spec.block_size),
                              dtype=spec.dtype, chunk_size=chunk_size)
-    return dataclasses.replace(layout, variant=isa)
+    return _kind(dataclasses.replace(layout, variant=isa), spec)
 
 
 def worker_layout(kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
@@ -109,4 +119,4 @@ def worker_layout(kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size
         return dataclasses.replace(layout, variant=isa, shared=True), tensors
     layout = layout_from_tensor(first, "vllm_cpu", int(spec.block_size), chunk_size,
                                 num_layers=len(layer_names))
-    return dataclasses.replace(layout, variant=isa), tensors
+    return _kind(dataclasses.replace(layout, variant=isa), spec), tensors

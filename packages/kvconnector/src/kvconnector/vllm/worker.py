@@ -119,7 +119,7 @@ class WorkerSide:
         verify_before = self.client.verify_failures
         try:
             res = self.client.load(job.session, job.tokens, job.block_ids, skip_tokens=job.skip_tokens,
-                                   num_tokens=job.num_tokens, salt=job.salt, extra=job.extra)
+                                   num_tokens=self._load_end(job), salt=job.salt, extra=job.extra)
             ok, err, bad, loaded = res.ok, res.error, list(res.failed_block_ids), res.loaded_tokens
         except Exception as exc:  # noqa: BLE001 - load already gave this rank's leases back
             ok, err, bad, loaded = False, f"{type(exc).__name__}: {exc}", wanted, 0
@@ -135,6 +135,13 @@ class WorkerSide:
             self.breaker.succeeded()
             return
         self._fail(job, bad or wanted, err or "load failed")
+
+    def _load_end(self, job: LoadJob) -> int:
+        """Where the load ends: the chunk end, or for a sliding window exactly the first token vLLM
+        computes, so the window written is the one vLLM attends to (never a block it nulled)."""
+        if self.layout is not None and self.layout.kind == "sliding" and job.compute_from > job.skip_tokens:
+            return min(job.compute_from, job.num_tokens)
+        return job.num_tokens
 
     def _fail(self, job: LoadJob, blocks: list[int], err: str) -> None:
         self.stats.add("load_errors")

@@ -1,0 +1,42 @@
+"""A sliding-window model in real vLLM (CPU): a tiny random-weight Mistral whose every layer has a
+96-token window (one KV cache group, vLLM's SlidingWindowSpec; vLLM frees the blocks that fall out
+of the window). The connector stores one window snapshot per store end (kvprotocol._geometry) and
+loads only the window the first computed token attends to. Greedy tokens equal a run without the
+connector; a prefix whose window was never stored misses instead of being bridged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvserver_proc import ServerFactory
+from tiny_model import random_prompt
+from vllm_cases import kv_config
+from vllm_harness import VLLM_PYTHON, build_variant, prompt, run_engine
+
+pytestmark = pytest.mark.vllm_engine
+
+P1 = random_prompt(600, seed=41)  # 2 chunks of 256: a snapshot of the window ending at 512
+P2 = random_prompt(512, seed=42)  # exactly 2 chunks: vLLM computes the last token again (from 511)
+P3 = P1[:300] + random_prompt(100, seed=43)  # shares 256 tokens with P1, but no window ends at 256
+
+
+@pytest.fixture(scope="module")
+def sw_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"{VLLM_PYTHON} missing: build it with scripts/make-vllm-env.sh")
+    return build_variant(tmp_path_factory.mktemp("tiny-mistral-sw") / "model", "build_mistral_sw")
+
+
+def test_sliding_window_reuse_matches_recompute(sw_dir: Path, kvserver_factory: ServerFactory) -> None:
+    stored = [[prompt(P1)], [prompt(P2)]]
+    ref = run_engine(sw_dir, stored + [[prompt(P3)]], max_tokens=8, llm_kwargs={"enable_prefix_caching": False})
+    server = kvserver_factory()
+    a = run_engine(sw_dir, stored, max_tokens=8, kv_transfer_config=kv_config(server.url))
+    assert "KVServerConnector disabled" not in a.log, a.log[-3000:]
+    assert [r.kv_transfer_params["kvserver"]["stored_tokens"] for r in a.requests] == [512, 512]
+    b = run_engine(sw_dir, stored + [[prompt(P3)]], max_tokens=8, kv_transfer_config=kv_config(server.url))
+    assert [r.token_ids for r in a.requests] == [r.token_ids for r in ref.requests[:2]]
+    assert [r.token_ids for r in b.requests] == [r.token_ids for r in ref.requests]
+    assert [r.connector_loaded_tokens for r in b.requests] == [512, 511, 0]
