@@ -24,6 +24,7 @@ from .sessions import KeySpaceT
 Obj = tuple[int, int, IKey]  # (unit chunk the object ends at, group, key)
 
 FULL = GroupGeometry()
+PLAN_MEMO = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,20 +83,26 @@ class GroupBook:
     def __init__(self, unit: int) -> None:
         self.unit = unit
         self.geoms: dict[str, GroupGeometry] = {}
+        self._plans: dict[KeySpaceT, KeyPlan | None] = {}  # memo: lookups call plan() per chunk
 
     def add(self, layout: LayoutDescriptor) -> None:
         geo = GroupGeometry.of(layout, self.unit)
-        if not geo.trivial:
+        if not geo.trivial and layout.fingerprint not in self.geoms:
             self.geoms[layout.fingerprint] = geo
+            self._plans.clear()
 
     def plan(self, ks: KeySpaceT) -> KeyPlan | None:
         """None when every group is plain full attention (the original per-chunk rule applies)."""
         if not self.geoms:
             return None
+        if ks in self._plans:
+            return self._plans[ks]
         geoms = tuple(self.geoms.get(fp, FULL) for fp in ks[2])
-        if all(g.trivial for g in geoms):
-            return None
-        return KeyPlan(ks, geoms, self.unit)
+        plan = None if all(g.trivial for g in geoms) else KeyPlan(ks, geoms, self.unit)
+        if len(self._plans) >= PLAN_MEMO:  # keyspaces come from clients: the memo stays bounded
+            self._plans.clear()
+        self._plans[ks] = plan
+        return plan
 
     def store_objects(self, ks: KeySpaceT, salt: str, rank: int, hashes: list[bytes], start: int) -> list[Obj]:
         """What a store by `rank` of units [start, len(hashes)) reserves, in unit order."""
