@@ -191,8 +191,11 @@ class CacheService:
             self._admit_session(who.scope(f.session), len(hashes) * (1 + self._per_chunk(f)), who)
         hit = self._prefix_hits(ks, salt, hashes)
         if self.l2 is not None and hit < len(hashes):
-            chunks = [self._chunk_keys(ks, salt, h, c) for c, h in enumerate(hashes)]
-            await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
+            plan, size_of = self.groups.plan(ks), (lambda key: self.object_sizes.get(key[1]))
+            if plan is None:
+                await self.l2.prefetch([self._chunk_keys(ks, salt, h) for h in hashes], hit, size_of)
+            else:  # snapshots and states are useful without a leading run
+                await self.l2.prefetch(plan.prefetch_sets(salt, hashes), 0, size_of, leading=False)
             self.l1.link_chain(ks[0], ks[1], salt, hashes)
             for hook in self.on_prefetched:
                 hook(ks, salt, f.tokens, hashes, hit)

@@ -71,6 +71,24 @@ class KeyPlan:
         out.sort(key=lambda o: (o[0], o[1]))
         return out
 
+    def prefetch_sets(self, salt: str, hashes: list[bytes]) -> list[list[IKey]]:
+        """What an L2 prefetch may load, each list useful only whole: per unit, the full groups'
+        objects ending there, and each exact group's object ending there on its own."""
+        out: list[list[IKey]] = []
+        for c, h in enumerate(hashes):
+            full: list[IKey] = []
+            for g, geo in enumerate(self.geoms):
+                if (c + 1) % geo.units:
+                    continue
+                keys = [self.key(g, r, salt, h) for r in self.ranks(g)]
+                if geo.exact:
+                    out.append(keys)
+                else:
+                    full += keys
+            if full:
+                out.append(full)
+        return out
+
     def ending_at(self, salt: str, chunk_hash: bytes, c: int) -> list[IKey]:
         """Every rank's objects of every group that end at unit c (query, pin, prefetch)."""
         return [self.key(g, r, salt, chunk_hash) for g, geo in enumerate(self.geoms)
