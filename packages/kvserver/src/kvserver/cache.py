@@ -162,20 +162,19 @@ class CacheService:
         rank = f.rank
         if rank is not None and rank >= ks[1]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
-        touch, plan = self.l1.touch, self.groups.plan(ks)
-        needed = None if plan is None else [k for _, _, k in plan.needed(salt, hashes, hit, None)]
-        for h in reversed(hashes[:hit] if plan is None else []):  # tail first: a prefix's head ends up the
-            for key in self._chunk_keys(ks, salt, h):  # most recently used
-                touch(key)
-        for key in reversed(needed or []):
-            touch(key)
-        if self.on_hit and hit:
-            hit_keys = needed if needed is not None else [k for h in hashes[:hit]
-                                                          for k in self._chunk_keys(ks, salt, h)]
-            for hook in self.on_hit:
-                hook(hit_keys)
+        plan, keys_of = self.groups.plan(ks), None
+        if plan is not None:  # per-group geometry: the objects this hit needs (groups.py)
+            keys_of = plan.touch_hit(salt, hashes, hit, self.l1.touch, self.on_hit)
+        else:
+            touch = self.l1.touch
+            for h in reversed(hashes[:hit]):  # tail first: a prefix's head ends up the most recently used
+                for key in self._chunk_keys(ks, salt, h):
+                    touch(key)
+            if self.on_hit and hit:
+                hit_keys = [k for h in hashes[:hit] for k in self._chunk_keys(ks, salt, h)]
+                for hook in self.on_hit:
+                    hook(hit_keys)
         if session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
-            keys_of = None if plan is None else (lambda r: [k for _, _, k in plan.needed(salt, hashes, hit, r)])
             self.leases.take(session, ks, salt, hashes, hit, rank, keys_of)
         return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
                 "chunk_size": self.chunk_size}
@@ -191,11 +190,10 @@ class CacheService:
             self._admit_session(who.scope(f.session), len(hashes) * (1 + self._per_chunk(f)), who)
         hit = self._prefix_hits(ks, salt, hashes)
         if self.l2 is not None and hit < len(hashes):
-            plan, size_of = self.groups.plan(ks), (lambda key: self.object_sizes.get(key[1]))
-            if plan is None:
-                await self.l2.prefetch([self._chunk_keys(ks, salt, h) for h in hashes], hit, size_of)
-            else:  # snapshots and states are useful without a leading run
-                await self.l2.prefetch(plan.prefetch_sets(salt, hashes), 0, size_of, leading=False)
+            plan = self.groups.plan(ks)  # with a geometry, snapshots and states are useful without a leading run
+            sets = [self._chunk_keys(ks, salt, h) for h in hashes] if plan is None else plan.prefetch_sets(salt, hashes)
+            await self.l2.prefetch(sets, hit if plan is None else 0, lambda key: self.object_sizes.get(key[1]),
+                                   leading=plan is None)
             self.l1.link_chain(ks[0], ks[1], salt, hashes)
             for hook in self.on_prefetched:
                 hook(ks, salt, f.tokens, hashes, hit)

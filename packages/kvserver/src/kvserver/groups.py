@@ -62,6 +62,18 @@ class KeyPlan:
         out.sort(key=lambda o: (o[0], o[1]))
         return out
 
+    def touch_hit(self, salt: str, hashes: list[bytes], hit: int, touch: Callable[[IKey], object],
+                  on_hit: list[Callable[[list[IKey]], None]]) -> Callable[[int], list[IKey]]:
+        """A lookup's bookkeeping: touch what the hit needs (tail first), tell the hooks, and return
+        the function that names one rank's objects for its leases."""
+        keys = [k for _, _, k in self.needed(salt, hashes, hit, None)]
+        for key in reversed(keys):
+            touch(key)
+        if on_hit and hit:
+            for hook in on_hit:
+                hook(keys)
+        return lambda rank: [k for _, _, k in self.needed(salt, hashes, hit, rank)]
+
     def stored(self, rank: int, salt: str, hashes: list[bytes], start: int) -> list[tuple[int, int, IKey]]:
         """(end unit, group, key) of the objects a store of units [start, len(hashes)) by `rank` writes."""
         out = []
