@@ -40,3 +40,30 @@ def test_sliding_window_reuse_matches_recompute(sw_dir: Path, kvserver_factory: 
     assert [r.token_ids for r in a.requests] == [r.token_ids for r in ref.requests[:2]]
     assert [r.token_ids for r in b.requests] == [r.token_ids for r in ref.requests]
     assert [r.connector_loaded_tokens for r in b.requests] == [512, 511, 0]
+
+
+P4 = random_prompt(700, seed=44)
+P5 = P4[:520] + random_prompt(80, seed=45)  # shares 2 chunks with P4
+
+
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"{VLLM_PYTHON} missing: build it with scripts/make-vllm-env.sh")
+    return build_variant(tmp_path_factory.mktemp("tiny-gemma3") / "model", "build_gemma3")
+
+
+def test_mixed_windows_promoted_to_full_attention(gemma3_dir: Path, kvserver_factory: ServerFactory) -> None:
+    """Gemma-3-style (a windowed layer, then a global one): with the hybrid KV cache manager off, vLLM
+    promotes the windowed layer to full attention (one group, every block kept), so the connector
+    caches it as full attention; a prefix shared with another prompt is reused too."""
+    batches = [[prompt(P4)], [prompt(P5)]]
+    ref = run_engine(gemma3_dir, batches, max_tokens=8, llm_kwargs={"enable_prefix_caching": False})
+    assert len({tuple(r.token_ids) for r in ref.requests}) == 2  # the outputs depend on the prompt
+    server = kvserver_factory()
+    a = run_engine(gemma3_dir, batches[:1], max_tokens=8, kv_transfer_config=kv_config(server.url))
+    assert "KVServerConnector disabled" not in a.log, a.log[-3000:]
+    b = run_engine(gemma3_dir, batches[1:], max_tokens=8, kv_transfer_config=kv_config(server.url))
+    assert a.requests[0].token_ids == ref.requests[0].token_ids
+    assert b.requests[0].token_ids == ref.requests[1].token_ids
+    assert b.requests[0].connector_loaded_tokens == 512  # the 2 chunks P5 shares with P4, from the server

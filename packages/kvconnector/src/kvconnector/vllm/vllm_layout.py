@@ -35,8 +35,12 @@ def attention_group(kv_cache_config: Any) -> tuple[list[str], Any]:
     if kind == "SlidingWindowSpec":  # every layer windowed (Mistral-style): vLLM frees blocks out of the window
         if int(getattr(spec, "extra_retained_tokens", 0) or 0):
             raise UnsupportedLayout("sliding windows with extra retained tokens (multi-module MTP) are not supported")
-    elif kind != "FullAttentionSpec" or getattr(spec, "sliding_window", None):
+    elif kind != "FullAttentionSpec" or getattr(spec, "attention_chunk_size", None):
         raise UnsupportedLayout(f"KV cache spec {kind} is not supported (full attention, one sliding window or MLA)")
+    # A FullAttentionSpec may carry a sliding window: with its hybrid KV cache manager off (always, with
+    # this connector), vLLM promotes the windowed layers of a model that mixes them with global ones
+    # (Gemma-2/3) to full attention. Their blocks are then never freed, so they are cached as full
+    # attention: the KV of a token does not depend on the window, only the attention over it does.
     if getattr(spec, "head_size_v", spec.head_size) != spec.head_size:
         raise UnsupportedLayout("different K and V head sizes are not supported")
     return list(groups[0].layer_names), spec
