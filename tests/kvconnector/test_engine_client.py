@@ -196,6 +196,6 @@ def test_save_reports_no_space(server_factory) -> None:
     with client(server, [geo.layout()]) as c:
         c.register(geo.random_kv(48, seed=9))
         res = c.save(fresh_tokens(64 * 6), list(range(48)))
-        assert not res.ok and "NO_SPACE" in (res.error or "")
+        assert not res.ok and res.no_space and "NO_SPACE" in (res.error or "")
         assert res.saved_chunks == 4 and res.cached_chunks == 4
         assert c.lookup(fresh_tokens(1)).error is None  # the server keeps serving

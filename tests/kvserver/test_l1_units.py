@@ -66,11 +66,13 @@ def key(i):
     return ("m", "0" * 16, 1, 0, 0, "", bytes([i]) * 32)
 
 
-def test_finish_write_and_reserve_read_leaves_no_eviction_window(l1):
+def test_a_leased_object_is_never_evicted(l1):
     for i in range(4):
         assert l1.reserve(key(i), ALIGN) is not None
     assert l1.reserve(key(9), ALIGN) is None  # all writing: nothing evictable
-    entry = l1.finish_write_and_reserve_read(key(0))
+    l1.finish_write(key(0))
+    l1.lease(key(0))
+    entry = l1.entries[key(0)]
     assert entry.state is State.READY and entry.leases == 1
     for i in (1, 2, 3):
         l1.finish_write(key(i))

@@ -101,16 +101,17 @@ def _base(lay: LayoutDescriptor, end_unit: int, unit: int) -> int:
 
 
 def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, session: str | None,
-           extra: ExtraKeys = (), rank: int | None = None) -> int:
-    """Hit tokens; with a session, lease the hit objects of every rank (or of `rank` only) to it."""
+           extra: ExtraKeys = (), rank: int | None = None, wait: bool = True) -> tuple[int, bool]:
+    """Hit tokens and whether an L2 prefetch still runs (only with wait=False); with a session, lease
+    the hit objects of every rank (or of `rank` only) to it."""
     req = rq.Lookup(keyspace=link.keyspace.wire(), tokens=pack_tokens(tokens), salt=salt,
                     extra=extra_pairs(extra, tokens.shape[0] // link.unit),
-                    session=session, rank=rank if session is not None else None)
+                    session=session, rank=rank if session is not None else None, wait=wait)
     result = cast(rp.LookupReply, link.send(req, deadline)[0])
     if result.chunk_size != link.unit:
         raise ServerError(ErrorCode.LAYOUT_MISMATCH, f"server chunk_size {result.chunk_size} "
                                                      f"!= layout chunk_size {link.unit}")
-    return result.hit_tokens
+    return result.hit_tokens, bool(result.pending)
 
 
 @dataclass
@@ -179,7 +180,7 @@ def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tok
     chunk = link.unit
 
     def relookup() -> None:  # this rank's lease expired or was never taken here: lease again
-        hit = lookup(link, deadline, tokens[: end * chunk], salt, session, extra, rank=link.rank)
+        hit, _ = lookup(link, deadline, tokens[: end * chunk], salt, session, extra, rank=link.rank)
         if hit < end * chunk:
             raise ServerError(ErrorCode.NOT_LEASED, f"only {hit} of the {end * chunk} tokens to load are cached now")
 

@@ -35,6 +35,7 @@ _REREGISTER = (ErrorCode.LAYOUT_MISMATCH, ErrorCode.UNKNOWN_ENGINE)
 class LookupResult:
     hit_tokens: int
     error: str | None = None
+    pending: bool = False  # wait=False only: an L2 prefetch runs; ask again later for a bigger hit
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,9 @@ class SaveResult:
     saved_chunks: int
     error: str | None = None
     cached_chunks: int = 0  # chunks of the range now cached, written by this call or already present
+    # The server had no room for some chunk (NO_SPACE): the cache is full, the server is fine. What
+    # fitted is stored (saved_chunks); callers must not treat this as a server failure.
+    no_space: bool = False
 
 
 class _Warner:
@@ -249,7 +253,8 @@ class EngineClient:
         """Store every full chunk of `tokens` from the chunk holding skip_tokens on.
 
         block_ids are the request's blocks from token 0; chunks they do not fully cover are skipped.
-        ok is False when anything failed or the server had no room for some chunk.
+        ok is False when anything failed or the server had no room for some chunk; no_space tells
+        the second case (a full cache, not a failing server) apart.
         """
         with self._lock:
             try:
@@ -261,25 +266,30 @@ class EngineClient:
                 saved = _ops.save(self._link, self._copier, deadline, _ops.as_tokens(tokens), tables, salt,
                                   int(skip_tokens), extra)
             except Exception as exc:
-                return SaveResult(False, 0, self._failed("save", exc))
+                full = isinstance(exc, ServerError) and exc.code == ErrorCode.NO_SPACE
+                return SaveResult(False, 0, self._failed("save", exc), no_space=full)
             if saved.no_space:
                 error = f"server:{ErrorCode.NO_SPACE}: no room for {saved.no_space} chunk(s)"
                 self._warner.warn("save:no_space", f"kvserver save incomplete: {error}")
-                return SaveResult(False, saved.written, error, saved.cached)
+                return SaveResult(False, saved.written, error, saved.cached, no_space=True)
             return SaveResult(True, saved.written, None, saved.cached)
 
     # -- scheduler side -----------------------------------------------------------------------------
     def lookup(self, tokens: Any, salt: str = "", session: str | None = None,
-               extra: ExtraKeys = ()) -> LookupResult:
+               extra: ExtraKeys = (), wait: bool = True) -> LookupResult:
         """Tokens of the longest cached prefix (a multiple of chunk_size); with a session, the hit
         objects of every rank stay leased until each rank's load (or release(session, rank)) gives
-        its part back, release(session) gives all back, or the server's lease TTL passes."""
+        its part back, release(session) gives all back, or the server's lease TTL passes.
+
+        wait=False never waits for the server's L2: the hit is what L1 holds now, and `pending` says
+        a prefetch of the rest runs; a later lookup of the same tokens returns the grown hit."""
         with self._lock:
             try:
                 deadline = self._deadline()
                 validate_salt(salt)
-                return LookupResult(_ops.lookup(self._link, deadline, _ops.as_tokens(tokens), salt, session,
-                                                extra))
+                hit, pending = _ops.lookup(self._link, deadline, _ops.as_tokens(tokens), salt, session, extra,
+                                           wait=wait)
+                return LookupResult(hit, None, pending)
             except Exception as exc:
                 return LookupResult(0, self._failed("lookup", exc))
 

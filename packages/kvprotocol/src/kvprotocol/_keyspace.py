@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._keys import ObjectKey
 from ._layout import LayoutDescriptor
 
 if TYPE_CHECKING:
@@ -33,6 +32,3 @@ class KeySpace:
         from ._requests import KeySpaceW
 
         return KeySpaceW(self.model, self.world_size, list(self.groups))
-
-    def key(self, rank: int, group: int, salt: str, chunk_hash: bytes) -> ObjectKey:
-        return ObjectKey(self.model, self.groups[group], self.world_size, rank, group, salt, chunk_hash)

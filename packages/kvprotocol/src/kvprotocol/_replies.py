@@ -63,6 +63,7 @@ class LookupReply(Reply_):
     hit_chunks: int
     num_chunks: int
     chunk_size: int
+    pending: bool | None = None  # only with wait=False: an L2 prefetch of the rest runs
 
 
 class ChunkPresence(msgspec.Struct):

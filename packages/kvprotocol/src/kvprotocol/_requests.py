@@ -161,6 +161,7 @@ class KeysRequest(Request, kw_only=True):
 class Lookup(KeysRequest, tag="lookup"):
     session: SessionId | None = None
     rank: Rank | None = None  # with session: lease only this rank's objects
+    wait: bool = True  # False: never wait for an L2 prefetch; the reply says whether one is pending
 
 
 class Query(KeysRequest, tag="query"):

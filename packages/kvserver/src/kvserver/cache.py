@@ -18,6 +18,7 @@ from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Rel
 from .engines import Engine, EngineTable
 from .groups import GroupBook
 from .l1 import IKey, L1Cache, State
+from .l2.background import BackgroundPrefetches
 from .leases import Leases
 from .sessions import KeySpaceT, SessionTable, Slot, StoreTxn, new_store_id
 from .ledger import Counters, TenantLedger
@@ -56,6 +57,7 @@ class CacheService:
         # after an L2 prefetch: (keyspace, salt, tokens, chunk hashes, first chunk that missed before)
         self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
+        self.background = BackgroundPrefetches()  # prefetches of lookups that did not wait
 
     @property
     def engines(self) -> dict[str, Engine]:
@@ -189,15 +191,28 @@ class CacheService:
         if f.session is not None:
             self._admit_session(who.scope(f.session), len(hashes) * (1 + self._per_chunk(f)), who)
         hit = self._prefix_hits(ks, salt, hashes)
+        pending = False
         if self.l2 is not None and hit < len(hashes):
             plan = self.groups.plan(ks)  # with a geometry, snapshots and states are useful without a leading run
             sets = [self._chunk_keys(ks, salt, h) for h in hashes] if plan is None else plan.prefetch_sets(salt, hashes)
-            await self.l2.prefetch(sets, hit if plan is None else 0, lambda key: self.object_sizes.get(key[1]),
-                                   leading=plan is None)
-            self.l1.link_chain(ks[0], ks[1], salt, hashes)
-            for hook in self.on_prefetched:
-                hook(ks, salt, f.tokens, hashes, hit)
-        return self.lookup(f, who, hashes)  # no await since the wait: the prefix is recomputed and leased at once
+            tokens = f.tokens
+
+            async def prefetch() -> None:
+                assert self.l2 is not None
+                await self.l2.prefetch(sets, hit if plan is None else 0, lambda key: self.object_sizes.get(key[1]),
+                                       leading=plan is None)
+                self.l1.link_chain(ks[0], ks[1], salt, hashes)
+                for hook in self.on_prefetched:
+                    hook(ks, salt, tokens, hashes, hit)
+
+            if f.wait:
+                await prefetch()
+            else:  # answer now; the engine asks again (see l2/background.py)
+                pending = self.background.poll((ks, salt, hashes[hit], hashes[-1]), prefetch)
+        out = self.lookup(f, who, hashes)  # no await since the wait: the prefix is recomputed and leased at once
+        if not f.wait:
+            out["pending"] = pending
+        return out
 
     def _query_keys(self, f: KeysRequest, who: Identity) -> tuple[list[bytes], list[list[IKey]]]:
         ks, salt = f.keyspace.key(), who.salt(f.salt)

@@ -102,9 +102,6 @@ class L1Cache:
     def pinned_objects(self) -> int:
         return self.n_pinned
 
-    def keys(self) -> Iterator[IKey]:
-        return iter(self.entries)
-
     # -- writes --------------------------------------------------------------------------------
     def reserve(self, key: IKey, size: int, parent: bytes | None = None) -> Entry | None:
         """Allocate a WRITING slot for a key that is not present; evicts as needed.
@@ -209,13 +206,6 @@ class L1Cache:
         entry.state = State.READY
         self.n_writing -= 1
         self.policy.on_insert(key)
-
-    def finish_write_and_reserve_read(self, key: IKey) -> Entry:
-        """Make a written object readable and lease it in one step, so no eviction slips between."""
-        self.finish_write(key)
-        entry = self.entries[key]
-        self.lease(key)
-        return entry
 
     def abort_write(self, key: IKey) -> None:
         entry = self.entries.get(key)

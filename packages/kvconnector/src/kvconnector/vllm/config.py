@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_URL = "tcp://127.0.0.1:5555"
-DEFAULT_CHUNK_SIZE = 256
+from kvprotocol import DEFAULT_CHUNK_SIZE, DEFAULT_URL
 MODES = ("auto", "shm", "tcp")
 SAVE_POLICIES = ("prompt", "all", "none")
 
@@ -39,6 +38,20 @@ class ConnectorConfig:
     token_file       read that credential from this file instead (a mounted secret)
     retry_after_s    after a failed server call, skip the server this long (doubling up to 30 s) so a
                      dead server costs one timeout, not one per request
+    wait_for_l2      False (default): a lookup never waits for the server's L2 prefetch; while one runs
+                     the connector tells vLLM "ask again later" (None) and reports the hit once it is
+                     in L1. True: the lookup blocks up to the server's --l2-prefetch-timeout
+    async_loads      True: loads run on a background thread (vLLM's asynchronous path: the request waits
+                     in WAITING_FOR_REMOTE_KVS, other requests keep decoding, completion is reported
+                     through get_finished); False (default): loads run inside the step, before the forward
+    async_saves      True: saves return at once and run on the background thread; vLLM keeps a finished
+                     request's blocks until its saves ended ("finished sending"); a preemption waits
+                     for the saves in flight. False (default): saves run in wait_for_save
+    plan_loads       True: load a hit only when the online estimate (costs.py: load throughput and
+                     prefill rate measured by the workers) says it is cheaper than recomputing it;
+                     declined hits are counted (declined_hits, declined_tokens). False (default): always load
+    debug_load_delay_s  TEST ONLY: sleep this long before each load's copy (a slow load on purpose)
+    debug_save_delay_s  TEST ONLY: sleep this long before each background save (async_saves)
     debug_fail_load_chunks  TEST ONLY fault injection: after each load, overwrite the blocks of these
                      chunk indexes with garbage and report them as failed, so tests can prove that
                      vLLM's kv_load_failure_policy recomputes them
@@ -56,6 +69,12 @@ class ConnectorConfig:
     retry_after_s: float = 2.0
     api_token: str | None = dataclasses.field(default=None, repr=False)  # never in a log line
     token_file: str | None = None
+    wait_for_l2: bool = False
+    async_loads: bool = False
+    plan_loads: bool = False
+    async_saves: bool = False
+    debug_load_delay_s: float = 0.0
+    debug_save_delay_s: float = 0.0
     debug_fail_load_chunks: tuple[int, ...] = ()
     debug_fail_plan_loads: bool = False  # TEST ONLY: take _plan's "cannot name the blocks" branch
     load: bool = True  # not a key: False for kv_role "kv_producer" (saves only); see apply_role
@@ -87,7 +106,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "kvserver_url": (str,), "mode": (str,), "timeout_s": (int, float), "save_policy": (str,),
     "chunk_size": (int,), "model_name": (str, type(None)), "model_id": (str, type(None)), "retry_after_s": (int, float),
     "api_token": (str, type(None)), "token_file": (str, type(None)),
-    "debug_fail_load_chunks": (list, tuple), "debug_fail_plan_loads": (bool,),
+    "debug_fail_load_chunks": (list, tuple), "debug_fail_plan_loads": (bool,), "wait_for_l2": (bool,),
+    "async_loads": (bool,), "plan_loads": (bool,), "async_saves": (bool,), "debug_load_delay_s": (int, float),
+    "debug_save_delay_s": (int, float),
 }
 
 

@@ -66,12 +66,17 @@ class KVServerConnector(KVConnectorBase_V1):
             layout = None
         world, rank = _world_and_rank(vllm_config, role)
         client = None
+        model = ""
         if layout is not None and world is not None:
-            client = _make_client(self.cfg, _model_name(vllm_config, self.cfg), world, rank, layout)
+            model = _model_name(vllm_config, self.cfg)
+            client = _make_client(self.cfg, model, world, rank, layout)
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(self.cfg, client, block_size)
         else:
-            self._worker = WorkerSide(self.cfg, client, layout)
+            load_client = None
+            if client is not None and ((self.cfg.async_loads and self.cfg.load) or self.cfg.async_saves):
+                load_client = _make_client(self.cfg, model, world or 1, rank, layout)
+            self._worker = WorkerSide(self.cfg, client, layout, load_client)
         log.info("KVServerConnector %s: server %s, mode %s, config layout %s (isa %s)", role.name.lower(),
                  self.cfg.kvserver_url, self.cfg.mode, layout.fingerprint if layout else "unsupported",
                  self._isa or "unknown")
@@ -85,9 +90,17 @@ class KVServerConnector(KVConnectorBase_V1):
         assert self._scheduler is not None
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
+    def get_external_cache_hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
+        """Tokens from the server's L1 (host memory) and from its L2 tiers (disk, object stores)."""
+        if self._scheduler is None:
+            return super().get_external_cache_hit_sources(request, num_external_tokens)
+        tiers = {"l1": CacheHitSource.HOST, "l2": CacheHitSource.DISK}
+        return {tiers[k]: v for k, v in self._scheduler.hit_sources(request, num_external_tokens).items()}
+
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         assert self._scheduler is not None
-        self._scheduler.update_state_after_alloc(request, num_external_tokens)
+        block_ids = list(blocks.get_block_ids()[0]) if num_external_tokens > 0 else None
+        self._scheduler.update_state_after_alloc(request, num_external_tokens, block_ids)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._scheduler is not None
@@ -98,8 +111,10 @@ class KVServerConnector(KVConnectorBase_V1):
             self._scheduler.update_connector_output(connector_output.kv_connector_worker_meta)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """With async_saves, vLLM keeps the blocks of a request with saves until the workers report
+        it in get_finished's "finished sending" set (its saves have read them)."""
         assert self._scheduler is not None
-        return False, self._scheduler.request_finished(request)
+        return self._scheduler.request_finished_delay(request)
 
     # ---- worker side -----------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -112,11 +127,28 @@ class KVServerConnector(KVConnectorBase_V1):
             return
         self._worker.register(layout, tensors)
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:
+            if isinstance(connector_metadata, KVServerConnectorMetadata):
+                self._worker.drain_saves(connector_metadata.preempted)
+            self._worker.step_started()
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         if self._worker is not None and self.has_connector_metadata():
             meta = self._get_connector_metadata()
             assert isinstance(meta, KVServerConnectorMetadata)
             self._worker.start_load(meta)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """(finished sending, finished receiving): background saves and loads end here."""
+        if self._worker is None:
+            return None, None
+        scheduled = 0
+        if self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            scheduled = meta.scheduled_tokens if isinstance(meta, KVServerConnectorMetadata) else 0
+        return self._worker.get_finished(scheduled, set(finished_req_ids or ()))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads finished in start_load_kv

@@ -25,6 +25,7 @@ class LoadJob:
     extra: tuple[tuple[int, bytes], ...] = ()  # per-chunk extra keys (extra_keys.py)
     epoch: int = 0  # the request's load-failure epoch when planned (see SaveJob.epoch)
     fail: str = ""  # non-empty: do not load, report these blocks as failed (the scheduler cannot name them)
+    background: bool = False  # an asynchronous load: copy on the worker's loader thread, report in get_finished
     # the first token vLLM computes after the load (local + external tokens); a sliding window needs
     # exactly the blocks that token attends to, which vLLM allocated (the others are its null block)
     compute_from: int = -1
@@ -52,6 +53,8 @@ class KVServerConnectorMetadata(KVConnectorMetadata):
     loads: list[LoadJob] = field(default_factory=list)
     saves: list[SaveJob] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)  # request ids the workers may forget
+    scheduled_tokens: int = 0  # tokens this step computes (0: a step without forward work)
+    preempted: bool = False  # some request was preempted: its blocks may be reused in this step
 
 
 @dataclass
@@ -67,9 +70,17 @@ class KVServerWorkerMetadata(KVConnectorWorkerMetadata):
     saved: dict[str, int] = field(default_factory=dict)
     save_failed: dict[str, int] = field(default_factory=dict)
     load_failed: dict[str, int] = field(default_factory=dict)
+    # cost samples for the load planner (costs.py): tokens loaded and the seconds that took; tokens the
+    # step computed and the seconds its forward took. Ranks work in parallel: aggregate keeps the max.
+    load_tokens: int = 0
+    load_s: float = 0.0
+    step_tokens: int = 0
+    step_s: float = 0.0
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVServerWorkerMetadata:
         if isinstance(other, KVServerWorkerMetadata):
+            self.load_tokens, self.load_s = max(self.load_tokens, other.load_tokens), max(self.load_s, other.load_s)
+            self.step_tokens, self.step_s = max(self.step_tokens, other.step_tokens), max(self.step_s, other.step_s)
             for mine, theirs in ((self.saved, other.saved), (self.save_failed, other.save_failed),
                                  (self.load_failed, other.load_failed)):
                 for req_id, pos in theirs.items():
@@ -77,4 +88,4 @@ class KVServerWorkerMetadata(KVConnectorWorkerMetadata):
         return self
 
     def is_empty(self) -> bool:
-        return not self.saved and not self.save_failed and not self.load_failed
+        return not (self.saved or self.save_failed or self.load_failed or self.load_tokens or self.step_tokens)

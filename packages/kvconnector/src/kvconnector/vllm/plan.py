@@ -49,10 +49,6 @@ def save_end(saved_upto: int, computed_after_step: int, limit: int, chunk_size: 
     return end if end > saved_upto else None
 
 
-def blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
 def key_salt(cache_salt: str | None) -> str:
     """The salt that goes into object keys for a vLLM `cache_salt`.
 

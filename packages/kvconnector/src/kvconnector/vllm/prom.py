@@ -33,6 +33,12 @@ _HELP = {
     "saved_chunks": "Chunks written to kvserver.",
     "save_s": "Seconds workers spent saving.",
     "skipped_server_down": "Lookups skipped while the server was marked down.",
+    "lookups_pending": "Lookups answered 'ask again later' while kvserver prefetched from L2.",
+    "partial_saves": "Saves kvserver stored only in part (no room for the rest).",
+    "no_space_saves": "Saves of which nothing fitted in kvserver's full cache.",
+    "declined_hits": "Hits not loaded because recomputing was estimated cheaper.",
+    "declined_tokens": "Tokens of declined hits (recomputed).",
+    "steps_during_loads": "Forward steps that ran while a background load was in flight.",
 }
 
 

@@ -7,6 +7,7 @@ request's chunks are known to be stored, so each step's metadata names exactly t
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from . import plan
 from .breaker import Breaker
 from .config import ConnectorConfig
+from .costs import CostModel
 from .extra_keys import AdapterDigests, request_keys
 from .log import log
 from .metadata import KVServerConnectorMetadata, LoadJob, SaveJob
@@ -35,9 +37,13 @@ class _Req:
     saved_upto: int = 0  # chunk-aligned: tokens [0, saved_upto) are stored or being stored
     stored: int = 0  # tokens [0, stored) confirmed stored by the workers (or found on the server)
     loaded_tokens: int = 0
+    had_saves: bool = False  # a SaveJob was planned (async_saves: vLLM must keep the blocks until "sent")
+    l2_tokens: int = 0  # of loaded_tokens, those the server's L2 prefetch brought into L1
     load_failed: bool = False
     cacheable: bool = True  # False: never looked up nor saved (prompt embeddings, unknown adapter, ...)
     epoch: int = 0  # failed loads the scheduler has heard of (SaveJob.epoch)
+    pending_since: float | None = None  # monotonic time of the first "L2 prefetch pending" answer
+    l1_hit: int | None = None  # the L1 hit before the server's L2 prefetch (tokens); None: no prefetch
 
 
 class SchedulerSide:
@@ -51,14 +57,18 @@ class SchedulerSide:
         self.breaker = Breaker(cfg.retry_after_s)
         self.adapters = AdapterDigests()
         self._session_prefix = uuid.uuid4().hex[:12]
+        self.costs = CostModel.new()  # load vs recompute (plan_loads)
+        self._async: list[str] = []  # requests whose asynchronous load the next metadata carries
 
     # --- vLLM hooks -------------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         st = self._state(request)
         self._release(st)  # a repeated call (the request could not be scheduled) leases afresh
         st.hit_tokens = st.external_tokens = 0
         st.load_pending = False
         st.local_computed = num_computed_tokens
+        if st.pending_since is None:  # a fresh lookup, not the next round of an "ask again later"
+            st.l1_hit = None
         n = int(request.num_tokens)
         if not st.cacheable or n <= self.chunk or self.client is None or not self.cfg.load:
             return 0, False  # kv_producer: saves only
@@ -67,9 +77,9 @@ class SchedulerSide:
             return 0, False
         tokens = list(request.all_token_ids[:n])
         self.stats.add("lookups")
-        self.stats.add("lookup_tokens", n)
         try:
-            res = self.client.lookup(tokens, salt=st.salt, session=st.session, extra=self._extra(st, n))
+            res = self.client.lookup(tokens, salt=st.salt, session=st.session, extra=self._extra(st, n),
+                                     wait=self.cfg.wait_for_l2)
         except Exception as exc:  # noqa: BLE001 - the engine must never fail because of the cache
             res = None
             err: str | None = f"{type(exc).__name__}: {exc}"
@@ -83,28 +93,74 @@ class SchedulerSide:
         st.leased = True
         hit = int(res.hit_tokens) if res is not None else 0
         hit = min(plan.floor_to(hit, self.chunk), plan.floor_to(n, self.chunk))
+        if res is not None and getattr(res, "pending", False) and self._may_wait(st):
+            # The server prefetches the rest from L2: never block the scheduler on it. vLLM skips the
+            # request this step and asks again; the leases taken now are given back at once.
+            st.l1_hit = hit if st.l1_hit is None else min(st.l1_hit, hit)
+            self._release(st)
+            self.stats.add("lookups_pending")
+            return None, False
+        st.pending_since = None
+        self.stats.add("lookup_tokens", n)
         st.hit_tokens = hit
         st.saved_upto = max(st.saved_upto, hit)  # those chunks are on the server already
         st.stored = max(st.stored, hit)
         self.stats.add("hit_tokens", hit)
         ext = plan.usable_hit(hit, n, num_computed_tokens)
+        if ext > 0 and self.cfg.plan_loads and not self.costs.worth_loading(ext):
+            self.stats.add("declined_hits")  # recomputing is estimated cheaper than loading
+            self.stats.add("declined_tokens", ext)
+            ext = 0
         if ext == 0:
             self._release(st)
-        return ext, False
+        return ext, self.cfg.async_loads and ext > 0
 
-    def update_state_after_alloc(self, request: Any, num_external_tokens: int) -> None:
+    def hit_sources(self, request: Any, num_external_tokens: int) -> dict[str, int]:
+        """Split the external tokens by tier: "l1" (in the server's memory when first asked) and
+        "l2" (brought into L1 by the prefetch the lookup started)."""
+        st = self.reqs.get(request.request_id)
+        if st is None or num_external_tokens <= 0:
+            return {}
+        l1_end = st.hit_tokens if st.l1_hit is None else min(st.l1_hit, st.hit_tokens)
+        l1 = max(0, min(num_external_tokens, l1_end - st.local_computed))
+        return {k: v for k, v in (("l1", l1), ("l2", num_external_tokens - l1)) if v}
+
+    def _may_wait(self, st: _Req) -> bool:
+        """Ask again later, for at most timeout_s per request (a server that keeps prefetching, e.g.
+        restarted meanwhile, must not hold a request back for good)."""
+        now = time.monotonic()
+        if st.pending_since is None:
+            st.pending_since = now
+        return now - st.pending_since < self.cfg.timeout_s
+
+    def update_state_after_alloc(self, request: Any, num_external_tokens: int,
+                                 block_ids: list[int] | None = None) -> None:
+        """With async_loads, vLLM parks the request until its load ends: the load is planned from the
+        blocks allocated here (the request is not among the next step's scheduled ones); vLLM calls
+        this again with 0 external tokens once the load is done."""
         st = self.reqs.get(request.request_id)
         if st is None:
             return
         st.external_tokens = num_external_tokens
         st.load_pending = num_external_tokens > 0
         if num_external_tokens > 0:
+            st.l2_tokens = self.hit_sources(request, num_external_tokens).get("l2", 0)
+            if self.cfg.async_loads and block_ids is not None:
+                st.block_ids = list(block_ids)
+                self._async.append(st.req_id)
+        if num_external_tokens > 0:
             self.stats.add("external_tokens", num_external_tokens)
         else:
             self._release(st)
 
     def build_connector_meta(self, so: Any) -> KVServerConnectorMetadata:
-        meta = KVServerConnectorMetadata()
+        meta = KVServerConnectorMetadata(scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
+                                         preempted=bool(getattr(so, "preempted_req_ids", None)))
+        for req_id in self._async:  # loads vLLM is waiting for (WAITING_FOR_REMOTE_KVS)
+            st = self.reqs.get(req_id)
+            if st is not None and st.load_pending:
+                self._plan_load(meta, st, None, background=True)
+        self._async.clear()
         for new in so.scheduled_new_reqs:
             st = self.reqs.get(new.req_id)
             if st is None:  # never looked up (should not happen): without its Request, its keys are
@@ -135,6 +191,8 @@ class SchedulerSide:
         """
         if report is None:
             return
+        self.costs.observe(getattr(report, "load_tokens", 0), getattr(report, "load_s", 0.0),
+                           getattr(report, "step_tokens", 0), getattr(report, "step_s", 0.0))
         failed_saves = getattr(report, "save_failed", {})
         for req_id, end in getattr(report, "saved", {}).items():
             st = self.reqs.get(req_id)
@@ -149,12 +207,19 @@ class SchedulerSide:
                 st.saved_upto = min(st.saved_upto, plan.floor_to(pos, self.chunk))
                 st.stored = min(st.stored, plan.floor_to(pos, self.chunk))
 
+    def request_finished_delay(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
+        """(keep the blocks until the workers' saves end, kv_transfer_params)."""
+        st = self.reqs.get(request.request_id)
+        delay = bool(st is not None and st.had_saves and self.cfg.async_saves)
+        return delay, self.request_finished(request)
+
     def request_finished(self, request: Any) -> dict[str, Any] | None:
         st = self.reqs.pop(request.request_id, None)
         if st is None:
             return None
         self._release(st)
         return {"kvserver": {"hit_tokens": st.hit_tokens, "loaded_tokens": st.loaded_tokens,
+                             "l2_tokens": min(st.l2_tokens, st.loaded_tokens),
                              "load_failed": st.load_failed, "stored_tokens": st.stored}}
 
     def close(self) -> None:
@@ -168,18 +233,7 @@ class SchedulerSide:
     def _plan(self, meta: KVServerConnectorMetadata, st: _Req, num_computed: int, num_scheduled: int,
               prompt_tokens: list[int] | None) -> None:
         if st.load_pending:
-            st.load_pending = False
-            end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
-            toks = self._tokens(st, end, prompt_tokens)
-            nblocks = end // self.block_size
-            if len(toks) == end and len(st.block_ids) >= nblocks and not self.cfg.debug_fail_plan_loads:
-                meta.loads.append(LoadJob(st.req_id, st.session, toks, st.block_ids[:nblocks],
-                                          st.local_computed, end, st.salt, self._extra(st, end), st.epoch,
-                                          compute_from=st.local_computed + st.external_tokens))
-                st.loaded_tokens = st.external_tokens
-                st.leased = False  # the worker releases the session once the load is done
-            else:
-                self._fail_load(meta, st, end, nblocks)
+            self._plan_load(meta, st, prompt_tokens)
         if self.cfg.save_policy == "none" or self.client is None or not st.cacheable:
             return
         limit = self._num_prompt_tokens(st, prompt_tokens) if self.cfg.save_policy == "prompt" else 1 << 62
@@ -191,11 +245,28 @@ class SchedulerSide:
         nblocks = end // self.block_size
         if len(toks) < end or len(st.block_ids) < nblocks:
             return
+        st.had_saves = True
         meta.saves.append(SaveJob(st.req_id, toks, st.block_ids[:nblocks], st.saved_upto, st.salt,
                                   self._extra(st, end), st.epoch))
         st.saved_upto = end
 
-    def _fail_load(self, meta: KVServerConnectorMetadata, st: _Req, end: int, nblocks: int) -> None:
+    def _plan_load(self, meta: KVServerConnectorMetadata, st: _Req, prompt_tokens: list[int] | None,
+                   background: bool = False) -> None:
+        st.load_pending = False
+        end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
+        toks = self._tokens(st, end, prompt_tokens)
+        nblocks = end // self.block_size
+        if len(toks) == end and len(st.block_ids) >= nblocks and not self.cfg.debug_fail_plan_loads:
+            meta.loads.append(LoadJob(st.req_id, st.session, toks, st.block_ids[:nblocks], st.local_computed, end,
+                                      st.salt, self._extra(st, end), st.epoch, background=background,
+                                      compute_from=st.local_computed + st.external_tokens))
+            st.loaded_tokens = st.external_tokens
+            st.leased = False  # the worker releases the session once the load is done
+        else:
+            self._fail_load(meta, st, end, nblocks, background)
+
+    def _fail_load(self, meta: KVServerConnectorMetadata, st: _Req, end: int, nblocks: int,
+                   background: bool = False) -> None:
         """vLLM was promised external tokens that we cannot load (cannot happen with vLLM 0.32's
         allocation). Fail safe: the worker reports the blocks of the promised range as failed, so
         vLLM recomputes them instead of computing over uninitialised blocks, and nothing of the
@@ -203,7 +274,8 @@ class SchedulerSide:
         log.error("KVServerConnector: request %s has %d blocks for a %d-token load; reporting them failed",
                   st.req_id, len(st.block_ids), end)
         meta.loads.append(LoadJob(st.req_id, st.session, [], st.block_ids[:nblocks], st.local_computed, end,
-                                  st.salt, (), st.epoch, fail="blocks missing for the promised load"))
+                                  st.salt, (), st.epoch, fail="blocks missing for the promised load",
+                                  background=background))
         st.loaded_tokens = 0
 
     def _extra(self, st: _Req, num_tokens: int) -> tuple[tuple[int, bytes], ...]:

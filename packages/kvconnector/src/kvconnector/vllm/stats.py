@@ -13,11 +13,16 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 COUNTERS = (
-    "lookups", "lookup_errors", "lookup_tokens", "hit_tokens", "external_tokens",
+    "lookups", "lookup_errors", "lookups_pending", "lookup_tokens", "hit_tokens", "external_tokens",
     "loads", "load_errors", "loaded_tokens", "failed_blocks", "load_s",
     "verify_failures",  # loads failed because cached bytes did not match their committed checksum
     "saves", "save_errors", "saved_chunks", "save_s", "skipped_server_down", "uncacheable_requests",
     "unsafe_saves_dropped",
+    "partial_saves",  # saves the server stored only in part: the cache had no room for the rest (NO_SPACE)
+    "no_space_saves",  # saves of which nothing fitted (NO_SPACE); neither counts as save_errors
+    "declined_hits", "declined_tokens",  # hits plan_loads left to recompute (estimated cheaper)
+    "save_drains",  # steps that waited for background saves (a preempted request's blocks get reused)
+    "steps_during_loads",  # forward steps that ran while a background load (async_loads) was in flight
 )
 
 

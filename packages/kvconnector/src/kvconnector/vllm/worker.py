@@ -1,7 +1,8 @@
 """Worker side of KVServerConnector: registers the paged KV, loads before the forward, saves after.
 
 Loads are synchronous in `start_load_kv` (vLLM calls it before the forward when a step has
-connector loads); saves run in `wait_for_save`, after the whole forward, one EngineClient call per
+connector loads), or, with async_loads, handed to a background thread (loader.py) and reported
+done in `get_finished`; saves run in `wait_for_save`, after the whole forward, one EngineClient call per
 request for all layers. The per-layer hooks are no-ops: on CPU there is no copy engine to overlap
 with, and whole-step copies are one batched kernel call each.
 """
@@ -15,15 +16,26 @@ from kvprotocol import LayoutDescriptor
 
 from .breaker import Breaker
 from .config import ConnectorConfig
+from .loader import BackgroundLoader, LoadOutcome, SaveOutcome, copy_job, save_job
 from .log import log
-from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob
+from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob, SaveJob
 from .stats import KVServerConnectorStats
 
 
 class WorkerSide:
-    def __init__(self, cfg: ConnectorConfig, client: Any, expected: LayoutDescriptor | None) -> None:
+    def __init__(self, cfg: ConnectorConfig, client: Any, expected: LayoutDescriptor | None,
+                 load_client: Any = None) -> None:
         self.cfg = cfg
         self.client = client
+        # async_loads: background loads through a client of their own (see loader.py)
+        self.loader = (BackgroundLoader(load_client, cfg.debug_load_delay_s, cfg.debug_save_delay_s)
+                       if load_client is not None else None)
+        self.received: set[str] = set()  # background loads that ended without a copy (reported next poll)
+        self.saving: dict[str, int] = {}  # req id -> background saves in flight (async_saves)
+        self.save_reqs: set[str] = set()  # requests with saves whose blocks vLLM keeps until we say "sent"
+        self.finishing: set[str] = set()  # of those, finished ones waiting for their saves
+        self._step_t0: float | None = None  # perf_counter at bind_connector_metadata (costs.py samples)
+        self._step_load_s = 0.0
         self.expected = expected
         self.layout: LayoutDescriptor | None = None
         self.tensors: list[Any] = []
@@ -46,6 +58,9 @@ class WorkerSide:
             log.error("KVServerConnector: the EngineClient rejected the KV tensors; connector disabled")
             self.enabled = False
             return
+        if self.loader is not None and not self.loader.client.register(tensors):
+            log.error("KVServerConnector: the loader's EngineClient rejected the KV tensors; loads run in the step")
+            self.loader = None
         log.info("KVServerConnector worker: registered %d layers, tensor layout %s", len(tensors),
                  layout.fingerprint)
 
@@ -56,10 +71,24 @@ class WorkerSide:
         for req_id in meta.finished:
             self.failed_epochs.pop(req_id, None)
 
+    def step_started(self) -> None:
+        self._step_t0 = time.perf_counter()
+        self._step_load_s = 0.0
+
+    def _step_ended(self, meta: KVServerConnectorMetadata) -> None:
+        """The forward's cost (without the loads run in the step), a sample of the prefill rate."""
+        if self._step_t0 is not None and meta.scheduled_tokens:
+            self.report.step_tokens += meta.scheduled_tokens
+            self.report.step_s += max(0.0, time.perf_counter() - self._step_t0 - self._step_load_s)
+        self._step_t0 = None
+
     def save(self, meta: KVServerConnectorMetadata) -> None:
+        self._step_ended(meta)
         if not self.enabled or self.cfg.save_policy == "none":
             return
         for job in meta.saves:
+            if self.cfg.async_saves:
+                self.save_reqs.add(job.req_id)  # the scheduler delays freeing its blocks (request_finished)
             if job.req_id in self.failed_reqs or job.epoch <= self.failed_epochs.get(job.req_id, -1):
                 # Computed over blocks that failed to load, in this step or in one planned before the
                 # scheduler heard of the failure (async scheduling): never store that.
@@ -70,25 +99,32 @@ class WorkerSide:
                 self.stats.add("skipped_server_down")
                 self._save_failed(job.req_id, job.skip_tokens)
                 continue
-            t = time.perf_counter()
-            try:
-                res = self.client.save(job.tokens, job.block_ids, salt=job.salt, skip_tokens=job.skip_tokens,
-                                       extra=job.extra)
-                ok, err, chunks = res.ok, res.error, res.saved_chunks
-            except Exception as exc:  # noqa: BLE001 - a failed store is a future miss, never an engine error
-                ok, err, chunks = False, f"{type(exc).__name__}: {exc}", 0
-            self.stats.add("save_s", time.perf_counter() - t)
-            self.stats.add("saves")
-            self.stats.add("saved_chunks", chunks)
-            if ok:
-                self.breaker.succeeded()
-                end = len(job.tokens)
-                self.report.saved[job.req_id] = min(end, self.report.saved.get(job.req_id, end))
-            else:
-                self.stats.add("save_errors")
-                self._save_failed(job.req_id, job.skip_tokens)
-                log.warning("KVServerConnector: save failed (%s)", err)
-                self.breaker.failed()
+            if self.loader is not None and self.cfg.async_saves:
+                self.loader.submit_save(job)
+                self.saving[job.req_id] = self.saving.get(job.req_id, 0) + 1
+                continue
+            self._finish_save(job, save_job(self.client, job))
+
+    def _finish_save(self, job: SaveJob, out: SaveOutcome) -> None:
+        self.stats.add("save_s", out.seconds)
+        self.stats.add("saves")
+        self.stats.add("saved_chunks", out.chunks)
+        if out.ok:
+            self.breaker.succeeded()
+            end = len(job.tokens)
+            self.report.saved[job.req_id] = min(end, self.report.saved.get(job.req_id, end))
+        elif out.no_space:
+            # A full cache (every object leased or being written): what fitted is stored, the
+            # server works, so no breaker. The rest of the request is not known stored.
+            self.breaker.succeeded()
+            self.stats.add("partial_saves" if out.chunks else "no_space_saves")
+            self._save_failed(job.req_id, job.skip_tokens)
+            log.debug("KVServerConnector: save incomplete, cache full (%s)", out.error)
+        else:
+            self.stats.add("save_errors")
+            self._save_failed(job.req_id, job.skip_tokens)
+            log.warning("KVServerConnector: save failed (%s)", out.error)
+            self.breaker.failed()
 
     def _save_failed(self, req_id: str, skip_tokens: int) -> None:
         self.report.save_failed[req_id] = min(skip_tokens, self.report.save_failed.get(req_id, skip_tokens))
@@ -104,6 +140,8 @@ class WorkerSide:
         return out
 
     def close(self) -> None:
+        if self.loader is not None:
+            self.loader.close()
         if self.client is not None:
             self.client.close()
 
@@ -114,34 +152,65 @@ class WorkerSide:
         if not self.enabled or self.layout is None or job.fail:
             self._release(job.session)
             self._fail(job, wanted, job.fail or "connector disabled on this worker")
+            if job.background:
+                self.received.add(job.req_id)
             return
-        t = time.perf_counter()
-        verify_before = self.client.verify_failures
-        try:
-            res = self.client.load(job.session, job.tokens, job.block_ids, skip_tokens=job.skip_tokens,
-                                   num_tokens=self._load_end(job), salt=job.salt, extra=job.extra)
-            ok, err, bad, loaded = res.ok, res.error, list(res.failed_block_ids), res.loaded_tokens
-        except Exception as exc:  # noqa: BLE001 - load already gave this rank's leases back
-            ok, err, bad, loaded = False, f"{type(exc).__name__}: {exc}", wanted, 0
-        self.stats.add("verify_failures", self.client.verify_failures - verify_before)
-        self.stats.add("load_s", time.perf_counter() - t)
+        if job.background and self.loader is not None:
+            self.loader.submit(job, wanted)
+            return
+        outcome = copy_job(self.client, job, wanted, self.cfg.debug_load_delay_s)
+        self._finish_load(job, wanted, outcome)
+        if job.background:  # no loader thread on this worker: loaded in the step, reported next poll
+            self.received.add(job.req_id)
+
+    def get_finished(self, scheduled_tokens: int, finished: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """(sent, received): finished requests whose background saves all ended (vLLM frees their
+        blocks now), and requests whose background load ended (ok or failed: failures are in the
+        failed blocks vLLM collects right after this call). Counts forward steps run during loads."""
+        if self.loader is not None and self.loader.loads_in_flight() and scheduled_tokens:
+            self.stats.add("steps_during_loads")
+        bs = self.layout.block_size if self.layout else 1
+        for job, outcome in self.loader.take_done() if self.loader is not None else ():
+            if isinstance(job, SaveJob):
+                self.saving[job.req_id] -= 1
+                if not self.saving[job.req_id]:
+                    del self.saving[job.req_id]
+                self._finish_save(job, outcome)
+                continue
+            wanted = list(job.block_ids[job.skip_tokens // bs: job.num_tokens // bs])
+            self._finish_load(job, wanted, outcome)
+            self.received.add(job.req_id)
+        self.finishing |= finished & self.save_reqs
+        sent = {r for r in self.finishing if r not in self.saving}
+        self.finishing -= sent
+        self.save_reqs -= sent
+        out, self.received = self.received, set()
+        return sent or None, out or None
+
+    def drain_saves(self, preempted: bool) -> None:
+        """A preempted request's blocks are free for reuse in this very step: finish saves first."""
+        if preempted and self.loader is not None and self.saving:
+            self.loader.wait_saves()
+            self.stats.add("save_drains")
+
+    def _finish_load(self, job: LoadJob, wanted: list[int], outcome: LoadOutcome) -> None:
+        self.stats.add("verify_failures", outcome.verify_failures)
+        self.stats.add("load_s", outcome.seconds)
         self.stats.add("loads")
+        ok, err, bad = outcome.ok, outcome.error, list(outcome.failed_block_ids)
         if ok and not bad and self.cfg.debug_fail_load_chunks:
             bad = self._inject_failure(job)
             ok = not bad
             err = "debug_fail_load_chunks"
         if ok and not bad:
-            self.stats.add("loaded_tokens", loaded)
+            self.stats.add("loaded_tokens", outcome.loaded_tokens)
+            self.report.load_tokens += outcome.loaded_tokens
+            self.report.load_s += outcome.seconds
+            if not job.background:
+                self._step_load_s += outcome.seconds
             self.breaker.succeeded()
             return
         self._fail(job, bad or wanted, err or "load failed")
-
-    def _load_end(self, job: LoadJob) -> int:
-        """Where the load ends: the chunk end, or for a sliding window exactly the first token vLLM
-        computes, so the window written is the one vLLM attends to (never a block it nulled)."""
-        if self.layout is not None and self.layout.kind == "sliding" and job.compute_from > job.skip_tokens:
-            return min(job.compute_from, job.num_tokens)
-        return job.num_tokens
 
     def _fail(self, job: LoadJob, blocks: list[int], err: str) -> None:
         self.stats.add("load_errors")

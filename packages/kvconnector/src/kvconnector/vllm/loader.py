@@ -1,0 +1,111 @@
+"""Asynchronous loads and saves: copies that run on one background thread while the engine steps.
+
+Why: a long load inside the step stalls the decode of every other running request. vLLM's async
+path parks the loading request in WAITING_FOR_REMOTE_KVS and polls `get_finished` each step; the
+copy itself runs here, on its own EngineClient (so the step's saves never wait on its lock). The
+copy kernels release the GIL. EngineClient.load keeps its contract on this thread: it ends this
+rank's leases itself and fails unless the server confirms they were held through the copy.
+Results are handed back to the engine thread, which alone touches vLLM-facing state.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .metadata import LoadJob, SaveJob
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOutcome:
+    ok: bool
+    loaded_tokens: int
+    seconds: float
+    error: str | None = None
+    failed_block_ids: list[int] = field(default_factory=list)
+    verify_failures: int = 0
+
+
+def load_end(client: Any, job: LoadJob) -> int:
+    """Where a load ends: the chunk end, or for a sliding window exactly the first token vLLM computes,
+    so the window written is the one vLLM attends to (never a block it replaced by its null block)."""
+    if any(lay.kind == "sliding" for lay in client.layouts) and job.compute_from > job.skip_tokens:
+        return min(job.compute_from, job.num_tokens)
+    return job.num_tokens
+
+
+def copy_job(client: Any, job: LoadJob, wanted: list[int], delay_s: float = 0.0) -> LoadOutcome:
+    """One load through `client`; never raises (a failed load is recomputed, never an engine error)."""
+    t = time.perf_counter()
+    if delay_s > 0:
+        time.sleep(delay_s)  # TEST ONLY (debug_load_delay_s): a slow load on purpose
+    before = client.verify_failures
+    try:
+        res = client.load(job.session, job.tokens, job.block_ids, skip_tokens=job.skip_tokens,
+                          num_tokens=load_end(client, job), salt=job.salt, extra=job.extra)
+        out = LoadOutcome(res.ok, res.loaded_tokens, 0.0, res.error, list(res.failed_block_ids))
+    except Exception as exc:  # noqa: BLE001 - load already gave this rank's leases back
+        out = LoadOutcome(False, 0, 0.0, f"{type(exc).__name__}: {exc}", wanted)
+    return LoadOutcome(out.ok, out.loaded_tokens, time.perf_counter() - t, out.error, out.failed_block_ids,
+                       client.verify_failures - before)
+
+
+@dataclass(frozen=True, slots=True)
+class SaveOutcome:
+    ok: bool
+    chunks: int
+    seconds: float
+    error: str | None = None
+    no_space: bool = False
+
+
+def save_job(client: Any, job: SaveJob, delay_s: float = 0.0) -> SaveOutcome:
+    """One save through `client`; never raises (a failed store is a future miss)."""
+    t = time.perf_counter()
+    if delay_s > 0:
+        time.sleep(delay_s)  # TEST ONLY (debug_save_delay_s): a slow save on purpose
+    try:
+        res = client.save(job.tokens, job.block_ids, salt=job.salt, skip_tokens=job.skip_tokens, extra=job.extra)
+        return SaveOutcome(res.ok, res.saved_chunks, time.perf_counter() - t, res.error, res.no_space)
+    except Exception as exc:  # noqa: BLE001
+        return SaveOutcome(False, 0, time.perf_counter() - t, f"{type(exc).__name__}: {exc}")
+
+
+class BackgroundLoader:
+    """Runs load and save jobs one at a time, in submission order, on a thread of its own."""
+
+    def __init__(self, client: Any, delay_s: float = 0.0, save_delay_s: float = 0.0) -> None:
+        self.client = client
+        self.delay_s = delay_s
+        self.save_delay_s = save_delay_s
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvserver-load")
+        self._jobs: list[tuple[Any, Future[Any]]] = []
+
+    def submit(self, job: LoadJob, wanted: list[int]) -> None:
+        self._jobs.append((job, self._pool.submit(copy_job, self.client, job, wanted, self.delay_s)))
+
+    def submit_save(self, job: SaveJob) -> None:
+        self._jobs.append((job, self._pool.submit(save_job, self.client, job, self.save_delay_s)))
+
+    def in_flight(self) -> int:
+        return len(self._jobs)
+
+    def loads_in_flight(self) -> int:
+        return sum(isinstance(job, LoadJob) for job, _ in self._jobs)
+
+    def wait_saves(self) -> None:
+        """Block until every save submitted so far has ended (their blocks may be reused next)."""
+        for job, f in list(self._jobs):
+            if isinstance(job, SaveJob):
+                f.result()
+
+    def take_done(self) -> list[tuple[Any, Any]]:
+        done = [(job, f.result()) for job, f in self._jobs if f.done()]
+        self._jobs = [(job, f) for job, f in self._jobs if not f.done()]
+        return done
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)  # a copy into engine blocks must end before they are freed
+        self.client.close()

@@ -1,0 +1,64 @@
+"""Asynchronous loads (async_loads): a long load runs on the worker's loader thread while the other
+requests keep decoding; the loading request waits in WAITING_FOR_REMOTE_KVS and its output is exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvserver_proc import ServerFactory
+from vllm_cases import MAX_TOKENS, P_LONG, P_TURN1, kv_config
+from vllm_harness import EngineRun, prompt, run_engine
+
+pytestmark = pytest.mark.vllm_engine
+
+
+def test_long_load_does_not_stall_another_requests_decode(model_dir: Path, kvserver_factory: ServerFactory,
+                                                          reference: EngineRun) -> None:
+    server = kvserver_factory()
+    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    # P_LONG's load takes 3 s on purpose; P_TURN1 (not cached) is prefilled and decodes meanwhile.
+    kv = kv_config(server.url, async_loads=True, debug_load_delay_s=3.0)
+    run = run_engine(model_dir, [[prompt(P_TURN1), prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv,
+                     extra_spec={"connector_stats": True})
+    other, loaded = run.requests
+    stats = run.batches[0].connector_stats
+    assert stats is not None
+    assert loaded.connector_loaded_tokens == 512 and stats["load_errors"] == 0
+    assert loaded.token_ids == reference.batches[0].requests[0].token_ids
+    # every decode step of the other request ran while the load was in flight (with loads in the
+    # step, the first step would have waited the whole 3 s and the count would be 0)
+    assert stats["steps_during_loads"] >= MAX_TOKENS - 1
+    assert len(other.token_ids) == MAX_TOKENS
+
+
+def test_async_load_failure_is_recomputed(model_dir: Path, kvserver_factory: ServerFactory,
+                                          reference: EngineRun) -> None:
+    server = kvserver_factory()
+    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    kv = kv_config(server.url, async_loads=True, debug_fail_load_chunks=[1])
+    run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
+    r = run.requests[0]
+    assert r.kv_transfer_params["kvserver"]["load_failed"] is True
+    assert r.connector_loaded_tokens == 256  # chunk 0 loaded; chunk 1 on was recomputed
+    assert r.token_ids == reference.batches[0].requests[0].token_ids
+
+
+def test_async_save_keeps_blocks_until_stored(model_dir: Path, kvserver_factory: ServerFactory,
+                                              reference: EngineRun) -> None:
+    """A save that takes 2 s after its request finished: with 32 KV blocks in all, the next request
+    needs P_LONG's blocks, and gets them only once the save has read them (vLLM frees them on our
+    "finished sending"). Had they been freed at once, the save would store the next prompt's KV
+    under P_LONG's keys, and the second engine's output would differ from the reference."""
+    server = kvserver_factory()
+    kv = kv_config(server.url, async_saves=True, debug_save_delay_s=2.0)
+    first = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)]], max_tokens=MAX_TOKENS,
+                       kv_transfer_config=kv, max_model_len=960, llm_kwargs={"num_gpu_blocks_override": 32},
+                       extra_spec={"connector_stats": True})
+    assert first.requests[0].token_ids == reference.batches[0].requests[0].token_ids
+    assert first.requests[1].token_ids == reference.batches[1].requests[0].token_ids
+    run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    r = run.requests[0]
+    assert r.connector_loaded_tokens == 512
+    assert r.token_ids == reference.batches[0].requests[0].token_ids

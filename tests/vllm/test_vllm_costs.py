@@ -1,0 +1,28 @@
+"""The load planner's arithmetic (costs.py): optimistic until both rates are measured, then load only
+when loading is estimated no slower than recomputing."""
+
+from __future__ import annotations
+
+from kvconnector.vllm.costs import MIN_PREFILL_TOKENS, CostModel
+
+
+def test_loads_until_both_rates_are_known() -> None:
+    m = CostModel.new()
+    assert m.worth_loading(512)
+    m.observe(512, 10.0, 0, 0.0)  # a very slow load, but no prefill rate yet
+    assert m.worth_loading(512)
+
+
+def test_declines_when_recompute_is_cheaper_and_follows_new_samples() -> None:
+    m = CostModel.new()
+    m.observe(512, 1.0, 200, 0.02)  # load 2 ms/token, prefill 0.1 ms/token
+    assert not m.worth_loading(512)
+    for _ in range(20):  # loads got fast (1 us/token): the smoothed rate follows
+        m.observe(512, 0.000512, 0, 0.0)
+    assert m.worth_loading(512)
+
+
+def test_decode_steps_are_not_prefill_samples() -> None:
+    m = CostModel.new()
+    m.observe(512, 1.0, MIN_PREFILL_TOKENS - 1, 100.0)
+    assert m.prefill.s_per_token is None and m.worth_loading(512)

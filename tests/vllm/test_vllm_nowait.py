@@ -1,0 +1,42 @@
+"""The scheduler never waits for L2: while the server prefetches, the connector answers "ask again
+later" (None); once the chunks are in L1, it reports the hit and vLLM loads it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from kvprotocol import Client
+from kvserver_proc import ServerFactory
+from vllm_cases import MAX_TOKENS, P_LONG, kv_config
+from vllm_harness import EngineRun, prompt, run_engine
+
+pytestmark = pytest.mark.vllm_engine
+
+
+def _l2_puts(url: str) -> int:
+    with Client(url) as c:
+        return int(c.call("describe").result["l2"][0]["puts"])
+
+
+def test_lookup_is_none_while_l2_prefetches_then_the_hit(model_dir: Path, kvserver_factory: ServerFactory,
+                                                         reference: EngineRun, tmp_path: Path) -> None:
+    l2 = ("--l2", f"fs://{tmp_path / 'l2'}")
+    first = kvserver_factory(*l2)
+    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(first.url))
+    deadline = time.monotonic() + 30
+    while _l2_puts(first.url) < 2:  # write-behind of P_LONG's two chunks
+        assert time.monotonic() < deadline, "the L2 write-behind did not happen"
+        time.sleep(0.05)
+    first.stop()
+    second = kvserver_factory(*l2)  # a fresh process: L1 empty, L2 holds both chunks
+    run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(second.url),
+                     extra_spec={"connector_stats": True})
+    r = run.requests[0]
+    stats = run.batches[0].connector_stats
+    assert stats is not None
+    assert stats["lookups_pending"] >= 1  # vLLM was told to ask again, at least once
+    assert r.connector_loaded_tokens == 512 and r.kv_transfer_params["kvserver"]["l2_tokens"] == 512
+    assert r.token_ids == reference.batches[0].requests[0].token_ids
