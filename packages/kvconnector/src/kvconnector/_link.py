@@ -25,8 +25,9 @@ from kvprotocol import (Backoff, Client, ErrorCode, GroupGeometry, KeySpace, Lay
                         RequestTimeout, ServerError)
 from kvprotocol._replies import Reply_
 from kvprotocol._requests import Request
+from kvprotocol._shm import ShmMapping as ArenaMap
+from kvprotocol._shm import shm_exists
 
-from ._arena_map import ArenaMap, shm_exists
 
 R = TypeVar("R")
 
