@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from kvprotocol import DEFAULT_CHUNK_SIZE, DEFAULT_HTTP_PORT, DEFAULT_PORT
 
 from .config import ServerConfig, load_config_file
 from .eviction import POLICIES
@@ -35,18 +36,22 @@ def main() -> None:
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), is_eager=True, expose_value=False,
               callback=_load_config_file, help="TOML file with option names as keys.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="ZMQ bind address.")
-@click.option("--port", default=5555, show_default=True, type=int, help="ZMQ port.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, help="ZMQ port.")
 @click.option("--l1-size-gb", default=4.0, show_default=True, type=float, help="Shared-memory L1 size.")
 @click.option("--ec-size-gb", default=1.0, show_default=True, type=float,
               help="Encoder-cache budget (its own shm segment, apart from L1).")
-@click.option("--chunk-size", default=256, show_default=True, type=int, help="Tokens per cached chunk.")
+@click.option("--chunk-size", default=DEFAULT_CHUNK_SIZE, show_default=True, type=int, help="Tokens per cached chunk.")
 @click.option("--eviction-policy", default="lru", show_default=True, type=click.Choice(sorted(POLICIES)))
 @click.option("--lease-ttl", default=30.0, show_default=True, type=float, help="Seconds a lease or reservation lives.")
+@click.option("--engine-ttl", default=600.0, show_default=True, type=float,
+              help="Seconds without a keyed request after which an engine registration this server cannot "
+                   "check (another host or container) expires; local engines expire when their process exits.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--shm-prefix", default="kvserver", show_default=True, help="Prefix of the /dev/shm segment name.")
 @click.option("--http-host", default="127.0.0.1", show_default=True, help="Admin API bind address.")
-@click.option("--http-port", default=8080, show_default=True, type=int, help="Admin API port (0 disables it).")
+@click.option("--http-port", default=DEFAULT_HTTP_PORT, show_default=True, type=int,
+              help="Admin API port (0 disables it).")
 @click.option("--api-token", envvar="KVSERVER_API_TOKEN", show_envvar=True, default=None,
               help="API token every ZMQ op but ping and every HTTP endpoint but probes/status/metrics "
                    "need. Default: generated at first start into $KVSERVER_STATE_DIR/token-<port> (0600).")
@@ -110,10 +115,21 @@ def start(**options: Any) -> None:
     try:
         config = ServerConfig(**options)
     except ValueError as exc:
-        click.echo(f"kvserver: {exc}", err=True)
+        click.echo(f"kvserver: {flag_names(str(exc))}", err=True)
         sys.exit(2)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(asyncio.run(_run(config)))
+
+
+def flag_names(message: str) -> str:
+    """A configuration error as the operator typed it: `l1_size_gb must ...` becomes `--l1-size-gb must ...`
+    (the field's env var and config-file key follow from the flag; see docs/configuration.md)."""
+    import re
+    from dataclasses import fields
+
+    names = {f.name for f in fields(ServerConfig)}
+    return re.sub(r"(?<![\w-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+|port|host|l2|coordinator|curve|insecure)(?![\w-])",
+                  lambda m: "--" + m.group(1).replace("_", "-") if m.group(1) in names else m.group(1), message)
 
 
 @main.group()
@@ -127,7 +143,7 @@ def _tenants_file(port: int, path: str | None) -> Path:
     return Path(path) if path else tenants_path(port)
 
 
-_port_opt = click.option("--port", default=5555, show_default=True, type=int, envvar="KVSERVER_PORT",
+_port_opt = click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, envvar="KVSERVER_PORT",
                          help="The server's ZMQ port (names its default tenants file).")
 _file_opt = click.option("--tenants-file", default=None, type=click.Path(dir_okay=False), metavar="PATH",
                          envvar="KVSERVER_TENANTS_FILE", help="Tenants file (default: per port, in the state dir).")
