@@ -21,7 +21,8 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import zmq
-from kvprotocol import Backoff, Client, ErrorCode, KeySpace, LayoutDescriptor, RequestTimeout, ServerError
+from kvprotocol import (Backoff, Client, ErrorCode, GroupGeometry, KeySpace, LayoutDescriptor, RequestTimeout,
+                        ServerError)
 from kvprotocol._replies import RegisterReply, Reply_
 from kvprotocol._requests import LayoutW, RegisterEngine, Request
 from kvprotocol._shm import ShmMapping as ArenaMap
@@ -140,6 +141,9 @@ class EngineLink:
         self.model, self.world_size, self.rank = model, world_size, rank
         self.layouts = list(layouts)
         self.keyspace = KeySpace.from_layouts(model, world_size, self.layouts)
+        self.unit = min(lay.chunk_size for lay in self.layouts)  # tokens per chunk hash (kvprotocol._geometry)
+        self.geoms = [GroupGeometry.of(lay, self.unit) for lay in self.layouts]
+        self.trivial = all(g.trivial for g in self.geoms)
         self.requested_mode = mode
         self.local = is_local_url(url)
         self.registration: Registration | None = None
@@ -162,8 +166,8 @@ class EngineLink:
             model=self.model, world_size=self.world_size, rank=self.rank,
             groups=[LayoutW(**lay.to_wire()) for lay in self.layouts],
             host=socket.gethostname()[:255] or "unknown", pid=os.getpid()), deadline)[0])
-        if any(lay.chunk_size != reply.chunk_size for lay in self.layouts):
-            raise ValueError(f"server chunk_size {reply.chunk_size} differs from the layouts' chunk_size")
+        if reply.chunk_size != self.unit:
+            raise ValueError(f"server chunk_size {reply.chunk_size} differs from the layouts' smallest chunk_size")
         return Registration(reply.engine_id, reply.arena.name, reply.arena.size, reply.chunk_size, reply.arena.nonce)
 
     def ensure(self, deadline: Deadline) -> str:

@@ -213,9 +213,9 @@ class TierManager:
 
     # -- prefetch --------------------------------------------------------------------------------
     async def prefetch(self, chunks: Sequence[Sequence[IKey]], first_miss: int,
-                       size_of: Callable[[IKey], int | None]) -> None:
+                       size_of: Callable[[IKey], int | None], leading: bool = True) -> None:
         """Load into L1 what the tiers hold of the prefix after `first_miss` (see prefetch.py)."""
-        await self.prefetcher.run(chunks, first_miss, size_of, self.prefetch_timeout)
+        await self.prefetcher.run(chunks, first_miss, size_of, self.prefetch_timeout, leading)
 
     # -- usage -----------------------------------------------------------------------------------
     async def _usage_loop(self) -> None:

@@ -55,7 +55,9 @@ class Prefetcher:
         self.lookups = self.loaded = self.timeouts = 0
 
     async def run(self, chunks: Sequence[Sequence[IKey]], first_miss: int,
-                  size_of: Callable[[IKey], int | None], timeout: float) -> None:
+                  size_of: Callable[[IKey], int | None], timeout: float, leading: bool = True) -> None:
+        """`leading=False`: load every chunk L1 + L2 cover, not only the leading run (per-group
+        geometry: a window snapshot or a state is useful on its own, see kvserver/groups.py)."""
         self.lookups += 1
         deadline = time.monotonic() + timeout
         l1 = self.l1
@@ -77,12 +79,14 @@ class Prefetcher:
                     ok = False
                     break
             if not ok:
-                break
+                if leading:
+                    break
+                continue
             to_load.extend(plan)
             end += 1
         if not to_load and not waits:
             return
-        protected = [k for ch in chunks[:end] for k in ch if l1.ready(k) is not None]
+        protected = [k for ch in (chunks[:end] if leading else chunks) for k in ch if l1.ready(k) is not None]
         for key in protected:
             l1.lease(key)
         mine = {**waits, **self._start_loads(to_load, where, size_of)}
