@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from kvhelpers import lookup, register, retrieve, store, tiny_layout
+from kvhelpers import lookup, register, retrieve, sid, store, tiny_layout
 from l2util import data, prompt, wait_tier
 
 L1 = ("--l1-size-gb", "0.02")
@@ -33,11 +33,11 @@ def test_shared_and_sliding_objects_survive_a_restart(server_factory, tmp_path: 
     b = server_factory(*args)
     with b.client() as c:
         register(c, "m/mla", mla, world_size=2, rank=1)
-        assert lookup(c, ks_m, tokens_a, session="s1") == 3 * 256
-        assert retrieve(c, "s1", 0, 3, rank=1) == {(ch, 0): data(1)(ch, 0) for ch in range(3)}
-        assert retrieve(c, "s1", 0, 3, rank=0) == {(ch, 0): data(1)(ch, 0) for ch in range(3)}
+        assert lookup(c, ks_m, tokens_a, session=sid("s1")) == 3 * 256
+        assert retrieve(c, sid("s1"), 0, 3, rank=1) == {(ch, 0): data(1)(ch, 0) for ch in range(3)}
+        assert retrieve(c, sid("s1"), 0, 3, rank=0) == {(ch, 0): data(1)(ch, 0) for ch in range(3)}
         register(c, "m/sw", sw)
-        assert lookup(c, ks_s, tokens_b, session="s2") == 3 * 256
-        got = retrieve(c, "s2", 2, 3)
+        assert lookup(c, ks_s, tokens_b, session=sid("s2")) == 3 * 256
+        got = retrieve(c, sid("s2"), 2, 3)
         assert got == {(2, 0): data(2)(2, 0)[: sizes[0]], (2, 1): data(2)(2, 1)[: sizes[1]]}
         assert lookup(c, ks_s, tokens_b[: 2 * 256]) == 0  # no window ends at chunk 2: not bridged
