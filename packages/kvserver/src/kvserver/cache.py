@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
@@ -21,6 +21,7 @@ from .l2.background import BackgroundPrefetches
 from .leases import Leases, rank_keys
 from .sessions import KeySpaceT, SessionTable, Slot, StoreTxn, new_store_id
 from .ledger import Counters, TenantLedger
+from .reservations import ReservationBook
 from .tenants import ADMIN, Identity, TenantBook
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ class CacheService:
         self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
         self.background = BackgroundPrefetches()  # prefetches of lookups that did not wait
+        self.reservations = ReservationBook(l1, lease_ttl)  # whole-request admission (kv_producer stores)
+        self.reservations.abort_stores = self._abort_stores
 
     @property
     def engines(self) -> dict[str, Engine]:
@@ -168,8 +171,13 @@ class CacheService:
                 hook(hit_keys)
         if session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
             self.leases.take(session, ks, salt, hashes, hit, rank)
-        return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
-                "chunk_size": self.chunk_size}
+        out = {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
+               "chunk_size": self.chunk_size}
+        if self.reservations.live and hit < len(hashes):
+            refs = [(ks[0], ks[1], salt, h) for h in hashes[: hit + 1]]
+            if self.reservations.inflight(refs, hit):
+                out["inflight"] = True
+        return out
 
     async def lookup_l2(self, f: Lookup, who: Identity = ADMIN) -> dict[str, Any]:
         """lookup, after loading what L2 holds of the missing prefix into L1 (a bounded wait).
@@ -268,19 +276,31 @@ class CacheService:
         start = f.start_chunk
         if start > len(hashes):
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
+        book, res = self.reservations, None
+        if f.reservation is not None:
+            slots = sum(self.l1.alloc.slot_size(n) for n in sizes)
+            res = book.admit(who.scope(f.reservation), who.tenant, f.total_chunks, slots * ks[1], len(sizes) * ks[1],
+                             self.ledger.limits(who.tenant)[0])
+            book.check_range(res, len(hashes))
+        budget = book.headroom() if res is None and book.live else None  # plain stores leave bookings alone
         txn = StoreTxn(new_store_id(), f.mode, None if f.session is None else who.scope(f.session), [],
                        self.table.deadline(), keyspace=ks, salt=salt, tokens=f.tokens, hashes=hashes,
-                       owner=who.tenant)
+                       owner=who.tenant, reservation=None if res is None else res.id)
         reply_slots = []
         for chunk in range(start, len(hashes)):
+            ref = (ks[0], ks[1], salt, hashes[chunk])
             for group, key in enumerate(self._keys(ks, salt, rank, hashes[chunk])):
                 existing = self.l1.entries.get(key)
                 if existing is not None:
                     status = "present" if existing.state is State.READY else "writing"
                     self.counters.deduplicated_objects += 1
                     reply_slots.append({"chunk": chunk, "group": group, "status": status})
+                    if res is not None:
+                        book.draw(res, chunk, rank, group, sizes[group], key, False, ref)
                     continue
-                if not self.ledger.make_room(who, sizes[group]):
+                if budget is not None:
+                    budget -= self.l1.alloc.slot_size(sizes[group])
+                if (budget is not None and budget < 0) or not self.ledger.make_room(who, sizes[group]):
                     self.counters.no_space += 1
                     reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
                     continue
@@ -290,12 +310,19 @@ class CacheService:
                     reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
                     continue
                 txn.slots.append(Slot(key, chunk, group, entry))
+                if res is not None:
+                    book.draw(res, chunk, rank, group, sizes[group], key, True, ref)
                 slot = {"chunk": chunk, "group": group, "status": "reserved", "size": entry.size}
                 if txn.mode == "shm":
                     slot["offset"] = entry.offset
                 reply_slots.append(slot)
         if txn.slots:
             self.table.stores[txn.id] = txn
+        if res is not None:
+            if txn.slots:
+                res.stores.add(txn.id)
+            book.advance(res, (ks[0], ks[1], salt, hashes[-1]) if hashes else None)
+            book.settle(res, None)
         self.counters.stores += 1
         t.stores += 1
         return {"store_id": txn.id if txn.slots else None, "slots": reply_slots}
@@ -341,6 +368,10 @@ class CacheService:
         t = self.ledger.counters(who)
         t.stored_objects += len(txn.slots)
         t.stored_bytes += sum(s.entry.size for s in txn.slots)
+        res = None if txn.reservation is None else self.reservations.live.get(txn.reservation)
+        if res is not None:  # held until the whole request is in, then released at once
+            self.reservations.hold(res, [s.key for s in txn.slots])
+            self.reservations.settle(res, store_id)
         keys = [s.key for s in txn.slots]
         for hook in self.on_commit:
             hook(keys)
@@ -356,6 +387,17 @@ class CacheService:
 
     def _abort_txn(self, txn: StoreTxn) -> None:
         self.leases.end_write(txn)
+        res = None if txn.reservation is None else self.reservations.live.get(txn.reservation)
+        if res is not None:  # a producer that gives up a part gives up the whole request
+            res.stores.discard(txn.id)
+            self.reservations.rollback(res)
+
+    def _abort_stores(self, store_ids: Iterable[str]) -> None:
+        """End a rolled-back reservation's open stores (their slots quarantined like any abort's)."""
+        for sid in list(store_ids):
+            txn = self.table.stores.pop(sid, None)
+            if txn is not None:
+                self.leases.end_write(txn)
 
     # -- retrieve ------------------------------------------------------------------------------
     def retrieve(self, f: Retrieve, who: Identity = ADMIN) -> tuple[dict[str, Any], list[bytes]]:
@@ -406,6 +448,8 @@ class CacheService:
         return {"released": released, "aborted_stores": aborted}
 
     def expire(self, now: float | None = None) -> None:
+        for res in self.reservations.expired(time.monotonic() if now is None else now):
+            self.reservations.rollback(res)  # its producer went quiet: died or gave up
         sessions, stores = self.leases.expire(now)
         self.counters.expired_sessions += sessions
         self.counters.expired_stores += stores
