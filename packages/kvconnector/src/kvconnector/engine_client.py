@@ -273,7 +273,7 @@ class EngineClient:
                                   int(skip_tokens), extra, reservation, total_chunks)
             except Exception as exc:
                 code = exc.code if isinstance(exc, ServerError) else None
-                if code == ErrorCode.RETRY_LATER:  # the cache is busy with other requests, not failing
+                if isinstance(exc, ServerError) and code == ErrorCode.RETRY_LATER:  # busy, not failing
                     return SaveResult(False, 0, f"server:{code}: {exc.message}", retry_later=True)
                 return SaveResult(False, 0, self._failed("save", exc), no_space=code == ErrorCode.NO_SPACE)
             if saved.no_space:
