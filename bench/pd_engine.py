@@ -10,6 +10,7 @@ latency of the request in this engine). `{"stats": true}` answers the connector 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    out = os.fdopen(os.dup(1), "w")  # the protocol's own channel; vLLM logs to stdout: send it to stderr
+    os.dup2(2, 1)
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams
 
@@ -39,8 +42,6 @@ def main() -> None:
         return stats
 
     sched.make_stats = capture
-    out = sys.stdout
-    sys.stdout = sys.stderr  # vLLM's prints must not mix with the protocol
     out.write(json.dumps({"ready": True, "init_s": time.perf_counter() - t0}) + "\n")
     out.flush()
     for line in sys.stdin:
