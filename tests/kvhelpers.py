@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
-import os
 from collections.abc import Sequence
 
 import msgspec
@@ -11,6 +9,7 @@ import numpy as np
 
 from kvprotocol import Client, KeySpace, LayoutDescriptor, flows, pack_tokens
 from kvprotocol import requests as rq
+from kvprotocol._shm import ShmMapping
 from kvprotocol.kvsum import kvsum64
 
 
@@ -35,11 +34,8 @@ class ArenaMap:
     """The test's own mapping of the server arena (what an engine does in shm mode)."""
 
     def __init__(self, name: str, size: int) -> None:
-        fd = os.open(f"/dev/shm/{name}", os.O_RDWR)
-        try:
-            self.mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        self._map = ShmMapping(name, size)
+        self.mm = self._map.mm
 
     def write(self, offset: int, data: bytes) -> None:
         self.mm[offset : offset + len(data)] = data
@@ -48,7 +44,7 @@ class ArenaMap:
         return self.mm[offset : offset + size]
 
     def close(self) -> None:
-        self.mm.close()
+        self._map.close()
 
 
 def store(c: Client, ks: KeySpace, tokens: Sequence[int], data_of, *, rank: int = 0, salt: str = "",

@@ -19,7 +19,8 @@ import torch
 import zmq
 
 from engine_kv_helpers import Geometry, untouched
-from kvconnector._arena_map import SHM_DIR, ArenaMap
+from kvprotocol._shm import SHM_DIR
+from kvprotocol._shm import ShmMapping as ArenaMap
 from kvconnector.engine_client import EngineClient
 from serverproc import free_port
 

@@ -11,7 +11,7 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
-DEFAULT_URL = "tcp://127.0.0.1:5555"
+from kvprotocol import DEFAULT_URL as DEFAULT_URL  # re-exported for the commands
 
 
 class Unreachable(Exception):

@@ -21,11 +21,12 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import zmq
-from kvprotocol import Client, ErrorCode, KeySpace, LayoutDescriptor, Reply, RequestTimeout, ServerError
+from kvprotocol import Backoff, Client, ErrorCode, KeySpace, LayoutDescriptor, Reply, RequestTimeout, ServerError
 from kvprotocol._replies import Reply_
 from kvprotocol._requests import Request
+from kvprotocol._shm import ShmMapping as ArenaMap
+from kvprotocol._shm import shm_exists
 
-from ._arena_map import ArenaMap, shm_exists
 
 R = TypeVar("R")
 
@@ -79,10 +80,9 @@ class ServerLink:
 
     def __init__(self, url: str, backoff: float, token: str | None = None) -> None:
         self.url = url
-        self.backoff = backoff
+        self.backoff = Backoff(backoff, backoff)  # a fixed delay: the breaker above doubles
         self.token = token  # a tenant's token; None: $KVSERVER_API_TOKEN or the server's default token file
         self._client: Client | None = None
-        self._down_until = 0.0
 
     def call(self, op: str, deadline: Deadline, frames: Sequence[Any] = (), **fields: Any) -> Reply:
         """An untyped request (a map of fields)."""
@@ -93,7 +93,7 @@ class ServerLink:
         return self._guarded(req.op_name(), deadline, lambda c, t: c.send(req, frames, timeout=t))
 
     def _guarded(self, op: str, deadline: Deadline, run: Callable[[Client, float], R]) -> R:
-        wait = self._down_until - time.monotonic()
+        wait = self.backoff.remaining()
         if wait > 0:
             raise Unavailable(f"{op}: server {self.url} did not answer recently; retrying in {wait:.1f}s")
         remaining = deadline.remaining()
@@ -105,7 +105,7 @@ class ServerLink:
             return run(self._client, remaining)
         except RequestTimeout:
             self.reset()
-            self._down_until = time.monotonic() + self.backoff
+            self.backoff.failed()
             raise
         except ServerError as exc:
             if exc.code == ErrorCode.UNAUTHORIZED:

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from kvprotocol import Client, KVProtocolError
+from kvprotocol._shm import ShmMapping as ArenaMap
+from kvprotocol._shm import shm_exists
 
-from ._arena_map import ArenaMap, shm_exists
 from .copy import checksum_bytes
 from .vllm.breaker import Breaker
 

@@ -16,9 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvprotocol import DTYPES, LayoutDescriptor
-
-DEFAULT_CHUNK_SIZE = 256
+from kvprotocol import DEFAULT_CHUNK_SIZE, DTYPES, LayoutDescriptor
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,8 @@
 Never imports torch: it runs on hosts with no GPU.
 """
 
+from ._backoff import Backoff
+from ._defaults import DEFAULT_CHUNK_SIZE, DEFAULT_HTTP_PORT, DEFAULT_PORT, DEFAULT_URL
 from ._client import DEFAULT_TIMEOUT, AsyncClient, Client, Reply
 from ._credentials import (SERVER_KEY_ENV, STATE_DIR_ENV, TOKEN_ENV, TOKEN_FILE_ENV, CredentialError,
                            resolve_server_key, resolve_token)
@@ -31,5 +33,6 @@ __all__ = [
     "SERVER_KEY_ENV", "STATE_DIR_ENV", "TOKEN_ENV", "TOKEN_FILE_ENV", "CredentialError", "resolve_server_key",
     "resolve_token", "MAX_KEYS", "MAX_OBJECT_BYTES",
     "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra", "flows", "replies", "requests",
-    "BLEND_SEED", "blend_fingerprints", "blend_object_hash",
+    "BLEND_SEED", "blend_fingerprints", "blend_object_hash", "Backoff",
+    "DEFAULT_CHUNK_SIZE", "DEFAULT_HTTP_PORT", "DEFAULT_PORT", "DEFAULT_URL",
 ]

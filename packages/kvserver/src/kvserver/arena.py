@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import mmap
 import os
 import secrets
-from pathlib import Path
 
-SHM_DIR = Path("/dev/shm")
-HEADER_BYTES = 4096  # one page: magic + nonce; objects live above it
-MAGIC = b"KVSARENA"
-NONCE_BYTES = 16
+from kvprotocol._shm import HEADER_BYTES, NONCE_BYTES, SHM_DIR, ShmMapping
+
+__all__ = ["HEADER_BYTES", "SHM_DIR", "Arena", "ArenaBusy", "ArenaLock", "ShmTooSmall", "arena_name",
+           "check_free_space"]
 
 
 def arena_name(port: int, prefix: str = "kvserver") -> str:
@@ -126,18 +124,9 @@ class Arena:
         self.removed_stale = self.path.exists()
         if self.removed_stale:
             self.path.unlink()  # its owner is gone: we hold the lock that every live owner holds
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            try:
-                os.ftruncate(fd, size)
-                self._mmap = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            except BaseException:
-                self.path.unlink(missing_ok=True)
-                raise
-        finally:
-            os.close(fd)
-        self.view = memoryview(self._mmap)
-        self.view[: len(MAGIC) + NONCE_BYTES] = MAGIC + bytes.fromhex(self.nonce)
+        self._map = ShmMapping(name, size, create=True)
+        self._map.write_header(self.nonce)
+        self.view = memoryview(self._map.mm)
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         self.view[offset : offset + len(data)] = data
@@ -149,7 +138,7 @@ class Arena:
         """Unmap and remove the segment; safe to call twice."""
         try:
             self.view.release()
-            self._mmap.close()
         except (BufferError, ValueError):
-            pass  # a view is still exported (e.g. a frame in flight); the unlink below still frees it
+            pass
+        self._map.close()  # with a view still exported (a frame in flight) the GC unmaps; the unlink still frees it
         self.path.unlink(missing_ok=True)

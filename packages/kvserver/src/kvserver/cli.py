@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from kvprotocol import DEFAULT_CHUNK_SIZE, DEFAULT_HTTP_PORT, DEFAULT_PORT
 
 from .config import ServerConfig, load_config_file
 from .eviction import POLICIES
@@ -35,18 +36,19 @@ def main() -> None:
 @click.option("--config", type=click.Path(exists=True, dir_okay=False), is_eager=True, expose_value=False,
               callback=_load_config_file, help="TOML file with option names as keys.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="ZMQ bind address.")
-@click.option("--port", default=5555, show_default=True, type=int, help="ZMQ port.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, help="ZMQ port.")
 @click.option("--l1-size-gb", default=4.0, show_default=True, type=float, help="Shared-memory L1 size.")
 @click.option("--ec-size-gb", default=1.0, show_default=True, type=float,
               help="Encoder-cache budget (its own shm segment, apart from L1).")
-@click.option("--chunk-size", default=256, show_default=True, type=int, help="Tokens per cached chunk.")
+@click.option("--chunk-size", default=DEFAULT_CHUNK_SIZE, show_default=True, type=int, help="Tokens per cached chunk.")
 @click.option("--eviction-policy", default="lru", show_default=True, type=click.Choice(sorted(POLICIES)))
 @click.option("--lease-ttl", default=30.0, show_default=True, type=float, help="Seconds a lease or reservation lives.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--shm-prefix", default="kvserver", show_default=True, help="Prefix of the /dev/shm segment name.")
 @click.option("--http-host", default="127.0.0.1", show_default=True, help="Admin API bind address.")
-@click.option("--http-port", default=8080, show_default=True, type=int, help="Admin API port (0 disables it).")
+@click.option("--http-port", default=DEFAULT_HTTP_PORT, show_default=True, type=int,
+              help="Admin API port (0 disables it).")
 @click.option("--api-token", envvar="KVSERVER_API_TOKEN", show_envvar=True, default=None,
               help="API token every ZMQ op but ping and every HTTP endpoint but probes/status/metrics "
                    "need. Default: generated at first start into $KVSERVER_STATE_DIR/token-<port> (0600).")
@@ -127,7 +129,7 @@ def _tenants_file(port: int, path: str | None) -> Path:
     return Path(path) if path else tenants_path(port)
 
 
-_port_opt = click.option("--port", default=5555, show_default=True, type=int, envvar="KVSERVER_PORT",
+_port_opt = click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, envvar="KVSERVER_PORT",
                          help="The server's ZMQ port (names its default tenants file).")
 _file_opt = click.option("--tenants-file", default=None, type=click.Path(dir_okay=False), metavar="PATH",
                          envvar="KVSERVER_TENANTS_FILE", help="Tenants file (default: per port, in the state dir).")

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from kvprotocol import exposure_refusal, is_loopback
+from kvprotocol import DEFAULT_CHUNK_SIZE, DEFAULT_HTTP_PORT, DEFAULT_PORT, exposure_refusal, is_loopback
 
 from .eviction import POLICIES
 
@@ -20,17 +20,17 @@ SECRET_FIELDS = ("api_token",)
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
-    port: int = 5555
+    port: int = DEFAULT_PORT
     l1_size_gb: float = 4.0
     ec_size_gb: float = 1.0  # the encoder cache's own budget (a second shm segment; see ec.py)
-    chunk_size: int = 256
+    chunk_size: int = DEFAULT_CHUNK_SIZE
     eviction_policy: str = "lru"
     lease_ttl: float = 30.0
     log_level: str = "info"
     shm_prefix: str = "kvserver"
     # HTTP admin API (0 disables it)
     http_host: str = "127.0.0.1"
-    http_port: int = 8080
+    http_port: int = DEFAULT_HTTP_PORT
     api_token: str | None = None  # None: a token is generated into the default 0600 file (see auth.py)
     insecure: bool = False
     tenants_file: str | None = None  # None: $KVSERVER_STATE_DIR/tenants-<port>.json (kvserver tenant add)

@@ -6,14 +6,11 @@ and stamps each object with its chunk hash, so a retrieve can prove it got the r
 
 from __future__ import annotations
 
-import mmap
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from kvprotocol._shm import ShmMapping
 
-SHM_DIR = Path("/dev/shm")
 STAMP = 32  # bytes of chunk hash at the head of each object
 
 
@@ -41,18 +38,8 @@ class Arena:
     """The server's L1 segment mapped into this process (shm mode: same host only)."""
 
     def __init__(self, name: str, size: int) -> None:
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"bad arena name {name!r}")
-        path = SHM_DIR / name
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError as exc:
-            raise OSError(f"cannot open {path} for shm mode (is the server on this host?): {exc.strerror}") from None
-        try:
-            self._mmap = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        self.view = np.frombuffer(self._mmap, dtype=np.uint8)
+        self._map = ShmMapping(name, size)
+        self.view = np.frombuffer(self._map.mm, dtype=np.uint8)
 
     def write(self, offset: int, data: np.ndarray) -> None:
         self.view[offset:offset + data.size] = data
@@ -62,10 +49,7 @@ class Arena:
 
     def close(self) -> None:
         del self.view
-        try:
-            self._mmap.close()
-        except BufferError:
-            pass
+        self._map.close()
 
 
 def frames_to_arrays(frames: list[Any]) -> list[np.ndarray]:

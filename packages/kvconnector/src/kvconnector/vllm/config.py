@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_URL = "tcp://127.0.0.1:5555"
-DEFAULT_CHUNK_SIZE = 256
+from kvprotocol import DEFAULT_CHUNK_SIZE, DEFAULT_URL
 MODES = ("auto", "shm", "tcp")
 SAVE_POLICIES = ("prompt", "all", "none")
 

@@ -9,10 +9,11 @@ traffic.
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from kvprotocol import Backoff
 
 from .base import L2Adapter, L2Error, Usage
 
@@ -40,8 +41,7 @@ class Tier:
         self.adapter = adapter
         self.stats = TierStats()
         self.usage: Usage | None = None
-        self.down_until = 0.0
-        self._backoff = 0.0
+        self.health = Backoff(BACKOFF_MIN_S, BACKOFF_MAX_S)
         self.last_error = ""
         self.retry: OrderedDict[Any, None] = OrderedDict()  # L1 keys to write once the tier answers
 
@@ -50,25 +50,23 @@ class Tier:
         return self.adapter.url
 
     def available(self) -> bool:
-        return time.monotonic() >= self.down_until
+        return self.health.allow()
 
     @property
     def up(self) -> bool:
-        return self._backoff == 0.0
+        return self.health.up
 
     def failed(self, exc: L2Error) -> None:
         self.stats.errors += 1
         self.last_error = str(exc)[:200]
-        if self._backoff == 0.0:
+        if self.health.up:
             log.warning("L2 tier %s failed, skipping it for now: %s", self.url, self.last_error)
-        self._backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, self._backoff * 2))
-        self.down_until = time.monotonic() + self._backoff
+        self.health.failed()
 
     def succeeded(self) -> None:
-        if self._backoff:
+        if not self.health.up:
             log.warning("L2 tier %s is back", self.url)
-        self._backoff = 0.0
-        self.down_until = 0.0
+        self.health.succeeded()
 
     def describe(self) -> dict[str, Any]:
         return {
