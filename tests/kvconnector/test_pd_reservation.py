@@ -128,6 +128,10 @@ def test_with_reservations_both_complete_in_turn(server_factory, producers) -> N
             a.finished = True
     assert refused >= CHUNKS - 1  # B waited (took nothing) while A was in flight
     assert read_whole(server, 2) == CHUNKS * GEO.chunk_size
+    with server.client() as c:
+        book = c.call("describe").result["reservations"]
+    assert book["admitted"] == book["completed"] == 2 and book["live"] == 0 and book["outstanding_bytes"] == 0
+    assert book["retry_later"] == refused and book["rolled_back"] == 0
 
 
 def a_left(p: Producer) -> bool:
@@ -161,3 +165,6 @@ def test_consumer_sees_inflight_and_a_killed_producer_is_rolled_back(server_fact
             assert res["ok"], res  # A's booking is gone: B is admitted and completes
     assert read_whole(server, 2) == CHUNKS * GEO.chunk_size
     assert read_whole(server, 1) == 0  # A's partial chunks were dropped
+    with server.client() as c:
+        book = c.call("describe").result["reservations"]
+    assert book["rolled_back"] == 1 and book["completed"] == 1 and book["live"] == 0

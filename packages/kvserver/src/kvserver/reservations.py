@@ -88,6 +88,11 @@ class ReservationBook:
         """Bytes a plain store (or a new reservation) may still take without eating into bookings."""
         return self.l1.alloc.capacity - self.pinned_bytes() - self.outstanding(exclude)
 
+    def describe(self) -> dict[str, int]:
+        """Live reservations, bytes still booked, and what happened to reservations so far."""
+        return {"live": len(self.live), "outstanding_bytes": self.outstanding(), "admitted": self.admitted,
+                "retry_later": self.retry_later, "completed": self.completed, "rolled_back": self.rolled_back}
+
     # -- admission -------------------------------------------------------------------------------
     def admit(self, rid: str, owner: str, total_chunks: int | None, need_per_chunk: int, objects_per_chunk: int,
               quota: int | None) -> Reservation:
