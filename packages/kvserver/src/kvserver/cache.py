@@ -278,13 +278,8 @@ class CacheService:
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
         book, res = self.reservations, None
         if f.reservation is not None:
-            slots = sum(self.l1.alloc.slot_size(n) for n in sizes)
-            res = book.admit(who.scope(f.reservation), who.tenant, f.total_chunks, slots * ks[1], len(sizes) * ks[1],
-                             self.ledger.limits(who.tenant)[0])
-            book.check_range(res, len(hashes))
-            for chunk in range(min(start, len(hashes))):  # below start_chunk: the producer found them cached
-                for group, key in enumerate(self._keys(ks, salt, rank, hashes[chunk])):
-                    book.draw(res, chunk, rank, group, sizes[group], key, False, (ks[0], ks[1], salt, hashes[chunk]))
+            res = book.for_store(who.scope(f.reservation), who.tenant, f.total_chunks, sizes, ks, salt, rank, hashes,
+                                 start, self.ledger.limits(who.tenant)[0])
         budget = book.headroom() if res is None and book.live else None  # plain stores leave bookings alone
         txn = StoreTxn(new_store_id(), f.mode, None if f.session is None else who.scope(f.session), [],
                        self.table.deadline(), keyspace=ks, salt=salt, tokens=f.tokens, hashes=hashes,

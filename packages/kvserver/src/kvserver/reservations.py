@@ -124,6 +124,22 @@ class ReservationBook:
         self.admitted += 1
         return res
 
+    def for_store(self, rid: str, owner: str, total_chunks: int | None, sizes: list[int],
+                  ks: tuple[str, int, tuple[str, ...]], salt: str, rank: int, hashes: list[bytes], start: int,
+                  quota: int | None) -> Reservation:
+        """The reservation a store draws on (admitted now if new); chunks below start_chunk, which the
+        producer found cached, count as covered."""
+        slots = sum(self.l1.alloc.slot_size(n) for n in sizes)
+        res = self.admit(rid, owner, total_chunks, slots * ks[1], len(sizes) * ks[1], quota)
+        self.check_range(res, len(hashes))
+        model, world, groups = ks
+        for chunk in range(min(start, len(hashes))):
+            ref = (model, world, salt, hashes[chunk])
+            for group, fp in enumerate(groups):
+                key = (model, fp, world, rank, group, salt, hashes[chunk])
+                self.draw(res, chunk, rank, group, sizes[group], key, False, ref)
+        return res
+
     def check_range(self, res: Reservation, end_chunk: int) -> None:
         if end_chunk > res.total_chunks:
             self.violation(res, f"store reaches chunk {end_chunk}, beyond the declared total of {res.total_chunks}")

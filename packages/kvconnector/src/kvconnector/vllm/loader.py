@@ -50,7 +50,7 @@ class SaveOutcome:
     chunks: int
     seconds: float
     error: str | None = None
-    no_space: bool = False
+    no_space: bool = False  # also: a reservation the server could not admit within reserve_wait_s
 
 
 def save_job(client: Any, job: SaveJob, delay_s: float = 0.0, reserve_wait_s: float = 0.0) -> SaveOutcome:
@@ -67,7 +67,8 @@ def save_job(client: Any, job: SaveJob, delay_s: float = 0.0, reserve_wait_s: fl
             if not getattr(res, "retry_later", False) or time.perf_counter() - t >= reserve_wait_s:
                 break
             time.sleep(0.02)
-        return SaveOutcome(res.ok, res.saved_chunks, time.perf_counter() - t, res.error, res.no_space)
+        busy = res.no_space or getattr(res, "retry_later", False)  # the server works; the cache is full or busy
+        return SaveOutcome(res.ok, res.saved_chunks, time.perf_counter() - t, res.error, busy)
     except Exception as exc:  # noqa: BLE001
         return SaveOutcome(False, 0, time.perf_counter() - t, f"{type(exc).__name__}: {exc}")
 
