@@ -169,14 +169,15 @@ class CacheService:
             hit_keys = [k for h in hashes[:hit] for k in self._chunk_keys(ks, salt, h)]
             for hook in self.on_hit:
                 hook(hit_keys)
-        if session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
-            self.leases.take(session, ks, salt, hashes, hit, rank)
         out = {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
                "chunk_size": self.chunk_size}
         if self.reservations.live and hit < len(hashes):
             refs = [(ks[0], ks[1], salt, h) for h in hashes[: hit + 1]]
-            if self.reservations.inflight(refs, hit):
+            if self.reservations.inflight(refs, hit):  # "ask again later": nothing is leased for it
                 out["inflight"] = True
+                return out
+        if session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
+            self.leases.take(session, ks, salt, hashes, hit, rank)
         return out
 
     async def lookup_l2(self, f: Lookup, who: Identity = ADMIN) -> dict[str, Any]:
