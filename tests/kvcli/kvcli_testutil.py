@@ -40,3 +40,12 @@ def assert_one_line_error(run: Run, *needles: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("kvcli: "), run.err
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def assert_usage_error(run: Run, *needles: str) -> None:
+    """Exit 2 and exactly one `kvcli: <command>: ...` line on stderr containing every needle."""
+    assert run.code == 2, (run.code, run.out, run.err)
+    lines = run.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvcli: "), run.err
+    for needle in needles:
+        assert needle in lines[0], lines[0]

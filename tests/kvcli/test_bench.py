@@ -82,7 +82,9 @@ def test_bench_server_failures(cli: CLI, server, refused_port: int) -> None:
     assert_one_line_error(bigger_than_l1, "register_engine refused", "NO_SPACE")
     too_large = cli("bench", "server", "--url", server.url, "--layers", "4096", "--kv-heads", "64",
                     "--head-dim", "256", "--no-progress")
-    assert_one_line_error(too_large, "bad KV shape", "object too large")
+    assert_one_line_error(too_large, "bad KV shape", "--layers", "is too large")
+    odd_block = cli("bench", "server", "--url", server.url, "--block-size", "7", "--no-progress")
+    assert_one_line_error(odd_block, "bad KV shape", "--block-size 7 does not divide the server's chunk size")
     with Client(server.url) as c:
         assert c.call("ping").result["protocol"] == 1
 
@@ -124,4 +126,8 @@ def test_bench_engine_shared_prefix_tokens_and_errors(cli: CLI, refused_port: in
                     "--answer-tokens", "2", "--context-tokens", "10")
         assert human.code == 0 and "ttft" in human.out
     assert_one_line_error(cli("bench", "engine", "--url", f"http://127.0.0.1:{refused_port}", "--no-progress"),
-                          "cannot reach")
+                          "connection refused")
+    refused = cli("bench", "engine", "--url", f"127.0.0.1:{refused_port}", "--model", "m", "--no-progress", "--json")
+    assert refused.code == 1 and "Traceback" not in refused.err and "ConnectError" not in refused.err
+    assert refused.json() == {"ok": False, "url": f"http://127.0.0.1:{refused_port}",
+                              "reason": f"connection refused at 127.0.0.1:{refused_port}"}

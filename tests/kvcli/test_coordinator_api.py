@@ -175,7 +175,7 @@ def test_busy_port_is_a_clear_error(shared: CoordinatorProc) -> None:
 
 
 def test_coordinator_imports_no_torch_or_kvserver() -> None:
-    code = ("import sys, kvcli.coordinator.app, kvcli._commands.coordinator; "
+    code = ("import sys, kvcoordinator.app, kvcoordinator.cli, kvcli._commands.coordinator; "
             "bad = [m for m in ('torch', 'kvserver', 'kvconnector') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -186,3 +186,11 @@ def test_help_lists_options() -> None:
                          timeout=30).stdout
     for option in ("--host", "--port", "--instance-timeout", "--api-token", "--insecure", "9090"):
         assert option in out
+
+
+def test_kvcoordinator_is_the_same_command() -> None:
+    out = subprocess.run([str(BIN / "kvcoordinator"), "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.startswith("Usage: kvcoordinator [OPTIONS]")
+    refused = subprocess.run([str(BIN / "kvcoordinator"), "--host", "0.0.0.0", "--port", str(free_port())],
+                             capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 2 and refused.stderr.startswith("kvcoordinator: ")

@@ -47,7 +47,7 @@ def test_register_heartbeat_deregister_and_timeout(server_factory, coordinator_f
     assert value(samples, "kvcoordinator_deregistrations_total") == 1
     log = coord.log()  # membership changes are logged at INFO, each naming the instance
     for what, who in (("registered", srv), ("registered", doomed), ("deregistered", srv), ("timed out", doomed)):
-        assert re.search(rf"INFO kvcli.coordinator: instance \w+ {what}.*zmq={re.escape(who.url)}", log), (what, log)
+        assert re.search(rf"INFO kvcoordinator: instance \w+ {what}.*zmq={re.escape(who.url)}", log), (what, log)
 
 
 def test_coordinator_down_then_restarted(server_factory, coordinator_factory) -> None:

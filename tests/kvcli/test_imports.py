@@ -72,7 +72,10 @@ with FakeOpenAI() as engine:
     cli("bench", "engine", "--url", engine.url, "--users", "1", "--rounds", "1", "--context-tokens", "8",
         "--answer-tokens", "2", "--no-progress")
 cli("top", "--url", url, "--once", "--interval", "0.1")
-for name in ("ping", "describe", "query", "bench", "top"):
+cli("pin", "--url", url, "--model", "bench-model", "--tokens", ",".join(["7"] * 300))
+cli("unpin", "--url", url, "--model", "bench-model", "--tokens", ",".join(["7"] * 300))
+cli("clear", "--url", url, "--yes")
+for name in ("ping", "describe", "query", "bench", "top", "clear", "pin", "unpin", "instances"):
     cli(name, "--help")
 from kvcli.top.app import TopApp
 from kvcli.top.sources import DirectSource
@@ -89,5 +92,5 @@ print(json.dumps({{"codes": codes, "forbidden": loaded({set(FORBIDDEN)!r})}}))
 """)
     assert out["forbidden"] == []
     assert set(out["codes"].values()) == {0}, json.dumps(out["codes"])
-    assert {"ping --url", "describe --url", "query --url", "bench server", "bench engine", "top --url"} \
-        <= set(out["codes"])
+    assert {"ping --url", "describe --url", "query --url", "bench server", "bench engine", "top --url",
+            "pin --url", "unpin --url", "clear --url"} <= set(out["codes"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvprotocol import PROTOCOL_VERSION, Client
 
-from kvcli_testutil import CLI, assert_one_line_error
+from kvcli_testutil import CLI, assert_one_line_error, assert_usage_error
 from kvhelpers import register, store, tiny_layout
 
 
@@ -51,7 +51,32 @@ def test_ping_protocol_mismatch(cli: CLI, zmq_impostor) -> None:
 
 
 def test_ping_bad_url(cli: CLI) -> None:
-    assert_one_line_error(cli("ping", "--url", "udp://x:1"), "unsupported url")
+    assert_usage_error(cli("ping", "--url", "udp://x:1"), "ping:", "--url", "unsupported url")
+    assert_usage_error(cli("ping", "--url", "tcp://127.0.0.1"), "has no port", "tcp://127.0.0.1:PORT")
+    assert_usage_error(cli("ping", "--bogus"), "ping:", "No such option")
+    assert_usage_error(cli("describe", "--timeout", "-1"), "describe:", "--timeout")
+
+
+def test_host_port_is_a_tcp_url(cli: CLI, server_factory) -> None:
+    srv = server_factory("--l1-size-gb", "0.05", http=True)
+    bare = srv.url.removeprefix("tcp://")
+    run = cli("ping", "--url", bare, "--http-url", srv.http_url.removeprefix("http://"), "--json", "-c", "2")
+    assert run.code == 0, run.err
+    assert run.json()["zmq"]["url"] == srv.url and run.json()["http"]["url"] == srv.http_url
+    assert run.json()["http"]["count"] == 2 and run.json()["http"]["rtt_ms"] <= run.json()["http"]["rtt_ms_avg"]
+    assert cli("describe", "--url", bare, "--json").json()["url"] == srv.url
+
+
+def test_json_errors_under_every_json(cli: CLI, refused_port: int) -> None:
+    url = f"tcp://127.0.0.1:{refused_port}"
+    for args in (("describe",), ("query", "--model", "m", "--tokens", "1"), ("top", "--once")):
+        run = cli(*args, "--url", url, "--json")
+        assert run.code == 1, (args, run.err)
+        doc = run.json()
+        if args[0] == "top":
+            assert doc["instances"][0]["up"] is False
+        else:
+            assert doc["ok"] is False and "connection refused" in doc["reason"], doc
 
 
 def test_describe_json_fields(cli: CLI, server) -> None:

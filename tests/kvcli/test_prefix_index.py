@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 
-from kvcli.coordinator.index import PrefixIndex, low64, model_tag
+from kvcoordinator.index import PrefixIndex, low64, model_tag
 
 
 def test_prefixes_follow_each_instance_until_its_first_missing_chunk() -> None:

@@ -66,3 +66,70 @@ def test_detail_screen_of_down_instance(snap_compare) -> None:
         await pilot.pause()
 
     assert snap_compare(replay_app(), terminal_size=SIZE, run_before=detail)
+
+
+SMALL = (80, 24)
+
+
+def test_dashboard_at_80x24_keeps_the_key_columns(snap_compare) -> None:
+    assert snap_compare(replay_app(), terminal_size=SMALL, run_before=play_all)
+
+
+def test_help_screen_at_80x24(snap_compare) -> None:
+    async def help_screen(pilot: Pilot) -> None:
+        await play_all(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+
+    assert snap_compare(replay_app(), terminal_size=SMALL, run_before=help_screen)
+
+
+def test_filtered_and_paused(snap_compare) -> None:
+    async def filtered(pilot: Pilot) -> None:
+        await play_all(pilot)
+        await pilot.press("slash", *"DOWN", "enter", "p")
+        await pilot.pause()
+
+    assert snap_compare(replay_app(), terminal_size=SIZE, run_before=filtered)
+
+
+def alerts_app() -> TopApp:
+    """The recording's last two polls, changed: the down instance refuses our token (AUTH), and the
+    busy one has an L2 tier down, writes dropped and stores refused for space."""
+    import dataclasses
+
+    frames = ReplaySource.from_file(RECORDING).frames[-2:]
+    out = []
+    for n, frame in enumerate(frames):
+        snaps = []
+        for snap in frame:
+            if not snap.up:
+                snap = dataclasses.replace(snap, auth=True, reason="describe refused: UNAUTHORIZED: bad token")
+            elif snap.status and snap.status["l1"]["used_bytes"] > 0.9 * snap.status["l1"]["capacity_bytes"]:
+                status = json.loads(json.dumps(snap.status))
+                status["l2"] = [{"tier": "fs", "url": "fs:///var/kv", "up": True, "dropped": 0, "errors": 0},
+                                {"tier": "redis", "url": "redis://r:6379/0", "up": False, "dropped": 0,
+                                 "errors": 7}]
+                status["l2_queue"] = {"queued": 12, "dropped": 40 * n}
+                status["counters"]["no_space"] = 25 * n
+                status["errors"] = {"NO_SPACE": 25 * n}
+                snap = dataclasses.replace(snap, status=status)
+            snaps.append(snap)
+        out.append(snaps)
+    return TopApp(ReplaySource(out, label="alerts"), interval=0.5, autopoll=False)
+
+
+def test_auth_state_and_alert_colours(snap_compare) -> None:
+    async def second_poll(pilot: Pilot) -> None:
+        await pilot.press("r")
+        await pilot.pause()
+
+    assert snap_compare(alerts_app(), terminal_size=SIZE, run_before=second_poll)
+
+
+def test_auth_state_and_alerts_at_80x24(snap_compare) -> None:
+    async def second_poll(pilot: Pilot) -> None:
+        await pilot.press("r")
+        await pilot.pause()
+
+    assert snap_compare(alerts_app(), terminal_size=SMALL, run_before=second_poll)

@@ -88,6 +88,16 @@ def build_adapter(out_dir: Path, base_dir: Path, seed: int, timeout: float = 300
     return Path(out_dir)
 
 
+def build_variant(out_dir: Path, builder: str, timeout: float = 300) -> Path:
+    """Build a tiny_variants checkpoint (`build_deepseek_v2`, `build_mistral_sw`) with .venv-vllm."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import tiny_variants; "
+            "getattr(tiny_variants, sys.argv[3])(sys.argv[2])")
+    subprocess.run([str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir), builder],
+                   check=True, capture_output=True, timeout=timeout,
+                   env=engine_env(Path(out_dir).parent / "vllm-cache"))
+    return Path(out_dir)
+
+
 def build_vlm(out_dir: Path, timeout: float = 300) -> Path:
     """Build the tiny Idefics3 of tiny_vlm.py with the .venv-vllm interpreter."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from tiny_vlm import build_idefics3; "

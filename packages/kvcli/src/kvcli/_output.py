@@ -18,7 +18,11 @@ class CLIError(click.ClickException):
         click.echo(f"kvcli: {self.format_message()}", err=True)
 
 
-def fail(reason: str) -> NoReturn:
+def fail(reason: str, as_json: bool = False, **fields: Any) -> NoReturn:
+    """One `kvcli: reason` line on stderr and exit 1; under --json also `{"ok": false, ..., "reason": reason}`
+    on stdout, so a script reading stdout always gets a document."""
+    if as_json:
+        emit_json({"ok": False, **fields, "reason": reason})
     raise CLIError(reason)
 
 

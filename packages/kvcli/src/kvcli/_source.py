@@ -6,26 +6,77 @@ probe the TCP port: "connection refused" and "timeout" are different problems fo
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from typing import Any
 from urllib.parse import urlparse
 
+import click
 from kvprotocol import DEFAULT_URL as DEFAULT_URL  # re-exported for the commands
+
+from ._auth import cli_token, token_for
+
+_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
 
 class Unreachable(Exception):
     """The server could not be used; str() is the one-line reason."""
 
 
+class AuthRejected(Unreachable):
+    """The server answered but refused the credential (HTTP 401/403, ZMQ UNAUTHORIZED/FORBIDDEN)."""
+
+
 def is_http(url: str) -> bool:
     return url.startswith(("http://", "https://"))
 
 
-def check_url(url: str) -> str:
-    if is_http(url) or url.startswith(("tcp://", "ipc://")):
+def check_url(url: str, bare: str = "tcp") -> str:
+    """The url in canonical form: `host:port` becomes `<bare>://host:port`; a tcp url needs its port.
+
+    Raises Unreachable with the reason (never guesses a port: `tcp://host` is not port 80).
+    """
+    url = url.strip()
+    if _HOST_PORT.match(url):
+        url = f"{bare}://{url}"
+    if url.startswith("ipc://"):
+        if len(url) == len("ipc://"):
+            raise Unreachable("ipc:// url without a path (expected ipc:///path/to/socket)")
         return url
-    raise Unreachable(f"unsupported url {url!r} (expected tcp://, ipc://, http:// or https://)")
+    if not (is_http(url) or url.startswith("tcp://")):
+        raise Unreachable(f"unsupported url {url!r} (expected host:port, tcp://host:port, ipc://path, "
+                          "http(s)://host:port)")
+    try:
+        parsed = urlparse(url)
+        port = parsed.port
+    except ValueError as exc:
+        raise Unreachable(f"bad url {url!r}: {exc}") from None
+    if not parsed.hostname:
+        raise Unreachable(f"url {url!r} has no host")
+    if url.startswith("tcp://") and port is None:
+        raise Unreachable(f"url {url!r} has no port: give tcp://{parsed.hostname}:PORT "
+                          "(the server's --port, 5555 by default)")
+    return url
+
+
+class URLType(click.ParamType):
+    """A --url value checked and normalised at parse time (a bad one is a one-line usage error)."""
+
+    name = "URL"
+
+    def __init__(self, bare: str = "tcp") -> None:
+        self.bare = bare
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return check_url(str(value), self.bare)
+        except Unreachable as exc:
+            self.fail(str(exc), param, ctx)
+
+
+URL = URLType()
+HTTP_URL = URLType("http")  # admin and coordinator urls: a bare host:port means http://
 
 
 def tcp_probe(url: str, timeout: float) -> str | None:
@@ -57,6 +108,9 @@ def _explain(exc: Exception, op: str, url: str, timeout: float) -> Unreachable:
 
     if isinstance(exc, RequestTimeout):
         return Unreachable(tcp_probe(url, min(timeout, 1.0)) or f"timeout: no reply to {op} from {url} in {timeout:g}s")
+    if isinstance(exc, ServerError) and exc.code in (ErrorCode.UNAUTHORIZED, ErrorCode.FORBIDDEN):
+        return AuthRejected(f"{op} refused: {exc.code}: {exc.message} (give the API token with --token, "
+                            "--token-file or KVSERVER_API_TOKEN)")
     if isinstance(exc, ServerError) and exc.code == ErrorCode.BAD_VERSION:
         return Unreachable(f"protocol version mismatch: {exc.message}")
     if isinstance(exc, ServerError):
@@ -79,20 +133,43 @@ def zmq_request(url: str, op: str, timeout: float, **fields: Any) -> tuple[Any, 
     from kvprotocol import Client
 
     fail_fast(url, timeout)
-    with Client(check_url(url), timeout=timeout) as client:
+    with Client(check_url(url), timeout=timeout, token=cli_token()) as client:
         t0 = time.perf_counter()
         result = zmq_call(client, op, timeout, **fields)
         return result, time.perf_counter() - t0
 
 
-def http_get(url: str, path: str, timeout: float) -> tuple[int, Any, float]:
-    """GET url+path: (status, parsed JSON or text, seconds); Unreachable when no answer came."""
+_HTTP_CLIENTS: dict[str, Any] = {}
+
+
+def http_client(url: str) -> Any:
+    """One httpx.Client per base url, reused: a round trip then measures the request, not the ~200 ms
+    of building a client (TLS context, pools) that a fresh one costs."""
+    import httpx
+
+    base = url.rstrip("/")
+    client = _HTTP_CLIENTS.get(base)
+    if client is None:
+        client = _HTTP_CLIENTS[base] = httpx.Client(trust_env=False)
+    return client
+
+
+def close_http_clients() -> None:
+    while _HTTP_CLIENTS:
+        _HTTP_CLIENTS.popitem()[1].close()
+
+
+def http_request(method: str, url: str, path: str, timeout: float, json_body: Any = None
+                 ) -> tuple[int, Any, float]:
+    """One request to url+path: (status, parsed JSON or text, seconds); Unreachable when no answer came."""
     import httpx
 
     full = url.rstrip("/") + path
+    client = http_client(url)
+    headers = auth_headers(url)
     t0 = time.perf_counter()
     try:
-        resp = httpx.get(full, timeout=timeout, headers=auth_headers(url), trust_env=False)
+        resp = client.request(method, full, timeout=timeout, headers=headers, json=json_body)
     except httpx.ConnectError:
         raise Unreachable(tcp_probe(url, min(timeout, 1.0)) or f"cannot connect to {url}") from None
     except httpx.TimeoutException:
@@ -107,23 +184,38 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, Any, float]:
     return resp.status_code, body, elapsed
 
 
-def auth_headers(url: str) -> dict[str, str]:
-    """Bearer token found as every client finds it: $KVSERVER_API_TOKEN, $KVSERVER_API_TOKEN_FILE, or
-    the server's default token file for a loopback URL (see kvprotocol._credentials)."""
-    from kvprotocol import resolve_token
+def http_get(url: str, path: str, timeout: float) -> tuple[int, Any, float]:
+    return http_request("GET", url, path, timeout)
 
-    token = resolve_token(None, url)
+
+def auth_headers(url: str) -> dict[str, str]:
+    """Bearer token: --token/--token-file, else as every client finds it ($KVSERVER_API_TOKEN,
+    $KVSERVER_API_TOKEN_FILE, or the server's default token file for a loopback URL)."""
+    token = token_for(url)
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def http_json(url: str, path: str, timeout: float) -> Any:
-    status, body, _ = http_get(url, path, timeout)
+def _detail(body: Any) -> str:
+    if isinstance(body, dict):
+        nested = body.get("error")
+        err: dict[str, Any] = nested if isinstance(nested, dict) else body
+        message = err.get("message") or err.get("detail")
+        code = err.get("code")
+        if message:
+            return f": {code}: {message}" if code else f": {message}"
+    return ""
+
+
+def http_json(url: str, path: str, timeout: float, method: str = "GET", json_body: Any = None) -> Any:
+    """The JSON answer of a request that must succeed (2xx); Unreachable (AuthRejected) with the reason."""
+    status, body, _ = http_request(method, url, path, timeout, json_body)
     if status in (401, 403):
-        raise Unreachable(f"GET {path} answered HTTP {status}: set KVSERVER_API_TOKEN to the server's API token")
-    if status != 200:
-        raise Unreachable(f"GET {path} answered HTTP {status}")
+        raise AuthRejected(f"{method} {path} answered HTTP {status}{_detail(body)} (give the API token with "
+                           "--token, --token-file or KVSERVER_API_TOKEN)")
+    if not 200 <= status < 300:
+        raise Unreachable(f"{method} {path} answered HTTP {status}{_detail(body)}")
     if not isinstance(body, (dict, list)):
-        raise Unreachable(f"GET {path} did not answer JSON")
+        raise Unreachable(f"{method} {path} did not answer JSON")
     return body
 
 

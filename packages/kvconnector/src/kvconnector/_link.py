@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import zmq
-from kvprotocol import Backoff, Client, ErrorCode, KeySpace, LayoutDescriptor, Reply, RequestTimeout, ServerError
+from kvprotocol import (Backoff, Client, ErrorCode, GroupGeometry, KeySpace, LayoutDescriptor, Reply,
+                        RequestTimeout, ServerError)
 from kvprotocol._replies import Reply_
 from kvprotocol._requests import Request
 from kvprotocol._shm import ShmMapping as ArenaMap
@@ -144,6 +145,9 @@ class EngineLink:
         self.model, self.world_size, self.rank = model, world_size, rank
         self.layouts = list(layouts)
         self.keyspace = KeySpace.from_layouts(model, world_size, self.layouts)
+        self.unit = min(lay.chunk_size for lay in self.layouts)  # tokens per chunk hash (kvprotocol._geometry)
+        self.geoms = [GroupGeometry.of(lay, self.unit) for lay in self.layouts]
+        self.trivial = all(g.trivial for g in self.geoms)
         self.requested_mode = mode
         self.local = is_local_url(url)
         self.registration: Registration | None = None
@@ -169,8 +173,8 @@ class EngineLink:
                           rank=self.rank, groups=[lay.to_wire() for lay in self.layouts],
                           host=socket.gethostname()[:255] or "unknown", pid=os.getpid()).result
         chunk_size = int(reply["chunk_size"])
-        if any(lay.chunk_size != chunk_size for lay in self.layouts):
-            raise ValueError(f"server chunk_size {chunk_size} differs from the layouts' chunk_size")
+        if chunk_size != self.unit:
+            raise ValueError(f"server chunk_size {chunk_size} differs from the layouts' smallest chunk_size")
         arena = reply.get("arena") or {}
         return Registration(str(reply["engine_id"]), str(arena.get("name", "")), int(arena.get("size", 0)),
                             chunk_size, str(arena.get("nonce", "")))

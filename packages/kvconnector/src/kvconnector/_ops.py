@@ -7,18 +7,20 @@ commit; or retrieve, validate the reply, copy, verify) are in one place.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
-from kvprotocol import ErrorCode, ExtraKeys, ServerError, check_extra, flows, pack_tokens
+from kvprotocol import (ErrorCode, ExtraKeys, GroupGeometry, LayoutDescriptor, ServerError, check_extra, flows,
+                        pack_tokens)
 from kvprotocol import replies as rp
 from kvprotocol import requests as rq
 
 from . import copy as kvcopy
 from ._link import Deadline, EngineLink, LeaseLost
-from ._transfer import Copier, Moves, check_blocks, load_moves, save_moves
+from ._transfer import Copier, Moves, check_blocks, load_moves, save_moves, window_moves
 
 U64_MAX = (1 << 64) - 1
 
@@ -73,10 +75,29 @@ def _ceil(a: int, b: int) -> int:
 def load_blocks(link: EngineLink, tables: Sequence[np.ndarray], skip: int, num: int) -> list[int]:
     """Every engine block a load of [skip, num) would write (reported as failed when it fails)."""
     out: set[int] = set()
-    for lay, table in zip(link.layouts, tables, strict=False):
-        lo, hi = max(0, _ceil(skip, lay.block_size)), min(table.shape[0], _ceil(num, lay.block_size))
-        out.update(int(b) for b in table[lo:hi])
+    for geo, lay, table in zip(link.geoms, link.layouts, tables, strict=False):
+        lo, hi = _block_range(geo, lay, skip, num, link.unit)
+        out.update(int(b) for b in table[max(0, lo):min(table.shape[0], hi)])
     return sorted(out)
+
+
+def _block_range(geo: GroupGeometry, lay: LayoutDescriptor, skip: int, num: int, unit: int) -> tuple[int, int]:
+    """Request blocks [lo, hi) of one group that a load of tokens [skip, num) writes (see
+    kvprotocol._geometry): of a sliding group only the window the first computed token attends to
+    (tokens [num - W + 1, num)), of a state group only the blocks of the object holding the state at num."""
+    bs = lay.block_size
+    if geo.kind == "state":
+        top = num // bs
+        return top - lay.blocks_per_chunk, top
+    if geo.kind == "sliding":
+        top = _ceil(num, unit) * unit // bs
+        return max(top - lay.blocks_per_chunk, max(skip, num - geo.window + 1, 0) // bs, 0), _ceil(num, bs)
+    return _ceil(skip, bs), _ceil(num, bs)
+
+
+def _base(lay: LayoutDescriptor, end_unit: int, unit: int) -> int:
+    """The request block in slot 0 of an exact-kind object ending at unit end_unit (< 0: before token 0)."""
+    return (end_unit + 1) * unit // lay.block_size - lay.blocks_per_chunk
 
 
 def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, session: str | None,
@@ -91,12 +112,12 @@ def lookup_reply(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt:
                  extra: ExtraKeys = (), rank: int | None = None, wait: bool = True) -> tuple[int, bool, bool]:
     """lookup, plus whether a producer is still writing the chunk the hit stops at."""
     req = rq.Lookup(keyspace=link.keyspace.wire(), tokens=pack_tokens(tokens), salt=salt,
-                    extra=extra_pairs(extra, tokens.shape[0] // link.layouts[0].chunk_size),
+                    extra=extra_pairs(extra, tokens.shape[0] // link.unit),
                     session=session, rank=rank if session is not None else None, wait=wait)
     result = cast(rp.LookupReply, link.send(req, deadline)[0])
-    if result.chunk_size != link.layouts[0].chunk_size:
+    if result.chunk_size != link.unit:
         raise ServerError(ErrorCode.LAYOUT_MISMATCH, f"server chunk_size {result.chunk_size} "
-                                                     f"!= layout chunk_size {link.layouts[0].chunk_size}")
+                                                     f"!= layout chunk_size {link.unit}")
     return result.hit_tokens, bool(result.pending), bool(result.inflight)
 
 
@@ -111,33 +132,35 @@ class _Objects:
 
 
 def _object_addrs(link: EngineLink, mode: str, objects: list[rp.RetrievedObject], frames: Sequence[Any],
-                  start: int, end: int) -> _Objects:
+                  objs: Sequence[range]) -> _Objects:
+    """Addresses of the retrieved objects; objs[g] are the object indices of group g the load expects."""
     groups = len(link.layouts)
-    expected = [(c, g) for c in range(start, end) for g in range(groups)]
+    expected = sorted((link.geoms[g].end_unit(j), g) for g in range(groups) for j in objs[g])
     got = [(o.chunk, o.group) for o in objects]
     if sorted(got) != expected:
-        raise ValueError(f"retrieve returned objects {got[:6]}..., expected chunks [{start}, {end}) of "
+        raise ValueError(f"retrieve returned objects {got[:6]}..., expected {expected[:6]}... of "
                          f"{groups} group(s)")
     if mode == "tcp" and len(frames) != len(objects):
         raise ValueError(f"retrieve returned {len(frames)} data frames for {len(objects)} objects")
-    addrs = [np.zeros(end - start, dtype=np.int64) for _ in range(groups)]
-    sums = [[0] * (end - start) for _ in range(groups)]
+    addrs = [np.zeros(len(objs[g]), dtype=np.int64) for g in range(groups)]
+    sums = [[0] * len(objs[g]) for g in range(groups)]
     for i, obj in enumerate(objects):
         c, g = obj.chunk, obj.group
+        pos = (c + 1) // link.geoms[g].units - 1 - objs[g].start  # position among the group's objects
         size = link.layouts[g].object_bytes
         if obj.size != size:
             raise ValueError(f"object of chunk {c} has {obj.size} bytes, layout says {size}")
         if not 0 <= obj.checksum <= U64_MAX:
             raise ValueError(f"object of chunk {c} comes without a valid checksum")
-        sums[g][c - start] = obj.checksum
+        sums[g][pos] = obj.checksum
         if mode == "shm":
             assert link.arena is not None
             link.arena.check_range(obj.offset, size)
-            addrs[g][c - start] = link.arena.address + cast(int, obj.offset)
+            addrs[g][pos] = link.arena.address + cast(int, obj.offset)
         else:
             if len(frames[i]) != size:
                 raise ValueError(f"data frame of chunk {c} has {len(frames[i])} bytes, expected {size}")
-            addrs[g][c - start] = kvcopy.address_of(frames[i])
+            addrs[g][pos] = kvcopy.address_of(frames[i])
     return _Objects(addrs, sums, frames)
 
 
@@ -160,8 +183,8 @@ def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tok
     if planned is None:
         _give_back(link, deadline, session)
         return 0
-    start, end, moves = planned
-    chunk = link.layouts[0].chunk_size
+    start, end, moves, objs_of = planned
+    chunk = link.unit
 
     def relookup() -> None:  # this rank's lease expired or was never taken here: lease again
         hit, _ = lookup(link, deadline, tokens[: end * chunk], salt, session, extra, rank=link.rank)
@@ -169,10 +192,12 @@ def load(link: EngineLink, copier: Copier, deadline: Deadline, session: str, tok
             raise ServerError(ErrorCode.NOT_LEASED, f"only {hit} of the {end * chunk} tokens to load are cached now")
 
     def copy(reply: rp.RetrieveReply, frames: list[memoryview]) -> int:
-        objs = _object_addrs(link, mode, reply.objects, frames, start, end)
+        objs = _object_addrs(link, mode, reply.objects, frames, objs_of)
         bad: list[int] = []
         for g, m in enumerate(moves):  # verified while scattering: a mismatch fails the whole load
-            bad += [start + i for i in copier.scatter(g, objs.addrs[g], m, objs.checksums[g])]
+            geo = link.geoms[g]
+            failed = copier.scatter(g, objs.addrs[g], m, objs.checksums[g])
+            bad += [geo.end_unit(objs_of[g].start + i) for i in failed]
         copier.finish()
         if bad:
             raise ChecksumMismatch(len(bad), sorted(set(bad)))
@@ -199,23 +224,38 @@ def _give_back(link: EngineLink, deadline: Deadline, session: str) -> None:
 
 
 def _plan_load(link: EngineLink, copier: Copier, skip: int, num: int, tables: Sequence[np.ndarray]
-               ) -> tuple[int, int, list[Moves]] | None:
-    """(first chunk, end chunk, block moves per group) of a load of tokens [skip, num); None: nothing."""
+               ) -> tuple[int, int, list[Moves], list[range]] | None:
+    """(first unit, end unit, block moves per group, object indices per group) of a load of tokens
+    [skip, num); None: nothing to load."""
     if skip < 0 or num < 0:
         raise ValueError("skip_tokens and num_tokens must be >= 0")
     if num <= skip:
         return None
-    chunk = link.layouts[0].chunk_size
+    chunk = link.unit
     start, end = skip // chunk, _ceil(num, chunk)
     moves: list[Moves] = []
-    for g, (lay, table) in enumerate(zip(link.layouts, tables, strict=True)):
+    objs_of: list[range] = []
+    for g, (geo, lay, table) in enumerate(zip(link.geoms, link.layouts, tables, strict=True)):
         if skip % lay.block_size:
             raise ValueError(f"skip_tokens {skip} is not a multiple of block_size {lay.block_size}: the "
                              "block holding it belongs to the engine and is never overwritten")
-        m = load_moves(table, lay.blocks_per_chunk, start, skip // lay.block_size, _ceil(num, lay.block_size))
+        if geo.kind == "state" and num % lay.chunk_size:
+            raise ValueError(f"num_tokens {num}: a recurrent state is usable only at a multiple of its chunk "
+                             f"size {lay.chunk_size}")
+        objs = range(start, end) if geo.trivial else geo.overlapping(geo.needed(end, chunk), start, end)
+        lo, hi = _block_range(geo, lay, skip, num, chunk)
+        if geo.kind == "state" and lo * lay.block_size < skip:
+            raise ValueError("the state's blocks lie before skip_tokens (they belong to the engine)")
+        if geo.exact:
+            m = window_moves(table, _base(lay, end - 1, chunk), lo, hi)
+        else:
+            m = load_moves(table, lay.blocks_per_chunk, objs.start, lo, hi)
+        if m.obj.size and (int(m.obj.min()) < 0 or int(m.obj.max()) >= len(objs)):
+            raise ValueError("the load's blocks lie outside the objects a hit provides")
         check_blocks(m, copier.num_blocks(g), distinct=True)
         moves.append(m)
-    return start, end, moves
+        objs_of.append(objs)
+    return start, end, moves, objs_of
 
 
 @dataclass(frozen=True)
@@ -230,15 +270,18 @@ def save(link: EngineLink, copier: Copier, deadline: Deadline, tokens: np.ndarra
          reservation: str | None = None, total_chunks: int | None = None) -> Saved:
     """Store every full chunk from the one holding skip_tokens on: reserve, gather, verify, commit
     (kvprotocol.flows.store_and_commit: a reservation is always committed or aborted)."""
-    chunk = link.layouts[0].chunk_size
+    chunk = link.unit
     n = tokens.shape[0] // chunk
-    for lay, table in zip(link.layouts, tables, strict=True):
-        n = min(n, table.shape[0] // lay.blocks_per_chunk)
+    for geo, lay, table in zip(link.geoms, link.layouts, tables, strict=True):
+        cover = table.shape[0] * lay.block_size // chunk  # units the block table covers
+        n = min(n, cover if geo.exact else cover // geo.units * geo.units)
     start = max(0, skip) // chunk
     if start >= n:
         return Saved(0, 0, 0)
-    for g, (lay, table) in enumerate(zip(link.layouts, tables, strict=True)):
-        check_blocks(save_moves(table, lay.blocks_per_chunk, range(start, n)), copier.num_blocks(g), distinct=False)
+    for g, geo in enumerate(link.geoms):
+        objs = range(start, n) if geo.trivial else geo.stored(start, n, chunk)
+        check_blocks(_save_moves(link, g, tables[g], [geo.end_unit(j) for j in objs]), copier.num_blocks(g),
+                     distinct=False)
     mode = link.ensure(deadline)
     req = rq.Store(keyspace=link.keyspace.wire(), tokens=pack_tokens(tokens[: n * chunk]), rank=link.rank,
                    salt=salt, start_chunk=start, extra=extra_pairs(extra, n), mode="shm" if mode == "shm" else "tcp",
@@ -268,7 +311,8 @@ def save(link: EngineLink, copier: Copier, deadline: Deadline, tokens: np.ndarra
 
 
 def _check_slots(link: EngineLink, reply: rp.StoreReply, start: int, n: int) -> None:
-    bad = [s for s in reply.slots if not (start <= s.chunk < n and 0 <= s.group < len(link.layouts))]
+    bad = [s for s in reply.slots if not (start <= s.chunk < n and 0 <= s.group < len(link.layouts)
+                                          and (s.chunk + 1) % link.geoms[s.group].units == 0)]
     if bad:
         raise ValueError(f"store returned slots outside the request: {bad[:3]}")
 
@@ -293,10 +337,11 @@ def _gather(link: EngineLink, copier: Copier, mode: str, reserved: list[rp.Store
         frames = [memoryview(buf[e - z : e]) for e, z in zip(ends, sizes, strict=True)]  # type: ignore[arg-type]
         addrs = [kvcopy.address_of(buf) + int(e - z) for e, z in zip(ends, sizes, strict=True)]
     checksums: list[int | None] = [None] * len(reserved)
-    for g, lay in enumerate(link.layouts):
+    for g in range(len(link.layouts)):
         idx = [i for i, s in enumerate(reserved) if s.group == g]
         if idx:
-            moves = save_moves(tables[g], lay.blocks_per_chunk, [reserved[i].chunk for i in idx])
+            moves = _save_moves(link, g, tables[g], [reserved[i].chunk for i in idx])
+            _zero_before_start(link, g, [addrs[i] for i in idx], [reserved[i].chunk for i in idx])
             sums = copier.gather(g, np.asarray([addrs[i] for i in idx], dtype=np.int64), moves)
             for j, i in enumerate(idx):
                 checksums[i] = None if sums is None else sums[j]
@@ -307,6 +352,33 @@ def _gather(link: EngineLink, copier: Copier, mode: str, reserved: list[rp.Store
     if mode == "shm":
         link.check_arena()  # we wrote into the arena of the server that reserved the slots
     return frames, proof
+
+
+def _save_moves(link: EngineLink, g: int, table: np.ndarray, end_units: list[int]) -> Moves:
+    """Moves that fill the objects of group g ending at end_units (kvprotocol._geometry names an object
+    by the unit it ends at): whole chunks, or for an exact kind the blocks ending at its boundary."""
+    geo, lay = link.geoms[g], link.layouts[g]
+    if not geo.exact:
+        return save_moves(table, lay.blocks_per_chunk, [(c + 1) // geo.units - 1 for c in end_units])
+    bases = [_base(lay, c, link.unit) for c in end_units]
+    parts = [window_moves(table, b, b, b + lay.blocks_per_chunk) for b in bases]
+    for i, m in enumerate(parts):
+        m.obj[:] = i
+    cat = [np.concatenate([getattr(m, f) for m in parts]) if parts else np.zeros(0, dtype=np.int64)
+           for f in ("obj", "slot", "block")]
+    return Moves(*cat)
+
+
+def _zero_before_start(link: EngineLink, g: int, addrs: list[int], end_units: list[int]) -> None:
+    """A window snapshot near the start of a prompt has slots before token 0: they hold zeros, never
+    whatever the reserved slot held before (another object's bytes)."""
+    lay = link.layouts[g]
+    for addr, c in zip(addrs, end_units, strict=True):
+        missing = -_base(lay, c, link.unit)
+        if link.geoms[g].exact and missing > 0:
+            per_layer = lay.blocks_per_chunk * lay.block_bytes
+            for layer in range(lay.num_layers):
+                ctypes.memset(addr + layer * per_layer, 0, missing * lay.block_bytes)
 
 
 def _grace(deadline: Deadline) -> Deadline:

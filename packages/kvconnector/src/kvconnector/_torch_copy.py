@@ -109,8 +109,11 @@ class TorchCopier:
     def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> list[int] | None:
         """Checksums come after `finish` (the host objects are written asynchronously): returns None."""
         size = self.layouts[group].object_bytes
+        partial = len(moves) < int(obj_addrs.shape[0]) * self.layouts[group].blocks_per_chunk
         for lo, hi in self._batches(group, int(obj_addrs.shape[0])):
             stage, shaped = self._staged(group, hi - lo)
+            if partial:  # a window snapshot that starts before token 0: its leading slots are zeros
+                stage.zero_()
             obj, slot, block = self._index(moves, lo, hi)
             for layer, view in enumerate(self.views[group]):
                 shaped[obj, layer, slot] = view[block]

@@ -42,6 +42,15 @@ def load_moves(block_table: np.ndarray, blocks_per_chunk: int, start_chunk: int,
     return Moves(j // blocks_per_chunk - start_chunk, j % blocks_per_chunk, block_table[j])
 
 
+def window_moves(block_table: np.ndarray, base: int, lo: int, hi: int) -> Moves:
+    """Moves between request blocks [lo, hi) and slots of ONE object whose slot 0 is request block
+    `base` (a sliding-window snapshot or a recurrent state: the blocks ending at its boundary)."""
+    if hi > block_table.shape[0]:
+        raise ValueError(f"block_ids has {block_table.shape[0]} entries, the transfer needs {hi}")
+    j = np.arange(max(lo, 0), hi, dtype=np.int64)
+    return Moves(np.zeros_like(j), j - base, block_table[j])
+
+
 def save_moves(block_table: np.ndarray, blocks_per_chunk: int, chunks: Sequence[int]) -> Moves:
     """Moves that fill whole objects, object i being chunk chunks[i] of the request."""
     c = np.asarray(chunks, dtype=np.int64)

@@ -118,8 +118,9 @@ class EngineClient:
         layouts = list(layouts)
         if not layouts:
             raise ValueError("at least one layout (object group) is required")
-        if len({lay.chunk_size for lay in layouts}) != 1:
-            raise ValueError("all layouts must share one chunk_size")
+        unit = min(lay.chunk_size for lay in layouts)
+        if any(lay.chunk_size % unit for lay in layouts):  # kvprotocol._geometry: one chunk unit, the smallest
+            raise ValueError("every layout's chunk_size must be a multiple of the smallest one")
         if not 0 <= rank < world_size:
             raise ValueError("rank must be in [0, world_size)")
         if timeout <= 0:

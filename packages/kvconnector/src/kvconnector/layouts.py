@@ -13,7 +13,7 @@ Per-layer tensor shapes (one tensor per layer; `stacked=True` adds a leading num
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvprotocol import DEFAULT_CHUNK_SIZE, DTYPES, LayoutDescriptor
@@ -87,9 +87,13 @@ def flash_attn_layout(*, num_layers: int, num_kv_heads: int, head_dim: int, bloc
 
 
 def mla_layout(*, num_layers: int, latent_dim: int, block_size: int, dtype: Any,
-               chunk_size: int = DEFAULT_CHUNK_SIZE, stacked: bool = False) -> LayoutDescriptor:
-    """MLA latent cache: per layer [num_blocks, block_size, latent_dim]."""
-    return _make("mla", dtype, num_layers, block_size, (block_size, latent_dim), chunk_size, stacked)
+               chunk_size: int = DEFAULT_CHUNK_SIZE, stacked: bool = False, shared: bool = False) -> LayoutDescriptor:
+    """MLA latent cache: per layer [num_blocks, block_size, latent_dim].
+
+    `shared=True` when every tensor-parallel rank holds the same latent cache (vLLM's MLA: one KV
+    head, replicated): the server then keeps one object per chunk for all ranks (kvprotocol.SHARED_RANK)."""
+    layout = _make("mla", dtype, num_layers, block_size, (block_size, latent_dim), chunk_size, stacked)
+    return replace(layout, shared=True) if shared else layout
 
 
 def layout_from_tensor(tensor: Any, tag: str, block_size: int, chunk_size: int = DEFAULT_CHUNK_SIZE,

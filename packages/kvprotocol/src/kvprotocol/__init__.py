@@ -12,7 +12,8 @@ from ._errors import ErrorCode, KVProtocolError, RequestTimeout, ServerError, Va
 from ._blend import BLEND_SEED, blend_fingerprints, blend_object_hash
 from ._hashing import (EXTRA_DIGEST_BYTES, ZERO_HASH, ExtraKeys, check_extra, chunk_hashes, pack_tokens,
                        unpack_tokens)
-from ._keys import ObjectKey, validate_model, validate_salt
+from ._keys import SHARED_RANK, ObjectKey, validate_model, validate_salt
+from ._geometry import GroupGeometry, prefix_hit
 from ._layout import DTYPES, LAYOUT_TAGS, MAX_OBJECT_BYTES, LayoutDescriptor
 from ._messages import MAX_KEYS, MAX_TOKENS, PROTOCOL_VERSION, SCHEMA, validate_request
 from ._keyspace import KeySpace
@@ -35,4 +36,5 @@ __all__ = [
     "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra", "flows", "replies", "requests",
     "BLEND_SEED", "blend_fingerprints", "blend_object_hash", "Backoff",
     "DEFAULT_CHUNK_SIZE", "DEFAULT_HTTP_PORT", "DEFAULT_PORT", "DEFAULT_URL",
+    "SHARED_RANK", "GroupGeometry", "prefix_hit",
 ]

@@ -14,21 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
+from typing import Any
+
 from blake3 import blake3
 
-from ._hashing import unpack_tokens
+from ._hashing import big_endian_tokens, token_count
 
 BLEND_SEED = blake3(b"kvblend-v1").digest()
 
 
-def blend_fingerprints(tokens: Sequence[int] | np.ndarray | bytes, chunk_size: int) -> list[bytes]:
+def blend_fingerprints(tokens: Sequence[int] | bytes | Any, chunk_size: int) -> list[bytes]:
     """Fingerprints of every full chunk of one segment, from its first token (the tail is not hashed)."""
     if chunk_size <= 0:
         raise ValueError("chunk_size must be positive")
-    arr = unpack_tokens(bytes(tokens)) if isinstance(tokens, (bytes, bytearray, memoryview)) else np.asarray(tokens)
-    n_full = arr.size // chunk_size
-    big_endian = arr[: n_full * chunk_size].astype(">u4").tobytes()
+    n_full = token_count(tokens) // chunk_size
+    big_endian = big_endian_tokens(tokens, n_full * chunk_size)
     step = chunk_size * 4
     out: list[bytes] = []
     prev = BLEND_SEED

@@ -7,7 +7,8 @@ the same OS user reads it automatically for a loopback URL; a process of another
 server's CURVE key pair lives next to it (`curve-<port>.key`, `curve-<port>.pub`).
 
 Lookup order of a client's token: explicit argument > $KVSERVER_API_TOKEN > the file named by
-$KVSERVER_API_TOKEN_FILE > the default file for the URL's port (loopback URLs only, and never when
+$KVSERVER_API_TOKEN_FILE > the deprecated $KVCLI_TOKEN / $KVCLI_COORDINATOR_API_TOKEN > the default
+file for the URL's port (loopback URLs only, and never when
 another OS user owns the socket listening on that port).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+import warnings
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -24,6 +26,7 @@ from ._security import is_loopback
 TOKEN_ENV = "KVSERVER_API_TOKEN"  # one name for the server, kvcli, kvconnector and the coordinator
 TOKEN_FILE_ENV = "KVSERVER_API_TOKEN_FILE"
 STATE_DIR_ENV = "KVSERVER_STATE_DIR"
+LEGACY_TOKEN_ENVS = ("KVCLI_TOKEN", "KVCLI_COORDINATOR_API_TOKEN")  # deprecated spellings, still honoured
 SERVER_KEY_ENV = "KVSERVER_SERVER_KEY"  # the server's CURVE public key (z85), for clients beyond loopback
 MAX_TOKEN_CHARS = 1024
 
@@ -166,7 +169,26 @@ def resolve_token(token: str | None = None, url: str | None = None) -> str | Non
     path = os.environ.get(TOKEN_FILE_ENV)
     if path:
         return read_private(Path(path), strict=False)
+    legacy = legacy_token()
+    if legacy:
+        return legacy
     return default_token(url) if url else None
+
+
+def legacy_token() -> str | None:
+    """A token in a deprecated variable (KVCLI_TOKEN, KVCLI_COORDINATOR_API_TOKEN), with a warning once."""
+    for name in LEGACY_TOKEN_ENVS:
+        value = os.environ.get(name)
+        if value:
+            if name not in _WARNED:
+                _WARNED.add(name)
+                warnings.warn(f"${name} is deprecated: use ${TOKEN_ENV} (or ${TOKEN_FILE_ENV})", FutureWarning,
+                              stacklevel=3)
+            return value
+    return None
+
+
+_WARNED: set[str] = set()
 
 
 def curve_paths(port: int) -> tuple[Path, Path]:

@@ -1,33 +1,99 @@
-"""Rolling prefix hash over token chunks: a chunk's key depends on every token before it."""
+"""Rolling prefix hash over token chunks: a chunk's key depends on every token before it.
+
+Pure Python plus the C-level `array` module: clients that only ping, describe or query never pay
+numpy's import (about half a second cold). A numpy array passed in is converted by numpy itself
+(the caller already imported it), so engines keep their vectorised path.
+"""
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-import numpy as np
 from blake3 import blake3
 
 ZERO_HASH = bytes(32)
 EXTRA_DIGEST_BYTES = 32  # one per-chunk extra key (adapter, multimodal items, ...): a 32-byte digest
 ExtraKeys = Sequence[tuple[int, bytes]]  # (chunk index, digest), chunk indices strictly increasing
-TOKEN_DTYPE = np.dtype("<u4")  # tokens on the wire: packed little-endian uint32
+_U32 = "I" if array("I").itemsize == 4 else "L"  # tokens on the wire: packed little-endian uint32
+_LITTLE = sys.byteorder == "little"
 
 
-def pack_tokens(tokens: Sequence[int] | np.ndarray) -> bytes:
-    """Pack token ids as little-endian uint32 bytes (the wire form)."""
-    arr = np.asarray(tokens)
-    if arr.ndim != 1:
-        raise ValueError("tokens must be one-dimensional")
-    if arr.size and (arr.min() < 0 or arr.max() > 0xFFFFFFFF):
-        raise ValueError("token ids must fit in uint32")
-    return arr.astype(TOKEN_DTYPE, copy=False).tobytes()
+def _is_ndarray(obj: Any) -> bool:
+    return type(obj).__module__ == "numpy" and hasattr(obj, "astype")
 
 
-def unpack_tokens(data: bytes | bytearray | memoryview) -> np.ndarray:
-    """Inverse of `pack_tokens`; raises ValueError when the length is not a multiple of 4."""
+def _u32_array(tokens: Any) -> array[int]:
+    """Token ids as a native uint32 array; ValueError when one does not fit in uint32."""
+    if isinstance(tokens, array) and tokens.typecode == _U32:
+        return tokens
+    if not _is_ndarray(tokens) and hasattr(tokens, "__array__"):  # a tensor: its caller has numpy already
+        import numpy
+
+        tokens = numpy.asarray(tokens)
+    if _is_ndarray(tokens):
+        if tokens.ndim != 1:
+            raise ValueError("tokens must be one-dimensional")
+        if tokens.size and (tokens.min() < 0 or tokens.max() > 0xFFFFFFFF):
+            raise ValueError("token ids must fit in uint32")
+        out = array(_U32)
+        out.frombytes(tokens.astype("=u4", copy=False).tobytes())
+        return out
+    try:
+        return array(_U32, tokens)
+    except OverflowError:
+        raise ValueError("token ids must fit in uint32") from None
+    except TypeError:
+        raise ValueError("tokens must be a one-dimensional sequence of integers") from None
+
+
+def pack_tokens(tokens: Sequence[int] | Any) -> bytes:
+    """Pack token ids (a sequence of ints or a 1-D numpy array) as little-endian uint32 bytes (the wire form)."""
+    arr = _u32_array(tokens)
+    if not _LITTLE:
+        arr = array(_U32, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def unpack_tokens(data: bytes | bytearray | memoryview) -> Sequence[int]:
+    """Inverse of `pack_tokens`: a read-only sequence of ints (zero-copy on little-endian hosts).
+
+    Raises ValueError when the length is not a multiple of 4.
+    """
     if len(data) % 4:
         raise ValueError("token bytes length must be a multiple of 4")
-    return np.frombuffer(data, dtype=TOKEN_DTYPE)
+    if _LITTLE:
+        raw = memoryview(data).cast("B")
+        return raw.cast("I") if _U32 == "I" else raw.cast("L")
+    out = array(_U32)
+    out.frombytes(bytes(data))
+    out.byteswap()
+    return out
+
+
+def big_endian_tokens(tokens: Sequence[int] | bytes | Any, count: int | None = None) -> bytes:
+    """The first `count` tokens (all by default) as big-endian uint32 bytes, the form chunks are hashed in."""
+    if isinstance(tokens, (bytes, bytearray, memoryview)):
+        if len(tokens) % 4:
+            raise ValueError("token bytes length must be a multiple of 4")
+        raw = bytes(tokens) if count is None else bytes(tokens[: 4 * count])
+        arr = array(_U32)
+        arr.frombytes(raw)
+        if _LITTLE:
+            arr.byteswap()
+        return arr.tobytes()
+    arr = _u32_array(tokens if count is None else tokens[:count])
+    if _LITTLE:
+        arr = array(_U32, arr) if arr is tokens else arr
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def token_count(tokens: Sequence[int] | bytes | Any) -> int:
+    return len(tokens) // 4 if isinstance(tokens, (bytes, bytearray, memoryview)) else len(tokens)
 
 
 def check_extra(extra: Iterable[tuple[int, bytes]], num_chunks: int | None = None) -> list[tuple[int, bytes]]:
@@ -52,7 +118,7 @@ def check_extra(extra: Iterable[tuple[int, bytes]], num_chunks: int | None = Non
     return out
 
 
-def chunk_hashes(tokens: Sequence[int] | np.ndarray | bytes, chunk_size: int,
+def chunk_hashes(tokens: Sequence[int] | bytes | Any, chunk_size: int,
                  extra: ExtraKeys = ()) -> list[bytes]:
     """32-byte rolling hashes of every full chunk.
 
@@ -64,10 +130,9 @@ def chunk_hashes(tokens: Sequence[int] | np.ndarray | bytes, chunk_size: int,
     """
     if chunk_size <= 0:
         raise ValueError("chunk_size must be positive")
-    arr = unpack_tokens(tokens) if isinstance(tokens, (bytes, bytearray, memoryview)) else np.asarray(tokens)
-    n_full = arr.size // chunk_size
+    n_full = token_count(tokens) // chunk_size
     extras = dict(check_extra(extra, n_full)) if extra else {}
-    big_endian = arr[: n_full * chunk_size].astype(">u4").tobytes()
+    big_endian = big_endian_tokens(tokens, n_full * chunk_size)
     step = chunk_size * 4
     out: list[bytes] = []
     prev = ZERO_HASH

@@ -17,6 +17,7 @@ _FP_RE = re.compile(r"^[0-9a-f]{16}$")
 _KEY_SALT_RE = re.compile(r"^(~[a-z][a-z0-9_-]{0,31}~)?[A-Za-z0-9._:@+=/-]{0,128}$")
 MAX_WORLD_SIZE = 4096
 MAX_GROUPS = 64
+SHARED_RANK = -1  # kv_rank of an object all ranks share (an MLA latent cache is the same on every rank)
 
 
 def validate_model(model: object) -> str:
@@ -57,7 +58,8 @@ class ObjectKey:
         validate_fingerprint(self.layout_fingerprint)
         if not isinstance(self.salt, str) or not _KEY_SALT_RE.match(self.salt):
             raise ValidationError(ErrorCode.BAD_FIELD, "bad salt in an object key")
-        if not (1 <= self.world_size <= MAX_WORLD_SIZE and 0 <= self.kv_rank < self.world_size):
+        if not (1 <= self.world_size <= MAX_WORLD_SIZE
+                and (0 <= self.kv_rank < self.world_size or self.kv_rank == SHARED_RANK)):
             raise ValidationError(ErrorCode.OUT_OF_RANGE, "world_size/kv_rank out of range")
         if not 0 <= self.group < MAX_GROUPS:
             raise ValidationError(ErrorCode.OUT_OF_RANGE, "object group out of range")
@@ -68,7 +70,8 @@ class ObjectKey:
         """Stable string form, used as the L2 key. The salt is hashed so it never appears raw."""
         salt = blake3(self.salt.encode()).hexdigest()[:16] if self.salt else "-"
         return (
-            f"kv1/{self.model}/{self.layout_fingerprint}/w{self.world_size}r{self.kv_rank}"
+            f"kv1/{self.model}/{self.layout_fingerprint}/w{self.world_size}"
+            f"r{'s' if self.kv_rank == SHARED_RANK else self.kv_rank}"
             f"/g{self.group}/{salt}/{self.chunk_hash.hex()}"
         )
 

@@ -12,6 +12,7 @@ from blake3 import blake3
 from ._errors import ErrorCode, ValidationError
 
 LAYOUT_TAGS = ("vllm_cpu", "flash_attn", "mla")
+GROUP_KINDS = ("full", "sliding", "state")  # see kvprotocol._geometry
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int8": 1}
 MAX_OBJECT_BYTES = 1 << 31
 MAX_BLOCK_DIMS = 8  # a block's tensor shape; bounded so a registration cannot carry a huge list
@@ -37,6 +38,14 @@ class LayoutDescriptor:
     block_shape: tuple[int, ...] = ()
     stacked: bool = False
     variant: str = ""  # what else decides the bytes, e.g. the CPU attention ISA that packs a block
+    # Which objects of the group a prefix needs (kvprotocol._geometry): "full" attention (every chunk),
+    # "sliding" (one snapshot of the blocks of the last `window` tokens before a chunk boundary),
+    # "state" (a recurrent state after a chunk). The last two are usable only at exactly their
+    # boundary. `shared`: every rank holds the same bytes (MLA's latent cache), so one object per
+    # chunk serves all ranks.
+    kind: str = "full"
+    window: int = 0
+    shared: bool = False
 
     def __post_init__(self) -> None:
         _check(bool(_TAG_RE.match(self.tag)), f"bad layout tag {self.tag!r}")
@@ -52,9 +61,15 @@ class LayoutDescriptor:
         _check(all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= MAX_OBJECT_BYTES
                    for d in self.block_shape), "bad block_shape")
         _check(self.object_bytes <= MAX_OBJECT_BYTES, "object too large")
+        _check(self.kind in GROUP_KINDS, f"unknown group kind {self.kind!r}", ErrorCode.BAD_FIELD)
+        _check((self.kind == "sliding") == (self.window > 0) and 0 <= self.window <= 1 << 24,
+               "window must be > 0 exactly for sliding groups (and at most 2^24 tokens)")
 
     @property
     def blocks_per_chunk(self) -> int:
+        """Blocks one object holds: a chunk's, or for a sliding group the blocks of one window."""
+        if self.kind == "sliding":
+            return -(-self.window // self.block_size)
         return self.chunk_size // self.block_size
 
     @property
@@ -65,10 +80,11 @@ class LayoutDescriptor:
     @property
     def fingerprint(self) -> str:
         """16 hex chars naming what the bytes mean; any change of layout or dtype changes it."""
-        canon = msgpack.packb(
-            [self.tag, self.dtype, self.num_layers, self.block_size, self.block_bytes, self.chunk_size,
-             list(self.block_shape), self.variant],
-        )
+        parts: list[Any] = [self.tag, self.dtype, self.num_layers, self.block_size, self.block_bytes,
+                            self.chunk_size, list(self.block_shape), self.variant]
+        if (self.kind, self.window, self.shared) != ("full", 0, False):  # full-attention fingerprints unchanged
+            parts += [self.kind, self.window, self.shared]
+        canon = msgpack.packb(parts)
         return blake3(b"kv-layout-v1" + canon).hexdigest()[:16]
 
     def to_wire(self) -> dict[str, Any]:
@@ -81,7 +97,8 @@ class LayoutDescriptor:
         if not isinstance(data, dict):
             raise ValidationError(ErrorCode.BAD_FIELD, "layout must be a map")
         fields = {"tag": str, "dtype": str, "num_layers": int, "block_size": int, "block_bytes": int,
-                  "chunk_size": int, "block_shape": list, "stacked": bool, "variant": str}
+                  "chunk_size": int, "block_shape": list, "stacked": bool, "variant": str,
+                  "kind": str, "window": int, "shared": bool}
         required = {"tag", "dtype", "num_layers", "block_size", "block_bytes", "chunk_size"}
         extra = set(data) - set(fields)
         _check(not extra, f"unexpected layout fields {sorted(map(str, extra))}", ErrorCode.BAD_FIELD)

@@ -76,13 +76,17 @@ class LayoutW(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     block_shape: list[int] = []
     stacked: bool = False
     variant: str = ""
+    kind: str = "full"
+    window: int = 0
+    shared: bool = False
 
     def __post_init__(self) -> None:
         self.descriptor()
 
     def descriptor(self) -> LayoutDescriptor:
         return LayoutDescriptor(self.tag, self.dtype, self.num_layers, self.block_size, self.block_bytes,
-                                self.chunk_size, tuple(self.block_shape), self.stacked, self.variant)
+                                self.chunk_size, tuple(self.block_shape), self.stacked, self.variant,
+                                self.kind, self.window, self.shared)
 
 
 class Request(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_only=True):

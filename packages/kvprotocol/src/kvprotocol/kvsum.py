@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as exc:  # the one kvprotocol module that needs numpy; see the `kvsum` extra
+    raise ImportError("kvprotocol.kvsum needs numpy: install kvprotocol[kvsum] (or numpy)") from exc
 
 MASK = (1 << 64) - 1
 P1 = 0x9E3779B97F4A7C15

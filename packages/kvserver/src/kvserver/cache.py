@@ -16,9 +16,10 @@ from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
 from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve, Store
 
 from .engines import Engine, EngineTable
+from .groups import GroupBook
 from .l1 import IKey, L1Cache, State
 from .l2.background import BackgroundPrefetches
-from .leases import Leases, rank_keys
+from .leases import Leases
 from .sessions import KeySpaceT, SessionTable, Slot, StoreTxn, new_store_id
 from .ledger import Counters, TenantLedger
 from .reservations import ReservationBook
@@ -48,6 +49,7 @@ class CacheService:
         self.ledger = TenantLedger(l1, self.table, tenants, (MAX_SESSIONS, MAX_STORES))
         self.leases = Leases(l1, self.table)
         self.engine_table = EngineTable()
+        self.groups = GroupBook(chunk_size)  # per-group geometry (sliding, state, shared, chunk sizes)
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
         self.counters = Counters()
         self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
@@ -71,17 +73,20 @@ class CacheService:
         """A keyspace map (field-map handlers, e.g. blend_index.py) as the server's key tuple."""
         return (keyspace["model"], keyspace["world_size"], tuple(keyspace["groups"]))
 
-    def _keys(self, ks: KeySpaceT, salt: str, rank: int, chunk_hash: bytes) -> list[IKey]:
-        return rank_keys(ks, salt, rank, [chunk_hash])
-
-    def _chunk_keys(self, ks: KeySpaceT, salt: str, chunk_hash: bytes) -> list[IKey]:
-        """Every (rank, group) object of one chunk: all of them must be present for a hit."""
+    def _chunk_keys(self, ks: KeySpaceT, salt: str, chunk_hash: bytes, c: int = -1) -> list[IKey]:
+        """Every (rank, group) object of one chunk (with a geometry: every object ending at unit c)."""
+        plan = self.groups.plan(ks)
+        if plan is not None:
+            return plan.ending_at(salt, chunk_hash, c)
         model, world, groups = ks
         return [(model, fp, world, rank, g, salt, chunk_hash) for rank in range(world) for g, fp in enumerate(groups)]
 
     def _prefix_hits(self, ks: KeySpaceT, salt: str, hashes: list[bytes]) -> int:
         """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1."""
         ready = self.l1.ready  # the hot path of every lookup: plain loops, no generators
+        plan = self.groups.plan(ks)
+        if plan is not None:
+            return plan.hit(salt, hashes, ready)
         for i, h in enumerate(hashes):
             for key in self._chunk_keys(ks, salt, h):
                 if ready(key) is None:
@@ -123,15 +128,16 @@ class CacheService:
     def register_engine(self, f: RegisterEngine, engine_id: str) -> dict[str, Any]:
         layouts = f.layouts()
         for layout in layouts:
-            if layout.chunk_size != self.chunk_size:
-                raise _fail(ErrorCode.LAYOUT_MISMATCH,
-                            f"layout chunk_size {layout.chunk_size} != server chunk_size {self.chunk_size}")
+            if layout.chunk_size % self.chunk_size:
+                raise _fail(ErrorCode.LAYOUT_MISMATCH, f"layout chunk_size {layout.chunk_size} is not a "
+                                                       f"multiple of the server chunk_size {self.chunk_size}")
             if layout.object_bytes > self.l1.alloc.capacity:
                 raise _fail(ErrorCode.NO_SPACE, "one object is larger than the whole L1 arena")
         if f.rank >= f.world_size:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         for layout in layouts:
             self.object_sizes[layout.fingerprint] = layout.object_bytes
+            self.groups.add(layout)
         engine_id = self.engine_table.add(Engine(engine_id, f.model, f.world_size, f.rank,
                                                  [g.to_wire() for g in layouts], f.host or "", f.pid or 0),
                                           [g.fingerprint for g in layouts])
@@ -161,23 +167,27 @@ class CacheService:
         rank = f.rank
         if rank is not None and rank >= ks[1]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
-        touch = self.l1.touch
-        for h in reversed(hashes[:hit]):  # tail first: a prefix's head ends up the most recently used
-            for key in self._chunk_keys(ks, salt, h):
-                touch(key)
-        if self.on_hit and hit:
-            hit_keys = [k for h in hashes[:hit] for k in self._chunk_keys(ks, salt, h)]
-            for hook in self.on_hit:
-                hook(hit_keys)
         out = {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
                "chunk_size": self.chunk_size}
+        plan, keys_of = self.groups.plan(ks), None
+        if plan is not None:  # per-group geometry: the objects this hit needs (groups.py)
+            keys_of = plan.touch_hit(salt, hashes, hit, self.l1.touch, self.on_hit)
+        else:
+            touch = self.l1.touch
+            for h in reversed(hashes[:hit]):  # tail first: a prefix's head ends up the most recently used
+                for key in self._chunk_keys(ks, salt, h):
+                    touch(key)
+            if self.on_hit and hit:
+                hit_keys = [k for h in hashes[:hit] for k in self._chunk_keys(ks, salt, h)]
+                for hook in self.on_hit:
+                    hook(hit_keys)
         if self.reservations.live and hit < len(hashes):
             refs = [(ks[0], ks[1], salt, h) for h in hashes[: hit + 1]]
             if self.reservations.inflight(refs, hit):  # "ask again later": nothing is leased for it
                 out["inflight"] = True
                 return out
         if session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
-            self.leases.take(session, ks, salt, hashes, hit, rank)
+            self.leases.take(session, ks, salt, hashes, hit, rank, keys_of)
         return out
 
     async def lookup_l2(self, f: Lookup, who: Identity = ADMIN) -> dict[str, Any]:
@@ -192,12 +202,14 @@ class CacheService:
         hit = self._prefix_hits(ks, salt, hashes)
         pending = False
         if self.l2 is not None and hit < len(hashes):
-            chunks = [self._chunk_keys(ks, salt, h) for h in hashes]
+            plan = self.groups.plan(ks)  # with a geometry, snapshots and states are useful without a leading run
+            sets = [self._chunk_keys(ks, salt, h) for h in hashes] if plan is None else plan.prefetch_sets(salt, hashes)
             tokens = f.tokens
 
             async def prefetch() -> None:
                 assert self.l2 is not None
-                await self.l2.prefetch(chunks, hit, lambda key: self.object_sizes.get(key[1]))
+                await self.l2.prefetch(sets, hit if plan is None else 0, lambda key: self.object_sizes.get(key[1]),
+                                       leading=plan is None)
                 self.l1.link_chain(ks[0], ks[1], salt, hashes)
                 for hook in self.on_prefetched:
                     hook(ks, salt, tokens, hashes, hit)
@@ -214,7 +226,7 @@ class CacheService:
     def _query_keys(self, f: KeysRequest, who: Identity) -> tuple[list[bytes], list[list[IKey]]]:
         ks, salt = f.keyspace.key(), who.salt(f.salt)
         hashes = self._hashes(f, self._per_chunk(f))
-        return hashes, [self._chunk_keys(ks, salt, h) for h in hashes]
+        return hashes, [self._chunk_keys(ks, salt, h, c) for c, h in enumerate(hashes)]
 
     def query(self, f: Query, who: Identity = ADMIN) -> dict[str, Any]:
         """Per-chunk presence in L1 (objects ready of objects needed) and the reusable prefix."""
@@ -226,6 +238,8 @@ class CacheService:
         present = [sum(1 for k in keys if ready(k) is not None) for keys in per_chunk]
         chunks = [{"hash": h.hex(), "l1": n, "objects": len(keys)} for h, n, keys in zip(hashes, present, per_chunk)]
         hit = next((i for i, (n, keys) in enumerate(zip(present, per_chunk)) if n < len(keys)), len(chunks))
+        if self.groups.plan(f.keyspace.key()) is not None:  # not a plain prefix rule: the fold decides
+            hit = self._prefix_hits(f.keyspace.key(), who.salt(f.salt), hashes)
         result = {"chunks": chunks, "prefix_tokens": hit * self.chunk_size, "chunk_size": self.chunk_size}
         return result, per_chunk
 
@@ -252,8 +266,8 @@ class CacheService:
     def set_pinned(self, f: KeysRequest, pinned: bool, who: Identity = ADMIN) -> dict[str, Any]:
         ks, salt = f.keyspace.key(), who.salt(f.salt)
         changed = 0
-        for h in self._hashes(f, self._per_chunk(f)):
-            for key in self._chunk_keys(ks, salt, h):
+        for c, h in enumerate(self._hashes(f, self._per_chunk(f))):
+            for key in self._chunk_keys(ks, salt, h, c):
                 changed += self.l1.set_pinned(key, pinned)
         return {"objects": changed}
 
@@ -286,38 +300,37 @@ class CacheService:
                        self.table.deadline(), keyspace=ks, salt=salt, tokens=f.tokens, hashes=hashes,
                        owner=who.tenant, reservation=None if res is None else res.id)
         reply_slots = []
-        for chunk in range(start, len(hashes)):
-            ref = (ks[0], ks[1], salt, hashes[chunk])
-            for group, key in enumerate(self._keys(ks, salt, rank, hashes[chunk])):
-                existing = self.l1.entries.get(key)
-                if existing is not None:
-                    status = "present" if existing.state is State.READY else "writing"
-                    self.counters.deduplicated_objects += 1
-                    reply_slots.append({"chunk": chunk, "group": group, "status": status})
-                    if res is not None:
-                        book.draw(res, chunk, rank, group, sizes[group], key, False, ref)
-                    continue
-                if budget is not None:
-                    budget -= self.l1.alloc.slot_size(sizes[group])
-                if (budget is not None and budget < 0) or not self.ledger.make_room(who, sizes[group]):
-                    self.counters.no_space += 1
-                    reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
-                    continue
-                entry = self.l1.reserve(key, sizes[group], hashes[chunk - 1] if chunk else None)
-                if entry is None:
-                    self.counters.no_space += 1
-                    reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
-                    continue
-                txn.slots.append(Slot(key, chunk, group, entry))
+        for chunk, group, key in self.groups.store_objects(ks, salt, rank, hashes, start):
+            existing = self.l1.entries.get(key)
+            if existing is not None:
+                status = "present" if existing.state is State.READY else "writing"
+                self.counters.deduplicated_objects += 1
+                reply_slots.append({"chunk": chunk, "group": group, "status": status})
                 if res is not None:
-                    book.draw(res, chunk, rank, group, sizes[group], key, True, ref)
-                slot = {"chunk": chunk, "group": group, "status": "reserved", "size": entry.size}
-                if txn.mode == "shm":
-                    slot["offset"] = entry.offset
-                reply_slots.append(slot)
+                    book.draw(res, sizes[group], key, False, (ks[0], ks[1], salt, hashes[chunk]))
+                continue
+            if budget is not None:
+                budget -= self.l1.alloc.slot_size(sizes[group])
+            if (budget is not None and budget < 0) or not self.ledger.make_room(who, sizes[group]):
+                self.counters.no_space += 1
+                reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
+                continue
+            entry = self.l1.reserve(key, sizes[group], hashes[chunk - 1] if chunk else None)
+            if entry is None:
+                self.counters.no_space += 1
+                reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
+                continue
+            txn.slots.append(Slot(key, chunk, group, entry))
+            if res is not None:
+                book.draw(res, sizes[group], key, True, (ks[0], ks[1], salt, hashes[chunk]))
+            slot = {"chunk": chunk, "group": group, "status": "reserved", "size": entry.size}
+            if txn.mode == "shm":
+                slot["offset"] = entry.offset
+            reply_slots.append(slot)
         if txn.slots:
             self.table.stores[txn.id] = txn
         if res is not None:
+            book.cover(res, rank, start, len(hashes))
             if txn.slots:
                 res.stores.add(txn.id)
             book.advance(res, (ks[0], ks[1], salt, hashes[-1]) if hashes else None)
@@ -412,16 +425,16 @@ class CacheService:
                                               f"of {reader.hit_chunks} chunks")
         mode = f.mode
         objects, frames = [], []
-        for chunk in range(start, end):
-            for group, key in enumerate(self._keys(reader.keyspace, reader.salt, rank, reader.hashes[chunk])):
-                entry = self.l1.entries[key]  # leased, so present and ready
-                obj = {"chunk": chunk, "group": group, "size": entry.size, "checksum": entry.checksum}
-                if mode == "shm":
-                    obj["offset"] = entry.offset
-                else:
-                    frames.append(bytes(self.l1.arena.read(entry.offset, entry.size)))
-                objects.append(obj)
-                self.counters.retrieved_bytes += entry.size
+        for chunk, group, key in self.groups.retrieve_objects(reader.keyspace, reader.salt, reader.hashes,
+                                                              reader.hit_chunks, rank, start, end):
+            entry = self.l1.entries[key]  # leased, so present and ready
+            obj = {"chunk": chunk, "group": group, "size": entry.size, "checksum": entry.checksum}
+            if mode == "shm":
+                obj["offset"] = entry.offset
+            else:
+                frames.append(bytes(self.l1.arena.read(entry.offset, entry.size)))
+            objects.append(obj)
+            self.counters.retrieved_bytes += entry.size
         self.counters.retrieves += 1
         t = self.ledger.counters(who)
         t.retrieves += 1

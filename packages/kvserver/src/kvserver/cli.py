@@ -43,6 +43,9 @@ def main() -> None:
 @click.option("--chunk-size", default=DEFAULT_CHUNK_SIZE, show_default=True, type=int, help="Tokens per cached chunk.")
 @click.option("--eviction-policy", default="lru", show_default=True, type=click.Choice(sorted(POLICIES)))
 @click.option("--lease-ttl", default=30.0, show_default=True, type=float, help="Seconds a lease or reservation lives.")
+@click.option("--engine-ttl", default=600.0, show_default=True, type=float,
+              help="Seconds without a keyed request after which an engine registration this server cannot "
+                   "check (another host or container) expires; local engines expire when their process exits.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--shm-prefix", default="kvserver", show_default=True, help="Prefix of the /dev/shm segment name.")
@@ -112,10 +115,21 @@ def start(**options: Any) -> None:
     try:
         config = ServerConfig(**options)
     except ValueError as exc:
-        click.echo(f"kvserver: {exc}", err=True)
+        click.echo(f"kvserver: {flag_names(str(exc))}", err=True)
         sys.exit(2)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(asyncio.run(_run(config)))
+
+
+def flag_names(message: str) -> str:
+    """A configuration error as the operator typed it: `l1_size_gb must ...` becomes `--l1-size-gb must ...`
+    (the field's env var and config-file key follow from the flag; see docs/configuration.md)."""
+    import re
+    from dataclasses import fields
+
+    names = {f.name for f in fields(ServerConfig)}
+    return re.sub(r"(?<![\w-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+|port|host|l2|coordinator|curve|insecure)(?![\w-])",
+                  lambda m: "--" + m.group(1).replace("_", "-") if m.group(1) in names else m.group(1), message)
 
 
 @main.group()

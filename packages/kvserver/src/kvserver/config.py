@@ -26,6 +26,7 @@ class ServerConfig:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     eviction_policy: str = "lru"
     lease_ttl: float = 30.0
+    engine_ttl: float = 600.0  # seconds of keyspace silence before a registration nobody can check expires
     log_level: str = "info"
     shm_prefix: str = "kvserver"
     # HTTP admin API (0 disables it)
@@ -65,6 +66,8 @@ class ServerConfig:
             raise ValueError(f"eviction_policy must be one of {sorted(POLICIES)}")
         if not 0 < self.lease_ttl <= 3600:
             raise ValueError("lease_ttl must be in (0, 3600] seconds")
+        if not 1 <= self.engine_ttl <= 86400:
+            raise ValueError("engine_ttl must be in [1, 86400] seconds")
         for name in ("port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{name} out of range")

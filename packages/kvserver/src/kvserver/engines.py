@@ -2,17 +2,27 @@
 
 Why its own module: registration is bookkeeping beside the cache ops. A process that registers
 again (a reconnect) keeps its id, and the table stays bounded so exited engines cannot grow it.
+
+Registrations expire, so describe, `kvcli top` and the `kvserver_engines` gauge count engines that
+exist: one whose process this server could see when it registered (same host name, its pid alive
+then: the same pid namespace) goes at the first sweep after that process is gone, or its pid names
+a younger process; any other (another host or container, no pid) goes once its keyspace has been
+silent for `ttl` seconds (no lookup, store or other keyed request, no new registration).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger("kvserver")
 MAX_ENGINES = 256  # registrations kept; the oldest go first
+ENGINE_TTL = 600.0  # default of --engine-ttl: silence after which a registration nobody can check goes
+_HOST = socket.gethostname()
 
 
 @dataclass
@@ -31,10 +41,32 @@ class Engine:
             other.model, other.world_size, other.rank, other.groups, other.host, other.pid)
 
 
+def process_gone(pid: int, since: float) -> bool:
+    """True when no process `pid` exists here, or the one that does started after `since` (pid reuse)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OSError):  # exists, owned by someone else: it is alive
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as fh:
+            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK") > since + 1.0
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+
+
 class EngineTable:
-    def __init__(self, limit: int = MAX_ENGINES) -> None:
+    def __init__(self, limit: int = MAX_ENGINES, ttl: float = ENGINE_TTL) -> None:
         self.limit = limit
+        self.ttl = ttl
         self.engines: dict[str, Engine] = {}
+        self.seen: dict[tuple[str, int], float] = {}  # (model, world size) -> last keyed request (monotonic)
+        self.visible: set[str] = set()  # ids whose process this server can check (see the module doc)
+        self.expired = 0
 
     def add(self, engine: Engine, fingerprints: list[str]) -> str:
         """Record a registration; returns its id (the earlier id when the same process registers again)."""
@@ -43,9 +75,40 @@ class EngineTable:
             del self.engines[again.id]
             engine.id = again.id
         self.engines[engine.id] = engine
+        self.visible.discard(engine.id)
+        if engine.pid > 0 and engine.host == _HOST and not process_gone(engine.pid, engine.registered_at):
+            self.visible.add(engine.id)
+        self.touch(engine.model, engine.world_size)
         log.info("engine %s %s: model=%s rank=%d/%d host=%s pid=%d layouts=%s", engine.id,
                  "registered again" if again else "registered", engine.model, engine.rank, engine.world_size,
                  engine.host or "-", engine.pid, ",".join(fingerprints))
         while len(self.engines) > self.limit:
-            del self.engines[next(iter(self.engines))]
+            self.visible.discard(self.engines.pop(next(iter(self.engines))).id)
         return engine.id
+
+    def touch(self, model: str, world_size: int, now: float | None = None) -> None:
+        """A keyed request for this keyspace: its engines are alive (one dict store, on every request)."""
+        self.seen[(model, world_size)] = time.monotonic() if now is None else now
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Drop registrations of exited local processes and of silent remote ones; returns their ids."""
+        now = time.monotonic() if now is None else now
+        gone = []
+        for engine in list(self.engines.values()):
+            if engine.id in self.visible:
+                why = "process exited" if process_gone(engine.pid, engine.registered_at) else None
+            elif now - self.seen.get((engine.model, engine.world_size), now) > self.ttl:
+                why = f"silent for {self.ttl:g}s"
+            else:
+                why = None
+            if why:
+                del self.engines[engine.id]
+                self.visible.discard(engine.id)
+                gone.append(engine.id)
+                log.info("engine %s expired (%s): model=%s rank=%d/%d host=%s pid=%d", engine.id, why,
+                         engine.model, engine.rank, engine.world_size, engine.host or "-", engine.pid)
+        live = {(e.model, e.world_size) for e in self.engines.values()}
+        for key in [k for k in self.seen if k not in live]:
+            del self.seen[key]
+        self.expired += len(gone)
+        return gone

@@ -17,6 +17,7 @@ under another object's name, and they are easiest to check in one place:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvprotocol import ErrorCode, ValidationError
@@ -44,10 +45,12 @@ class Leases:
 
     # -- readers -------------------------------------------------------------------------------
     def take(self, session_id: str, ks: KeySpaceT, salt: str, hashes: list[bytes], hit: int,
-             rank: int | None) -> None:
+             rank: int | None, keys_of: Callable[[int], list[IKey]] | None = None) -> None:
         """Lease the hit prefix to the session: for every rank (replacing the whole session), or for
         one rank (replacing only that rank's reader). Runs in one event-loop step, so an object that
-        is unleased and leased again here can never be evicted in between."""
+        is unleased and leased again here can never be evicted in between. `keys_of(rank)`: the
+        objects a rank needs when the keyspace has a geometry (groups.KeyPlan.needed); a shared
+        object is leased once per reader, like any other."""
         session = self.table.sessions.get(session_id)
         if rank is None or session is None:
             self.drop(session_id)
@@ -59,7 +62,7 @@ class Leases:
                 self._end_reader(old)
         lease = self.l1.lease
         for r in range(ks[1]) if rank is None else (rank,):
-            keys = rank_keys(ks, salt, r, hashes[:hit])
+            keys = rank_keys(ks, salt, r, hashes[:hit]) if keys_of is None else keys_of(r)
             for key in keys:
                 lease(key)
             session.readers[r] = Reader(ks, salt, hashes, hit, keys)

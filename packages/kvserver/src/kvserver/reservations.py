@@ -40,8 +40,9 @@ class Reservation:
     need: int  # slot bytes booked: total_chunks x world_size x sum of group slot sizes
     expires: float
     drawn: int = 0
-    covered: set[tuple[int, int, int]] = field(default_factory=set)  # (chunk, rank, group) stored or present
-    objects: int = 0  # total_chunks x world_size x groups: complete when covered reaches it
+    covered: set[tuple[int, int]] = field(default_factory=set)  # (chunk, rank) a store of it reached
+    objects: int = 0  # total_chunks x world_size: complete when covered reaches it
+    charged: set[IKey] = field(default_factory=set)  # objects drawn on the booking (each once)
     keys: list[IKey] = field(default_factory=list)  # objects it allocated (committed or not)
     held: list[IKey] = field(default_factory=list)  # ready objects it leases until it completes
     stores: set[str] = field(default_factory=set)  # its open store transactions
@@ -94,7 +95,7 @@ class ReservationBook:
                 "retry_later": self.retry_later, "completed": self.completed, "rolled_back": self.rolled_back}
 
     # -- admission -------------------------------------------------------------------------------
-    def admit(self, rid: str, owner: str, total_chunks: int | None, need_per_chunk: int, objects_per_chunk: int,
+    def admit(self, rid: str, owner: str, total_chunks: int | None, need_per_chunk: int, ranks: int,
               quota: int | None) -> Reservation:
         """The live reservation `rid`, or a new one when all of its bytes fit (RETRY_LATER if not now)."""
         res = self.live.get(rid)
@@ -119,7 +120,7 @@ class ReservationBook:
             raise _fail(ErrorCode.RETRY_LATER, f"the request's {need} bytes do not fit next to the requests "
                                                "in flight; retry after one completes")
         res = Reservation(rid, owner, total_chunks, need, time.monotonic() + self.ttl,
-                          objects=total_chunks * objects_per_chunk)
+                          objects=total_chunks * ranks)
         self.live[rid] = res
         self.admitted += 1
         return res
@@ -130,14 +131,16 @@ class ReservationBook:
         """The reservation a store draws on (admitted now if new); chunks below start_chunk, which the
         producer found cached, count as covered."""
         slots = sum(self.l1.alloc.slot_size(n) for n in sizes)
-        res = self.admit(rid, owner, total_chunks, slots * ks[1], len(sizes) * ks[1], quota)
+        res = self.admit(rid, owner, total_chunks, slots * ks[1], ks[1], quota)
         self.check_range(res, len(hashes))
         model, world, groups = ks
-        for chunk in range(min(start, len(hashes))):
+        for chunk in range(min(start, len(hashes))):  # the producer found these cached: held as they are
             ref = (model, world, salt, hashes[chunk])
             for group, fp in enumerate(groups):
                 key = (model, fp, world, rank, group, salt, hashes[chunk])
-                self.draw(res, chunk, rank, group, sizes[group], key, False, ref)
+                if self.l1.entries.get(key) is not None:
+                    self.draw(res, sizes[group], key, False, ref)
+        self.cover(res, rank, 0, min(start, len(hashes)))
         return res
 
     def check_range(self, res: Reservation, end_chunk: int) -> None:
@@ -150,12 +153,12 @@ class ReservationBook:
         raise _fail(ErrorCode.BAD_FIELD, f"reservation rolled back: {message}")
 
     # -- drawing ---------------------------------------------------------------------------------
-    def draw(self, res: Reservation, chunk: int, rank: int, group: int, size: int, key: IKey, allocated: bool,
-             ref: ChunkRef) -> None:
-        """Charge one object (allocated now, or already present) to the reservation."""
-        if (chunk, rank, group) in res.covered:
+    def draw(self, res: Reservation, size: int, key: IKey, allocated: bool, ref: ChunkRef) -> None:
+        """Charge one object (allocated now, or already present) to the reservation. With per-group
+        geometry (groups.py) some groups skip some chunks: the booking is then an upper bound."""
+        if key in res.charged:
             return
-        res.covered.add((chunk, rank, group))
+        res.charged.add(key)
         res.drawn += self.l1.alloc.slot_size(size)
         if allocated:
             res.keys.append(key)
@@ -164,6 +167,10 @@ class ReservationBook:
         if ref not in res.chunks:
             res.chunks.add(ref)
             self.by_chunk.setdefault(ref, res.id)
+
+    def cover(self, res: Reservation, rank: int, start: int, end: int) -> None:
+        """A store by `rank` reached chunks [start, end) (whatever it found there)."""
+        res.covered.update((c, rank) for c in range(start, end))
 
     def hold(self, res: Reservation, keys: list[IKey]) -> None:
         """Lease ready objects to the reservation until it ends (committed ones, at their commit)."""

@@ -32,11 +32,13 @@ from .ec import ECCache, check_ec_space, ec_arena_name
 from .eviction import make_policy
 from .l1 import L1Cache, State
 from .l2 import build_tier_manager
+from .latency import LatencyBuckets
 from .tenants import ADMIN, Identity
 
 log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
 Handler = Callable[[Any, list[memoryview], Identity], Result | Awaitable[Result]]
+OPERATOR_OPS = frozenset({"query", "pin", "unpin"})  # an operator's look at a keyspace, not engine traffic
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
 ADMIN_OPS = frozenset({"clear", "ec_clear"})  # touch every tenant's objects: the server's own token only
 
@@ -99,6 +101,7 @@ class KVServer:
             self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes)
             self.ec = ECCache(self.ec_arena, config.lease_ttl)
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl, self.auth.tenants)
+            self.cache.engine_table.ttl = config.engine_ttl
             self.blend = BlendService(self.cache)  # content-keyed chunks (CacheBlend), opt-in per request
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
         except BaseException:
@@ -108,6 +111,8 @@ class KVServer:
         self.errors: dict[str, int] = {}
         self.op_counts: dict[str, int] = {}
         self.observers: list[Callable[[str, float, str | None], None]] = []  # (op, seconds, error code)
+        self.latency = LatencyBuckets()  # describe's "latency": interval p99 for kvcli top
+        self.observers.append(self.latency.observe)
         self._engine_ids = itertools.count(1)
         self._stop = asyncio.Event()
         self.handlers: dict[str, Handler] = self._builtin_handlers()
@@ -216,6 +221,7 @@ class KVServer:
             "blend": self.blend.describe(),  # CacheBlend hits are not prefix hits: never summed with counters
             "errors": dict(self.errors),
             "ops": dict(self.op_counts),
+            "latency": self.latency.describe(),
             **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),
             **({"kv_events": self.kv_events.describe()} if self.kv_events is not None else {}),
         }
@@ -270,6 +276,10 @@ class KVServer:
                                                        "not a tenant's")
         if frames and not req.DATA_IN:
             raise ValidationError(ErrorCode.BAD_FIELD, f"{op} takes no data frames")
+        keyspace = getattr(req, "keyspace", None)
+        model, world = getattr(keyspace, "model", None), getattr(keyspace, "world_size", None)
+        if isinstance(model, str) and isinstance(world, int) and op not in OPERATOR_OPS:
+            self.cache.engine_table.touch(model, world)  # its engines are alive (engine expiry, engines.py)
         out = self.handlers[op](req, frames, who)
         return await out if asyncio.iscoroutine(out) else out  # type: ignore[return-value]
 
@@ -313,11 +323,15 @@ class KVServer:
 
     async def _expiry_loop(self) -> None:
         interval = max(0.05, min(1.0, self.config.lease_ttl / 4))
+        swept = time.monotonic()
         while True:
             await asyncio.sleep(interval)
             try:
                 self.cache.expire()
                 self.ec.expire()
+                if time.monotonic() - swept >= 1.0:  # exited engines leave describe and the gauge
+                    swept = time.monotonic()
+                    self.cache.engine_table.expire()
             except Exception:  # the sweeper must never die silently
                 log.exception("lease expiry sweep failed")
 

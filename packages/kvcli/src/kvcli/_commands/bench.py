@@ -8,8 +8,17 @@ from typing import Any
 
 import click
 
+from .._auth import token_options
 from .._output import emit_json, fail, stderr_console, stdout_console
-from .._source import DEFAULT_URL, Unreachable, fail_fast
+from .._source import DEFAULT_URL, HTTP_URL, URL, Unreachable, fail_fast
+
+
+def _need_numpy() -> None:
+    """bench generates payloads with numpy, an optional dependency of kvcli (the `bench` extra)."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        fail("kvcli bench needs numpy: pip install 'kvcli[bench]'")
 
 WORKLOAD_CHOICES = ("multi-round-qa", "shared-prefix", "random")
 
@@ -34,6 +43,18 @@ def _workload_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def shape_message(message: str, block_size: int) -> str:
+    """A layout refusal in the words of bench's flags, not of LayoutDescriptor's fields."""
+    if "multiple of block_size" in message:
+        return f"--block-size {block_size} does not divide the server's chunk size"
+    if "too large" in message:
+        return "one object (--layers x --kv-heads x 2 x --head-dim x --block-size x dtype per chunk) is too large"
+    for field, flag in (("block_size", "--block-size"), ("num_layers", "--layers"), ("dtype", "--dtype"),
+                        ("block_shape", "--kv-heads/--head-dim"), ("chunk_size", "the server's chunk size")):
+        message = message.replace(field, flag)
+    return message
 
 
 @contextmanager
@@ -68,7 +89,7 @@ def command() -> None:
 
 
 @command.command(name="server")
-@click.option("--url", default=DEFAULT_URL, show_default=True, help="kvserver ZMQ url.")
+@click.option("--url", type=URL, default=DEFAULT_URL, show_default=True, help="kvserver ZMQ url (host:port or tcp://).")
 @click.option("--mode", type=click.Choice(["tcp", "shm"]), default="tcp", show_default=True,
               help="Data path: bytes in ZMQ frames, or the server's shared-memory arena (same host).")
 @_workload_options
@@ -81,7 +102,8 @@ def command() -> None:
 @click.option("--model", default="bench-model", show_default=True, help="Model name to register as.")
 @click.option("--salt", default=None, help="Cache salt (default: a fresh one per run, so runs never share objects).")
 @click.option("--verify", is_flag=True, help="Compare every retrieved byte, not only each object's stamp.")
-@click.option("--timeout", default=30.0, show_default=True, type=float)
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(0.01, 3600))
+@token_options
 def server(url: str, mode: str, workload: str, users: int, rounds: int, context_tokens: int,
            question_tokens: int, answer_tokens: int, duration: float, seed: int, no_progress: bool,
            as_json: bool, layers: int, kv_heads: int, head_dim: int, dtype: str, block_size: int,
@@ -89,6 +111,7 @@ def server(url: str, mode: str, workload: str, users: int, rounds: int, context_
     """Drive a running kvserver over its real protocol (lookup, retrieve, store, commit)."""
     from kvprotocol import ValidationError
 
+    _need_numpy()
     from ..bench.kvshape import KVShape
     from ..bench.server import BenchAborted, ServerBench
 
@@ -101,9 +124,9 @@ def server(url: str, mode: str, workload: str, users: int, rounds: int, context_
         with _progress(spec.total_requests, f"{workload} ({mode})", not no_progress) as advance:
             report = bench.run(advance)
     except ValidationError as exc:
-        fail(f"bad KV shape: {exc.message}")
+        fail(f"bad KV shape: {shape_message(exc.message, block_size)}", as_json, url=url)
     except (Unreachable, BenchAborted, OSError, ValueError) as exc:
-        fail(str(exc))
+        fail(str(exc), as_json, url=url)
     if as_json:
         emit_json(report)
     else:
@@ -115,30 +138,33 @@ def server(url: str, mode: str, workload: str, users: int, rounds: int, context_
 
 
 @command.command(name="engine")
-@click.option("--url", required=True, help="Base url of an OpenAI-compatible server, e.g. http://127.0.0.1:8000.")
+@click.option("--url", type=HTTP_URL, required=True,
+              help="Base url of an OpenAI-compatible server, e.g. http://127.0.0.1:8000.")
 @click.option("--model", default=None, help="Model to request (default: the first of GET /v1/models).")
 @_workload_options
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 4096),
               help="Requests in flight at once (each user's rounds stay in order).")
 @click.option("--prompt-format", type=click.Choice(["text", "tokens"]), default="text", show_default=True,
               help="Prompts as text, or as token-id lists (engines started without a tokenizer).")
-@click.option("--timeout", default=300.0, show_default=True, type=float)
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(0.01, 86400))
 def engine(url: str, model: str | None, workload: str, users: int, rounds: int, context_tokens: int,
            question_tokens: int, answer_tokens: int, duration: float, seed: int, no_progress: bool,
            as_json: bool, concurrency: int, prompt_format: str, timeout: float) -> None:
     """Time to first token and throughput of an OpenAI-compatible engine (/v1/completions, streaming)."""
     import asyncio
 
+    _need_numpy()
     from ..bench.engine import EngineBench, EngineUnreachable
 
     spec = _spec(workload, users, rounds, context_tokens, question_tokens, answer_tokens, seed)
     bench = EngineBench(url, spec, model=model, concurrency=concurrency, prompt_format=prompt_format,
                         duration=duration, timeout=timeout)
     try:
+        fail_fast(url, min(timeout, 2.0))  # "connection refused at host:port", not a ConnectError per request
         with _progress(spec.total_requests, f"{workload} -> {url}", not no_progress) as advance:
             report = asyncio.run(bench.run(advance))
-    except EngineUnreachable as exc:
-        fail(str(exc))
+    except (Unreachable, EngineUnreachable) as exc:
+        fail(str(exc), as_json, url=url)
     if as_json:
         emit_json(report)
     else:
@@ -146,4 +172,5 @@ def engine(url: str, model: str | None, workload: str, users: int, rounds: int, 
 
         _print(engine_report(report))
     if report["completed"] == 0:
-        fail(f"no request completed: {report['errors']}")
+        errors = ", ".join(f"{n} x {kind}" for kind, n in sorted(report["errors"].items())) or "none recorded"
+        fail(f"no request completed (errors: {errors})")

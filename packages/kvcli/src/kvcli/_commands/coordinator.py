@@ -1,74 +1,37 @@
-"""`kvcli coordinator`: run the fleet coordinator (FastAPI + uvicorn) in the foreground."""
+"""`kvcli coordinator`: starts the fleet coordinator when the `kvcoordinator` package is installed.
+
+The coordinator (FastAPI, uvicorn, prometheus-client) lives in its own package so kvcli stays a light
+client; without it this command says what to install instead of failing on an import.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import sys
+from typing import Any
 
 import click
 
 from .._output import fail
 
+MISSING = ("the coordinator is not installed here: install the kvcoordinator package "
+           "(pip install 'kvcli[coordinator]' or pip install kvcoordinator)")
 
-@click.command(name="coordinator")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address.")
-@click.option("--port", default=9090, show_default=True, type=click.IntRange(0, 65535), help="Port.")
-@click.option("--instance-timeout", default=15.0, show_default=True, type=click.FloatRange(0.1, 3600),
-              help="Seconds without a heartbeat after which an instance is dropped.")
-@click.option("--fanout-timeout", default=2.0, show_default=True, type=click.FloatRange(0.05, 60),
-              help="Seconds to wait for each instance in fleet status and fleet lookup.")
-@click.option("--api-token", envvar="KVSERVER_API_TOKEN", show_envvar=True, default=None,
-              help="Bearer token for membership changes (and every endpoint off loopback); "
-                   "also sent to trusted instances (loopback ones and --trust-host).")
-@click.option("--api-token-file", envvar="KVSERVER_API_TOKEN_FILE", show_envvar=True, default=None,
-              type=click.Path(dir_okay=False), metavar="PATH", help="Read the API token from this file.")
-@click.option("--trust-host", "trusted_hosts", multiple=True, metavar="HOST",
-              help="Non-loopback instance host the fleet token may be sent to (repeatable); instances "
-                   "elsewhere are asked without credentials.")
-@click.option("--insecure", is_flag=True, default=False, help="Allow a non-loopback bind without an API token.")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-def command(host: str, port: int, instance_timeout: float, fanout_timeout: float, api_token: str | None,
-            api_token_file: str | None, trusted_hosts: tuple[str, ...], insecure: bool, log_level: str) -> None:
-    """Run the fleet coordinator: soft-state membership, fleet status and fleet lookup over HTTP."""
-    from pathlib import Path
 
-    from kvprotocol import CredentialError, listen_socket
-    from kvprotocol._credentials import read_private
+def _missing_command() -> click.Command:
+    @click.command(name="coordinator", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                                         "help_option_names": []})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def missing(args: tuple[str, ...]) -> Any:
+        """Run the fleet coordinator (needs the kvcoordinator package)."""
+        fail(MISSING)
 
-    from ..coordinator.binding import exposure_problem
+    return missing
 
-    api_token = api_token or None
-    if api_token is None and api_token_file:
-        try:
-            api_token = read_private(Path(api_token_file), strict=False)
-        except CredentialError as exc:
-            fail(f"--api-token-file: {exc}")
-    if api_token is not None and any(ch.isspace() for ch in api_token):
-        fail("--api-token must contain no whitespace")
-    problem = exposure_problem(host, api_token, insecure)
-    if problem:
-        click.echo(f"kvcli coordinator: {problem}", err=True)
-        sys.exit(2)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if log_level != "debug":  # one INFO line per fan-out request would drown the log
-        logging.getLogger("httpx").setLevel(logging.WARNING)
-    if insecure and api_token is None:
-        logging.getLogger("kvcli.coordinator").warning(
-            "--insecure: membership endpoints accept unauthenticated requests")
-    try:
-        sock = listen_socket(host, port, backlog=512)
-    except OSError as exc:
-        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
-    import uvicorn  # heavy imports only once the socket is ours
 
-    from ..coordinator.app import CoordinatorSettings, create_app
-
-    settings = CoordinatorSettings(host, sock.getsockname()[1], instance_timeout, fanout_timeout, api_token,
-                                   insecure, tuple(trusted_hosts))
-    config = uvicorn.Config(create_app(settings), log_config=None, log_level=log_level,
-                            access_log=log_level == "debug", server_header=False, timeout_graceful_shutdown=3)
-    click.echo(f"kvcli coordinator ready: http://{host}:{settings.port} instance-timeout={instance_timeout:g}s")
-    sys.stdout.flush()
-    asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+try:
+    from kvcoordinator.cli import command as _command
+except ImportError as exc:
+    if exc.name is None or not exc.name.startswith("kvcoordinator"):
+        raise
+    command: click.Command = _missing_command()
+else:
+    command = _command

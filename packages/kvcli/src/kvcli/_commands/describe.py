@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 
+from .._auth import token_options
 from .._output import emit_json, fail, human_bytes, percent, ratio, stdout_console
-from .._source import DEFAULT_URL, Unreachable, fetch_status
+from .._source import DEFAULT_URL, URL, Unreachable, fetch_status
 
 
 def derived(status: dict[str, Any]) -> dict[str, Any]:
@@ -100,16 +101,17 @@ def render(url: str, status: dict[str, Any]) -> list[Any]:
 
 
 @click.command(name="describe")
-@click.option("--url", default=DEFAULT_URL, show_default=True,
-              help="tcp:// or ipc:// (ZMQ) or http(s):// (/v1/status).")
-@click.option("--timeout", default=5.0, show_default=True, type=float)
+@click.option("--url", type=URL, default=DEFAULT_URL, show_default=True,
+              help="host:port, tcp:// or ipc:// (ZMQ) or http(s):// (/v1/status).")
+@click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(0.01, 3600))
 @click.option("--json", "as_json", is_flag=True, help="Print the server's status map plus derived figures as JSON.")
+@token_options
 def command(url: str, timeout: float, as_json: bool) -> None:
     """Configuration, L1/L2 usage, objects, hit rates, engines and sessions of one kvserver."""
     try:
         status = fetch_status(url, timeout)
     except Unreachable as exc:
-        fail(str(exc))
+        fail(str(exc), as_json, url=url)
     if as_json:
         emit_json({"url": url, **status, "derived": derived(status)})
         return

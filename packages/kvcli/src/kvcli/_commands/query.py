@@ -13,8 +13,9 @@ from typing import Any
 
 import click
 
+from .._auth import token_options
 from .._output import emit_json, fail, stdout_console
-from .._source import DEFAULT_URL, Unreachable, fetch_status, is_http, zmq_request
+from .._source import DEFAULT_URL, URL, Unreachable, fetch_status, is_http, zmq_request
 
 NON_TIER_FIELDS = {"hash", "objects", "index"}
 
@@ -112,7 +113,8 @@ def render(answer: dict[str, Any]) -> list[Any]:
 
 
 @click.command(name="query")
-@click.option("--url", default=DEFAULT_URL, show_default=True, help="Server ZMQ url (tcp:// or ipc://).")
+@click.option("--url", type=URL, default=DEFAULT_URL, show_default=True,
+              help="Server ZMQ url (host:port, tcp:// or ipc://).")
 @click.option("--model", required=True, help="Model name the engines registered.")
 @click.option("--tokens", "tokens_text", default=None, help="Token ids, e.g. 1,2,3.")
 @click.option("--tokens-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -120,9 +122,11 @@ def render(answer: dict[str, Any]) -> list[Any]:
 @click.option("--salt", default="", help="Cache salt (tenant isolation) the engine used.")
 @click.option("--layout-fingerprint", "fingerprints", multiple=True,
               help="Layout fingerprint per object group (repeat); default: from registered engines.")
-@click.option("--world-size", default=1, show_default=True, type=int, help="With --layout-fingerprint.")
-@click.option("--timeout", default=5.0, show_default=True, type=float)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--world-size", default=1, show_default=True, type=click.IntRange(1, 4096),
+              help="With --layout-fingerprint.")
+@click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(0.01, 3600))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (also on failure: ok false and the reason).")
+@token_options
 def command(url: str, model: str, tokens_text: str | None, tokens_file: Path | None, salt: str,
             fingerprints: tuple[str, ...], world_size: int, timeout: float, as_json: bool) -> None:
     """Per-chunk hash and presence per tier of a token sequence, and its reusable prefix in tokens."""
@@ -134,7 +138,7 @@ def command(url: str, model: str, tokens_text: str | None, tokens_file: Path | N
     try:
         answer = run_query(url, model, tokens, salt, fingerprints, world_size, timeout)
     except Unreachable as exc:
-        fail(str(exc))
+        fail(str(exc), as_json, url=url, model=model)
     if as_json:
         emit_json(answer)
         return

@@ -103,7 +103,10 @@ class EngineBench:
         try:
             resp = await client.get("/v1/models")
         except httpx.HTTPError as exc:
-            raise EngineUnreachable(f"cannot reach {self.url}: {type(exc).__name__}: {exc}") from None
+            from .._source import tcp_probe
+
+            reason = tcp_probe(self.url, 1.0) or f"{type(exc).__name__.replace('Error', ' error').lower()}: {exc}"
+            raise EngineUnreachable(f"cannot reach {self.url}: {reason}") from None
         if resp.status_code != 200:
             raise EngineUnreachable(f"GET /v1/models answered HTTP {resp.status_code}")
         data = resp.json().get("data") or []

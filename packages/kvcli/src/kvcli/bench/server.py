@@ -67,7 +67,9 @@ class ServerBench:
         if self.mode not in ("tcp", "shm"):
             raise ValueError("mode must be tcp or shm")
         salt = self.salt if self.salt is not None else f"bench-{secrets.token_hex(6)}"
-        with Client(self.url, timeout=self.timeout) as client:
+        from .._auth import cli_token
+
+        with Client(self.url, timeout=self.timeout, token=cli_token()) as client:
             chunk_size = int(self._call(client, "describe").result["config"]["chunk_size"])
             layout = self.shape.layout(chunk_size)
             reg = self._call(client, "register_engine", model=self.model, world_size=1, rank=0,

@@ -9,14 +9,17 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from .chart import Chart
-from .format import COLUMNS, mbps, row
+from .format import cells, clip, fit_columns, mbps
 from .model import SORT_KEYS, Fleet, InstanceView, Point
+from .help import HELP
 from .sources import Source
+
+
 
 INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -75,6 +78,20 @@ class DetailScreen(Screen[None]):
         body.update(Group(head, *render(view.url, view.status)))
 
 
+class HelpScreen(ModalScreen[None]):
+    """Keys, states, colour thresholds and columns (`?`)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,question_mark,q", "app.pop_screen", "close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    #help { width: auto; max-width: 100%; height: auto; max-height: 100%; border: round $accent;
+            padding: 0 1; background: $surface; overflow-y: auto; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP, id="help")
+
+
 class TopApp(App[None]):
     """Live dashboard; polls its source every `interval` seconds in a worker thread."""
 
@@ -86,14 +103,20 @@ class TopApp(App[None]):
     #detail-charts { height: 9; }
     #charts Chart, #detail-charts Chart { width: 1fr; height: 1fr; }
     #statusline { height: 1; padding: 0 1; color: $text-muted; }
+    #filter { dock: bottom; height: 1; border: none; padding: 0 1; display: none; }
+    #filter.shown { display: block; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help"),
+        Binding("slash", "filter", "filter"),
+        Binding("p", "pause", "pause"),
         Binding("r", "refresh_now", "refresh"),
-        Binding("plus,equals_sign", "faster", "faster"),
-        Binding("minus", "slower", "slower"),
+        Binding("plus,equals_sign", "faster", "faster", show=False),
+        Binding("minus", "slower", "slower", show=False),
         Binding("s", "cycle_sort", "sort"),
         Binding("enter,d", "details", "details"),
+        Binding("escape", "clear_filter", "clear filter", show=False),
     ]
 
     def __init__(self, source: Source, interval: float = 2.0, window: float = 300.0, autopoll: bool = True) -> None:
@@ -104,6 +127,9 @@ class TopApp(App[None]):
         self.autopoll = autopoll
         self.fleet = Fleet(history_len=max(10, int(window / interval)))
         self.sort = "id"
+        self.filter_text = ""
+        self.paused = False
+        self.columns: tuple[str, ...] = ()
         self._timer: Timer | None = None
         self._lock = asyncio.Lock()
 
@@ -114,13 +140,11 @@ class TopApp(App[None]):
             yield Chart("fleet throughput (stored + retrieved)", _mb_fmt, id="throughput")
             yield Chart("fleet token hit rate", _pct_fmt, fixed_max=1.0, id="hitrate")
         yield Static(id="statusline")
+        yield Input(placeholder="filter: id, url, state, model or tenant (enter keeps, escape clears)", id="filter")
         yield Footer()
 
     async def on_mount(self) -> None:
         self.sub_title = self.source.label
-        table = self.query_one("#instances", DataTable)
-        for col in COLUMNS:
-            table.add_column(col, key=col)
         self._render_status()
         await self.poll_now()
         self._schedule()
@@ -133,7 +157,11 @@ class TopApp(App[None]):
         if self._timer is not None:
             self._timer.stop()
         if self.autopoll:
-            self._timer = self.set_interval(self.interval, self.poll_now)
+            self._timer = self.set_interval(self.interval, self._tick)
+
+    async def _tick(self) -> None:
+        if not self.paused:
+            await self.poll_now()
 
     async def poll_now(self) -> None:
         """One poll of the source (in a thread: sources block) and a redraw."""
@@ -150,13 +178,25 @@ class TopApp(App[None]):
     def redraw(self) -> None:
         table = self.query_one("#instances", DataTable)
         selected = self.selected_id()
-        table.clear()
-        rows = self.fleet.rows(self.sort)
-        now = max((v.last_seen or 0.0 for v in rows), default=0.0) or None
-        for view in rows:
-            table.add_row(*[Text.from_markup(c) for c in row(view, now)], key=view.id)
-        if selected is not None and selected in self.fleet.views:
-            table.move_cursor(row=[v.id for v in rows].index(selected))
+        rows = self.fleet.rows(self.sort, self.filter_text)
+        every = list(self.fleet.views.values())
+        now = max((v.last_seen or 0.0 for v in every), default=0.0) or None
+        shown = [(view, cells(view, now)) for view in rows]
+        columns, note_width = fit_columns([c for _, c in shown] or [cells(v, now) for v in every],
+                                          max(40, self.size.width - 2))
+        if columns != self.columns:
+            table.clear(columns=True)
+            for col in columns:
+                table.add_column(col, key=col)
+            self.columns = columns
+        else:
+            table.clear()
+        for view, cell in shown:
+            table.add_row(*[clip(cell[c], note_width) if c == "note" else Text.from_markup(cell[c])
+                            for c in columns], key=view.id)
+        ids = [v.id for v in rows]
+        if selected in ids:
+            table.move_cursor(row=ids.index(selected))
         history = list(self.fleet.history)
         window = self.window_seconds(history)
         self.query_one("#throughput", Chart).set_values([p.bytes_s for p in history], window)
@@ -167,10 +207,18 @@ class TopApp(App[None]):
 
     def _render_status(self) -> None:
         views = list(self.fleet.views.values())
-        down = sum(not v.up for v in views)
-        self.query_one("#statusline", Static).update(
-            f"{len(views)} instances, {down} down   interval {self.interval:g}s   sort: {self.sort}   "
-            f"polls: {self.fleet.polls}")
+        down = sum(v.state == "DOWN" for v in views)
+        auth = sum(v.state == "AUTH" for v in views)
+        line = f"{len(views)} instances, {down} down" + (f", {auth} AUTH" if auth else "")
+        if self.filter_text:
+            line += f"   filter: {self.filter_text!r} ({len(self.fleet.rows(self.sort, self.filter_text))} shown)"
+        line += f"   interval {self.interval:g}s   sort: {self.sort}   polls: {self.fleet.polls}"
+        line += "   PAUSED (p resumes)" if self.paused else ""
+        self.query_one("#statusline", Static).update(Text(line, style="bold yellow" if self.paused else ""))
+
+    def on_resize(self) -> None:
+        if self.fleet.polls:
+            self.redraw()
 
     def selected_id(self) -> str | None:
         table = self.query_one("#instances", DataTable)
@@ -185,6 +233,36 @@ class TopApp(App[None]):
     # -- keys ------------------------------------------------------------------------------------
     async def action_refresh_now(self) -> None:
         await self.poll_now()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self._render_status()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("shown")
+        box.value = self.filter_text
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.remove_class("shown")
+        box.value = ""
+        self.filter_text = ""
+        self.query_one("#instances", DataTable).focus()
+        self.redraw()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value.strip()
+        self.redraw()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.input.remove_class("shown")
+        self.query_one("#instances", DataTable).focus()
 
     def action_faster(self) -> None:
         self._set_interval(max((i for i in INTERVALS if i < self.interval), default=INTERVALS[0]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .format import COLUMNS, row
+from .format import cells, clip, fit_columns
 from .model import Fleet
 from .sources import Source
 
@@ -28,14 +28,20 @@ def as_json(fleet: Fleet, sort: str) -> dict[str, Any]:
                       "down": sum(not v.up for v in fleet.views.values())}}
 
 
-def table(fleet: Fleet, sort: str, title: str) -> Any:
+def table(fleet: Fleet, sort: str, title: str, width: int | None = None) -> Any:
+    """The sample as a rich table: every column, or those that fit `width` (key columns first, like the
+    dashboard)."""
     from rich.table import Table
+    from rich.text import Text
 
-    out = Table(title=title, title_justify="left")
-    for col in COLUMNS:
-        out.add_column(col, justify="left" if col in ("instance", "state", "note") else "right")
     views = fleet.rows(sort)
     now = max((v.last_seen or 0.0 for v in views), default=0.0) or None
-    for view in views:
-        out.add_row(*row(view, now))
+    rows = [cells(view, now) for view in views]
+    columns, note_width = fit_columns(rows, width or 10_000, padding=3)  # 3: rich's borders and padding
+    out = Table(title=title, title_justify="left")
+    for col in columns:
+        out.add_column(col, justify="left" if col in ("instance", "state", "note", "L2", "model", "tenants")
+                       else "right", no_wrap=True)
+    for cell in rows:
+        out.add_row(*[clip(cell[c], note_width) if c == "note" else Text.from_markup(cell[c]) for c in columns])
     return out

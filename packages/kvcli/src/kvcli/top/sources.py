@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from .._source import Unreachable, check_url, fail_fast, http_json, is_http, zmq_call
+from .._source import AuthRejected, Unreachable, check_url, fail_fast, http_json, is_http, zmq_call
 from .model import Snapshot
 
 
@@ -41,7 +41,9 @@ class DirectSource:
         self.urls = [check_url(u) for u in urls]
         self.timeout = timeout
         self.label = ", ".join(self.urls)
-        self._clients = {u: Client(u, timeout=timeout) for u in self.urls if not is_http(u)}
+        from .._auth import cli_token
+
+        self._clients = {u: Client(u, timeout=timeout, token=cli_token()) for u in self.urls if not is_http(u)}
         self._down = set(self.urls)  # probe before the first describe too: fail fast, not after a timeout
         self._pool = ThreadPoolExecutor(max_workers=min(16, len(self.urls)), thread_name_prefix="kvcli-top")
 
@@ -56,6 +58,9 @@ class DirectSource:
                 status = zmq_call(self._clients[url], "describe", self.timeout)
             self._down.discard(url)
             return Snapshot(instance_id(url), url, t, status=status)
+        except AuthRejected as exc:
+            self._down.discard(url)  # it answers: no probe needed next time
+            return Snapshot(instance_id(url), url, t, reason=str(exc), auth=True)
         except Unreachable as exc:
             self._down.add(url)
             return Snapshot(instance_id(url), url, t, reason=str(exc))
@@ -84,7 +89,7 @@ class CoordinatorSource:
         try:
             body = http_json(self.url, "/v1/fleet/status", self.timeout)
         except Unreachable as exc:
-            return [Snapshot("coordinator", self.url, t, reason=str(exc))]
+            return [Snapshot("coordinator", self.url, t, reason=str(exc), auth=isinstance(exc, AuthRejected))]
         return parse_fleet_status(body, t)
 
     def close(self) -> None:
@@ -109,7 +114,8 @@ def parse_fleet_status(body: Any, t: float) -> list[Snapshot]:
         if isinstance(status, dict):
             out.append(Snapshot(iid, url, t, status=status))
         else:
-            out.append(Snapshot(iid, url, t, reason=str(item.get("error") or "unreachable")))
+            error = str(item.get("error") or "unreachable")
+            out.append(Snapshot(iid, url, t, reason=error, auth=error.startswith(("HTTP 401", "HTTP 403"))))
     return out
 
 

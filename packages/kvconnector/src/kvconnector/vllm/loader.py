@@ -28,6 +28,14 @@ class LoadOutcome:
     verify_failures: int = 0
 
 
+def load_end(client: Any, job: LoadJob) -> int:
+    """Where a load ends: the chunk end, or for a sliding window exactly the first token vLLM computes,
+    so the window written is the one vLLM attends to (never a block it replaced by its null block)."""
+    if any(lay.kind == "sliding" for lay in client.layouts) and job.compute_from > job.skip_tokens:
+        return min(job.compute_from, job.num_tokens)
+    return job.num_tokens
+
+
 def copy_job(client: Any, job: LoadJob, wanted: list[int], delay_s: float = 0.0) -> LoadOutcome:
     """One load through `client`; never raises (a failed load is recomputed, never an engine error)."""
     t = time.perf_counter()
@@ -36,7 +44,7 @@ def copy_job(client: Any, job: LoadJob, wanted: list[int], delay_s: float = 0.0)
     before = client.verify_failures
     try:
         res = client.load(job.session, job.tokens, job.block_ids, skip_tokens=job.skip_tokens,
-                          num_tokens=job.num_tokens, salt=job.salt, extra=job.extra)
+                          num_tokens=load_end(client, job), salt=job.salt, extra=job.extra)
         out = LoadOutcome(res.ok, res.loaded_tokens, 0.0, res.error, list(res.failed_block_ids))
     except Exception as exc:  # noqa: BLE001 - load already gave this rank's leases back
         out = LoadOutcome(False, 0, 0.0, f"{type(exc).__name__}: {exc}", wanted)

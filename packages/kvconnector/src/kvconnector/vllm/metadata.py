@@ -26,6 +26,9 @@ class LoadJob:
     epoch: int = 0  # the request's load-failure epoch when planned (see SaveJob.epoch)
     fail: str = ""  # non-empty: do not load, report these blocks as failed (the scheduler cannot name them)
     background: bool = False  # an asynchronous load: copy on the worker's loader thread, report in get_finished
+    # the first token vLLM computes after the load (local + external tokens); a sliding window needs
+    # exactly the blocks that token attends to, which vLLM allocated (the others are its null block)
+    compute_from: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -268,7 +268,8 @@ class SchedulerSide:
         nblocks = end // self.block_size
         if len(toks) == end and len(st.block_ids) >= nblocks and not self.cfg.debug_fail_plan_loads:
             meta.loads.append(LoadJob(st.req_id, st.session, toks, st.block_ids[:nblocks], st.local_computed, end,
-                                      st.salt, self._extra(st, end), st.epoch, background=background))
+                                      st.salt, self._extra(st, end), st.epoch, background=background,
+                                      compute_from=st.local_computed + st.external_tokens))
             st.loaded_tokens = st.external_tokens
             st.leased = False  # the worker releases the session once the load is done
         else:

@@ -1,7 +1,7 @@
 """The cache layout of a vLLM engine, computed identically on both sides of the connector.
 
 The scheduler side has no tensors: it derives the layout from vLLM's KVCacheConfig (the attention
-spec of KV cache group 0). The worker side derives it from the registered tensors. Both must give
+spec of its single KV cache group). The worker side derives it from the registered tensors. Both must give
 the same LayoutDescriptor (same fingerprint), or lookups and stores would name different objects;
 the worker checks this and disables the connector on a mismatch.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from kvprotocol import LayoutDescriptor
 
-from ..layouts import layout_from_tensor, vllm_cpu_layout
+from ..layouts import layout_from_tensor, mla_layout, vllm_cpu_layout
 
 
 class UnsupportedLayout(ValueError):
@@ -28,11 +28,33 @@ def attention_group(kv_cache_config: Any) -> tuple[list[str], Any]:
         raise UnsupportedLayout(f"{len(groups)} KV cache groups (hybrid models are not supported yet)")
     spec = groups[0].kv_cache_spec
     kind = type(spec).__name__
-    if kind != "FullAttentionSpec" or getattr(spec, "sliding_window", None):
-        raise UnsupportedLayout(f"KV cache spec {kind} is not supported (full attention only)")
+    if kind == "MLAAttentionSpec":
+        if getattr(spec, "model_version", None) is not None or getattr(spec, "alignment", None) is not None:
+            raise UnsupportedLayout("this MLA cache variant (DeepSeek-V4 style) is not supported")
+        return list(groups[0].layer_names), spec
+    if kind == "SlidingWindowSpec":  # every layer windowed (Mistral-style): vLLM frees blocks out of the window
+        if int(getattr(spec, "extra_retained_tokens", 0) or 0):
+            raise UnsupportedLayout("sliding windows with extra retained tokens (multi-module MTP) are not supported")
+    elif kind != "FullAttentionSpec" or getattr(spec, "attention_chunk_size", None):
+        raise UnsupportedLayout(f"KV cache spec {kind} is not supported (full attention, one sliding window or MLA)")
+    # A FullAttentionSpec may carry a sliding window: with its hybrid KV cache manager off (always, with
+    # this connector), vLLM promotes the windowed layers of a model that mixes them with global ones
+    # (Gemma-2/3) to full attention. Their blocks are then never freed, so they are cached as full
+    # attention: the KV of a token does not depend on the window, only the attention over it does.
     if getattr(spec, "head_size_v", spec.head_size) != spec.head_size:
         raise UnsupportedLayout("different K and V head sizes are not supported")
     return list(groups[0].layer_names), spec
+
+
+def is_mla(spec: Any) -> bool:
+    return type(spec).__name__ == "MLAAttentionSpec"
+
+
+def _kind(layout: LayoutDescriptor, spec: Any) -> LayoutDescriptor:
+    """A sliding-window group's objects are window snapshots (kvprotocol._geometry): one per store end."""
+    if type(spec).__name__ == "SlidingWindowSpec":
+        return dataclasses.replace(layout, kind="sliding", window=int(spec.sliding_window))
+    return layout
 
 
 def attention_isa(vllm_config: Any, kv_cache_config: Any) -> str:
@@ -41,21 +63,43 @@ def attention_isa(vllm_config: Any, kv_cache_config: Any) -> str:
     The packing inside a block differs per ISA, so it is part of the layout fingerprint: an AMX host
     and an AVX-512 host sharing an L2 tier then miss instead of reading each other's bytes wrongly.
     """
+    _, spec = attention_group(kv_cache_config)
+    if is_mla(spec):
+        return _mla_variant(vllm_config)
     try:
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
     except ImportError as exc:  # never guess: without the ISA the bytes' meaning is unknown
         raise UnsupportedLayout(f"cannot tell vLLM's CPU attention ISA: {exc}") from exc
-    _, spec = attention_group(kv_cache_config)
     return str(_get_attn_isa(vllm_config.model_config.dtype, int(spec.block_size), int(spec.head_size),
                              vllm_config.cache_config.cache_dtype))
 
 
+def _mla_variant(vllm_config: Any) -> str:
+    """Which CPU MLA backend writes the latent cache ("cpu_mla", the reference one, or "amx_mla").
+
+    Every tensor-parallel rank of an MLA model holds the same latent cache (one replicated KV head),
+    which is why the layout is `shared`; decode context parallelism splits it across ranks instead,
+    so it is refused rather than guessed at.
+    """
+    pc = vllm_config.parallel_config
+    if int(getattr(pc, "decode_context_parallel_size", 1) or 1) > 1:
+        raise UnsupportedLayout("MLA with decode context parallelism (a sharded latent cache) is not supported")
+    import torch
+
+    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    return "amx_mla" if amx and str(getattr(vllm_config.attention_config, "backend", "")) != "CPU_MLA" else "cpu_mla"
+
+
 def scheduler_layout(kv_cache_config: Any, chunk_size: int, isa: str) -> LayoutDescriptor:
     layer_names, spec = attention_group(kv_cache_config)
+    if is_mla(spec):  # [num_blocks, block_size, latent]: kv_lora_rank + rope dims, one object for all ranks
+        layout = mla_layout(num_layers=len(layer_names), latent_dim=int(spec.head_size),
+                            block_size=int(spec.block_size), dtype=spec.dtype, chunk_size=chunk_size, shared=True)
+        return dataclasses.replace(layout, variant=isa)
     layout = vllm_cpu_layout(num_layers=len(layer_names), num_kv_heads=int(spec.num_kv_heads),
                              head_dim=int(spec.head_size), block_size=int(spec.block_size),
                              dtype=spec.dtype, chunk_size=chunk_size)
-    return dataclasses.replace(layout, variant=isa)
+    return _kind(dataclasses.replace(layout, variant=isa), spec)
 
 
 def worker_layout(kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
@@ -72,6 +116,11 @@ def worker_layout(kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size
             raise UnsupportedLayout(f"layer {name} KV is on {t.device}; this connector handles CPU KV")
         if not t.is_contiguous() or tuple(t.shape) != tuple(first.shape) or t.dtype != first.dtype:
             raise UnsupportedLayout(f"layer {name} KV is not a contiguous tensor like the first layer's")
+    if is_mla(spec):  # vLLM CPU keeps [num_blocks, 1, block_size, latent]: the same bytes without the head axis
+        if first.dim() == 4 and int(first.shape[1]) == 1:
+            tensors = [t.view(t.shape[0], t.shape[2], t.shape[3]) for t in tensors]
+        layout = layout_from_tensor(tensors[0], "mla", int(spec.block_size), chunk_size, num_layers=len(layer_names))
+        return dataclasses.replace(layout, variant=isa, shared=True), tensors
     layout = layout_from_tensor(first, "vllm_cpu", int(spec.block_size), chunk_size,
                                 num_layers=len(layer_names))
-    return dataclasses.replace(layout, variant=isa), tensors
+    return _kind(dataclasses.replace(layout, variant=isa), spec), tensors

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .base import L2Adapter, L2Error, Usage
-from .manager import TierManager, key_str
+from .keys import key_str
+from .manager import TierManager
 from .serde import CorruptObject, Serde, UndecryptableObject, load_key
 from .urls import make_adapter, redact
 

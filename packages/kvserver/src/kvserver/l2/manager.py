@@ -21,11 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvprotocol import ObjectKey
-
 from ..l1 import IKey, L1Cache
 from .admission import Admission
 from .base import L2Adapter, L2Error
+from .keys import key_str
 from .negcache import NegativeCache
 from .prefetch import Prefetcher
 from .serde import Serde
@@ -33,11 +32,6 @@ from .tier import Tier
 
 log = logging.getLogger("kvserver.l2")
 QueueItem = tuple[IKey, tuple[int, ...]]  # key, indexes of the tiers to write
-
-
-def key_str(key: IKey) -> str:
-    """The L2 key of an L1 key: `ObjectKey(...).to_str()` (salt hashed, never raw)."""
-    return ObjectKey(*key).to_str()
 
 
 class TierManager:
@@ -61,7 +55,6 @@ class TierManager:
         self._writers = writers
         self._queue: asyncio.Queue[QueueItem] | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.prefetcher = Prefetcher(self)
         self.admission = Admission(admission)
         self.negative = NegativeCache(negative_ttl)
         self.retry_keys = retry_keys  # per tier: keys kept to write again once a down tier answers
@@ -70,6 +63,7 @@ class TierManager:
         # observers (KV events): keys a tier now holds, and keys a tier was found not to hold
         self.on_put: list[Callable[[int, list[IKey]], None]] = []
         self.on_missing: list[Callable[[int, list[IKey]], None]] = []
+        self.prefetcher = Prefetcher(l1, self.tiers, serde, self.negative, self.on_missing, self.enqueue)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -219,9 +213,9 @@ class TierManager:
 
     # -- prefetch --------------------------------------------------------------------------------
     async def prefetch(self, chunks: Sequence[Sequence[IKey]], first_miss: int,
-                       size_of: Callable[[IKey], int | None]) -> None:
+                       size_of: Callable[[IKey], int | None], leading: bool = True) -> None:
         """Load into L1 what the tiers hold of the prefix after `first_miss` (see prefetch.py)."""
-        await self.prefetcher.run(chunks, first_miss, size_of, self.prefetch_timeout)
+        await self.prefetcher.run(chunks, first_miss, size_of, self.prefetch_timeout, leading)
 
     # -- usage -----------------------------------------------------------------------------------
     async def _usage_loop(self) -> None:

@@ -17,14 +17,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..l1 import Entry, IKey, State
+from ..l1 import Entry, IKey, L1Cache, State
 from .base import L2Error
-from .serde import CorruptObject, UndecryptableObject
+from .keys import key_str
+from .serde import CorruptObject, Serde, UndecryptableObject
 
 if TYPE_CHECKING:
-    from .manager import TierManager
+    from .negcache import NegativeCache
+    from .tier import Tier
 
 log = logging.getLogger("kvserver.l2")
 Item = tuple[IKey, Entry | None, "asyncio.Future[bool]"]  # key, reserved slot (None: size unknown), done
@@ -40,18 +42,25 @@ class _Loaded:
 
 
 class Prefetcher:
-    def __init__(self, manager: TierManager) -> None:
-        self.m = manager
+    def __init__(self, l1: L1Cache, tiers: Sequence[Tier], serde: Serde, negative: NegativeCache,
+                 on_missing: list[Callable[[int, list[IKey]], None]],
+                 enqueue: Callable[[Sequence[IKey], tuple[int, ...]], Any]) -> None:
+        """`on_missing` is the manager's observer list (shared, so hooks added later are seen);
+        `enqueue` queues writes of loaded keys to the upper tiers."""
+        self.l1, self.tiers, self.serde, self.negative = l1, tiers, serde, negative
+        self.on_missing, self.enqueue = on_missing, enqueue
         self.inflight: dict[IKey, asyncio.Future[bool]] = {}
         self.waiting: dict[IKey, int] = {}  # runs waiting on a load: each gets a lease when it lands
         self.background: set[asyncio.Task[None]] = set()
         self.lookups = self.loaded = self.timeouts = 0
 
     async def run(self, chunks: Sequence[Sequence[IKey]], first_miss: int,
-                  size_of: Callable[[IKey], int | None], timeout: float) -> None:
+                  size_of: Callable[[IKey], int | None], timeout: float, leading: bool = True) -> None:
+        """`leading=False`: load every chunk L1 + L2 cover, not only the leading run (per-group
+        geometry: a window snapshot or a state is useful on its own, see kvserver/groups.py)."""
         self.lookups += 1
         deadline = time.monotonic() + timeout
-        l1 = self.m.l1
+        l1 = self.l1
         absent = [k for ch in chunks[first_miss:] for k in ch if k not in l1.entries]
         where = await self._locate(absent, deadline)
         # after the await: take the leading run of chunks that L1 + L2 (+ loads in flight) cover
@@ -70,12 +79,14 @@ class Prefetcher:
                     ok = False
                     break
             if not ok:
-                break
+                if leading:
+                    break
+                continue
             to_load.extend(plan)
             end += 1
         if not to_load and not waits:
             return
-        protected = [k for ch in chunks[:end] for k in ch if l1.ready(k) is not None]
+        protected = [k for ch in (chunks[:end] if leading else chunks) for k in ch if l1.ready(k) is not None]
         for key in protected:
             l1.lease(key)
         mine = {**waits, **self._start_loads(to_load, where, size_of)}
@@ -100,13 +111,13 @@ class Prefetcher:
         """Tier index of each key some tier holds: one batched contains per tier, in tier order."""
         where: dict[IKey, int] = {}
         todo = keys
-        for index, tier in enumerate(self.m.tiers):
+        for index, tier in enumerate(self.tiers):
             if not todo:
                 break
             if not tier.available():
                 continue
-            names = [self.m_key(k) for k in todo]
-            known_absent = [self.m.negative.absent(index, n) for n in names]  # no round trip for these
+            names = [key_str(k) for k in todo]
+            known_absent = [self.negative.absent(index, n) for n in names]  # no round trip for these
             ask = [n for n, gone in zip(names, known_absent, strict=True) if not gone]
             try:
                 remaining = deadline - time.monotonic()
@@ -121,7 +132,7 @@ class Prefetcher:
                 tier.failed(exc)
                 continue
             tier.succeeded()
-            self.m.negative.remember(index, (n for n, hit, gone in zip(names, present, known_absent, strict=True)
+            self.negative.remember(index, (n for n, hit, gone in zip(names, present, known_absent, strict=True)
                                              if not hit and not gone))
             tier.stats.misses += present.count(False)
             rest = []
@@ -130,20 +141,14 @@ class Prefetcher:
                     where[key] = index
                 else:
                     rest.append(key)
-            for hook in self.m.on_missing:
+            for hook in self.on_missing:
                 hook(index, rest)
             todo = rest
         return where
 
-    @staticmethod
-    def m_key(key: IKey) -> str:
-        from .manager import key_str
-
-        return key_str(key)
-
     def _start_loads(self, keys: list[IKey], where: dict[IKey, int],
                      size_of: Callable[[IKey], int | None]) -> dict[IKey, asyncio.Future[bool]]:
-        l1, loop = self.m.l1, asyncio.get_running_loop()
+        l1, loop = self.l1, asyncio.get_running_loop()
         by_tier: dict[int, list[Item]] = {}
         futures: dict[IKey, asyncio.Future[bool]] = {}
         for key in keys:
@@ -163,8 +168,8 @@ class Prefetcher:
         return futures
 
     async def _load(self, index: int, items: list[Item]) -> None:
-        tier, l1 = self.m.tiers[index], self.m.l1
-        names = [self.m_key(k) for k, _, _ in items]
+        tier, l1 = self.tiers[index], self.l1
+        names = [key_str(k) for k, _, _ in items]
         done: set[IKey] = set()
         try:
             try:
@@ -192,10 +197,10 @@ class Prefetcher:
                     done.add(key)
                     tier.stats.hits += 1
                     self.loaded += 1
-            for hook in self.m.on_missing:
+            for hook in self.on_missing:
                 hook(index, gone)
             if index > 0 and done:
-                self.m.enqueue(sorted(done, key=lambda k: k[6]), tuple(range(index)))  # promote upwards
+                self.enqueue(sorted(done, key=lambda k: k[6]), tuple(range(index)))  # promote upwards
             if doomed:
                 try:
                     await tier.adapter.delete(doomed)
@@ -214,13 +219,13 @@ class Prefetcher:
                 entries: list[Entry | None]) -> list[object]:
         """Worker thread: check and decode; copy straight into reserved slots whose size matches."""
         out: list[object] = []
-        arena = self.m.l1.arena
+        arena = self.l1.arena
         for name, blob, entry in zip(names, blobs, entries, strict=True):
             if blob is None:
                 out.append(None)
                 continue
             try:
-                payload, checksum = self.m.serde.decode_object(name, blob)
+                payload, checksum = self.serde.decode_object(name, blob)
             except (CorruptObject, UndecryptableObject) as exc:
                 out.append(exc)
                 continue
@@ -236,7 +241,7 @@ class Prefetcher:
 
     def _commit(self, key: IKey, entry: Entry | None, result: object, future: asyncio.Future[bool]) -> bool:
         """Make a loaded object READY (reserving now if its size was unknown); False if not possible."""
-        l1 = self.m.l1
+        l1 = self.l1
         if not isinstance(result, _Loaded):
             return False
         if entry is None:

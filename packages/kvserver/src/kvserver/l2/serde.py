@@ -20,11 +20,12 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from typing import Any
+
 import lz4.block
-import zstandard
 from blake3 import blake3
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from .extras import require
 
 MAGIC = b"KVL2"
 VERSION = 2  # 2: + the object's kvsum64
@@ -71,6 +72,10 @@ class Serde:
             raise ValueError(f"l2 compression must be one of {sorted(COMPRESSIONS)}")
         if self.key is not None and len(self.key) not in (16, 24, 32):
             raise ValueError("the L2 encryption key must be 16, 24 or 32 bytes")
+        if self.compression == "zstd":
+            _zstd()  # fail at start-up, naming the extra, not on the first write
+        if self.key is not None:
+            _aead()
 
     def __repr__(self) -> str:  # never show the key
         return f"Serde(compression={self.compression!r}, encrypted={self.key is not None})"
@@ -87,12 +92,12 @@ class Serde:
             packed = lz4.block.compress(payload, store_size=False)
             comp, body = (1, packed) if len(packed) < len(payload) else (0, payload)
         elif self.compression == "zstd":
-            packed = zstandard.ZstdCompressor(level=self.zstd_level).compress(payload)
+            packed = _zstd().ZstdCompressor(level=self.zstd_level).compress(payload)
             comp, body = (2, packed) if len(packed) < len(payload) else (0, payload)
         enc = ENC_AES_GCM if self.key is not None else ENC_NONE
         if self.key is not None:
             nonce = os.urandom(NONCE_BYTES)
-            body = nonce + AESGCM(self.key).encrypt(nonce, bytes(body), _aad(key, comp, enc))
+            body = nonce + _aead().AESGCM(self.key).encrypt(nonce, bytes(body), _aad(key, comp, enc))
         head = HEADER.pack(MAGIC, VERSION, comp, enc, fingerprint(key), len(payload), len(body), checksum)
         return b"".join((head, _checksum(head, body), body))
 
@@ -125,10 +130,11 @@ class Serde:
                 raise UndecryptableObject("object is encrypted and this server has no L2 key")
             if len(body) < NONCE_BYTES + TAG_BYTES:
                 raise CorruptObject("encrypted body too short")
+            aead = _aead()
             try:
-                body = memoryview(AESGCM(self.key).decrypt(bytes(body[:NONCE_BYTES]), bytes(body[NONCE_BYTES:]),
-                                                           _aad(key, comp, enc)))
-            except InvalidTag:
+                body = memoryview(aead.AESGCM(self.key).decrypt(bytes(body[:NONCE_BYTES]), bytes(body[NONCE_BYTES:]),
+                                                                _aad(key, comp, enc)))
+            except aead.InvalidTag:
                 raise UndecryptableObject("AES-GCM authentication failed (wrong key or moved object)") from None
         elif self.key is not None:
             raise UndecryptableObject("plaintext object refused: this server requires encrypted L2 objects")
@@ -139,6 +145,10 @@ class Serde:
                 raise CorruptObject(f"lz4: {exc}") from None
         elif comp == 2:
             try:
+                zstandard = _zstd()
+            except ValueError as exc:  # intact, but this server cannot open it: a miss, kept
+                raise UndecryptableObject(str(exc)) from None
+            try:
                 out = zstandard.ZstdDecompressor().decompress(body, max_output_size=payload_len)
             except zstandard.ZstdError as exc:
                 raise CorruptObject(f"zstd: {exc}") from None
@@ -147,6 +157,27 @@ class Serde:
         if len(out) != payload_len:
             raise CorruptObject(f"payload has {len(out)} bytes, header says {payload_len}")
         return out, kvsum
+
+
+def _zstd() -> Any:
+    return require("zstandard", "--l2-compression zstd")
+
+
+class _Aead:
+    """AES-GCM and its InvalidTag, imported on first use (cryptography is the `crypto` extra)."""
+
+    def __init__(self) -> None:
+        self.AESGCM = require("cryptography.hazmat.primitives.ciphers.aead", "L2 encryption").AESGCM
+        self.InvalidTag = require("cryptography.exceptions", "L2 encryption").InvalidTag
+
+
+_AEAD: list[_Aead] = []
+
+
+def _aead() -> _Aead:
+    if not _AEAD:
+        _AEAD.append(_Aead())
+    return _AEAD[0]
 
 
 def _aad(key: str, comp: int, enc: int) -> bytes:

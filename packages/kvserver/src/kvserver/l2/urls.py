@@ -11,6 +11,7 @@ from __future__ import annotations
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .base import L2Adapter
+from .extras import require
 
 SCHEMES = ("fs", "redis", "rediss", "redis+cluster", "rediss+cluster", "s3")
 
@@ -70,6 +71,7 @@ def make_adapter(url: str) -> L2Adapter:
         return FsAdapter(path, fsync=opts.get("fsync", "0") in ("1", "true", "yes"), url=safe,
                          capacity=int(gb * (1 << 30)) if gb else None)
     if scheme == "s3":
+        require("boto3", f"l2 url {safe}")
         from .s3 import S3Adapter
 
         opts = _options(parts.query, ("endpoint", "region", "timeout"), url)
@@ -77,6 +79,7 @@ def make_adapter(url: str) -> L2Adapter:
             raise ValueError(f"l2 url {safe}: needs a bucket, e.g. s3://bucket/prefix")
         return S3Adapter(parts.netloc, parts.path, url=safe, endpoint=opts.get("endpoint") or None,
                          region=opts.get("region") or None, timeout=_positive(opts, "timeout", url) or 5.0)
+    require("redis", f"l2 url {safe}")
     from .redis_store import RedisAdapter
 
     opts = _options(parts.query, ("ttl", "timeout", "prefix"), url)

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvprotocol import ValidationError
 
-log = logging.getLogger("kvcli.coordinator")
+log = logging.getLogger("kvcoordinator")
 
 
 class ApiError(Exception):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_INSTANCES = 4096
-log = logging.getLogger("kvcli.coordinator")
+log = logging.getLogger("kvcoordinator")
 _DROP_WORDS = {"replaced": "replaced by a new registration of its url", "deregistrations": "deregistered",
                "timeouts": "timed out (no heartbeat)"}
 

@@ -43,7 +43,7 @@ from .credentials import InstanceCredentials
 from .index import PrefixIndex
 from .registry import MAX_INSTANCES, Instance
 
-log = logging.getLogger("kvcli.coordinator.events")
+log = logging.getLogger("kvcoordinator.events")
 MEDIUM = "kvserver_l1"
 PLAIN_USER = b"kvserver"
 RCVHWM = 100_000

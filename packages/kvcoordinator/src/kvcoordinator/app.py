@@ -71,7 +71,7 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
             await feeds.pop("index").close()
             await clients.pop("fanout").aclose()
 
-    app = FastAPI(title="kvcli coordinator", version=kvprotocol.__version__, lifespan=lifespan,
+    app = FastAPI(title="kvcoordinator", version=kvprotocol.__version__, lifespan=lifespan,
                   description="Soft-state membership of kvservers, fleet status and KV-aware routing hints.")
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_body=MAX_BODY_BYTES)

@@ -3,5 +3,5 @@ lookup (which instance holds the longest prefix). It holds no KV bytes and persi
 restart, the servers' heartbeats get 404 and they register again.
 
 Torch-free and kvserver-free: it speaks to servers only over their HTTP admin API. Modules are
-imported directly (`kvcli.coordinator.app`), so `binding` stays cheap to import.
+imported directly (`kvcoordinator.app`), so `binding` stays cheap to import.
 """
