@@ -125,7 +125,8 @@ def block_tokens(hash_id: int) -> list[int]:
 
 def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tuple[float, int]:
     """Token hit rate of a real kvserver (chunk size 512, 4 KiB objects) replaying the trace."""
-    from kvprotocol import Client, KeySpace, LayoutDescriptor, pack_tokens
+    from kvprotocol import Client, KeySpace, LayoutDescriptor, flows, pack_tokens
+    from kvprotocol import requests as rq
     from kvprotocol.kvsum import kvsum64
 
     layout = LayoutDescriptor("trace", "uint8", 1, 32, 256, BLOCK_TOKENS, (256,))
@@ -141,27 +142,26 @@ def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tu
             with Client(f"tcp://127.0.0.1:{port}", timeout=5.0) as c:
                 for _ in range(100):
                     try:
-                        c.call("ping")
+                        c.ping()
                         break
                     except Exception:
                         time.sleep(0.1)
-                c.call("register_engine", model="trace", world_size=1, rank=0, groups=[layout.to_wire()])
-                ks = KeySpace.from_layouts("trace", 1, [layout]).to_wire()
-                capacity = c.call("describe").result["l1"]["capacity_bytes"] // OBJECT_BYTES
+                c.register_engine(model="trace", world_size=1, rank=0, groups=[rq.LayoutW(**layout.to_wire())])
+                ks = KeySpace.from_layouts("trace", 1, [layout]).wire()
+                capacity = c.describe().l1["capacity_bytes"] // OBJECT_BYTES
                 zero = bytes(OBJECT_BYTES)
                 zero_sum = kvsum64(zero)
                 hit_tokens = total = 0
                 for req in trace:
                     total += req.input_tokens
                     toks = pack_tokens([t for b in req.blocks for t in block_tokens(b)])
-                    hit = c.call("lookup", keyspace=ks, tokens=toks).result["hit_chunks"]
+                    hit = c.lookup(keyspace=ks, tokens=toks).hit_chunks
                     hit_tokens += hit * BLOCK_TOKENS
                     if hit == len(req.blocks):
                         continue
-                    reply = c.call("store", keyspace=ks, tokens=toks, rank=0, mode="tcp", start_chunk=hit).result
-                    if reply["store_id"]:
-                        n = sum(s["status"] == "reserved" for s in reply["slots"])
-                        c.call("commit", store_id=reply["store_id"], frames=[zero] * n, checksums=[zero_sum] * n)
+                    req_store = rq.Store(keyspace=ks, tokens=toks, rank=0, mode="tcp", start_chunk=hit)
+                    flows.store_and_commit(c.send, req_store,
+                                           lambda _r, slots: ([zero] * len(slots), [zero_sum] * len(slots)))
         finally:
             proc.terminate()
             proc.wait(10)

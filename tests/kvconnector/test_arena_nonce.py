@@ -3,6 +3,7 @@ a mapping of any other file under the arena's name (stale, foreign, tampered) be
 or falls back to tcp (auto), never a read of someone else's bytes."""
 
 from __future__ import annotations
+from kvhelpers import sid
 
 import os
 
@@ -35,12 +36,12 @@ def test_an_arena_without_the_servers_nonce_is_never_used(server_factory) -> Non
             EngineClient(srv.url, "nonce/model", 1, 0, [lay], mode="shm") as shm_reader:
         assert writer.register(src) and shm_reader.register(dst)
         assert writer.save(tokens, list(range(8))).ok
-        assert shm_reader.lookup(tokens, session="a").hit_tokens == 128
-        assert shm_reader.load("a", tokens, list(range(8)), 0, 128).ok
+        assert shm_reader.lookup(tokens, session=sid("a")).hit_tokens == 128
+        assert shm_reader.load(sid("a"), tokens, list(range(8)), 0, 128).ok
 
         original = _poke(seg, 8, b"\x00" * 16)  # the header no longer names this server's instance
-        assert shm_reader.lookup(tokens, session="b").hit_tokens == 128
-        res = shm_reader.load("b", tokens, list(range(8)), 0, 128)
+        assert shm_reader.lookup(tokens, session=sid("b")).hit_tokens == 128
+        res = shm_reader.load(sid("b"), tokens, list(range(8)), 0, 128)
         assert not res.ok and "arena_changed" in (res.error or "")
         assert not writer.save(np.arange(1000, 1128), list(range(8))).ok  # nor written
 
@@ -48,14 +49,14 @@ def test_an_arena_without_the_servers_nonce_is_never_used(server_factory) -> Non
             out = GEO.sentinel_kv(8)
             assert auto_reader.register(out)
             assert auto_reader.data_mode == "tcp"  # the name does not lead to its server's arena
-            assert auto_reader.lookup(tokens, session="c").hit_tokens == 128
-            assert auto_reader.load("c", tokens, list(range(8)), 0, 128).ok
+            assert auto_reader.lookup(tokens, session=sid("c")).hit_tokens == 128
+            assert auto_reader.load(sid("c"), tokens, list(range(8)), 0, 128).ok
             assert all(torch.equal(o, s) for o, s in zip(out, src))
 
         _poke(seg, 8, original)  # the real arena again: shm works again after re-registering
         for layer in dst:
             layer.fill_(0)
-        assert shm_reader.lookup(tokens, session="d").hit_tokens == 128
-        assert shm_reader.load("d", tokens, list(range(8)), 0, 128).ok
+        assert shm_reader.lookup(tokens, session=sid("d")).hit_tokens == 128
+        assert shm_reader.load(sid("d"), tokens, list(range(8)), 0, 128).ok
         assert shm_reader.data_mode == "shm"
         assert all(torch.equal(d, s) for d, s in zip(dst, src))

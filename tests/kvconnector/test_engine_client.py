@@ -2,6 +2,7 @@
 data-plane modes and both copy paths; untouched blocks; lookup, save and load semantics."""
 
 from __future__ import annotations
+from kvhelpers import sid
 
 import itertools
 
@@ -43,12 +44,12 @@ def test_save_then_load_into_other_blocks_is_exact(kv_server, tag: str, mode: st
         assert a.data_mode == mode
         saved = a.save(tokens, src_ids)
         assert saved == SaveResult(True, 4, None, 4)
-        hit = b.lookup(tokens, session="s-exact")
+        hit = b.lookup(tokens, session=sid("s-exact"))
         assert hit == LookupResult(256, None)
         # the engine already holds 2 blocks (32 tokens); load up to 250 tokens (not chunk-aligned)
-        res = b.load("s-exact", tokens, dst_ids, skip_tokens=32, num_tokens=250)
+        res = b.load(sid("s-exact"), tokens, dst_ids, skip_tokens=32, num_tokens=250)
         assert res == LoadResult(True, 218, [], None)
-        b.release("s-exact")
+        b.release(sid("s-exact"))
     written = range(2, 16)  # blocks [32/16, ceil(250/16))
     for layer in range(geo.num_layers):
         for j, d in enumerate(dst_ids):
@@ -70,9 +71,9 @@ def test_stacked_cache_and_chunk_aligned_full_load(kv_server, mode: str) -> None
     with client(kv_server, [lay], mode) as a, client(kv_server, [lay], mode) as b:
         assert a.register(src) and b.register(dst)
         assert a.save(torch.tensor(tokens), list(range(8))).saved_chunks == 2  # tokens as a torch tensor
-        assert b.lookup(tokens.tolist(), session="s-stacked").hit_tokens == 128
+        assert b.lookup(tokens.tolist(), session=sid("s-stacked")).hit_tokens == 128
         ids = [11, 10, 9, 8, 7, 6, 5, 4]
-        assert b.load("s-stacked", tokens, ids, 0, 128).ok
+        assert b.load(sid("s-stacked"), tokens, ids, 0, 128).ok
     for j, d in enumerate(ids):
         assert torch.equal(dst[:, d], src[:, j])
     assert all(untouched("vllm_cpu", dst[layer], blk) for layer in range(3) for blk in range(4))
@@ -122,10 +123,10 @@ def test_load_leases_again_when_the_session_is_unknown(kv_server) -> None:
         a.register(src)
         b.register(dst)
         assert a.save(tokens, [0, 1, 2, 3]).ok
-        res = b.load("never-looked-up", tokens, [4, 5, 6, 7], 0, 64)  # the worker leases it itself
+        res = b.load(sid("never-looked-up"), tokens, [4, 5, 6, 7], 0, 64)  # the worker leases it itself
         assert res.ok and res.loaded_tokens == 64
         assert torch.equal(block_of("flash_attn", dst[1], 6), block_of("flash_attn", src[1], 2))
-        miss = b.load("other", fresh_tokens(64), [4, 5, 6, 7], 0, 64)  # not cached: nothing to lease
+        miss = b.load(sid("other"), fresh_tokens(64), [4, 5, 6, 7], 0, 64)  # not cached: nothing to lease
         assert not miss.ok and miss.failed_block_ids == [4, 5, 6, 7] and "NOT_LEASED" in (miss.error or "")
 
 
@@ -135,25 +136,25 @@ def test_load_rejects_bad_requests_without_touching_blocks(kv_server) -> None:
     dst = geo.sentinel_kv(8)
     tokens = fresh_tokens(128)
     with client(kv_server, [lay]) as a, client(kv_server, [lay]) as b:
-        assert not b.load("s", tokens, [0, 1, 2, 3], 0, 64).ok  # before register
+        assert not b.load(sid("s"), tokens, [0, 1, 2, 3], 0, 64).ok  # before register
         a.register(geo.random_kv(8, seed=6))
         assert a.save(tokens, list(range(8))).ok
         b.register(dst)
-        b.lookup(tokens, session="s-bad")
+        b.lookup(tokens, session=sid("s-bad"))
         cases = {
-            "unaligned skip": b.load("s-bad", tokens, list(range(8)), 8, 64),
-            "short table": b.load("s-bad", tokens, [0, 1], 0, 64),
-            "block out of range": b.load("s-bad", tokens, [0, 1, 2, 99], 0, 64),
-            "block twice": b.load("s-bad", tokens, [0, 1, 1, 2], 0, 64),
-            "beyond the leased prefix": b.load("s-bad", tokens, list(range(12)), 0, 192),
-            "bad salt": b.load("s-bad", tokens, list(range(8)), 0, 64, salt="no spaces"),
+            "unaligned skip": b.load(sid("s-bad"), tokens, list(range(8)), 8, 64),
+            "short table": b.load(sid("s-bad"), tokens, [0, 1], 0, 64),
+            "block out of range": b.load(sid("s-bad"), tokens, [0, 1, 2, 99], 0, 64),
+            "block twice": b.load(sid("s-bad"), tokens, [0, 1, 1, 2], 0, 64),
+            "beyond the leased prefix": b.load(sid("s-bad"), tokens, list(range(12)), 0, 192),
+            "bad salt": b.load(sid("s-bad"), tokens, list(range(8)), 0, 64, salt="no spaces"),
         }
         for name, res in cases.items():
             assert not res.ok and res.loaded_tokens == 0 and res.error, name
         assert cases["unaligned skip"].failed_block_ids == [1, 2, 3]
         assert cases["unaligned skip"].error.startswith("invalid")
         assert all(untouched("vllm_cpu", dst[layer], blk) for layer in range(2) for blk in range(8))
-        assert b.load("s-bad", tokens, list(range(8)), 64, 64) == LoadResult(True, 0, [], None)  # empty range
+        assert b.load(sid("s-bad"), tokens, list(range(8)), 64, 64) == LoadResult(True, 0, [], None)  # empty range
 
 
 def test_register_rejects_tensors_that_do_not_match_the_layout(kv_server) -> None:
@@ -179,8 +180,8 @@ def test_two_object_groups_with_their_own_block_tables(kv_server) -> None:
     with client(kv_server, layouts, "shm") as a, client(kv_server, layouts, "tcp") as b:
         assert a.register(src) and b.register(dst)
         assert a.save(tokens, tables_a) == SaveResult(True, 2, None, 2)
-        assert b.lookup(tokens, session="s-groups").hit_tokens == 128
-        assert b.load("s-groups", tokens, tables_b, 64, 128).ok
+        assert b.lookup(tokens, session=sid("s-groups")).hit_tokens == 128
+        assert b.load(sid("s-groups"), tokens, tables_b, 64, 128).ok
     for layer in range(2):
         for j in (2, 3):
             assert torch.equal(dst[0][layer][tables_b[0][j]], src[0][layer][tables_a[0][j]])

@@ -2,6 +2,7 @@
 never found or loaded under another, and the load's re-lookup path carries them too."""
 
 from __future__ import annotations
+from kvhelpers import sid
 
 import numpy as np
 import torch
@@ -29,10 +30,10 @@ def test_extra_keys_separate_saves_and_reach_the_reload_path(kv_server) -> None:
         assert b.lookup(tokens, extra=[(0, A), (1, A)]).hit_tokens == 128  # chunk 2 differs
         assert b.lookup(tokens, extra=xa).hit_tokens == 256
         # no lookup under this session: the load's re-lookup (with the extra keys) takes the leases
-        res = b.load("s-relookup", tokens, ids, 0, 256, extra=xa)
+        res = b.load(sid("s-relookup"), tokens, ids, 0, 256, extra=xa)
         assert res.ok and res.loaded_tokens == 256
-        b.release("s-relookup")
-        bad = b.load("s-other", tokens, ids, 0, 256, extra=[(i, B) for i in range(4)])
+        b.release(sid("s-relookup"))
+        bad = b.load(sid("s-other"), tokens, ids, 0, 256, extra=[(i, B) for i in range(4)])
         assert not bad.ok and bad.failed_block_ids == ids
     for j in ids:
         assert torch.equal(block_of("vllm_cpu", dst[0], j), block_of("vllm_cpu", src[0], j))

@@ -3,6 +3,7 @@ point outside the arena. The client must answer with typed errors, within its ti
 never report half-written blocks as loaded, and recover by itself."""
 
 from __future__ import annotations
+from kvhelpers import sid
 
 import logging
 import os
@@ -52,11 +53,11 @@ def test_killed_server_fails_loads_and_lookups_then_restart_recovers(server_fact
         dst = GEO.sentinel_kv(16)
         assert b.register(dst)
         assert a.save(tokens, list(range(12))).ok
-        assert b.lookup(tokens, session="s1").hit_tokens == 192
+        assert b.lookup(tokens, session=sid("s1")).hit_tokens == 192
         server.kill()
 
         started = time.monotonic()
-        res = b.load("s1", tokens, list(range(15, 3, -1)), 64, 192)
+        res = b.load(sid("s1"), tokens, list(range(15, 3, -1)), 64, 192)
         assert time.monotonic() - started < TIMEOUT + 2.0  # bounded by the timeout, never a hang
         assert not res.ok and res.loaded_tokens == 0
         assert res.failed_block_ids == sorted(range(15, 3, -1)[4:12])  # every block of the load range
@@ -74,8 +75,8 @@ def test_killed_server_fails_loads_and_lookups_then_restart_recovers(server_fact
         with make_client(server, "tcp") as reader:
             fresh = GEO.sentinel_kv(16)
             reader.register(fresh)
-            assert reader.lookup(tokens, session="s2").hit_tokens == 192
-            assert reader.load("s2", tokens, list(range(12)), 0, 192).ok
+            assert reader.lookup(tokens, session=sid("s2")).hit_tokens == 192
+            assert reader.load(sid("s2"), tokens, list(range(12)), 0, 192).ok
         for layer in range(GEO.num_layers):
             assert all(torch.equal(fresh[layer][j], src[layer][j]) for j in range(12))
 
@@ -186,7 +187,7 @@ def test_replies_pointing_outside_the_arena_are_refused(hostile: HostileServer) 
     dst = GEO.sentinel_kv(8)
     with EngineClient(hostile.url, "fail/model", 1, 0, [GEO.layout()], mode="shm", timeout=2.0) as c:
         assert c.register(dst)
-        res = c.load("s", np.arange(64), [0, 1, 2, 3], 0, 64)
+        res = c.load(sid("s"), np.arange(64), [0, 1, 2, 3], 0, 64)
         assert not res.ok and res.failed_block_ids == [0, 1, 2, 3] and "outside" in (res.error or "")
         assert all(untouched("vllm_cpu", dst[layer], b) for layer in range(2) for b in range(8))
         saved = c.save(np.arange(64), [0, 1, 2, 3])

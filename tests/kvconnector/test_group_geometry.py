@@ -17,7 +17,7 @@ import torch
 
 from engine_kv_helpers import SENTINEL, Geometry, module_server
 from kvconnector.engine_client import EngineClient
-from kvhelpers import lookup as raw_lookup
+from kvhelpers import lookup as raw_lookup, sid
 from kvhelpers import retrieve as raw_retrieve
 from kvprotocol import Client, KeySpace, pack_tokens
 
@@ -65,7 +65,7 @@ def _untouched(kv: list[torch.Tensor], blocks: range, shift: int = NB // 2) -> b
 
 def _load(c: EngineClient, session: str, tokens: list[int], skip: int, num: int):
     tables = [list(range(NB // 2, NB))] * len(c._link.layouts)
-    return c.load(session, tokens, tables, skip, num)
+    return c.load(sid(session), tokens, tables, skip, num)
 
 
 def test_groups_with_different_chunk_sizes_fold_into_one_token_prefix(server) -> None:
@@ -81,7 +81,7 @@ def test_groups_with_different_chunk_sizes_fold_into_one_token_prefix(server) ->
         assert c.lookup(a).hit_tokens == 4 * U  # unit 4 lacks group 1's object ending at unit 5
         b = a[: 3 * U] + _tokens(2, 2 * U)
         assert c.lookup(b).hit_tokens == 2 * U  # group 1 covers only units 0-1 of b, group 0 three
-        assert c.lookup(a, session="s1").hit_tokens == 4 * U
+        assert c.lookup(a, session=sid("s1")).hit_tokens == 4 * U
         res = _load(c, "s1", a, 0, 4 * U - 1)
         assert res.ok, res.error
         for g in range(2):
@@ -114,7 +114,7 @@ def test_sliding_window_stores_and_needs_only_its_last_window(server, mode: str,
         assert c.save(a[: 5 * U], [list(range(NB // 2))] * 2).ok  # now a snapshot ends at unit 5
         assert c.lookup(b).hit_tokens == 5 * U
         # a load of the whole hit less one token: all of group 0, only the window of group 1
-        assert c.lookup(a, session="s2").hit_tokens == 6 * U
+        assert c.lookup(a, session=sid("s2")).hit_tokens == 6 * U
         res = _load(c, "s2", a, 0, 6 * U - 1)
         assert res.ok, res.error
         assert _same(kv[0], range(24)) and _untouched(kv[0], range(24, 32))
@@ -131,12 +131,12 @@ def test_a_window_snapshot_before_token_zero_is_zero_filled(server, mode: str, b
         assert c.save(a, [list(range(NB // 2))]).ok
         ks = KeySpace.from_layouts("geo/sw0", 1, [sw])
         with Client(server.url) as raw:
-            assert raw_lookup(raw, ks, a, session=f"raw{mode}{backend}") == U
+            assert raw_lookup(raw, ks, a, session=sid(f"raw{mode}{backend}")) == U
             (obj,) = raw_retrieve(raw, f"raw{mode}{backend}", 0, 1).values()
         per_layer = 7 * sw.block_bytes
         for layer in range(sw.num_layers):
             assert obj[layer * per_layer: layer * per_layer + 3 * sw.block_bytes] == bytes(3 * sw.block_bytes)
-        assert c.lookup(a, session="s3").hit_tokens == U
+        assert c.lookup(a, session=sid("s3")).hit_tokens == U
         assert _load(c, "s3", a, 0, U - 1).ok
         assert _same(kv[0], range(4)) and _untouched(kv[0], range(4, 32))
 
@@ -155,10 +155,10 @@ def test_recurrent_state_is_usable_only_at_its_boundary(server) -> None:
         assert _l1(server, "geo/state", layouts, a) == [1, 1, 1, 2, 1, 2]
         assert c.lookup(a).hit_tokens == 6 * U
         assert c.lookup(a[: 5 * U] + _tokens(7, U)).hit_tokens == 4 * U  # never bridged to unit 5
-        assert c.lookup(a[: 5 * U], session="s4").hit_tokens == 4 * U
+        assert c.lookup(a[: 5 * U], session=sid("s4")).hit_tokens == 4 * U
         bad = _load(c, "s4", a, 0, 4 * U - 1)  # a state cannot serve a token before its boundary
         assert not bad.ok and "state" in (bad.error or "")
-        assert c.lookup(a[: 5 * U], session="s5").hit_tokens == 4 * U
+        assert c.lookup(a[: 5 * U], session=sid("s5")).hit_tokens == 4 * U
         res = _load(c, "s5", a, 0, 4 * U)
         assert res.ok, res.error
         assert _same(kv[0], range(16)) and _untouched(kv[0], range(16, 32))

@@ -8,6 +8,7 @@ the one a full run does; the only difference is where the prefix K/V came from.
 """
 
 from __future__ import annotations
+from kvhelpers import sid
 
 import math
 
@@ -119,10 +120,10 @@ def test_loaded_prefix_gives_bitwise_equal_logits(kv_server, mode: str) -> None:
     cache_b, table_b = PagedModel.new_cache(nb, float("nan")), [int(b) for b in rng.permutation(nb)[:16]]
     with EngineClient(server.url, "ref/tiny", 1, 0, [LAYOUT], mode=mode) as engine:
         assert engine.register(cache_b)
-        hit = engine.lookup(prompt_b, session="req-b").hit_tokens
+        hit = engine.lookup(prompt_b, session=sid("req-b")).hit_tokens
         assert hit == 2 * CHUNK
-        assert engine.load("req-b", prompt_b, table_b, 0, hit).ok
-        engine.release("req-b")
+        assert engine.load(sid("req-b"), prompt_b, table_b, 0, hit).ok
+        engine.release(sid("req-b"))
         partial = model.forward(prompt_b, cache_b, table_b, hit)
 
     cache_full, table_full = PagedModel.new_cache(nb), [int(b) for b in rng.permutation(nb)[:16]]

@@ -13,7 +13,7 @@ import torch
 
 from engine_kv_helpers import SENTINEL, Geometry, module_server
 from kvconnector.engine_client import EngineClient
-from kvhelpers import register as plain_register
+from kvhelpers import register as plain_register, sid
 from kvprotocol import SHARED_RANK, Client, KeySpace, ObjectKey, ServerError, ValidationError, pack_tokens
 from kvprotocol import requests as rq
 
@@ -50,9 +50,9 @@ def test_two_ranks_share_one_object_per_chunk(server, mode: str) -> None:
         assert [ch["objects"] for ch in _query(server.url, layout, tokens)] == [1] * CHUNKS
         assert [ch["l1"] for ch in _query(server.url, layout, tokens)] == [1] * CHUNKS
         sched = EngineClient(server.url, "mla/m", 2, 0, [layout], mode=mode, timeout=10)
-        assert sched.lookup(tokens, session=f"s-{mode}").hit_tokens == CHUNKS * 64
+        assert sched.lookup(tokens, session=sid(f"s-{mode}")).hit_tokens == CHUNKS * 64
         for c, k in zip(ranks, kvs):
-            res = c.load(f"s-{mode}", tokens, list(range(NB, 2 * NB)), 0, CHUNKS * 64)
+            res = c.load(sid(f"s-{mode}"), tokens, list(range(NB, 2 * NB)), 0, CHUNKS * 64)
             assert res.ok, res.error
             for layer in k:
                 assert torch.equal(layer[NB:], layer[:NB])
@@ -86,4 +86,4 @@ def test_bad_rank_values_are_refused(server) -> None:
         ks = KeySpace.from_layouts("mla/m", 2, [GEO.layout()])
         with pytest.raises(ServerError, match="OUT_OF_RANGE"):
             c.send(rq.Lookup(keyspace=ks.wire(), tokens=pack_tokens([1] * 64), salt="", rank=SHARED_RANK,
-                             session="x"))
+                             session=sid("x")))

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvhelpers import lookup, payload, register, store
+from kvhelpers import lookup, payload, register, store, sid
 from kvprotocol import KeySpace
 
 WORLD = 3
@@ -108,7 +108,7 @@ def test_tp_ranks_get_stored_bytes_or_a_miss_under_eviction(server_factory, mode
                 for _, conn in ranks:
                     conn.send(("save", round_, tokens))
                 assert all(conn.recv() for _, conn in ranks)
-                session = f"tp-{round_}"
+                session = sid(f"tp-{round_}")
                 assert lookup(c, ks, tokens, session=session) == CHUNKS * CHUNK  # the scheduler's lookup
                 stop = threading.Event()
                 before = pressured[0]

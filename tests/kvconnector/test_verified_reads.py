@@ -7,6 +7,7 @@ round trip across a server restart.
 """
 
 from __future__ import annotations
+from kvhelpers import sid
 
 import mmap
 import os
@@ -57,7 +58,7 @@ class ArenaBytes:
         self.mm.close()
 
 
-def objects_of(c: Client, tokens: np.ndarray, session: str = "peek") -> list[dict]:
+def objects_of(c: Client, tokens: np.ndarray, session: str = sid("peek")) -> list[dict]:
     """Where the server keeps the objects of `tokens` (offset, size, checksum), via a raw retrieve."""
     ks = KeySpace.from_layouts(MODEL, 1, [LAY])
     hit = c.call("lookup", keyspace=ks.to_wire(), tokens=pack_tokens(tokens), session=session).result
@@ -89,17 +90,17 @@ def test_a_flipped_arena_byte_fails_the_load_and_is_never_served(server, mode: s
         arena = ArenaBytes(raw)
         victim = objs[1]["offset"] + objs[1]["size"] - 3  # one byte near the end of chunk 1
         arena.flip(victim)
-        assert b.lookup(tokens, session="s1").hit_tokens == 3 * CHUNK  # the index cannot know
-        res = b.load("s1", tokens, dst_ids, 0, 3 * CHUNK)
+        assert b.lookup(tokens, session=sid("s1")).hit_tokens == 3 * CHUNK  # the index cannot know
+        res = b.load(sid("s1"), tokens, dst_ids, 0, 3 * CHUNK)
         assert not res.ok and res.loaded_tokens == 0
         assert res.failed_block_ids == sorted(dst_ids)  # every block of the range, so all are recomputed
         assert "checksum" in (res.error or "")
         assert (b.verify_failures, b.verify_failed_objects) == (1, 1)
-        b.release("s1")
+        b.release(sid("s1"))
         arena.flip(victim)  # repaired: the same load now verifies and is exact
-        assert b.lookup(tokens, session="s2").hit_tokens == 3 * CHUNK
-        assert b.load("s2", tokens, dst_ids, 0, 3 * CHUNK).ok
-        b.release("s2")
+        assert b.lookup(tokens, session=sid("s2")).hit_tokens == 3 * CHUNK
+        assert b.load(sid("s2"), tokens, dst_ids, 0, 3 * CHUNK).ok
+        b.release(sid("s2"))
         arena.close()
     assert_blocks_equal(dst, dst_ids, src, ids)
 
@@ -115,8 +116,8 @@ def test_a_load_starting_mid_object_still_checks_the_whole_object(server) -> Non
         obj = objects_of(raw, tokens)[0]
         arena = ArenaBytes(raw)
         arena.flip(obj["offset"] + 5)  # in block 0 of layer 0, which the load skips
-        assert b.lookup(tokens, session="m").hit_tokens == CHUNK
-        res = b.load("m", tokens, list(range(BPC)), 2 * GEO.block_size, CHUNK)
+        assert b.lookup(tokens, session=sid("m")).hit_tokens == CHUNK
+        res = b.load(sid("m"), tokens, list(range(BPC)), 2 * GEO.block_size, CHUNK)
         assert not res.ok and res.failed_block_ids == [2, 3]
         arena.close()
 
@@ -138,8 +139,8 @@ def test_a_commit_that_never_wrote_cannot_serve_an_evicted_objects_bytes(server)
         assert slot["status"] == "reserved" and slot["offset"] == old["offset"]  # the same slot
         claimed = kvsum64(np.random.default_rng(9).integers(0, 256, slot["size"], dtype=np.uint8))
         raw.call("commit", store_id=reply["store_id"], checksums=[claimed])  # nothing was written
-        assert b.lookup(second, session="u").hit_tokens == CHUNK
-        res = b.load("u", second, list(range(BPC)), 0, CHUNK)
+        assert b.lookup(second, session=sid("u")).hit_tokens == CHUNK
+        res = b.load(sid("u"), second, list(range(BPC)), 0, CHUNK)
         assert not res.ok and res.failed_block_ids == list(range(BPC)) and b.verify_failures == 1
 
 
@@ -155,10 +156,10 @@ def test_the_checksum_survives_an_l2_round_trip_and_restart(server_factory, tmp_
     second = server_factory(*args)  # L1 empty, L2 directory kept
     with second.client() as raw, engine(second) as b:
         assert b.register(dst)
-        assert b.lookup(tokens, session="l2").hit_tokens == 2 * CHUNK  # prefetched from L2
+        assert b.lookup(tokens, session=sid("l2")).hit_tokens == 2 * CHUNK  # prefetched from L2
         ids = [11 - i for i in range(2 * BPC)]
-        assert b.load("l2", tokens, ids, 0, 2 * CHUNK).ok  # verified against the checksum from the blob
-        b.release("l2")
+        assert b.load(sid("l2"), tokens, ids, 0, 2 * CHUNK).ok  # verified against the checksum from the blob
+        b.release(sid("l2"))
         assert [o["checksum"] for o in objects_of(raw, tokens)] == written
         assert b.verify_failures == 0
     assert_blocks_equal(dst, ids, src, list(range(2 * BPC)))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from kvprotocol import Client, KVProtocolError, ServerError, unpack_tokens
+from kvprotocol import Client, KVProtocolError, ServerError, new_session_id, unpack_tokens
 
 
 def attempt(fn) -> str:  # type: ignore[no-untyped-def]
@@ -37,8 +37,9 @@ def main() -> None:
     with Client(url, timeout=5) as c:  # finds no token: none in its env, the owner's file is unreadable
         out["ping"] = attempt(lambda: c.call("ping"))
         out["describe"] = attempt(lambda: c.call("describe"))
-        out["lookup"] = attempt(lambda: c.call("lookup", session="steal", **keys))
-        out["retrieve"] = attempt(lambda: c.call("retrieve", session="steal", rank=0, start_chunk=0, end_chunk=1,
+        steal = new_session_id()
+        out["lookup"] = attempt(lambda: c.call("lookup", session=steal, **keys))
+        out["retrieve"] = attempt(lambda: c.call("retrieve", session=steal, rank=0, start_chunk=0, end_chunk=1,
                                                  mode="tcp"))
         out["query"] = attempt(lambda: c.call("query", **keys))
         out["store"] = attempt(lambda: c.call("store", rank=0, mode="tcp", **keys))

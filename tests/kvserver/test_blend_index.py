@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout
+from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout, sid
 from kvprotocol import Client, KeySpace, ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 
@@ -53,14 +53,14 @@ def test_matches_at_shuffled_positions_and_retrieve(server):
         system, query = list(range(1, 40)), list(range(40, 77))
         order = [2, 0, 3]  # doc 1 left out, the others shuffled
         tokens, starts = prompt_of([system, *[corpus[i] for i in order], query])
-        result = blend_lookup(c, ks, tokens, starts, session="b1")
+        result = blend_lookup(c, ks, tokens, starts, session=sid("b1"))
         expected = [(starts[1 + k] + i * C, i * C, d) for k, d in enumerate(order) for i in range(len(corpus[d]) // C)]
         assert [(m["start"], m["ref_pos"]) for m in result["matches"]] == [(s, p) for s, p, _ in expected]
         assert result["hit_tokens"] == len(expected) * C
         got = retrieve(c, "b1", 0, len(expected))
         for i, (_, ref, d) in enumerate(expected):
             assert got[(i, 0)] == payload(100 * d + ref // C, size)
-        c.call("end_session", session="b1")
+        c.call("end_session", session=sid("b1"))
         # the prefix path never sees blend chunks: the same prompt is a prefix miss
         assert lookup(c, ks, tokens) == 0
         described = c.call("describe").result
@@ -97,7 +97,7 @@ def test_position_base_is_part_of_identity(server):
         again = blend_store(c, ks, doc, lambda ch, g: payload(50 + ch, size), pos_base=1000)
         assert {s["status"] for s in again["slots"]} == {"reserved"}  # other positions, other bytes
         tokens, starts = prompt_of([[7] * 10, doc])
-        result = blend_lookup(c, ks, tokens, starts, session="p")
+        result = blend_lookup(c, ks, tokens, starts, session=sid("p"))
         assert [m["ref_pos"] for m in result["matches"]] == [1000 + i * C for i in range(len(doc) // C)]
         assert retrieve(c, "p", 0, 1)[(0, 0)] == payload(50, size)  # the newest copy's bytes
         dup = blend_store(c, ks, doc, lambda ch, g: payload(0, size), pos_base=0)
@@ -165,7 +165,7 @@ def test_prefix_store_unaffected_by_blend_corpus(server):
         blend_store(c, ks, doc, lambda ch, g: payload(ch, size))
         reply = store(c, ks, doc, lambda ch, g: payload(ch + 9, size))
         assert {s["status"] for s in reply["slots"]} == {"reserved"}  # no dedup across the two families
-        assert lookup(c, ks, doc, session="x") == (len(doc) // C) * C
+        assert lookup(c, ks, doc, session=sid("x")) == (len(doc) // C) * C
         assert retrieve(c, "x", 0, 1)[(0, 0)] == payload(9, size)
 
 

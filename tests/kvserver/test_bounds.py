@@ -16,7 +16,7 @@ import msgpack
 import pytest
 import zmq
 
-from kvhelpers import register, tiny_layout
+from kvhelpers import register, tiny_layout, sid
 from kvprotocol import MAX_KEYS, PROTOCOL_VERSION, Client, pack_tokens, resolve_token
 
 GENEROUS_S = 1.0
@@ -145,13 +145,13 @@ def test_sessions_and_stores_are_capped(server_factory) -> None:
         ks, _ = register(c)
         wire = ks.to_wire()
         for i in range(MAX_SESSIONS):
-            c.call("lookup", keyspace=wire, tokens=pack_tokens([i] * 256), session=f"s{i}")
+            c.call("lookup", keyspace=wire, tokens=pack_tokens([i] * 256), session=sid(f"s{i}"))
         reply, _ = hostile(srv.url, [req("lookup", auth, keyspace=wire, tokens=pack_tokens([1] * 256),
-                                         session="one-too-many")], "session past the cap")
+                                         session=sid("one-too-many"))], "session past the cap")
         assert _code(reply) == "TOO_MANY"
-        c.call("lookup", keyspace=wire, tokens=pack_tokens([1] * 256), session="s0")  # reusing one is fine
-        c.call("end_session", session="s1")
-        c.call("lookup", keyspace=wire, tokens=pack_tokens([1] * 256), session="now-fits")
+        c.call("lookup", keyspace=wire, tokens=pack_tokens([1] * 256), session=sid("s0"))  # reusing one is fine
+        c.call("end_session", session=sid("s1"))
+        c.call("lookup", keyspace=wire, tokens=pack_tokens([1] * 256), session=sid("now-fits"))
         for i in range(MAX_STORES):
             assert c.call("store", keyspace=wire, tokens=pack_tokens([i, 7] * 128), rank=0).result["store_id"]
         reply, _ = hostile(srv.url, [req("store", auth, keyspace=wire, tokens=pack_tokens([9, 9] * 128), rank=0)],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kvhelpers import lookup, payload, register, tiny_layout
+from kvhelpers import lookup, payload, register, tiny_layout, sid
 from kvprotocol import AsyncClient, pack_tokens
 from kvprotocol.kvsum import kvsum64
 
@@ -36,8 +36,8 @@ def test_two_clients_store_the_same_keys(server):
     # each chunk reserved by exactly one writer, seen as in-flight by the other
     assert all(sorted(pair) == ["reserved", "writing"] for pair in statuses)
     with server.client() as c:
-        assert lookup(c, ks, TOKENS, session="check") == len(TOKENS)
-        reply = c.call("retrieve", session="check", rank=0, start_chunk=0, end_chunk=6, mode="tcp")
+        assert lookup(c, ks, TOKENS, session=sid("check")) == len(TOKENS)
+        reply = c.call("retrieve", session=sid("check"), rank=0, start_chunk=0, end_chunk=6, mode="tcp")
         size = tiny_layout().object_bytes
         for obj, frame in zip(reply.result["objects"], reply.frames):
             writer = 1 if a[obj["chunk"]]["status"] == "reserved" else 2

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout
+from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout, sid
 from kvprotocol import ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 
@@ -28,7 +28,7 @@ def test_read_lease_expires(server_factory):
     with srv.client() as c:
         ks, _ = register(c)
         store(c, ks, TOKENS, lambda ch, g: payload(ch, tiny_layout().object_bytes))
-        assert lookup(c, ks, TOKENS, session="crashy") == 512
+        assert lookup(c, ks, TOKENS, session=sid("crashy")) == 512
         assert c.call("describe").result["l1"]["leased"] == 2
         assert wait_for(lambda: c.call("describe").result["l1"]["leased"] == 0)
         with pytest.raises(ServerError) as err:
@@ -56,12 +56,12 @@ def test_retrieve_refreshes_and_release_returns_leases(server):
     with server.client() as c:
         ks, _ = register(c)
         store(c, ks, TOKENS, lambda ch, g: payload(ch, tiny_layout().object_bytes))
-        lookup(c, ks, TOKENS, session="s")
-        lookup(c, ks, TOKENS, session="s")  # a repeated lookup replaces, never stacks, leases
+        lookup(c, ks, TOKENS, session=sid("s"))
+        lookup(c, ks, TOKENS, session=sid("s"))  # a repeated lookup replaces, never stacks, leases
         assert c.call("describe").result["l1"]["leased"] == 2
-        assert c.call("release", session="s").result == {"released": True, "intact": True}
+        assert c.call("release", session=sid("s")).result == {"released": True, "intact": True}
         assert c.call("describe").result["l1"]["leased"] == 0
-        assert c.call("release", session="s").result == {"released": False, "intact": False}
+        assert c.call("release", session=sid("s")).result == {"released": False, "intact": False}
 
 
 def test_store_ids_are_128_bit_random(server):
@@ -69,8 +69,8 @@ def test_store_ids_are_128_bit_random(server):
         ks, _ = register(c)
         ids = {store(c, ks, list(range(i, i + 256)), lambda ch, g: b"", commit=False)["store_id"] for i in range(3)}
     assert len(ids) == 3
-    for sid in ids:
-        assert sid.startswith("st-") and len(sid) == 3 + 32 and int(sid[3:], 16) >= 0
+    for store_id in ids:
+        assert store_id.startswith("st-") and len(store_id) == 3 + 32 and int(store_id[3:], 16) >= 0
 
 
 def test_leases_are_held_per_reader_rank(server):
@@ -80,20 +80,20 @@ def test_leases_are_held_per_reader_rank(server):
         ks, _ = register(c, world_size=2)
         for rank in (0, 1):
             store(c, ks, TOKENS, lambda ch, g, r=rank: payload(10 * r + ch, obj), rank=rank)
-        assert lookup(c, ks, TOKENS, session="tp") == 512
+        assert lookup(c, ks, TOKENS, session=sid("tp")) == 512
         assert c.call("describe").result["l1"]["leased"] == 4  # 2 chunks x 2 ranks
-        lease0 = c.call("retrieve", session="tp", rank=0, start_chunk=0, end_chunk=2, mode="tcp").result["lease"]
-        reply1 = c.call("retrieve", session="tp", rank=1, start_chunk=0, end_chunk=2, mode="tcp")
+        lease0 = c.call("retrieve", session=sid("tp"), rank=0, start_chunk=0, end_chunk=2, mode="tcp").result["lease"]
+        reply1 = c.call("retrieve", session=sid("tp"), rank=1, start_chunk=0, end_chunk=2, mode="tcp")
         lease1 = reply1.result["lease"]
         assert lease0 != lease1
-        assert c.call("release", session="tp", rank=0, lease=lease0).result == {"released": True, "intact": True}
+        assert c.call("release", session=sid("tp"), rank=0, lease=lease0).result == {"released": True, "intact": True}
         assert c.call("describe").result["l1"]["leased"] == 2  # rank 1 still holds its objects
         assert c.call("describe").result["sessions"] == 1
         with pytest.raises(ServerError) as err:  # rank 0 is done with this session
             retrieve(c, "tp", 0, 2, rank=0)
         assert err.value.code == "NOT_LEASED"
         assert retrieve(c, "tp", 0, 2, rank=1)[(1, 0)] == payload(11, obj)
-        assert c.call("release", session="tp", rank=1, lease=lease1).result == {"released": True, "intact": True}
+        assert c.call("release", session=sid("tp"), rank=1, lease=lease1).result == {"released": True, "intact": True}
         assert c.call("describe").result["l1"]["leased"] == 0
         assert c.call("describe").result["sessions"] == 0
 
@@ -105,27 +105,27 @@ def test_a_reader_learns_when_its_leases_were_dropped_under_it(server):
         ks, _ = register(c, world_size=2)
         for rank in (0, 1):
             store(c, ks, TOKENS, lambda ch, g: payload(ch, obj), rank=rank)
-        lookup(c, ks, TOKENS, session="s")
-        lease = c.call("retrieve", session="s", rank=1, start_chunk=0, end_chunk=1, mode="shm").result["lease"]
+        lookup(c, ks, TOKENS, session=sid("s"))
+        lease = c.call("retrieve", session=sid("s"), rank=1, start_chunk=0, end_chunk=1, mode="shm").result["lease"]
         # a bad client releases rank 1's leases, then leases rank 1 again: the reader must not be fooled
-        assert c.call("release", session="s", rank=1).result == {"released": True, "intact": True}
-        lookup_fields = {"keyspace": ks.to_wire(), "tokens": pack_tokens(TOKENS), "session": "s", "rank": 1}
+        assert c.call("release", session=sid("s"), rank=1).result == {"released": True, "intact": True}
+        lookup_fields = {"keyspace": ks.to_wire(), "tokens": pack_tokens(TOKENS), "session": sid("s"), "rank": 1}
         assert c.call("lookup", **lookup_fields).result["hit_tokens"] == 512
-        assert c.call("release", session="s", rank=1, lease=lease).result == {"released": False, "intact": False}
+        assert c.call("release", session=sid("s"), rank=1, lease=lease).result == {"released": False, "intact": False}
         assert c.call("describe").result["counters"]["broken_reads"] == 1
         # the new reader is still there for its owner (a stale number releases nothing)
         assert c.call("describe").result["l1"]["leased"] == 4
         # a full lookup replaces every reader: rank 0's earlier number is stale too
-        lease0 = c.call("retrieve", session="s", rank=0, start_chunk=0, end_chunk=1).result["lease"]
-        lookup(c, ks, TOKENS, session="s")
-        assert c.call("release", session="s", rank=0, lease=lease0).result["intact"] is False
+        lease0 = c.call("retrieve", session=sid("s"), rank=0, start_chunk=0, end_chunk=1).result["lease"]
+        lookup(c, ks, TOKENS, session=sid("s"))
+        assert c.call("release", session=sid("s"), rank=0, lease=lease0).result["intact"] is False
         with pytest.raises(ServerError) as err:
-            c.call("release", session="s", lease=lease0)
+            c.call("release", session=sid("s"), lease=lease0)
         assert err.value.code == "BAD_FIELD"
         with pytest.raises(ServerError) as err:
             c.call("lookup", **{**lookup_fields, "rank": 2})
         assert err.value.code == "OUT_OF_RANGE"
-        assert c.call("release", session="s").result == {"released": True, "intact": True}
+        assert c.call("release", session=sid("s")).result == {"released": True, "intact": True}
         assert c.call("describe").result["l1"]["leased"] == 0
 
 
@@ -134,11 +134,12 @@ def test_expired_session_is_not_intact_even_if_leased_again(server_factory):
     with srv.client() as c:
         ks, _ = register(c)
         store(c, ks, TOKENS, lambda ch, g: payload(ch, tiny_layout().object_bytes))
-        lookup(c, ks, TOKENS, session="slow")
-        lease = c.call("retrieve", session="slow", rank=0, start_chunk=0, end_chunk=2).result["lease"]
+        lookup(c, ks, TOKENS, session=sid("slow"))
+        lease = c.call("retrieve", session=sid("slow"), rank=0, start_chunk=0, end_chunk=2).result["lease"]
         assert wait_for(lambda: c.call("describe").result["sessions"] == 0)
-        lookup(c, ks, TOKENS, session="slow")  # e.g. the scheduler looked the request up again
-        assert c.call("release", session="slow", rank=0, lease=lease).result == {"released": False, "intact": False}
+        lookup(c, ks, TOKENS, session=sid("slow"))  # e.g. the scheduler looked the request up again
+        released = c.call("release", session=sid("slow"), rank=0, lease=lease).result
+        assert released == {"released": False, "intact": False}
 
 
 def test_late_writer_cannot_reach_a_reused_slot(server_factory):
@@ -163,10 +164,10 @@ def test_late_writer_cannot_reach_a_reused_slot(server_factory):
         with pytest.raises(ServerError) as err:
             c.call("commit", store_id=late["store_id"], checksums=[kvsum64(b"\xee" * obj)] * 2)
         assert err.value.code == "UNKNOWN_STORE"
-        lookup(c, ks, others[:512], session="r")
+        lookup(c, ks, others[:512], session=sid("r"))
         got = retrieve(c, "r", 0, 2, mode="shm", arena=arena)
         assert got == {(0, 0): payload(100, obj), (1, 0): payload(101, obj)}
-        c.call("release", session="r")
+        c.call("release", session=sid("r"))
         # after the quarantine the slots serve again
         assert wait_for(lambda: c.call("describe").result["l1"]["quarantined"] == 0)
         reply = store(c, ks, others, lambda ch, g: payload(100 + ch, obj), start_chunk=2)

@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import zmq
 
-from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout
+from kvhelpers import lookup, payload, register, retrieve, sid, store, tiny_layout
 from kvprotocol import MAX_TOKENS, PROTOCOL_VERSION, ErrorCode, ServerError, resolve_token
 
 TOKENS = list(range(777, 777 + 512))
@@ -64,13 +64,15 @@ CASES = [
     ("unknown mode", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0, mode="udp")], "BAD_FIELD"),
     ("start chunk past end", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0, start_chunk=9)],
      "OUT_OF_RANGE"),
-    ("negative chunk", lambda: [req("retrieve", session="s", rank=0, start_chunk=-1, end_chunk=1)], "OUT_OF_RANGE"),
-    ("oversize chunk id", lambda: [req("retrieve", session="s", rank=0, start_chunk=0, end_chunk=1 << 40)],
+    ("negative chunk", lambda: [req("retrieve", session=sid("s"), rank=0, start_chunk=-1, end_chunk=1)],
      "OUT_OF_RANGE"),
-    ("chunks outside lease", lambda: [req("retrieve", session="held", rank=0, start_chunk=0, end_chunk=50)],
+    ("oversize chunk id", lambda: [req("retrieve", session=sid("s"), rank=0, start_chunk=0, end_chunk=1 << 40)],
+     "OUT_OF_RANGE"),
+    ("chunks outside lease", lambda: [req("retrieve", session=sid("held"), rank=0, start_chunk=0, end_chunk=50)],
      "NOT_LEASED"),
-    ("reversed range", lambda: [req("retrieve", session="held", rank=0, start_chunk=2, end_chunk=1)], "NOT_LEASED"),
-    ("session id too long", lambda: [req("release", session="x" * 1000)], "BAD_FIELD"),
+    ("reversed range", lambda: [req("retrieve", session=sid("held"), rank=0, start_chunk=2, end_chunk=1)],
+     "NOT_LEASED"),
+    ("session id too long", lambda: [req("release", session=sid("x") * 1000)], "BAD_FIELD"),
     ("unknown store", lambda: [req("commit", store_id="st-nope", checksums=[])], "UNKNOWN_STORE"),
     ("data frames on lookup", lambda: [req("lookup", keyspace=ks_wire(), tokens=TOK), b"payload"], "BAD_FIELD"),
     ("oversize header", lambda: [req("ping") + b"\x00" * (5 << 20)], "TOO_LARGE"),
@@ -89,16 +91,16 @@ CASES = [
     ("total_chunks without reservation", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
                                                       total_chunks=1)], "BAD_FIELD"),
     ("first reserved store without total", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
-                                                        reservation="r-none")], "BAD_FIELD"),
+                                                        reservation="r-none-" + "0" * 30)], "BAD_FIELD"),
     ("reservation of zero chunks", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
-                                                reservation="r-zero", total_chunks=0)], "OUT_OF_RANGE"),
+                                                reservation="r-zero-" + "0" * 30, total_chunks=0)], "OUT_OF_RANGE"),
     ("reservation id too long", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
                                              reservation="r" * 1000, total_chunks=1)], "BAD_FIELD"),
     ("reservation of all of L1, partly in use", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
-                                                             reservation="r-huge", total_chunks=1 << 14)],
+                                                             reservation="r-huge-" + "0" * 30, total_chunks=1 << 14)],
      "RETRY_LATER"),
     ("first store beyond its own total", lambda: [req("store", keyspace=ks_wire(), tokens=TOK * 2, rank=0,
-                                                      reservation="r-over", total_chunks=1)], "BAD_FIELD"),
+                                                      reservation="r-over-" + "0" * 30, total_chunks=1)], "BAD_FIELD"),
     ("layout extra field", lambda: [req("register_engine", model="m", world_size=1, rank=0,
                                         groups=[{**tiny_layout().to_wire(), "exec": "rm -rf /"}])], "BAD_FIELD"),
 ]
@@ -113,7 +115,7 @@ def prepared(server):
     GOOD_KS, _ = register(c)
     size = tiny_layout().object_bytes
     store(c, GOOD_KS, TOKENS, lambda ch, g: payload(ch, size))
-    assert lookup(c, GOOD_KS, TOKENS, session="held") == 512
+    assert lookup(c, GOOD_KS, TOKENS, session=sid("held")) == 512
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(server.url)

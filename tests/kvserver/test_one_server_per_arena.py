@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout
+from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout, sid
 from serverproc import BIN
 
 OBJ = tiny_layout().object_bytes
@@ -45,11 +45,11 @@ def test_second_server_leaves_the_first_fully_working(server_factory):
         store(c, ks, second, lambda ch, g: payload(50 + ch, OBJ), mode="shm", arena=arena)
         fresh = ArenaMap(reg["arena"]["name"], reg["arena"]["size"])
         for tokens, seed in ((first, 0), (second, 50)):
-            assert lookup(c, ks, tokens, session="check") == 512
+            assert lookup(c, ks, tokens, session=sid("check")) == 512
             tcp = retrieve(c, "check", 0, 2, mode="tcp")
             assert tcp == {(0, 0): payload(seed, OBJ), (1, 0): payload(seed + 1, OBJ)}
             assert retrieve(c, "check", 0, 2, mode="shm", arena=fresh) == tcp
-            c.call("release", session="check")
+            c.call("release", session=sid("check"))
         arena.close()
         fresh.close()
     assert srv.stop() == 0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout
+from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout, sid
 from kvprotocol import pack_tokens
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -77,7 +77,7 @@ def test_another_os_user_can_neither_read_write_pin_nor_clear(server_factory) ->
     with srv.client() as owner:  # nothing changed
         described = owner.call("describe").result
         assert described["l1"]["objects"] == 2 and described["l1"]["pinned"] == 0
-        assert lookup(owner, ks, TOKENS, salt="victim", session="mine") == 512
+        assert lookup(owner, ks, TOKENS, salt="victim", session=sid("mine")) == 512
         assert retrieve(owner, "mine", 0, 2) == {(0, 0): payload(0, size), (1, 0): payload(1, size)}
         assert described["errors"]["UNAUTHORIZED"] >= 9
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from blake3 import blake3
 
-from kvhelpers import lookup, payload, register, retrieve
+from kvhelpers import lookup, payload, register, retrieve, sid
 from kvprotocol import ServerError, chunk_hashes, pack_tokens
 from kvprotocol.kvsum import kvsum64
 
@@ -26,7 +26,7 @@ def _store(c, ks, extra, seed):
 def _hit(c, ks, extra, session=None):
     fields = {"keyspace": ks.to_wire(), "tokens": pack_tokens(TOKENS), "extra": extra}
     if session:
-        fields["session"] = session
+        fields["session"] = sid(session)
     return c.call("lookup", **fields).result["hit_tokens"]
 
 
@@ -41,7 +41,7 @@ def test_extra_keys_separate_objects_and_match_the_client_hash(server):
         q = c.call("query", keyspace=ks.to_wire(), tokens=pack_tokens(TOKENS), extra=[[0, A], [2, A]]).result
         assert [ch["hash"] for ch in q["chunks"]] == [h.hex() for h in chunk_hashes(TOKENS, 256, [(0, A), (2, A)])]
         assert q["prefix_tokens"] == 768
-        _hit(c, ks, [[0, A], [2, A]], session="s1")
+        _hit(c, ks, [[0, A], [2, A]], session=sid("s1"))
         got = retrieve(c, "s1", 0, 3)
         assert got[(2, 0)] == payload(1 + 2, SIZE)
         pinned = c.call("pin", keyspace=ks.to_wire(), tokens=pack_tokens(TOKENS), extra=[[0, A], [2, A]]).result
@@ -65,7 +65,7 @@ def test_malformed_extra_is_refused_and_changes_nothing(server, op, extra, code)
         if op == "store":
             fields.update(rank=0, mode="tcp")
         if op == "lookup":
-            fields["session"] = "s-bad"
+            fields["session"] = sid("s-bad")
         with pytest.raises(ServerError) as info:
             c.call(op, **fields)
         assert info.value.code == code
@@ -73,5 +73,5 @@ def test_malformed_extra_is_refused_and_changes_nothing(server, op, extra, code)
         assert after == before
         assert _hit(c, ks, [[0, A]]) == 768  # the server keeps serving what it held
         with pytest.raises(ServerError) as info:
-            c.call("retrieve", session="s-bad", rank=0, start_chunk=0, end_chunk=1)
+            c.call("retrieve", session=sid("s-bad"), rank=0, start_chunk=0, end_chunk=1)
         assert info.value.code == "UNKNOWN_SESSION"  # the refused lookup opened no session

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout
+from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout, sid
 from kvprotocol import KeySpace, ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 
@@ -21,10 +21,10 @@ def test_store_then_retrieve_exact_bytes(server, mode):
         data = {(ch, g): payload(ch * 10 + g, size[g]) for ch in range(4) for g in range(2)}
         reply = store(c, ks, TOKENS, lambda ch, g: data[(ch, g)], mode=mode, arena=arena)
         assert [s["status"] for s in reply["slots"]] == ["reserved"] * 8  # only full chunks
-        assert lookup(c, ks, TOKENS, session="s1") == 4 * 256
+        assert lookup(c, ks, TOKENS, session=sid("s1")) == 4 * 256
         got = retrieve(c, "s1", 0, 4, mode=mode, arena=arena)
         assert got == data
-        c.call("end_session", session="s1")
+        c.call("end_session", session=sid("s1"))
 
 
 def test_read_your_writes_and_dedup(server):
@@ -36,7 +36,7 @@ def test_read_your_writes_and_dedup(server):
         assert lookup(c, ks, TOKENS) == 512  # visible as soon as commit returned
         again = store(c, ks, TOKENS, lambda ch, g: payload(ch + 100, size))
         assert [s["status"] for s in again["slots"]] == ["present", "present", "reserved", "reserved"]
-        assert lookup(c, ks, TOKENS, session="rw") == 1024
+        assert lookup(c, ks, TOKENS, session=sid("rw")) == 1024
         got = retrieve(c, "rw", 0, 2)
         assert got[(0, 0)] == payload(0, size)  # the first writer's bytes, not overwritten
 
@@ -94,7 +94,7 @@ def test_salt_isolates_and_retrieve_needs_a_lease(server):
         assert lookup(c, ks, TOKENS, salt="tenant-a") == 1024
         assert lookup(c, ks, TOKENS, salt="tenant-b") == 0
         assert lookup(c, ks, TOKENS) == 0
-        lookup(c, ks, TOKENS, salt="tenant-b", session="b")
+        lookup(c, ks, TOKENS, salt="tenant-b", session=sid("b"))
         with pytest.raises(ServerError) as err:
             retrieve(c, "b", 0, 1)
         assert err.value.code == "NOT_LEASED"
@@ -140,8 +140,8 @@ def test_retrieve_returns_the_committed_checksum(server):
         ks, _ = register(c)
         size = tiny_layout().object_bytes
         store(c, ks, TOKENS, lambda ch, g: payload(ch, size))
-        assert lookup(c, ks, TOKENS, session="cs") == 4 * 256
-        reply = c.call("retrieve", session="cs", rank=0, start_chunk=0, end_chunk=2, mode="tcp")
+        assert lookup(c, ks, TOKENS, session=sid("cs")) == 4 * 256
+        reply = c.call("retrieve", session=sid("cs"), rank=0, start_chunk=0, end_chunk=2, mode="tcp")
         for obj, frame in zip(reply.result["objects"], reply.frames, strict=True):
             assert obj["checksum"] == kvsum64(payload(obj["chunk"], size)) == kvsum64(frame)
 

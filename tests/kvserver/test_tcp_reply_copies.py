@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 
-from kvhelpers import lookup, payload, register, store, tiny_layout
+from kvhelpers import lookup, payload, register, store, tiny_layout, sid
 from kvprotocol import Client, resolve_token
 
 BIG = tiny_layout(block_bytes=2 << 20)  # 2 layers x 8 blocks x 2 MiB = one 32 MiB object per chunk
@@ -67,12 +67,12 @@ def test_tcp_reply_bytes_do_not_change_after_the_lease_ends(server_factory):
             x.call("ping")
             ready.set()
             go.wait()
-            got.append(x.call("retrieve", session="slow", rank=0, start_chunk=0, end_chunk=1, mode="tcp"))
+            got.append(x.call("retrieve", session=sid("slow"), rank=0, start_chunk=0, end_chunk=1, mode="tcp"))
 
     with srv.client(timeout=30) as c:
         ks, _ = register(c, layouts=[BIG])
         store(c, ks, t1, lambda ch, g: payload(1, obj))
-        assert lookup(c, ks, t1, session="slow") == 256
+        assert lookup(c, ks, t1, session=sid("slow")) == 256
         reader = threading.Thread(target=slow_reader)
         reader.start()
         assert ready.wait(10)
@@ -82,7 +82,7 @@ def test_tcp_reply_bytes_do_not_change_after_the_lease_ends(server_factory):
         while c.call("describe").result["ops"].get("retrieve", 0) < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         # the reply is on its way; the lease ends and the slot is reused for other objects
-        assert c.call("release", session="slow").result["released"]
+        assert c.call("release", session=sid("slow")).result["released"]
         store(c, ks, t2, lambda ch, g: payload(2, obj))
         store(c, ks, t3, lambda ch, g: payload(3, obj))
         assert lookup(c, ks, t1) == 0  # the retrieved object was evicted: its slot holds another now

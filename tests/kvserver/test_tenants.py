@@ -17,7 +17,7 @@ import pytest
 
 from coordproc import wait_for
 from httpkv import parse_metrics, value
-from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout
+from kvhelpers import lookup, payload, register, retrieve, sid, store, tiny_layout
 from kvprotocol import Client, ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 
@@ -75,30 +75,31 @@ def test_a_tenant_naming_another_tenants_salt_gets_nothing_of_it(tenancy):
     assert code_of(lambda: lookup(c["bob"], ks, T1, salt="~alice~shared")) == "BAD_FIELD"
     # bob's store of the same chunks is his own copy: alice's bytes are untouched
     store(c["bob"], ks, T1, lambda ch, g: payload(100 + ch, OBJ), salt="shared")
-    assert lookup(c["alice"], ks, T1, salt="shared", session="a") == 512
+    assert lookup(c["alice"], ks, T1, salt="shared", session=sid("a")) == 512
     assert retrieve(c["alice"], "a", 0, 2) == {(0, 0): payload(0, OBJ), (1, 0): payload(1, OBJ)}
-    assert lookup(c["bob"], ks, T1, salt="shared", session="b") == 512
+    assert lookup(c["bob"], ks, T1, salt="shared", session=sid("b")) == 512
     assert retrieve(c["bob"], "b", 0, 2) == {(0, 0): payload(100, OBJ), (1, 0): payload(101, OBJ)}
 
 
 def test_another_tenants_session_id_is_unknown_and_stays_untouched(tenancy):
     _, admin, c, ks, _, _ = tenancy
     store(c["alice"], ks, T1, lambda ch, g: payload(ch, OBJ))
-    assert lookup(c["alice"], ks, T1, session="victim") == 512
+    assert lookup(c["alice"], ks, T1, session=sid("victim")) == 512
     before = admin.call("describe").result["tenants"]["alice"]["sessions"]
     bob = c["bob"]
-    assert code_of(lambda: bob.call("retrieve", session="victim", rank=0, start_chunk=0, end_chunk=2,
+    assert code_of(lambda: bob.call("retrieve", session=sid("victim"), rank=0, start_chunk=0, end_chunk=2,
                                     mode="tcp")) == "UNKNOWN_SESSION"
-    assert bob.call("release", session="victim").result["released"] is False
-    assert bob.call("release", session="victim", rank=0, lease=1).result["released"] is False
-    assert bob.call("end_session", session="victim").result["released"] is False
-    assert lookup(bob, ks, list(range(9, 9 + 512)), session="victim") == 0  # his own, separate session
+    assert bob.call("release", session=sid("victim")).result["released"] is False
+    assert bob.call("release", session=sid("victim"), rank=0, lease=1).result["released"] is False
+    assert bob.call("end_session", session=sid("victim")).result["released"] is False
+    assert lookup(bob, ks, list(range(9, 9 + 512)), session=sid("victim")) == 0  # his own, separate session
     assert admin.call("describe").result["tenants"]["alice"]["sessions"] == before
     got = alice_reads(c["alice"], "victim")
     assert got == {(0, 0): payload(0, OBJ), (1, 0): payload(1, OBJ)}
 
 
 def alice_reads(alice: Client, session: str) -> dict:
+    session = sid(session)
     reply = alice.call("retrieve", session=session, rank=0, start_chunk=0, end_chunk=2, mode="tcp")
     released = alice.call("release", session=session, rank=0, lease=reply.result["lease"]).result
     assert released == {"released": True, "intact": True}  # her leases were never touched
@@ -108,20 +109,20 @@ def alice_reads(alice: Client, session: str) -> dict:
 def test_another_tenants_store_id_is_unknown_and_the_store_stays_intact(tenancy):
     _, admin, c, ks, _, _ = tenancy
     reply = store(c["alice"], ks, T1, lambda ch, g: b"", commit=False)
-    sid = reply["store_id"]
-    assert sid.startswith("st-") and len(sid) == 3 + 32  # 128 random bits
+    store_id_ = reply["store_id"]
+    assert store_id_.startswith("st-") and len(store_id_) == 3 + 32  # 128 random bits
     junk = [b"\xee" * OBJ] * 2
     bob = c["bob"]
-    assert code_of(lambda: bob.call("commit", frames=junk, store_id=sid,
+    assert code_of(lambda: bob.call("commit", frames=junk, store_id=store_id_,
                                     checksums=[kvsum64(j) for j in junk])) == "UNKNOWN_STORE"
-    assert code_of(lambda: bob.call("abort", store_id=sid)) == "UNKNOWN_STORE"
+    assert code_of(lambda: bob.call("abort", store_id=store_id_)) == "UNKNOWN_STORE"
     assert code_of(lambda: bob.call("abort", store_id="st-" + "0" * 32)) == "UNKNOWN_STORE"
     assert admin.call("describe").result["tenants"]["alice"]["stores_in_flight"] == 1
     good = [payload(0, OBJ), payload(1, OBJ)]
     alice = c["alice"]
-    assert alice.call("commit", frames=good, store_id=sid,
+    assert alice.call("commit", frames=good, store_id=store_id_,
                       checksums=[kvsum64(g) for g in good]).result["committed"] == 2
-    assert lookup(alice, ks, T1, session="s") == 512
+    assert lookup(alice, ks, T1, session=sid("s")) == 512
     assert alice_reads(alice, "s") == {(0, 0): good[0], (1, 0): good[1]}
 
 
@@ -191,13 +192,13 @@ def test_quota_evicts_the_tenants_own_objects_first_then_refuses(tenancy):
 def test_session_and_store_caps_are_per_tenant(tenancy):
     _, _, c, ks, _, _ = tenancy
     carol, alice = c["carol"], c["alice"]
-    assert lookup(carol, ks, T1, session="s1") == 0
-    assert lookup(carol, ks, T1, session="s2") == 0
-    assert lookup(carol, ks, T1, session="s1") == 0  # an existing session is no new one
-    assert code_of(lambda: lookup(carol, ks, T1, session="s3")) == "TOO_MANY"
-    assert lookup(alice, ks, T1, session="s3") == 0  # other tenants are not affected
-    carol.call("end_session", session="s1")
-    assert lookup(carol, ks, T1, session="s3") == 0
+    assert lookup(carol, ks, T1, session=sid("s1")) == 0
+    assert lookup(carol, ks, T1, session=sid("s2")) == 0
+    assert lookup(carol, ks, T1, session=sid("s1")) == 0  # an existing session is no new one
+    assert code_of(lambda: lookup(carol, ks, T1, session=sid("s3"))) == "TOO_MANY"
+    assert lookup(alice, ks, T1, session=sid("s3")) == 0  # other tenants are not affected
+    carol.call("end_session", session=sid("s1"))
+    assert lookup(carol, ks, T1, session=sid("s3")) == 0
     held = store(carol, ks, list(range(50_000, 50_512)), lambda ch, g: b"", commit=False)
     assert code_of(lambda: store(carol, ks, list(range(60_000, 60_512)), lambda ch, g: b"",
                                  commit=False)) == "TOO_MANY"
@@ -210,7 +211,7 @@ def test_per_tenant_counters_move_exactly(tenancy):
     srv, admin, c, ks, _, _ = tenancy
     store(c["alice"], ks, T1[:256], lambda ch, g: payload(ch, OBJ))
     before = admin.call("describe").result["tenants"]
-    assert lookup(c["alice"], ks, T1, session="x") == 256  # 512 asked, 256 hit
+    assert lookup(c["alice"], ks, T1, session=sid("x")) == 256  # 512 asked, 256 hit
     retrieve(c["alice"], "x", 0, 1)
     after = admin.call("describe").result["tenants"]
     a0, a1 = before["alice"], after["alice"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvhelpers import ArenaMap, payload, register, tiny_layout
+from kvhelpers import ArenaMap, payload, register, tiny_layout, sid
 from kvprotocol import pack_tokens, replies as rp, requests as rq
 from kvprotocol.kvsum import kvsum64
 
@@ -34,12 +34,12 @@ def test_every_op_has_a_typed_request_and_reply(server):
             assert st.store_id is not None
             done, _ = c.send(rq.Commit(store_id=st.store_id, checksums=sums))
             assert isinstance(done, rp.CommitReply) and done.committed == 2
-            look, _ = c.send(rq.Lookup(keyspace=kw, tokens=tokens, session="typed"))
+            look, _ = c.send(rq.Lookup(keyspace=kw, tokens=tokens, session=sid("typed")))
             assert isinstance(look, rp.LookupReply) and look.hit_tokens == 512
-            got, frames = c.send(rq.Retrieve(session="typed", rank=0, start_chunk=0, end_chunk=2, mode="tcp"))
+            got, frames = c.send(rq.Retrieve(session=sid("typed"), rank=0, start_chunk=0, end_chunk=2, mode="tcp"))
             assert isinstance(got, rp.RetrieveReply) and [o.chunk for o in got.objects] == [0, 1]
             assert bytes(frames[1]) == payload(1, layout.object_bytes) and got.objects[1].checksum == sums[1]
-            rel, _ = c.send(rq.Release(session="typed", rank=0, lease=got.lease))
+            rel, _ = c.send(rq.Release(session=sid("typed"), rank=0, lease=got.lease))
             assert isinstance(rel, rp.ReleaseReply) and rel.intact
             q, _ = c.send(rq.Query(keyspace=kw, tokens=tokens))
             assert isinstance(q, rp.QueryReply) and q.prefix_tokens == 512
@@ -47,7 +47,7 @@ def test_every_op_has_a_typed_request_and_reply(server):
             assert isinstance(pin, rp.PinReply) and pin.objects == 2
             unpin, _ = c.send(rq.Unpin(keyspace=kw, tokens=tokens))
             assert isinstance(unpin, rp.PinReply) and unpin.objects == 2
-            end, _ = c.send(rq.EndSession(session="typed"))
+            end, _ = c.send(rq.EndSession(session=sid("typed")))
             assert isinstance(end, rp.EndSessionReply)
             st2, _ = c.send(rq.Store(keyspace=kw, tokens=pack_tokens(np.arange(256) + 9), rank=0))
             assert st2.store_id is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvhelpers import lookup, payload, register, store, tiny_layout
+from kvhelpers import lookup, payload, register, store, tiny_layout, sid
 from kvprotocol import pack_tokens
 
 # 1 MiB objects (32 layers x 8 blocks x 4 KiB) in an arena of 8 MiB: 8 slots
@@ -47,17 +47,17 @@ def test_leased_objects_are_never_evicted(server_factory, policy):
         ks, _ = register(c, layouts=[LAYOUT])
         fill(c, ks, range(8))
         for i in range(4):
-            assert lookup(c, ks, prompt(i), session=f"hold-{i}") == 256
+            assert lookup(c, ks, prompt(i), session=sid(f"hold-{i}")) == 256
         fill(c, ks, range(8, 12))  # forces four evictions
         assert set(present(c, ks, range(4))) == {0, 1, 2, 3}
         assert set(present(c, ks, range(8, 12))) == {8, 9, 10, 11}
         # every slot now leased or newest: lease all eight, a further store gets no space
         for i in range(8, 12):
-            lookup(c, ks, prompt(i), session=f"hold-{i}")
+            lookup(c, ks, prompt(i), session=sid(f"hold-{i}"))
         reply = store(c, ks, prompt(50), lambda ch, g: payload(ch, LAYOUT.object_bytes))
         assert [s["status"] for s in reply["slots"]] == ["no_space"]
         assert reply["store_id"] is None
-        c.call("end_session", session="hold-0")
+        c.call("end_session", session=sid("hold-0"))
         reply = store(c, ks, prompt(50), lambda ch, g: payload(ch, LAYOUT.object_bytes))
         assert [s["status"] for s in reply["slots"]] == ["reserved"]
         assert present(c, ks, [0, 50]) == [50]
@@ -71,7 +71,7 @@ def test_pinned_objects_survive_and_clear_spares_leases(server_factory):
         c.call("pin", keyspace=ks.to_wire(), tokens=pack_tokens(prompt(0)))
         fill(c, ks, range(8, 16))
         assert 0 in present(c, ks, range(16))
-        lookup(c, ks, prompt(15), session="keep")
+        lookup(c, ks, prompt(15), session=sid("keep"))
         removed = c.call("clear").result["removed"]
         assert removed == 7
         assert present(c, ks, range(16)) == [15]

@@ -10,7 +10,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 from coordproc import wait_for
 from httpkv import CHUNK, Samples, fill, parse_metrics, prompt, value
-from kvhelpers import lookup, register, retrieve, store, tiny_layout
+from kvhelpers import lookup, register, retrieve, store, tiny_layout, sid
 from kvprotocol import ServerError
 from kvserver.http.metrics import tier_stats
 from serverproc import ServerProc, free_port
@@ -87,7 +87,7 @@ def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
         used_before = value(m1, "kvserver_tier_used_bytes", tier="l1")
         assert value(m2, "kvserver_tier_used_bytes", tier="l1") >= used_before + 2 * 2048
 
-        hit = lookup(c, ks, tokens, session="s1")
+        hit = lookup(c, ks, tokens, session=sid("s1"))
         assert hit == 2 * CHUNK
         m3 = scrape(srv)
         assert value(m3, "kvserver_lookup_hit_tokens_total") == value(m2, "kvserver_lookup_hit_tokens_total") + hit
@@ -98,7 +98,7 @@ def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
         m4 = scrape(srv)
         assert value(m4, "kvserver_retrieve_bytes_total", tier="l1") == value(
             m3, "kvserver_retrieve_bytes_total", tier="l1") + sum(len(b) for b in got.values())
-        c.call("end_session", session="s1")
+        c.call("end_session", session=sid("s1"))
         assert value(scrape(srv), "kvserver_leases_active") == value(m2, "kvserver_leases_active")
 
         for bad in ("bogus_a", "bogus_b"):

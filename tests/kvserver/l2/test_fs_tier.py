@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvhelpers import lookup, register, retrieve, store
+from kvhelpers import lookup, register, retrieve, store, sid
 from kvserver.l2 import Serde
 from kvserver.l2.fs import FsAdapter
 from l2util import SIZE, data, object_keys, prompt, tier, wait_tier, wait_until
@@ -39,10 +39,10 @@ def test_round_trip_and_warm_restart(server_factory, tmp_path: Path) -> None:
     b = server_factory(*args)  # a new process: L1 is empty, the directory is not
     with b.client() as c:
         ks, _ = register(c)
-        assert lookup(c, ks, first, session="s1") == 4 * 256
+        assert lookup(c, ks, first, session=sid("s1")) == 4 * 256
         got = retrieve(c, "s1", 0, 4)
         assert got == {(ch, 0): data(1)(ch, 0) for ch in range(4)}
-        assert lookup(c, ks, second, session="s2") == 3 * 256
+        assert lookup(c, ks, second, session=sid("s2")) == 3 * 256
         assert retrieve(c, "s2", 2, 3) == {(2, 0): data(2)(2, 0)}
         t = tier(c)
         assert (t["gets"], t["hits"], t["corrupt"]) == (7, 7, 0)
@@ -62,7 +62,7 @@ def test_eviction_from_l1_keeps_the_l2_copy(server_factory, tmp_path: Path) -> N
         described = c.call("describe").result
         assert described["l1"]["evictions"] > 0
         assert c.call("query", keyspace=ks.to_wire(), tokens=_packed(target)).result["prefix_tokens"] == 0
-        assert lookup(c, ks, target, session="back") == 4 * 256  # loaded again from the fs tier
+        assert lookup(c, ks, target, session=sid("back")) == 4 * 256  # loaded again from the fs tier
         assert retrieve(c, "back", 0, 4) == {(ch, 0): data(10)(ch, 0) for ch in range(4)}
 
 
@@ -88,13 +88,13 @@ def test_damaged_files_are_counted_misses_and_deleted(server_factory, tmp_path: 
         paths[2].write_bytes(paths[2].read_bytes()[:-100])  # truncated
         paths[3].write_bytes(paths[0].read_bytes())  # chunk 0's object under chunk 3's name
         assert c.call("clear").result["removed"] == 5  # L1 forgets; the next lookup reads the files
-        assert lookup(c, ks, tokens, session="s") == 256  # only chunk 0 is sound
+        assert lookup(c, ks, tokens, session=sid("s")) == 256  # only chunk 0 is sound
         assert retrieve(c, "s", 0, 1) == {(0, 0): data(3)(0, 0)}
         t = tier(c)
         assert t["corrupt"] == 3 and t["hits"] == 2  # chunks 0 and 4 loaded; 4 is useless after the hole
         wait_until(lambda: not any(p.exists() for p in paths[1:4]), what="corrupt files deleted")
         assert paths[0].exists() and paths[4].exists()
-        c.call("end_session", session="s")
+        c.call("end_session", session=sid("s"))
         c.call("clear")
         assert lookup(c, ks, tokens) == 256  # and never served later either
         assert tier(c)["corrupt"] == 3
@@ -117,7 +117,7 @@ def test_crash_mid_write_leaves_no_readable_partial_object(server_factory, tmp_p
     b = server_factory(*args)
     with b.client() as c:
         ks, _ = register(c)
-        hit = lookup(c, ks, tokens, session="s") // 256
+        hit = lookup(c, ks, tokens, session=sid("s")) // 256
         got = retrieve(c, "s", 0, hit)
         assert got == {(ch, 0): data(4)(ch, 0) for ch in range(hit)}
         assert tier(c)["corrupt"] == 0
@@ -168,7 +168,7 @@ async def test_concurrent_lookups_share_one_load(server_factory, tmp_path: Path)
         c.call("clear")
     async with AsyncClient(s.url) as client:  # four lookups in flight at once, all missing L1
         fields = {"keyspace": ks.to_wire(), "tokens": pack_tokens(tokens)}
-        replies = await asyncio.gather(*(client.call("lookup", **fields, session=f"s{i}") for i in range(4)))
+        replies = await asyncio.gather(*(client.call("lookup", **fields, session=sid(f"s{i}")) for i in range(4)))
         assert [r.result["hit_tokens"] for r in replies] == [6 * 256] * 4
     with s.client() as c:
         t = tier(c)

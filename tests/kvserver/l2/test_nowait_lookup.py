@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from kvhelpers import register, retrieve, store
+from kvhelpers import sid
 from kvprotocol import ServerError, pack_tokens
 from l2util import data, prompt, wait_tier, wait_until
 
@@ -16,7 +17,7 @@ L1 = ("--l1-size-gb", "0.02")
 def _lookup(c, ks, tokens, session: str | None = None, **more):  # type: ignore[no-untyped-def]
     fields = {"keyspace": ks.to_wire(), "tokens": pack_tokens(tokens), **more}
     if session:
-        fields["session"] = session
+        fields["session"] = sid(session)
     return c.call("lookup", **fields).result
 
 
@@ -33,9 +34,9 @@ def test_lookup_without_wait_answers_pending_then_the_l2_hit(server_factory, tmp
     b = server_factory(*args)  # L1 empty, L2 holds the 4 chunks
     with b.client() as c:
         ks, _ = register(c)
-        first = _lookup(c, ks, warm, session="s", wait=False)
+        first = _lookup(c, ks, warm, session=sid("s"), wait=False)
         assert first["hit_tokens"] == 0 and first["pending"] is True  # answered before any L2 read
-        final = wait_until(lambda: (r := _lookup(c, ks, warm, session="s", wait=False))["pending"] is False and r,
+        final = wait_until(lambda: (r := _lookup(c, ks, warm, session=sid("s"), wait=False))["pending"] is False and r,
                            what="the background prefetch to end")
         assert final["hit_tokens"] == 4 * 256
         assert retrieve(c, "s", 0, 4) == {(ch, 0): data(1)(ch, 0) for ch in range(4)}

@@ -9,7 +9,7 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kvhelpers import lookup, register, retrieve, store
+from kvhelpers import lookup, register, retrieve, store, sid
 from l2util import S3_ENV, data, object_keys, prompt, tier, wait_tier, wait_until
 
 L1 = ("--l1-size-gb", "0.02")
@@ -31,7 +31,7 @@ def _share(server_factory, url: str, *extra: str, env: dict[str, str] | None = N
         store(ca, ks, tokens, data(seed))
         wait_tier(ca, "puts", n)
         # B's first miss is remembered for the negative TTL: A's objects show up once it has passed
-        wait_until(lambda: lookup(cb, ks, tokens, session="s") == n * 256, what="shared objects visible to B")
+        wait_until(lambda: lookup(cb, ks, tokens, session=sid("s")) == n * 256, what="shared objects visible to B")
         assert retrieve(cb, "s", 0, n) == {(ch, 0): data(seed)(ch, 0) for ch in range(n)}
         t = tier(cb)
         assert t["hits"] == n and t["corrupt"] == 0 and t["puts"] == 0
@@ -78,7 +78,7 @@ def test_damaged_redis_values_are_counted_misses_and_deleted(server_factory, red
             r.setrange(keys[2], 500, bytes([value[500] ^ 0x01]))  # one bit flipped
             r.set(keys[3], value[:1000])  # truncated
         assert c.call("clear").result["removed"] == 4  # L1 forgets; the next lookup asks Redis
-        assert lookup(c, ks, tokens, session="s") == 2 * 256
+        assert lookup(c, ks, tokens, session=sid("s")) == 2 * 256
         assert retrieve(c, "s", 0, 2) == {(ch, 0): data(4)(ch, 0) for ch in range(2)}
         assert tier(c)["corrupt"] == 2
         with redis_server.client() as r:
@@ -109,7 +109,7 @@ def test_wrong_encryption_key_is_a_miss_and_never_shown(server_factory, redis_se
         assert r.dbsize() == 4  # intact objects are kept for the servers that hold the key
     with a.client() as c:
         c.call("clear")
-        assert lookup(c, ks, tokens, session="s") == 4 * 256  # the right key opens them
+        assert lookup(c, ks, tokens, session=sid("s")) == 4 * 256  # the right key opens them
         assert retrieve(c, "s", 3, 4) == {(3, 0): data(5)(3, 0)}
         assert tier(c)["hits"] == 4
     for proc in (a, wrong):
@@ -126,7 +126,7 @@ def test_redis_going_away_and_coming_back(server_factory, redis_server) -> None:
         redis_server.stop()
         during = prompt(3, seed=7)
         store(c, ks, during, data(7))  # stores still work, L1 serves them
-        assert lookup(c, ks, during, session="s") == 3 * 256
+        assert lookup(c, ks, during, session=sid("s")) == 3 * 256
         assert retrieve(c, "s", 0, 3) == {(ch, 0): data(7)(ch, 0) for ch in range(3)}
         assert lookup(c, ks, prompt(2, seed=8)) == 0  # a miss that asks the dead tier still answers
         t = wait_tier(c, "errors", 1)

@@ -17,14 +17,14 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import zmq
-from kvprotocol import (Backoff, Client, ErrorCode, GroupGeometry, KeySpace, LayoutDescriptor, Reply,
-                        RequestTimeout, ServerError)
-from kvprotocol._replies import Reply_
-from kvprotocol._requests import Request
+from kvprotocol import (Backoff, Client, ErrorCode, GroupGeometry, KeySpace, LayoutDescriptor, RequestTimeout,
+                        ServerError)
+from kvprotocol._replies import RegisterReply, Reply_
+from kvprotocol._requests import LayoutW, RegisterEngine, Request
 from kvprotocol._shm import ShmMapping as ArenaMap
 from kvprotocol._shm import shm_exists
 
@@ -84,10 +84,6 @@ class ServerLink:
         self.backoff = Backoff(backoff, backoff)  # a fixed delay: the breaker above doubles
         self.token = token  # a tenant's token; None: $KVSERVER_API_TOKEN or the server's default token file
         self._client: Client | None = None
-
-    def call(self, op: str, deadline: Deadline, frames: Sequence[Any] = (), **fields: Any) -> Reply:
-        """An untyped request (a map of fields)."""
-        return self._guarded(op, deadline, lambda c, t: c.call(op, frames=frames, timeout=t, **fields))
 
     def send(self, req: Request, deadline: Deadline, frames: Sequence[Any] = ()) -> tuple[Reply_, list[memoryview]]:
         """A typed request (kvprotocol.requests); returns the typed reply and data frames."""
@@ -154,9 +150,6 @@ class EngineLink:
         self.arena: ArenaMap | None = None
         self.copier: Any = None  # set by EngineClient.register; told when the arena changes
 
-    def call(self, op: str, deadline: Deadline, frames: Sequence[Any] = (), **fields: Any) -> Reply:
-        return self.server.call(op, deadline, frames, **fields)
-
     def send(self, req: Request, deadline: Deadline, frames: Sequence[Any] = ()) -> tuple[Reply_, list[memoryview]]:
         return self.server.send(req, deadline, frames)
 
@@ -169,15 +162,13 @@ class EngineLink:
         self.registration = None
 
     def _register(self, deadline: Deadline) -> Registration:
-        reply = self.call("register_engine", deadline, model=self.model, world_size=self.world_size,
-                          rank=self.rank, groups=[lay.to_wire() for lay in self.layouts],
-                          host=socket.gethostname()[:255] or "unknown", pid=os.getpid()).result
-        chunk_size = int(reply["chunk_size"])
-        if chunk_size != self.unit:
-            raise ValueError(f"server chunk_size {chunk_size} differs from the layouts' smallest chunk_size")
-        arena = reply.get("arena") or {}
-        return Registration(str(reply["engine_id"]), str(arena.get("name", "")), int(arena.get("size", 0)),
-                            chunk_size, str(arena.get("nonce", "")))
+        reply = cast(RegisterReply, self.send(RegisterEngine(
+            model=self.model, world_size=self.world_size, rank=self.rank,
+            groups=[LayoutW(**lay.to_wire()) for lay in self.layouts],
+            host=socket.gethostname()[:255] or "unknown", pid=os.getpid()), deadline)[0])
+        if reply.chunk_size != self.unit:
+            raise ValueError(f"server chunk_size {reply.chunk_size} differs from the layouts' smallest chunk_size")
+        return Registration(reply.engine_id, reply.arena.name, reply.arena.size, reply.chunk_size, reply.arena.nonce)
 
     def ensure(self, deadline: Deadline) -> str:
         """Register if needed and make sure the arena mapping is current; returns "shm" or "tcp"."""

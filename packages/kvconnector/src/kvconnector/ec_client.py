@@ -13,9 +13,11 @@ bytes it hands back (after the copy), so a torn or foreign write is a miss, neve
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar
 
+import msgspec
 import numpy as np
 
 from kvprotocol import Client, KVProtocolError
@@ -24,6 +26,8 @@ from kvprotocol._shm import shm_exists
 
 from .copy import checksum_bytes
 from .vllm.breaker import Breaker
+
+T = TypeVar("T")
 
 log = logging.getLogger("kvconnector.ec")
 
@@ -56,13 +60,12 @@ class ECClient:
         self.stats = ECStats()
 
     # -- plumbing ------------------------------------------------------------------------------
-    def _call(self, op: str, frames: Any = (), **fields: Any) -> Any:
-        """One server call, or None after a failure (counted; the breaker then skips the server a while)."""
+    def _call(self, op: str, run: Callable[[Client], T]) -> T | None:
+        """One typed server call, or None after a failure (counted; the breaker then skips the server a while)."""
         if not self._breaker.allow():
             return None
         try:
-            reply = self._client.call(op, frames, model=self.model, space=self.space, **fields) \
-                if op in ("ec_lookup", "ec_store", "ec_retrieve") else self._client.call(op, frames, **fields)
+            reply = run(self._client)
         except KVProtocolError as exc:
             self.stats.failures += 1
             self._breaker.failed()
@@ -101,13 +104,14 @@ class ECClient:
     def lookup(self, items: list[str], readers: int = 0) -> list[dict[str, Any] | None]:
         """Per item: None (miss) or its descriptor; with readers > 0 each hit is leased until released."""
         self.stats.lookups += 1
-        reply = self._call("ec_lookup", items=list(items), **({"readers": readers} if readers else {}))
+        reply = self._call("ec_lookup", lambda c: c.ec_lookup(model=self.model, space=self.space, items=list(items),
+                                                              readers=readers or None))
         if reply is None:
             return [None] * len(items)
-        out: list[dict[str, Any] | None] = list(reply.result["items"])
+        out: list[dict[str, Any] | None] = list(reply.items)
         for d in out:
             if d is not None:
-                d["arena"] = reply.result.get("arena")
+                d["arena"] = msgspec.structs.asdict(reply.arena)
         self.stats.hits += sum(d is not None for d in out)
         return out
 
@@ -115,27 +119,29 @@ class ECClient:
         """Store one encoder output (a C-contiguous array of its bytes); False when not stored."""
         buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         size = int(buf.nbytes)
-        mode = "shm" if self._shm_ok else "tcp"
-        reply = self._call("ec_store", item=item, dtype=dtype, shape=list(shape), size=size, mode=mode)
-        if reply is None:
+        mode: Literal["shm", "tcp"] = "shm" if self._shm_ok else "tcp"
+        r = self._call("ec_store", lambda c: c.ec_store(model=self.model, space=self.space, item=item, dtype=dtype,
+                                                        shape=list(shape), size=size, mode=mode))
+        if r is None:
             return False
-        r = reply.result
-        if r["status"] != "reserved":
-            self.stats.present += r["status"] in ("present", "writing")
+        if r.status != "reserved" or r.store_id is None:
+            self.stats.present += r.status in ("present", "writing")
             return False
+        store_id = r.store_id
         checksum = checksum_bytes(buf)
         if mode == "shm":
-            seg = self._segment(r.get("arena"))
-            if seg is None:  # not mappable from here after all: give the slot back, send the bytes
-                self._call("ec_abort", store_id=r["store_id"])
+            seg = self._segment(msgspec.structs.asdict(r.arena) if r.arena is not None else None)
+            if seg is None or r.offset is None:  # not mappable from here after all: give the slot back, send the bytes
+                self._call("ec_abort", lambda c: c.ec_abort(store_id=store_id))
                 if self.mode == "shm":
                     return False
                 return self.save(item, data, dtype, shape)
-            seg.check_range(r["offset"], size)
-            np.frombuffer(seg.mm, np.uint8, size, r["offset"])[:] = buf
-            ok = self._call("ec_commit", store_id=r["store_id"], checksum=checksum) is not None
+            seg.check_range(r.offset, size)
+            np.frombuffer(seg.mm, np.uint8, size, r.offset)[:] = buf
+            ok = self._call("ec_commit", lambda c: c.ec_commit(store_id=store_id, checksum=checksum)) is not None
         else:
-            ok = self._call("ec_commit", [buf.data], store_id=r["store_id"], checksum=checksum) is not None
+            ok = self._call("ec_commit", lambda c: c.ec_commit(store_id=store_id, checksum=checksum,
+                                                               frames=[buf.data])) is not None
         if ok:
             self.stats.saves += 1
             self.stats.saved_bytes += size
@@ -157,11 +163,12 @@ class ECClient:
                 except ValueError:
                     data = None
         if data is None:
-            reply = self._call("ec_retrieve", item=item, mode="tcp")
-            if reply is None or not reply.result.get("found") or len(reply.frames) != 1:
+            got = self._call("ec_retrieve", lambda c: c.ec_retrieve(model=self.model, space=self.space, item=item,
+                                                                    mode="tcp"))
+            if got is None or not got[0].found or len(got[1]) != 1:
                 return None
-            desc = reply.result
-            data = np.frombuffer(reply.frames[0], np.uint8).copy()
+            desc = msgspec.structs.asdict(got[0])
+            data = np.frombuffer(got[1][0], np.uint8).copy()
         assert desc is not None
         if data.nbytes != desc["size"] or checksum_bytes(data) != desc["checksum"]:
             self.stats.bad_checksums += 1
@@ -172,7 +179,7 @@ class ECClient:
         return data, str(desc["dtype"]), [int(x) for x in desc["shape"]]
 
     def release(self, lease: int) -> None:
-        self._call("ec_release", lease=lease)
+        self._call("ec_release", lambda c: c.ec_release(lease=lease))
 
     def close(self) -> None:
         if self._seg is not None:

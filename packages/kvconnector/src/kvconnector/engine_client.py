@@ -20,6 +20,7 @@ from typing import Any
 import zmq
 from kvprotocol import (ErrorCode, ExtraKeys, LayoutDescriptor, RequestTimeout, ServerError, ValidationError,
                         validate_model, validate_salt)
+from kvprotocol import requests as rq
 
 from . import _ops
 from ._link import ArenaChanged, Deadline, EngineLink, LeaseLost, Unavailable
@@ -307,10 +308,8 @@ class EngineClient:
         of one rank (a worker that will not load its part); a no-op for unknown sessions; never raises."""
         with self._lock:
             try:
-                fields: dict[str, Any] = {"session": session}
-                if rank is not None:
-                    fields["rank"] = int(rank)
-                self._link.call("release", self._deadline(), **fields)
+                self._link.send(rq.Release(session=session, rank=None if rank is None else int(rank)),
+                                self._deadline())
             except Exception as exc:
                 self._failed("release", exc)
 

@@ -17,6 +17,7 @@ from ._geometry import GroupGeometry, prefix_hit
 from ._layout import DTYPES, LAYOUT_TAGS, MAX_OBJECT_BYTES, LayoutDescriptor
 from ._messages import MAX_KEYS, MAX_TOKENS, PROTOCOL_VERSION, SCHEMA, validate_request
 from ._keyspace import KeySpace
+from ._typed import SESSION_ID_BYTES, new_session_id
 from . import _flows as flows
 from . import _replies as replies
 from . import _requests as requests
@@ -34,7 +35,7 @@ __all__ = [
     "SERVER_KEY_ENV", "STATE_DIR_ENV", "TOKEN_ENV", "TOKEN_FILE_ENV", "CredentialError", "resolve_server_key",
     "resolve_token", "MAX_KEYS", "MAX_OBJECT_BYTES",
     "EXTRA_DIGEST_BYTES", "ExtraKeys", "check_extra", "flows", "replies", "requests",
-    "BLEND_SEED", "blend_fingerprints", "blend_object_hash", "Backoff",
+    "BLEND_SEED", "blend_fingerprints", "blend_object_hash", "SESSION_ID_BYTES", "new_session_id", "Backoff",
     "DEFAULT_CHUNK_SIZE", "DEFAULT_HTTP_PORT", "DEFAULT_PORT", "DEFAULT_URL",
     "SHARED_RANK", "GroupGeometry", "prefix_hit",
 ]

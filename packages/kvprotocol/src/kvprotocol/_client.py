@@ -24,6 +24,7 @@ from ._errors import KVProtocolError, RequestTimeout, ServerError
 from ._messages import PROTOCOL_VERSION, pack, unpack_header
 from ._replies import Reply_, reply_of
 from ._requests import Request
+from ._typed import TypedOps, new_session_id
 
 Buffer = bytes | bytearray | memoryview
 DEFAULT_TIMEOUT = 5.0
@@ -98,8 +99,14 @@ def _start_id() -> int:
     return (os.getpid() << 20) ^ int(time.monotonic_ns() & 0xFFFFF)
 
 
-class Client:
-    """Blocking client; thread-safe (one request at a time per client)."""
+class Client(TypedOps):
+    """Blocking client; thread-safe (one request at a time per client).
+
+    One typed method per op (`c.lookup(keyspace=..., tokens=...)` -> LookupReply; see _typed.py),
+    `send(request)` for a request built elsewhere, and the untyped `call(op, **fields)`.
+    """
+
+    new_session = staticmethod(new_session_id)
 
     def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, context: zmq.Context | None = None,
                  token: str | None = None, server_key: str | None = None) -> None:
@@ -122,6 +129,10 @@ class Client:
         """Send one typed request; returns its typed reply (kvprotocol._replies) and any data frames."""
         reply = self._roundtrip(req.op_name(), lambda rid: _encode(req, rid, self._token), frames, timeout)
         return _typed(req, reply)
+
+    def _op(self, req: Request, frames: Sequence[Buffer], timeout: float | None, with_frames: bool) -> Any:
+        reply, data = self.send(req, frames, timeout)
+        return (reply, data) if with_frames else reply
 
     def _roundtrip(self, op: str, header: Any, frames: Sequence[Buffer], timeout: float | None) -> Reply:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -150,8 +161,13 @@ class Client:
         self.close()
 
 
-class AsyncClient:
-    """asyncio client: many requests in flight on one DEALER socket, matched to replies by id."""
+class AsyncClient(TypedOps):
+    """asyncio client: many requests in flight on one DEALER socket, matched to replies by id.
+
+    The same typed methods as `Client` (_typed.py), each returning an awaitable of its reply.
+    """
+
+    new_session = staticmethod(new_session_id)
 
     def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, token: str | None = None,
                  server_key: str | None = None) -> None:
@@ -174,6 +190,10 @@ class AsyncClient:
         """Send one typed request; returns its typed reply (kvprotocol._replies) and any data frames."""
         reply = await self._roundtrip(req.op_name(), lambda rid: _encode(req, rid, self._token), frames, timeout)
         return _typed(req, reply)
+
+    async def _op(self, req: Request, frames: Sequence[Buffer], timeout: float | None, with_frames: bool) -> Any:
+        reply, data = await self.send(req, frames, timeout)
+        return (reply, data) if with_frames else reply
 
     async def _roundtrip(self, op: str, header: Any, frames: Sequence[Buffer], timeout: float | None) -> Reply:
         if self._reader is None or self._reader.done():

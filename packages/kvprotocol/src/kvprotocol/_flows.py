@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast
 
 from ._errors import ErrorCode, KVProtocolError, ServerError
 from ._replies import Reply_, RetrieveReply, StoreReply, StoreSlot
-from ._requests import Abort, Commit, Release, Request, Retrieve, Store
+from ._requests import Abort, BlendStore, Commit, Release, Request, Retrieve, Store
 
 Buffer = bytes | bytearray | memoryview
 Send = Callable[[Request, Sequence[Any]], tuple[Reply_, list[memoryview]]]
@@ -30,7 +30,7 @@ class LeaseBroken(KVProtocolError):
     """The reader's leases ended before its copy finished: the copied bytes are not trusted."""
 
 
-def store_and_commit(send: Send, req: Store,
+def store_and_commit(send: Send, req: Store | BlendStore,
                      fill: Callable[[StoreReply, list[StoreSlot]], tuple[Sequence[Any], list[int]]],
                      abort_send: Send | None = None) -> StoreReply:
     """Reserve the missing objects, let `fill` write the reserved slots, commit; abort on any failure.

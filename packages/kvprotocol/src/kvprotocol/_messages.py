@@ -42,7 +42,9 @@ def _code_of(exc: msgspec.ValidationError) -> ErrorCode:
 
 _HINTS = (("groups", "layout fingerprints are 16 lowercase hex chars"),
           ("model", "model name must be 1-200 chars of [A-Za-z0-9._/:@+-]"),
-          ("salt", "cache salt must be 0-128 chars of [A-Za-z0-9._:@+=/-]"))
+          ("salt", "cache salt must be 0-128 chars of [A-Za-z0-9._:@+=/-]"),
+          ("session", "session ids must be 22-128 chars of [A-Za-z0-9_-], 128 random bits or more "
+                      "(kvprotocol.new_session_id())"))
 
 
 def coded(exc: msgspec.ValidationError, op: str) -> ValidationError:

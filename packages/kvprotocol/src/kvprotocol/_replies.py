@@ -162,7 +162,17 @@ class ECAbortReply(Reply_):
 
 
 class ECRetrieveReply(Reply_):
-    found: bool  # and, when found, the object's dtype, shape, size, checksum, lease / offset / arena
+    """Found: the object's descriptor; tcp mode sends its bytes as one data frame, shm mode leases
+    it for one reader (`lease`) and names `offset` in `arena`."""
+
+    found: bool
+    size: int | None = None
+    dtype: str | None = None
+    shape: list[int] | None = None
+    checksum: int | None = None
+    offset: int | None = None
+    lease: int | None = None
+    arena: ArenaInfo | None = None
 
 
 class ECReleaseReply(Reply_):

@@ -37,7 +37,10 @@ Salt = Annotated[str, Meta(pattern=_SALT_RE.pattern)]
 WorldSize = Annotated[int, Meta(ge=1, le=MAX_WORLD_SIZE)]
 Rank = Annotated[int, Meta(ge=0, le=MAX_WORLD_SIZE - 1)]
 Chunk = Annotated[int, Meta(ge=0, le=MAX_CHUNKS)]
-SessionId = Annotated[str, Meta(min_length=1, max_length=128)]
+# A session id is a bearer name inside its tenant: at least 128 random bits' worth of length
+# (22 url-safe base64 chars, e.g. kvprotocol.new_session_id()), so nobody can guess a live one.
+SESSION_ID_RE = r"^[A-Za-z0-9_-]{22,128}$"
+SessionId = Annotated[str, Meta(pattern=SESSION_ID_RE)]
 StoreId = Annotated[str, Meta(min_length=1, max_length=64)]
 Tokens = Annotated[bytes, Meta(max_length=4 * MAX_TOKENS)]  # packed uint32; over the bound: TOO_LARGE
 Checksum = Annotated[int, Meta(ge=0)]  # and <= U64_MAX (Commit.__post_init__: Meta stops at int64)

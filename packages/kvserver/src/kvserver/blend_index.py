@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, blend_fingerprints, blend_object_hash
+from kvprotocol._requests import BlendLookup, BlendStore
 
 from .cache import MAX_STORES, CacheService
 from .l1 import IKey, State
 from .leases import rank_keys
+from .tenants import Identity
 from .sessions import KeySpaceT, Slot, StoreTxn, new_store_id
 
 IndexKey = tuple[str, int, tuple[str, ...], str, bytes]  # (model, world, groups, salt, fingerprint)
@@ -96,10 +98,11 @@ class BlendService:
             del self._pending[store_id]  # aborted or expired: nothing to publish
 
     # -- ops -----------------------------------------------------------------------------------
-    def store(self, f: dict[str, Any]) -> dict[str, Any]:
-        """Reserve slots for one segment's full chunks; commit (the ordinary op) publishes them."""
+    def store(self, f: BlendStore, who: Identity) -> dict[str, Any]:
+        """Reserve slots for one segment's full chunks; commit (the ordinary op) publishes them.
+        The salt and session are the caller's, inside its tenant's namespace (`who`)."""
         c = self.cache
-        ks, salt, rank = c._ks(f["keyspace"]), f.get("salt", ""), f["rank"]
+        ks, salt, rank = f.keyspace.key(), who.salt(f.salt), f.rank
         if rank >= ks[1]:
             raise ValidationError(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         sizes = []
@@ -107,12 +110,12 @@ class BlendService:
             if layout_fp not in c.object_sizes:
                 raise ValidationError(ErrorCode.LAYOUT_MISMATCH, f"layout {layout_fp} is not registered by any engine")
             sizes.append(c.object_sizes[layout_fp])
-        chunks = len(f["tokens"]) // 4 // self.chunk_size
+        chunks = len(f.tokens) // 4 // self.chunk_size
         if chunks * len(ks[2]) > MAX_KEYS:
             raise ValidationError(ErrorCode.TOO_LARGE, f"{chunks} chunks x {len(ks[2])} groups is over "
                                                        f"{MAX_KEYS} objects per request")
-        pos_base = f.get("pos_base", 0)
-        fps = blend_fingerprints(f["tokens"], self.chunk_size)
+        pos_base = f.pos_base
+        fps = blend_fingerprints(f.tokens, self.chunk_size)
         if fps and pos_base + len(fps) * self.chunk_size > 0xFFFFFFFF:
             raise ValidationError(ErrorCode.OUT_OF_RANGE, "pos_base + tokens beyond uint32 positions")
         if len(c.table.stores) >= MAX_STORES or len(self._pending) >= MAX_PENDING:
@@ -120,7 +123,8 @@ class BlendService:
             self._sweep_pending()
         if len(c.table.stores) >= MAX_STORES or len(self._pending) >= MAX_PENDING:
             raise ValidationError(ErrorCode.TOO_MANY, "too many stores in flight; commit or abort some first")
-        txn = StoreTxn(new_store_id(), f.get("mode", "shm"), f.get("session"), [], c.table.deadline(), kind="blend")
+        session = who.scope(f.session) if f.session is not None else None
+        txn = StoreTxn(new_store_id(), f.mode, session, [], c.table.deadline(), kind="blend")
         reply_slots: list[dict[str, Any]] = []
         pending: list[tuple[IndexKey, int, bytes]] = []
         for chunk, fp in enumerate(fps):
@@ -156,14 +160,15 @@ class BlendService:
         self.counters.stores += 1
         return {"store_id": txn.id if txn.slots else None, "slots": reply_slots, "chunk_size": self.chunk_size}
 
-    def lookup(self, f: dict[str, Any]) -> dict[str, Any]:
+    def lookup(self, f: BlendLookup, who: Identity) -> dict[str, Any]:
         """Cached chunks of the prompt's segments, wherever they sit: `matches` in prompt order, each
         with its token offset `start` and the `ref_pos` its KV was computed at. With a session, the
         matched objects are leased and `retrieve` chunk i is match i."""
         c = self.cache
-        ks, salt, tokens = c._ks(f["keyspace"]), f.get("salt", ""), f["tokens"]
+        ks, salt, tokens = f.keyspace.key(), who.salt(f.salt), f.tokens
+        session = who.scope(f.session) if f.session is not None else None
         n_tokens = len(tokens) // 4
-        starts: list[int] = f["starts"]
+        starts: list[int] = f.starts
         if starts[-1] >= n_tokens:
             raise ValidationError(ErrorCode.OUT_OF_RANGE, f"segment start {starts[-1]} beyond {n_tokens} tokens")
         per_chunk = ks[1] * len(ks[2])
@@ -172,11 +177,11 @@ class BlendService:
         if candidates * per_chunk > MAX_KEYS:
             raise ValidationError(ErrorCode.TOO_LARGE, f"{candidates} chunks x {per_chunk} objects each is over "
                                                        f"{MAX_KEYS} objects per request")
-        rank = f.get("rank")
+        rank = f.rank
         if rank is not None and rank >= ks[1]:
             raise ValidationError(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
-        if "session" in f:
-            c._admit_session(f["session"], candidates * (1 + per_chunk))
+        if session is not None:
+            c._admit_session(session, candidates * (1 + per_chunk))
         matches: list[dict[str, int]] = []
         objects: list[bytes] = []
         for start, end in bounds:
@@ -197,8 +202,8 @@ class BlendService:
         n.candidate_chunks += candidates
         n.hit_chunks += len(matches)
         n.hit_tokens += len(matches) * self.chunk_size
-        if "session" in f:
-            c.leases.take(f["session"], ks, salt, objects, len(objects), rank)
+        if session is not None:
+            c.leases.take(session, ks, salt, objects, len(objects), rank)
         return {"matches": matches, "candidate_chunks": candidates, "hit_tokens": len(matches) * self.chunk_size,
                 "chunk_size": self.chunk_size}
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvprotocol import ErrorCode, ValidationError
+from kvprotocol._requests import ECLookup, ECRetrieve, ECStore
 from kvprotocol.kvsum import kvsum64
 
 from .arena import HEADER_BYTES, SHM_DIR, Arena
@@ -118,21 +119,21 @@ class ECCache:
     # -- wire ----------------------------------------------------------------------------------
     def handlers(self) -> dict[str, Any]:
         return {
-            "ec_lookup": lambda f, fr: (self.lookup(f), []),
-            "ec_store": lambda f, fr: (self.store(f), []),
-            "ec_commit": lambda f, fr: (self.commit(f["store_id"], fr, f["checksum"]), []),
-            "ec_abort": lambda f, fr: (self.abort(f["store_id"]), []),
-            "ec_retrieve": lambda f, fr: self.retrieve(f),
-            "ec_release": lambda f, fr: (self.release(f["lease"]), []),
-            "ec_clear": lambda f, fr: (self.clear(), []),
+            "ec_lookup": lambda r, fr, w: (self.lookup(r), []),
+            "ec_store": lambda r, fr, w: (self.store(r), []),
+            "ec_commit": lambda r, fr, w: (self.commit(r.store_id, fr, r.checksum), []),
+            "ec_abort": lambda r, fr, w: (self.abort(r.store_id), []),
+            "ec_retrieve": lambda r, fr, w: self.retrieve(r),
+            "ec_release": lambda r, fr, w: (self.release(r.lease), []),
+            "ec_clear": lambda r, fr, w: (self.clear(), []),
         }
 
     def arena_info(self) -> dict[str, Any]:
         return {"name": self.arena.name, "size": self.arena.size, "nonce": self.arena.nonce}
 
     @staticmethod
-    def _key(f: dict[str, Any], item: str) -> ECKey:
-        return (f["model"], f["space"], item)
+    def _key(r: ECLookup | ECStore | ECRetrieve, item: str) -> ECKey:
+        return (r.model, r.space, item)
 
     def _describe(self, e: ECEntry, lease: int | None) -> dict[str, Any]:
         out: dict[str, Any] = {"size": e.size, "dtype": e.dtype, "shape": e.shape, "checksum": e.checksum,
@@ -142,15 +143,15 @@ class ECCache:
         return out
 
     # -- lookup --------------------------------------------------------------------------------
-    def lookup(self, f: dict[str, Any]) -> dict[str, Any]:
+    def lookup(self, f: ECLookup) -> dict[str, Any]:
         """One answer per item: null (miss) or its descriptor; with readers, each hit leased."""
-        readers = f.get("readers", 0)
-        if readers and len(self.leases) + len(f["items"]) > MAX_EC_LEASES:
+        readers = f.readers or 0
+        if readers and len(self.leases) + len(f.items) > MAX_EC_LEASES:
             self.expire()
         out: list[dict[str, Any] | None] = []
         c = self.counters
         c.lookups += 1
-        for item in f["items"]:
+        for item in f.items:
             key = self._key(f, item)
             e = self.entries.get(key)
             if e is None or not e.ready:
@@ -176,8 +177,8 @@ class ECCache:
         return lease
 
     # -- store ---------------------------------------------------------------------------------
-    def store(self, f: dict[str, Any]) -> dict[str, Any]:
-        key, size, mode = self._key(f, f["item"]), f["size"], f.get("mode", "shm")
+    def store(self, f: ECStore) -> dict[str, Any]:
+        key, size, mode = self._key(f, f.item), f.size, f.mode
         if size == 0:
             raise _fail(ErrorCode.OUT_OF_RANGE, "an encoder output has at least one byte")
         existing = self.entries.get(key)
@@ -192,7 +193,7 @@ class ECCache:
         if offset is None:
             self.counters.no_space += 1
             return {"status": "no_space"}
-        self.entries[key] = ECEntry(offset, size, f["dtype"], list(f["shape"]))
+        self.entries[key] = ECEntry(offset, size, f.dtype, list(f.shape))
         store_id = secrets.token_hex(16)
         self.stores[store_id] = ECStoreTxn(key, mode, time.monotonic() + self.lease_ttl)
         reply: dict[str, Any] = {"status": "reserved", "store_id": store_id, "size": size}
@@ -253,9 +254,9 @@ class ECCache:
         self._quarantine.append((time.monotonic() + self.lease_ttl, e.offset))
 
     # -- retrieve ------------------------------------------------------------------------------
-    def retrieve(self, f: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    def retrieve(self, f: ECRetrieve) -> tuple[dict[str, Any], list[Any]]:
         """tcp: the bytes as one frame (a copy); shm: the offset, leased for one reader."""
-        key, mode = self._key(f, f["item"]), f.get("mode", "shm")
+        key, mode = self._key(f, f.item), f.mode
         e = self.entries.get(key)
         c = self.counters
         if e is None or not e.ready:

@@ -12,9 +12,8 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
-import msgspec
 import zmq
 import zmq.asyncio
 
@@ -37,6 +36,8 @@ from .tenants import ADMIN, Identity
 
 log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
+Answer = tuple[dict[str, Any], list[Any]]  # a reply header map and its data frames
+BATCH = 64  # requests answered per wake-up before other tasks get a turn
 Handler = Callable[[Any, list[memoryview], Identity], Result | Awaitable[Result]]
 OPERATOR_OPS = frozenset({"query", "pin", "unpin"})  # an operator's look at a keyspace, not engine traffic
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
@@ -46,26 +47,6 @@ ADMIN_OPS = frozenset({"clear", "ec_clear"})  # touch every tenant's objects: th
 def max_frame_bytes(arena_size: int) -> int:
     """ZMQ_MAXMSGSIZE: the largest object an arena of this size holds, or a header frame."""
     return max(MAX_HEADER_BYTES, min(arena_size, kvprotocol.MAX_OBJECT_BYTES))
-
-
-def _as_fields(req: Request, who: Identity) -> dict[str, Any]:
-    """A typed request as the field map older handlers (ec.py, blend_index.py) take: set fields only,
-    nested Structs as maps, and the caller's salt and session ids inside its tenant's namespace."""
-    out: dict[str, Any] = {}
-    for name in req.__struct_fields__:
-        value = getattr(req, name)
-        if name in ("v", "id", "auth") or value is None:
-            continue
-        out[name] = msgspec.structs.asdict(value) if isinstance(value, msgspec.Struct) else value
-    if "salt" in out:
-        out["salt"] = who.salt(out["salt"])
-    if "session" in out:
-        out["session"] = who.scope(out["session"])
-    return out
-
-
-def _fields_handler(handler: Callable[[dict[str, Any], list[memoryview]], Any]) -> Handler:
-    return lambda r, fr, w: handler(_as_fields(r, w), fr)
 
 
 class KVServer:
@@ -107,7 +88,10 @@ class KVServer:
         except BaseException:
             self.close()
             raise
-        self._answering: set[asyncio.Task[None]] = set()  # with L2, requests run as tasks (see _serve_loop)
+        self._answering: set[asyncio.Future[None]] = set()  # requests whose handler waits (see _serve_loop)
+        # the same socket, used without asyncio futures (see _serve_loop)
+        self._io: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
+        self._kick: Callable[[], None] = lambda: None
         self.errors: dict[str, int] = {}
         self.op_counts: dict[str, int] = {}
         self.observers: list[Callable[[str, float, str | None], None]] = []  # (op, seconds, error code)
@@ -164,13 +148,13 @@ class KVServer:
             "clear": lambda r, fr, w: (c.clear(), []),
             "pin": lambda r, fr, w: (c.set_pinned(r, True, w), []),
             "unpin": lambda r, fr, w: (c.set_pinned(r, False, w), []),
-            **{op: _fields_handler(h) for op, h in self.ec.handlers().items()},
+            **self.ec.handlers(),
             "blend_store": self._blend_store,
-            "blend_lookup": _fields_handler(lambda f, fr: (self.blend.lookup(f), [])),
+            "blend_lookup": lambda r, fr, w: (self.blend.lookup(r, w), []),
         }
 
     def _blend_store(self, r: Any, frames: list[memoryview], who: Identity) -> Result:
-        result = self.blend.store(_as_fields(r, who))
+        result = self.blend.store(r, who)
         txn = self.cache.table.stores.get(result.get("store_id") or "")
         if txn is not None:
             txn.owner = who.tenant  # like a prefix store, only its owner may commit or abort it
@@ -229,6 +213,12 @@ class KVServer:
     # -- dispatch --------------------------------------------------------------------------------
     async def handle(self, header_frame: bytes, frames: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
         """ZMQ: turn one request frame into exactly one reply (header map, data frames); never raises."""
+        out = self._begin(header_frame, frames)
+        return out if isinstance(out, tuple) else await out
+
+    def _begin(self, header_frame: bytes, frames: list[memoryview]) -> Answer | Awaitable[Answer]:
+        """Decode, authenticate and run one request: its answer, or an awaitable of it when the handler
+        waits (an L2 lookup). Never raises: every failure is an error reply, counted."""
         started = time.perf_counter()
         rid, op = 0, "invalid"
         try:
@@ -240,12 +230,27 @@ class KVServer:
                     raise ValidationError(ErrorCode.UNAUTHORIZED, "this server needs an API token ('auth' field; "
                                           "clients read $KVSERVER_API_TOKEN or the token file)")
                 who = Identity("default")
-            result, data = await self._run(req, frames, who)
+            out = self._start(req, frames, who)
+            if asyncio.iscoroutine(out):
+                return self._finish(out, rid, op, started)
+            result, data = out  # type: ignore[misc]
             reply = ok_reply(rid, result)
         except ValidationError as exc:
             rid = rid or exc.rid
             reply, data = self._failed(rid, op, exc, started), []
         except Exception as exc:  # a failing handler must still answer, and the loop must go on
+            reply, data = self._failed(rid, op, exc, started), []
+        else:
+            self._account(op, started, None)
+        return reply, data
+
+    async def _finish(self, pending: Awaitable[Result], rid: int, op: str, started: float) -> Answer:
+        try:
+            result, data = await pending
+            reply = ok_reply(rid, result)
+        except ValidationError as exc:
+            reply, data = self._failed(rid, op, exc, started), []
+        except Exception as exc:
             reply, data = self._failed(rid, op, exc, started), []
         else:
             self._account(op, started, None)
@@ -257,7 +262,8 @@ class KVServer:
         started = time.perf_counter()
         op = req.op_name()
         try:
-            result, _ = await self._run(req, [], who)
+            out = self._start(req, [], who)
+            result, _ = await out if asyncio.iscoroutine(out) else out  # type: ignore[misc]
         except Exception as exc:
             self._failed(0, op, exc, started)
             raise
@@ -269,7 +275,8 @@ class KVServer:
         if isinstance(exc, ValidationError):
             self._failed(0, op, exc, time.perf_counter())
 
-    async def _run(self, req: Request, frames: list[memoryview], who: Identity) -> Result:
+    def _start(self, req: Request, frames: list[memoryview], who: Identity) -> Result | Awaitable[Result]:
+        """The checks every op passes, then its handler: a result, or a coroutine for a waiting one."""
         op = req.op_name()
         if op in ADMIN_OPS and not who.admin:
             raise ValidationError(ErrorCode.FORBIDDEN, f"{op} is an admin op: it needs the server's own token, "
@@ -280,8 +287,7 @@ class KVServer:
         model, world = getattr(keyspace, "model", None), getattr(keyspace, "world_size", None)
         if isinstance(model, str) and isinstance(world, int) and op not in OPERATOR_OPS:
             self.cache.engine_table.touch(model, world)  # its engines are alive (engine expiry, engines.py)
-        out = self.handlers[op](req, frames, who)
-        return await out if asyncio.iscoroutine(out) else out  # type: ignore[return-value]
+        return self.handlers[op](req, frames, who)
 
     def _failed(self, rid: int, op: str, exc: Exception, started: float) -> dict[str, Any]:
         """Count one failed request and build its error reply."""
@@ -301,23 +307,61 @@ class KVServer:
             observer(op, elapsed, code)
 
     async def _serve_loop(self) -> None:
-        while True:
-            parts = await self._sock.recv_multipart(copy=False)
-            if len(parts) < 2:
-                continue  # a bare identity frame: nothing to answer to
-            identity, header = parts[0], parts[1]
-            frames = [memoryview(p.buffer) for p in parts[2:]]
-            if self.l2 is None:
-                await self._answer(identity, header.bytes, frames)
-            else:  # a lookup may wait on L2: let other requests run meanwhile (tasks start in FIFO order)
-                task = asyncio.create_task(self._answer(identity, header.bytes, frames))
-                self._answering.add(task)
-                task.add_done_callback(self._answering.discard)
+        """Answer requests from a reader callback on the socket's file descriptor.
 
-    async def _answer(self, identity: Any, header: bytes, frames: list[memoryview]) -> None:
-        reply, data = await self.handle(header, frames)
+        Why not `await recv_multipart()`: pyzmq's asyncio socket makes futures and re-registers the
+        descriptor for every receive and send, which cost more than the rest of a ping (profiled:
+        bench/profile_server.py). Here the descriptor stays registered; each wake-up drains up to
+        BATCH requests with non-blocking receives, answers the ones whose handlers do not wait inline
+        and runs the others (an L2 lookup) as tasks. Replies are sent without blocking: a ROUTER never
+        blocks on send (it drops at the high-water mark, as before).
+        """
+        loop = asyncio.get_running_loop()
+        sock = self._io
+        fd = cast(int, sock.getsockopt(zmq.FD))
+
+        def on_readable() -> None:
+            for _ in range(BATCH):
+                if not cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:  # also re-arms the edge-triggered fd
+                    return
+                try:
+                    parts = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
+                self._take(parts)
+            loop.call_soon(on_readable)  # more queued: let the other tasks (HTTP, expiry) run first
+
+        def kick() -> None:
+            loop.call_soon(on_readable)
+
+        self._kick = kick
+        loop.add_reader(fd, on_readable)
+        loop.call_soon(on_readable)
         try:
-            await self._sock.send_multipart([identity, pack(reply), *data], copy=False)
+            await loop.create_future()  # runs until cancelled (serve() stops it)
+        finally:
+            loop.remove_reader(fd)
+
+    def _take(self, parts: list[zmq.Frame]) -> None:
+        if len(parts) < 2:
+            return  # a bare identity frame: nothing to answer to
+        identity, header = parts[0], parts[1]
+        out = self._begin(header.bytes, [memoryview(p.buffer) for p in parts[2:]])
+        if isinstance(out, tuple):
+            self._reply(identity, *out)
+        else:  # a handler that waits (L2): others are answered meanwhile
+            task = asyncio.ensure_future(self._reply_later(identity, out))
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
+
+    async def _reply_later(self, identity: zmq.Frame, pending: Awaitable[Answer]) -> None:
+        reply, data = await pending
+        self._reply(identity, reply, data)
+        self._kick()  # a send outside the reader callback may have taken the descriptor's wake-up
+
+    def _reply(self, identity: zmq.Frame, reply: dict[str, Any], data: list[Any]) -> None:
+        try:
+            self._io.send_multipart([identity, pack(reply), *data], copy=False, flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.warning("could not send reply: %s", exc)
 

@@ -17,7 +17,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from kvprotocol import Client, KeySpace, RequestTimeout, ServerError, chunk_hashes, flows, pack_tokens
+from kvprotocol import (Client, KeySpace, RequestTimeout, ServerError, chunk_hashes, flows, new_session_id,
+                        pack_tokens)
 from kvprotocol import replies as rp
 from kvprotocol import requests as rq
 from kvprotocol.kvsum import kvsum64
@@ -111,7 +112,7 @@ class ServerBench:
              keyspace: rq.KeySpaceW, salt: str, chunk_size: int, req: Request, n: int) -> None:
         tokens = pack_tokens(req.tokens)
         hashes = chunk_hashes(req.tokens, chunk_size)
-        session = f"bench-{os.getpid()}-{n}"
+        session = new_session_id()  # 128 random bits: the server refuses guessable session ids
         common: dict[str, Any] = {"keyspace": keyspace, "tokens": tokens, "salt": salt}
         t = self.tally
         t.requests += 1

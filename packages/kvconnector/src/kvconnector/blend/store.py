@@ -10,13 +10,14 @@ any failure (server down, a checksum that does not match, a malformed reply) is 
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from kvprotocol import Client, KeySpace, pack_tokens
+from kvprotocol import Client, KeySpace, flows, new_session_id, pack_tokens
+from kvprotocol import replies as rp
+from kvprotocol import requests as rq
 from kvprotocol.kvsum import kvsum64
 
 from .codec import ChunkCodec
@@ -63,10 +64,10 @@ class BlendStore:
 
     def _ensure(self) -> None:
         if not self._registered:
-            reply = self._client.call("register_engine", model=self.model, world_size=1, rank=0,
-                                      groups=[self.codec.layout.to_wire()]).result
-            if reply["chunk_size"] != self.codec.chunk_size:
-                raise ValueError(f"server chunk_size {reply['chunk_size']} != codec {self.codec.chunk_size}")
+            reply = self._client.register_engine(model=self.model, world_size=1, rank=0,
+                                                 groups=[rq.LayoutW(**self.codec.layout.to_wire())])
+            if reply.chunk_size != self.codec.chunk_size:
+                raise ValueError(f"server chunk_size {reply.chunk_size} != codec {self.codec.chunk_size}")
             self._registered = True
 
     def _error(self, op: str, exc: BaseException) -> None:
@@ -82,19 +83,18 @@ class BlendStore:
         c = self.codec.chunk_size
         try:
             self._ensure()
-            reply = self._client.call("blend_store", keyspace=self.keyspace.to_wire(), tokens=pack_tokens(tokens),
-                                      rank=0, salt=self.salt, pos_base=pos_base, mode="tcp").result
-            frames, sums = [], []
-            for slot in reply["slots"]:
-                if slot["status"] != "reserved":
-                    continue
-                s = slot["chunk"] * c
-                data = self.codec.encode([kl[:, s : s + c] for kl in k], [vl[:, s : s + c] for vl in v])
-                frames.append(data)
-                sums.append(kvsum64(data))
-            if reply["store_id"]:
-                self._client.call("commit", frames=frames, store_id=reply["store_id"], checksums=sums)
-            cached = sum(1 for s in reply["slots"] if s["status"] in ("reserved", "present"))
+            req = rq.BlendStore(keyspace=self.keyspace.wire(), tokens=pack_tokens(tokens), rank=0, salt=self.salt,
+                                pos_base=pos_base, mode="tcp")
+
+            def fill(_reply: object, reserved: list[rp.StoreSlot]) -> tuple[list[bytes], list[int]]:
+                frames = []
+                for slot in reserved:
+                    s = slot.chunk * c
+                    frames.append(self.codec.encode([kl[:, s : s + c] for kl in k], [vl[:, s : s + c] for vl in v]))
+                return frames, [kvsum64(f) for f in frames]
+
+            reply = flows.store_and_commit(self._client.send, req, fill)
+            cached = sum(1 for s in reply.slots if s.status in ("reserved", "present"))
             self.stats.stored_chunks += cached
             return cached
         except Exception as exc:
@@ -105,44 +105,46 @@ class BlendStore:
         """Which chunks of the prompt's segments are cached (no lease); [] on any failure."""
         try:
             self._ensure()
-            result = self._client.call("blend_lookup", keyspace=self.keyspace.to_wire(), tokens=pack_tokens(tokens),
-                                       starts=[int(s) for s in starts], salt=self.salt).result
-            return [BlendMatch(m["start"], m["ref_pos"]) for m in result["matches"]]
+            result = self._client.blend_lookup(keyspace=self.keyspace.wire(), tokens=pack_tokens(tokens),
+                                               starts=[int(s) for s in starts], salt=self.salt)
+            return [BlendMatch(m["start"], m["ref_pos"]) for m in result.matches]
         except Exception as exc:
             self._error("lookup", exc)
             return []
 
     def load(self, tokens: Sequence[int] | np.ndarray, starts: Sequence[int]) -> list[LoadedChunk]:
         """Find, lease, copy and verify the prompt's cached chunks; [] (recompute all) on any failure."""
-        session = "blend-" + secrets.token_hex(8)
+        session = new_session_id()
         self.stats.lookups += 1
         try:
             self._ensure()
-            result = self._client.call("blend_lookup", keyspace=self.keyspace.to_wire(), tokens=pack_tokens(tokens),
-                                       starts=[int(s) for s in starts], salt=self.salt, session=session).result
-            matches = result["matches"]
+            result = self._client.blend_lookup(keyspace=self.keyspace.wire(), tokens=pack_tokens(tokens),
+                                               starts=[int(s) for s in starts], salt=self.salt, session=session)
+            matches = result.matches
             if not matches:
                 return []
-            reply = self._client.call("retrieve", session=session, rank=0, start_chunk=0, end_chunk=len(matches),
-                                      mode="tcp")
-            objects = reply.result["objects"]
-            if len(objects) != len(matches) or len(reply.frames) != len(matches):
-                raise ValueError("retrieve returned a different number of objects than matched")
-            out = []
-            for m, obj, frame in zip(matches, objects, reply.frames, strict=True):
-                if kvsum64(frame) != obj["checksum"]:
-                    raise ValueError(f"checksum mismatch for the chunk at {m['start']}")
-                k, v = self.codec.decode(frame)
-                out.append(LoadedChunk(m["start"], m["ref_pos"], k, v))
-            released = self._client.call("release", session=session, rank=0, lease=reply.result["lease"]).result
-            if not released.get("intact", False):
-                raise ValueError("leases were lost during the copy")
+
+            def copy(reply: rp.RetrieveReply, frames: list[memoryview]) -> list[LoadedChunk]:
+                if len(reply.objects) != len(matches) or len(frames) != len(matches):
+                    raise ValueError("retrieve returned a different number of objects than matched")
+                out = []
+                for m, obj, frame in zip(matches, reply.objects, frames, strict=True):
+                    if kvsum64(frame) != obj.checksum:
+                        raise ValueError(f"checksum mismatch for the chunk at {m['start']}")
+                    k, v = self.codec.decode(frame)
+                    out.append(LoadedChunk(m["start"], m["ref_pos"], k, v))
+                return out
+
+            # the release names the lease and must come back intact (flows.read_leased, prove=True)
+            out = flows.read_leased(self._client.send, rq.Retrieve(session=session, rank=0, start_chunk=0,
+                                                                   end_chunk=len(matches), mode="tcp"),
+                                    copy, prove=True)
             self.stats.hit_chunks += len(out)
             return out
         except Exception as exc:
             self._error("load", exc)
             try:
-                self._client.call("end_session", session=session)
+                self._client.end_session(session=session)
             except Exception:
                 pass
             return []

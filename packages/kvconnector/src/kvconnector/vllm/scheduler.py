@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from kvprotocol import new_session_id
 
 from . import plan
 from .breaker import Breaker
@@ -57,7 +58,6 @@ class SchedulerSide:
         self.stats = KVServerConnectorStats()
         self.breaker = Breaker(cfg.retry_after_s)
         self.adapters = AdapterDigests()
-        self._session_prefix = uuid.uuid4().hex[:12]
         self.costs = CostModel.new()  # load vs recompute (plan_loads)
         self._async: list[str] = []  # requests whose asynchronous load the next metadata carries
 
@@ -325,7 +325,7 @@ class SchedulerSide:
 
     def _new_state(self, req_id: str, request: Any, cache_salt: str | None) -> _Req:
         st = _Req(req_id=req_id, request=request, salt=plan.key_salt(cache_salt),
-                  session=f"{self._session_prefix}:{req_id}"[:128])
+                  session=new_session_id())  # 128 random bits: the server refuses guessable ids
         self.reqs[req_id] = st
         self._check_cacheable(st, request)
         return st

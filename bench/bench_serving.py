@@ -1,0 +1,249 @@
+"""Serving benchmark: several vLLM engines on one host behind a round-robin router, with and without a
+shared KV cache, on a multi-round chat, a Mooncake trace replay, and a no-reuse workload.
+
+Run with the .venv-vllm interpreter (scripts/make-vllm-env.sh builds it; `uv sync` builds kvserver):
+
+    .venv-vllm/bin/python bench/bench_serving.py            # full run, about 10 minutes on 2 cores
+    .venv-vllm/bin/python bench/bench_serving.py --quick    # smaller workloads, three configurations
+    .venv-vllm/bin/python bench/bench_serving.py --smoke    # KVServerConnector only, a handful of requests
+
+Every configuration starts its own engines (vLLM's OpenAI server, one OpenMP thread each) on a random
+fp32 Llama built locally, and KVServerConnector configurations their own kvserver; the workloads then
+run one after another on the same engines (their prompts share nothing across workloads). Per
+configuration and workload the tables give TTFT p50/p90/p99, ITL p99, request throughput, and where
+the prompt tokens came from, from the difference of vLLM's /metrics counters before and after the
+workload, summed over the engines (docs/benchmarks.md says exactly how). Timings are printed with
+ratios against the no-connector configuration of the same run, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+
+import serving_engines as eng  # noqa: E402
+import serving_workloads as wl  # noqa: E402
+from serving_client import RequestRecord, delta, run_workload, scrape  # noqa: E402
+from vllm_harness import build_model  # noqa: E402
+
+MODEL = {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1408,
+         "vocab_size": wl.VOCAB}
+MAX_MODEL_LEN = 4096
+SCALES: dict[str, dict[str, Any]] = {
+    "full": {"configs": "none,example,kvserver,kvserver-async", "workloads": "chat,trace,noreuse",
+             "chat": dict(users=8, rounds=4, system_tokens=1024, user_tokens=192, max_tokens=24, think_s=2.0,
+                          stagger_s=1.0),
+             "trace": dict(conversations=24, block_tokens=32, duration_s=45.0, max_prompt=2048, max_tokens=24),
+             "noreuse": dict(requests=48, prompt_tokens=768, max_tokens=24, concurrency=4)},
+    "quick": {"configs": "none,example,kvserver", "workloads": "chat,trace,noreuse",
+              "chat": dict(users=4, rounds=3, system_tokens=768, user_tokens=128, max_tokens=16, think_s=1.0,
+                           stagger_s=0.5),
+              "trace": dict(conversations=6, block_tokens=32, duration_s=15.0, max_prompt=1536, max_tokens=16),
+              "noreuse": dict(requests=12, prompt_tokens=512, max_tokens=16, concurrency=4)},
+    "smoke": {"configs": "kvserver", "workloads": "chat",
+              # one user: round k runs on engine k mod 2, so engine 1 must load what engine 0 stored
+              "chat": dict(users=1, rounds=4, system_tokens=512, user_tokens=64, max_tokens=8, think_s=0.3,
+                           stagger_s=0.0),
+              "trace": dict(conversations=2, block_tokens=32, duration_s=5.0, max_prompt=1024, max_tokens=8),
+              "noreuse": dict(requests=4, prompt_tokens=256, max_tokens=8, concurrency=2)},
+}
+
+
+def build_workload(name: str, scale: dict[str, Any], trace_path: Path | None) -> wl.Workload:
+    if name == "chat":
+        return wl.chat(**scale["chat"])
+    if name == "trace":
+        return wl.trace(trace_path or wl.default_trace(), **scale["trace"])
+    if name == "noreuse":
+        return wl.noreuse(**scale["noreuse"])
+    raise SystemExit(f"unknown workload {name}")
+
+
+def pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+
+
+def token_sources(records: list[RequestRecord], m: dict[str, float]) -> dict[str, int]:
+    """Where the workload's prompt tokens came from (see docs/benchmarks.md, "How the numbers are made")."""
+    external = int(m.get("external", 0))
+    l2 = min(int(m.get("ext_disk", 0)), external)
+    other = min(int(m.get("ext_unspecified", 0)), external - l2)
+    return {
+        "prompt": sum(r.prompt_tokens for r in records),
+        "prefix_cache": int(m.get("local_hit", 0)),
+        "kvserver_l1": external - l2 - other,
+        "kvserver_l2": l2,
+        "other_external": other,
+        "recomputed": int(m.get("computed", 0)),
+        "cached_per_request": sum(r.cached_tokens for r in records),
+    }
+
+
+def summarise(records: list[RequestRecord], wall: float, m: dict[str, float]) -> dict[str, Any]:
+    ttft = [r.ttft_s for r in records]
+    itl = [x for r in records for x in r.itl_s]
+    src = token_sources(records, m)
+    parts = src["prefix_cache"] + src["kvserver_l1"] + src["kvserver_l2"] + src["other_external"] + src["recomputed"]
+    return {
+        "requests": len(records), "wall_s": wall,
+        "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90), "ttft_p99_s": pct(ttft, 99),
+        "itl_p99_s": pct(itl, 99), "itl_p50_s": pct(itl, 50),
+        "req_per_s": len(records) / wall if wall > 0 else float("nan"),
+        "out_tok_per_s": sum(r.output_tokens for r in records) / wall if wall > 0 else float("nan"),
+        "sources": src, "sources_sum_ok": parts == src["prompt"],
+        "cached_matches_metrics": src["cached_per_request"] == src["prompt"] - src["recomputed"],
+        "kvserver": {k: m[k] for k in m if k.startswith("kvserver_")},
+        "per_engine_requests": [sum(1 for r in records if r.engine == e) for e in sorted({r.engine for r in records})],
+    }
+
+
+def warm_up(urls: list[str]) -> None:
+    """One short request per engine (first-call costs stay out of the measurement); unique tokens."""
+    rng = random.Random(99)
+    w = wl.Workload("warmup", [wl.Session(0.0, [wl.Turn(wl.tokens(128, rng), 4, extend=False)])
+                               for _ in urls], concurrency=1)
+    asyncio.run(run_workload(urls, w, lambda: None))
+
+
+def run_config(config: str, model: Path, workloads: dict[str, wl.Workload], args: argparse.Namespace,
+               work: Path, progress: Progress, bar: Any) -> dict[str, Any]:
+    progress.update(bar, description=f"[{config}] starting {args.engines} engines")
+    dep = eng.start(config, model, args.engines, MAX_MODEL_LEN, work / config, kvserver_gb=args.kvserver_gb)
+    out: dict[str, Any] = {"startup_s": dep.started_s, "workloads": {}}
+    try:
+        urls = [e.url for e in dep.engines]
+        warm_up(urls)
+        for name, w in workloads.items():
+            progress.update(bar, description=f"[{config}] {name}")
+            time.sleep(1.0)  # let the last step's stats reach /metrics
+            before = scrape(urls)
+            records, wall = asyncio.run(run_workload(urls, w, lambda: progress.advance(bar)))
+            time.sleep(1.0)
+            out["workloads"][name] = summarise(records, wall, delta(scrape(urls), before))
+            out["workloads"][name]["loadavg_1m"] = os.getloadavg()[0]  # other load on the host skews timings
+        if config == "example":
+            out["example_disk_bytes"] = eng.disk_bytes(dep.workdir / "example-store")
+    except Exception as exc:  # one broken configuration must not lose the others' results
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        out["engine_logs"] = [e.log_tail(4000) for e in dep.engines]
+        progress.console.log(f"[{config}] FAILED: {out['error'][:300]}")
+    finally:
+        dep.stop()
+        eng.clean(work / config)
+    return out
+
+
+def _ratio(x: float, base: float | None) -> str:
+    return f"{x / base:.2f}x" if base else "-"
+
+
+def report(results: dict[str, Any], console: Console) -> None:
+    configs = [c for c, r in results["configs"].items() if "error" not in r]
+    for c, r in results["configs"].items():
+        if "error" in r:
+            console.print(f"{c}: FAILED: {r['error'][:500]}")
+    for name in results["workloads"]:
+        base = results["configs"].get("none", {}).get("workloads", {}).get(name) if "none" in configs else None
+        console.print(f"\n### {name} ({results['workload_sizes'][name]} requests)\n")
+        console.print("| configuration | TTFT p50 s | p90 s | p99 s | ITL p99 ms | req/s | req/s vs none "
+                      "| TTFT p50 vs none | host load (1 min) |")
+        console.print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for c in configs:
+            r = results["configs"][c]["workloads"][name]
+            console.print(f"| {c} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['ttft_p99_s']:.3f} | "
+                          f"{1000 * r['itl_p99_s']:.1f} | {r['req_per_s']:.3f} | "
+                          f"{_ratio(r['req_per_s'], base and base['req_per_s'])} | "
+                          f"{_ratio(r['ttft_p50_s'], base and base['ttft_p50_s'])} | {r.get('loadavg_1m', 0):.1f} |")
+        console.print("\n| configuration | prompt tokens | vLLM prefix cache | kvserver L1 | kvserver L2 "
+                      "| other connector | recomputed | sums exactly |")
+        console.print("|---|---:|---:|---:|---:|---:|---:|---|")
+        for c in configs:
+            r = results["configs"][c]["workloads"][name]
+            s = r["sources"]
+            p = max(1, s["prompt"])
+            cells = [f"{s[k]} ({100 * s[k] / p:.0f}%)" for k in
+                     ("prefix_cache", "kvserver_l1", "kvserver_l2", "other_external", "recomputed")]
+            console.print(f"| {c} | {s['prompt']} | " + " | ".join(cells) +
+                          f" | {'yes' if r['sources_sum_ok'] else 'NO'} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="smaller workloads, none/example/kvserver")
+    mode.add_argument("--smoke", action="store_true", help="KVServerConnector on a tiny chat (the test's mode)")
+    ap.add_argument("--configs", default=None, help=f"comma list of {','.join(eng.CONFIGS)}")
+    ap.add_argument("--workloads", default=None, help="comma list of chat,trace,noreuse")
+    ap.add_argument("--engines", type=int, default=2)
+    ap.add_argument("--kvserver-gb", type=float, default=1.0, help="kvserver L1 size")
+    ap.add_argument("--trace", type=Path, default=None, help="Mooncake-format trace (default: the shared one)")
+    ap.add_argument("--model-dir", type=Path, default=None, help="reuse/build the bench model here")
+    ap.add_argument("--json", type=Path, default=None, help="also write all results here")
+    args = ap.parse_args()
+    scale_name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    scale = SCALES[scale_name]
+    configs = (args.configs or scale["configs"]).split(",")
+    unknown = set(configs) - set(eng.CONFIGS)
+    if unknown:
+        ap.error(f"unknown configs {sorted(unknown)}")
+    names = (args.workloads or scale["workloads"]).split(",")
+    workloads = {n: build_workload(n, scale, args.trace) for n in names}
+    console = Console(stderr=True)
+    out = Console(width=250, soft_wrap=True, highlight=False)
+    t_all = time.perf_counter()
+    results: dict[str, Any] = {"mode": scale_name, "engines": args.engines, "model": MODEL, "configs": {},
+                               "workloads": names, "workload_sizes": {n: w.n_requests for n, w in workloads.items()},
+                               "scale": {n: scale[n] for n in names}}
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp_s:
+        tmp = Path(tmp_s)
+        model = build_model(args.model_dir or tmp / "model", MODEL)
+        total = len(configs) * sum(w.n_requests for w in workloads.values())
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as progress:
+            bar = progress.add_task("starting", total=total)
+            for c in configs:
+                fresh = {n: build_workload(n, scale, args.trace) for n in names}  # sessions are consumed
+                results["configs"][c] = run_config(c, model, fresh, args, tmp, progress, bar)
+                w = results["configs"][c]
+                if "error" in w:
+                    continue
+                console.log(f"{c}: engines up in {w['startup_s']:.0f}s; " + ", ".join(
+                    f"{n} {r['req_per_s']:.2f} req/s TTFT p50 {r['ttft_p50_s']:.3f}s"
+                    for n, r in w["workloads"].items()))
+    results["total_s"] = time.perf_counter() - t_all
+    out.print(f"\nbench_serving --{scale_name}: {args.engines} engines, round-robin, model {MODEL}, "
+              f"total {results['total_s']:.0f}s")
+    report(results, out)
+    ok = [c for c in configs if "error" not in results["configs"][c]]
+    if "none" in ok and "noreuse" in names:
+        base = results["configs"]["none"]["workloads"]["noreuse"]["req_per_s"]
+        for c in ok:
+            r = results["configs"][c]["workloads"]["noreuse"]["req_per_s"]
+            out.print(f"no-reuse throughput {c} / none: {r / base:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    bad = [(c, n) for c in configs for n, r in results["configs"][c]["workloads"].items() if not r["sources_sum_ok"]]
+    bad += [(c, "error") for c in configs if "error" in results["configs"][c]]
+    if bad:
+        out.print(f"token sources do not sum to the prompt tokens for {bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
