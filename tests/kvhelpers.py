@@ -48,11 +48,12 @@ class ArenaMap:
 
 
 def store(c: Client, ks: KeySpace, tokens: Sequence[int], data_of, *, rank: int = 0, salt: str = "",
-          mode: str = "tcp", arena: ArenaMap | None = None, start_chunk: int = 0, commit: bool = True) -> dict:
+          mode: str = "tcp", arena: ArenaMap | None = None, start_chunk: int = 0, commit: bool = True,
+          reservation: str | None = None, total_chunks: int | None = None) -> dict:
     """Reserve, fill (data_of(chunk, group) -> bytes) and commit (kvprotocol's one store sequence);
     returns the store reply as a map."""
     req = rq.Store(keyspace=ks.wire(), tokens=pack_tokens(tokens), rank=rank, salt=salt, mode=mode,
-                   start_chunk=start_chunk)
+                   start_chunk=start_chunk, reservation=reservation, total_chunks=total_chunks)
     if not commit:
         return msgspec.to_builtins(c.send(req)[0])
 

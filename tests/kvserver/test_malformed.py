@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import secrets
+
 import msgpack
 import pytest
 import zmq
 
-from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout, sid
-from kvprotocol import MAX_TOKENS, PROTOCOL_VERSION, resolve_token
+from kvhelpers import lookup, payload, register, retrieve, sid, store, tiny_layout
+from kvprotocol import MAX_TOKENS, PROTOCOL_VERSION, ErrorCode, ServerError, resolve_token
 
 TOKENS = list(range(777, 777 + 512))
 GOOD_KS = None  # filled by the fixture
@@ -86,6 +88,19 @@ CASES = [
     ("block_shape of 100 dims", lambda: [req("register_engine", model="m", world_size=1, rank=0,
                                              groups=[{**tiny_layout().to_wire(), "block_shape": [1] * 100}])],
      "TOO_LARGE"),
+    ("total_chunks without reservation", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
+                                                      total_chunks=1)], "BAD_FIELD"),
+    ("first reserved store without total", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
+                                                        reservation="r-none-" + "0" * 30)], "BAD_FIELD"),
+    ("reservation of zero chunks", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
+                                                reservation="r-zero-" + "0" * 30, total_chunks=0)], "OUT_OF_RANGE"),
+    ("reservation id too long", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
+                                             reservation="r" * 1000, total_chunks=1)], "BAD_FIELD"),
+    ("reservation of all of L1, partly in use", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
+                                                             reservation="r-huge-" + "0" * 30, total_chunks=1 << 14)],
+     "RETRY_LATER"),
+    ("first store beyond its own total", lambda: [req("store", keyspace=ks_wire(), tokens=TOK * 2, rank=0,
+                                                      reservation="r-over-" + "0" * 30, total_chunks=1)], "BAD_FIELD"),
     ("layout extra field", lambda: [req("register_engine", model="m", world_size=1, rank=0,
                                         groups=[{**tiny_layout().to_wire(), "exec": "rm -rf /"}])], "BAD_FIELD"),
 ]
@@ -135,3 +150,33 @@ def test_reply_keeps_request_id_when_readable(prepared):
     sock.send_multipart([msgpack.packb({"v": PROTOCOL_VERSION, "id": 12345, "op": "nope"})])
     assert sock.poll(5000)
     assert msgpack.unpackb(sock.recv_multipart()[0])["id"] == 12345
+
+
+@pytest.mark.parametrize("violation", ["beyond_total", "total_changed"])
+def test_reservation_violation_rolls_back_the_whole_request(prepared, violation):
+    """A producer that breaks its reservation mid-request loses all of it: the chunks it committed are
+    dropped, its open store aborted, the booking released; the id may start afresh."""
+    c, _ = prepared
+    size = tiny_layout().object_bytes
+    tokens = list(range(5000, 5000 + 3 * 256))
+    rid = secrets.token_hex(16)
+    before = c.call("describe").result["l1"]
+    store(c, GOOD_KS, tokens[:256], lambda ch, g: payload(ch, size), reservation=rid, total_chunks=2)
+    open_store = store(c, GOOD_KS, tokens[:512], lambda ch, g: payload(ch, size), start_chunk=1,
+                       reservation=rid, commit=False)
+    assert open_store["store_id"] and lookup(c, GOOD_KS, tokens) == 256
+    bad = {"beyond_total": dict(tokens=tokens, total_chunks=2), "total_changed": dict(tokens=tokens[:512],
+                                                                                    total_chunks=3)}[violation]
+    with pytest.raises(ServerError) as err:
+        store(c, GOOD_KS, bad["tokens"], lambda ch, g: payload(ch, size), start_chunk=1, reservation=rid,
+              total_chunks=bad["total_chunks"], commit=False)
+    assert err.value.code == ErrorCode.BAD_FIELD and "rolled back" in err.value.message
+    assert lookup(c, GOOD_KS, tokens) == 0  # the committed chunk is gone
+    with pytest.raises(ServerError) as err:  # and so is the open store
+        c.call("commit", store_id=open_store["store_id"], checksums=[0])
+    assert err.value.code == ErrorCode.UNKNOWN_STORE
+    after = c.call("describe").result["l1"]
+    assert after["objects"] == before["objects"]
+    # the booking is released: the same id starts a fresh reservation, which completes
+    store(c, GOOD_KS, tokens[:512], lambda ch, g: payload(ch, size), reservation=rid, total_chunks=2)
+    assert lookup(c, GOOD_KS, tokens) == 512

@@ -104,6 +104,13 @@ def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, 
            extra: ExtraKeys = (), rank: int | None = None, wait: bool = True) -> tuple[int, bool]:
     """Hit tokens and whether an L2 prefetch still runs (only with wait=False); with a session, lease
     the hit objects of every rank (or of `rank` only) to it."""
+    hit, pending, _ = lookup_reply(link, deadline, tokens, salt, session, extra, rank, wait)
+    return hit, pending
+
+
+def lookup_reply(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, session: str | None,
+                 extra: ExtraKeys = (), rank: int | None = None, wait: bool = True) -> tuple[int, bool, bool]:
+    """lookup, plus whether a producer is still writing the chunk the hit stops at."""
     req = rq.Lookup(keyspace=link.keyspace.wire(), tokens=pack_tokens(tokens), salt=salt,
                     extra=extra_pairs(extra, tokens.shape[0] // link.unit),
                     session=session, rank=rank if session is not None else None, wait=wait)
@@ -111,7 +118,7 @@ def lookup(link: EngineLink, deadline: Deadline, tokens: np.ndarray, salt: str, 
     if result.chunk_size != link.unit:
         raise ServerError(ErrorCode.LAYOUT_MISMATCH, f"server chunk_size {result.chunk_size} "
                                                      f"!= layout chunk_size {link.unit}")
-    return result.hit_tokens, bool(result.pending)
+    return result.hit_tokens, bool(result.pending), bool(result.inflight)
 
 
 @dataclass
@@ -259,7 +266,8 @@ class Saved:
 
 
 def save(link: EngineLink, copier: Copier, deadline: Deadline, tokens: np.ndarray,
-         tables: Sequence[np.ndarray], salt: str, skip: int, extra: ExtraKeys = ()) -> Saved:
+         tables: Sequence[np.ndarray], salt: str, skip: int, extra: ExtraKeys = (),
+         reservation: str | None = None, total_chunks: int | None = None) -> Saved:
     """Store every full chunk from the one holding skip_tokens on: reserve, gather, verify, commit
     (kvprotocol.flows.store_and_commit: a reservation is always committed or aborted)."""
     chunk = link.unit
@@ -276,7 +284,8 @@ def save(link: EngineLink, copier: Copier, deadline: Deadline, tokens: np.ndarra
                      distinct=False)
     mode = link.ensure(deadline)
     req = rq.Store(keyspace=link.keyspace.wire(), tokens=pack_tokens(tokens[: n * chunk]), rank=link.rank,
-                   salt=salt, start_chunk=start, extra=extra_pairs(extra, n), mode="shm" if mode == "shm" else "tcp")
+                   salt=salt, start_chunk=start, extra=extra_pairs(extra, n), mode="shm" if mode == "shm" else "tcp",
+                   reservation=reservation, total_chunks=total_chunks if reservation is not None else None)
 
     def send(r: rq.Request, frames: Sequence[Any]) -> tuple[rp.Reply_, list[memoryview]]:
         nonlocal mode

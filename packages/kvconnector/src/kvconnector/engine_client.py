@@ -37,6 +37,7 @@ class LookupResult:
     hit_tokens: int
     error: str | None = None
     pending: bool = False  # wait=False only: an L2 prefetch runs; ask again later for a bigger hit
+    inflight: bool = False  # a producer's reservation is writing the chunk the hit stops at (docs/pd.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,8 @@ class SaveResult:
     # The server had no room for some chunk (NO_SPACE): the cache is full, the server is fine. What
     # fitted is stored (saved_chunks); callers must not treat this as a server failure.
     no_space: bool = False
+    # A whole-request reservation does not fit now (RETRY_LATER): nothing was stored; save again later.
+    retry_later: bool = False
 
 
 class _Warner:
@@ -250,12 +253,16 @@ class EngineClient:
                 return LoadResult(False, 0, failed, error)
 
     def save(self, tokens: Any, block_ids: Any, salt: str = "", skip_tokens: int = 0,
-             extra: ExtraKeys = ()) -> SaveResult:
+             extra: ExtraKeys = (), reservation: str | None = None, total_chunks: int | None = None) -> SaveResult:
         """Store every full chunk of `tokens` from the chunk holding skip_tokens on.
 
         block_ids are the request's blocks from token 0; chunks they do not fully cover are skipped.
         ok is False when anything failed or the server had no room for some chunk; no_space tells
         the second case (a full cache, not a failing server) apart.
+
+        With `reservation` (a producer's request id): the first save of it declares `total_chunks`,
+        and the server admits the request only when all of them fit; retry_later says it did not fit
+        now (nothing stored). Later saves of the request draw on the reservation (docs/pd.md).
         """
         with self._lock:
             try:
@@ -265,10 +272,12 @@ class EngineClient:
                 validate_salt(salt)
                 tables = _ops.as_tables(block_ids, len(self._link.layouts))
                 saved = _ops.save(self._link, self._copier, deadline, _ops.as_tokens(tokens), tables, salt,
-                                  int(skip_tokens), extra)
+                                  int(skip_tokens), extra, reservation, total_chunks)
             except Exception as exc:
-                full = isinstance(exc, ServerError) and exc.code == ErrorCode.NO_SPACE
-                return SaveResult(False, 0, self._failed("save", exc), no_space=full)
+                code = exc.code if isinstance(exc, ServerError) else None
+                if isinstance(exc, ServerError) and code == ErrorCode.RETRY_LATER:  # busy, not failing
+                    return SaveResult(False, 0, f"server:{code}: {exc.message}", retry_later=True)
+                return SaveResult(False, 0, self._failed("save", exc), no_space=code == ErrorCode.NO_SPACE)
             if saved.no_space:
                 error = f"server:{ErrorCode.NO_SPACE}: no room for {saved.no_space} chunk(s)"
                 self._warner.warn("save:no_space", f"kvserver save incomplete: {error}")
@@ -288,9 +297,9 @@ class EngineClient:
             try:
                 deadline = self._deadline()
                 validate_salt(salt)
-                hit, pending = _ops.lookup(self._link, deadline, _ops.as_tokens(tokens), salt, session, extra,
-                                           wait=wait)
-                return LookupResult(hit, None, pending)
+                hit, pending, inflight = _ops.lookup_reply(self._link, deadline, _ops.as_tokens(tokens), salt,
+                                                           session, extra, wait=wait)
+                return LookupResult(hit, None, pending, inflight)
             except Exception as exc:
                 return LookupResult(0, self._failed("lookup", exc))
 

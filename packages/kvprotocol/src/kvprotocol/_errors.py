@@ -20,6 +20,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_STORE = "UNKNOWN_STORE"
     NOT_LEASED = "NOT_LEASED"  # retrieve of objects the session holds no lease on
     NO_SPACE = "NO_SPACE"  # L1 full and nothing evictable
+    RETRY_LATER = "RETRY_LATER"  # a whole-request reservation does not fit now; retry after others complete
     LAYOUT_MISMATCH = "LAYOUT_MISMATCH"
     UNAUTHORIZED = "UNAUTHORIZED"
     FORBIDDEN = "FORBIDDEN"  # an admin op (clear, full describe) sent with a tenant's token

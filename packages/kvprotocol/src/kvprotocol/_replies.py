@@ -64,6 +64,7 @@ class LookupReply(Reply_):
     num_chunks: int
     chunk_size: int
     pending: bool | None = None  # only with wait=False: an L2 prefetch of the rest runs
+    inflight: bool | None = None  # true: a producer's reservation is writing the chunk the hit stops at
 
 
 class ChunkPresence(msgspec.Struct):

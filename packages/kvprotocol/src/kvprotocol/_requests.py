@@ -180,10 +180,20 @@ class Unpin(KeysRequest, tag="unpin"):
 
 
 class Store(KeysRequest, tag="store", kw_only=True):
+    """With `reservation` (an id the producer picks, scoped to its tenant): the first store of it must
+    declare `total_chunks`, and the server admits it only when all of them fit (docs/pd.md)."""
+
     rank: Rank
     start_chunk: Chunk = 0
     mode: Mode = "shm"
     session: SessionId | None = None
+    reservation: SessionId | None = None
+    total_chunks: Annotated[int, Meta(ge=1, le=MAX_CHUNKS)] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.total_chunks is not None and self.reservation is None:
+            raise ValidationError(ErrorCode.BAD_FIELD, "store: total_chunks needs reservation")
 
 
 class Commit(Request, tag="commit"):

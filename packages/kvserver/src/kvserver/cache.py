@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
@@ -22,6 +22,7 @@ from .l2.background import BackgroundPrefetches
 from .leases import Leases
 from .sessions import KeySpaceT, SessionTable, Slot, StoreTxn, new_store_id
 from .ledger import Counters, TenantLedger
+from .reservations import ReservationBook
 from .tenants import ADMIN, Identity, TenantBook
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ class CacheService:
         self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
         self.background = BackgroundPrefetches()  # prefetches of lookups that did not wait
+        self.reservations = ReservationBook(l1, lease_ttl)  # whole-request admission (kv_producer stores)
+        self.reservations.abort_stores = self._abort_stores
 
     @property
     def engines(self) -> dict[str, Engine]:
@@ -164,6 +167,8 @@ class CacheService:
         rank = f.rank
         if rank is not None and rank >= ks[1]:
             raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+        out = {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
+               "chunk_size": self.chunk_size}
         plan, keys_of = self.groups.plan(ks), None
         if plan is not None:  # per-group geometry: the objects this hit needs (groups.py)
             keys_of = plan.touch_hit(salt, hashes, hit, self.l1.touch, self.on_hit)
@@ -176,10 +181,14 @@ class CacheService:
                 hit_keys = [k for h in hashes[:hit] for k in self._chunk_keys(ks, salt, h)]
                 for hook in self.on_hit:
                     hook(hit_keys)
+        if self.reservations.live and hit < len(hashes):
+            refs = [(ks[0], ks[1], salt, h) for h in hashes[: hit + 1]]
+            if self.reservations.inflight(refs, hit):  # "ask again later": nothing is leased for it
+                out["inflight"] = True
+                return out
         if session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
             self.leases.take(session, ks, salt, hashes, hit, rank, keys_of)
-        return {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
-                "chunk_size": self.chunk_size}
+        return out
 
     async def lookup_l2(self, f: Lookup, who: Identity = ADMIN) -> dict[str, Any]:
         """lookup, after loading what L2 holds of the missing prefix into L1 (a bounded wait).
@@ -282,9 +291,14 @@ class CacheService:
         start = f.start_chunk
         if start > len(hashes):
             raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
+        book, res = self.reservations, None
+        if f.reservation is not None:
+            res = book.for_store(who.scope(f.reservation), who.tenant, f.total_chunks, sizes, ks, salt, rank, hashes,
+                                 start, self.ledger.limits(who.tenant)[0])
+        budget = book.headroom() if res is None and book.live else None  # plain stores leave bookings alone
         txn = StoreTxn(new_store_id(), f.mode, None if f.session is None else who.scope(f.session), [],
                        self.table.deadline(), keyspace=ks, salt=salt, tokens=f.tokens, hashes=hashes,
-                       owner=who.tenant)
+                       owner=who.tenant, reservation=None if res is None else res.id)
         reply_slots = []
         for chunk, group, key in self.groups.store_objects(ks, salt, rank, hashes, start):
             existing = self.l1.entries.get(key)
@@ -292,8 +306,12 @@ class CacheService:
                 status = "present" if existing.state is State.READY else "writing"
                 self.counters.deduplicated_objects += 1
                 reply_slots.append({"chunk": chunk, "group": group, "status": status})
+                if res is not None:
+                    book.draw(res, sizes[group], key, False, (ks[0], ks[1], salt, hashes[chunk]))
                 continue
-            if not self.ledger.make_room(who, sizes[group]):
+            if budget is not None:
+                budget -= self.l1.alloc.slot_size(sizes[group])
+            if (budget is not None and budget < 0) or not self.ledger.make_room(who, sizes[group]):
                 self.counters.no_space += 1
                 reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
                 continue
@@ -303,12 +321,20 @@ class CacheService:
                 reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
                 continue
             txn.slots.append(Slot(key, chunk, group, entry))
+            if res is not None:
+                book.draw(res, sizes[group], key, True, (ks[0], ks[1], salt, hashes[chunk]))
             slot = {"chunk": chunk, "group": group, "status": "reserved", "size": entry.size}
             if txn.mode == "shm":
                 slot["offset"] = entry.offset
             reply_slots.append(slot)
         if txn.slots:
             self.table.stores[txn.id] = txn
+        if res is not None:
+            book.cover(res, rank, start, len(hashes))
+            if txn.slots:
+                res.stores.add(txn.id)
+            book.advance(res, (ks[0], ks[1], salt, hashes[-1]) if hashes else None)
+            book.settle(res, None)
         self.counters.stores += 1
         t.stores += 1
         return {"store_id": txn.id if txn.slots else None, "slots": reply_slots}
@@ -354,6 +380,10 @@ class CacheService:
         t = self.ledger.counters(who)
         t.stored_objects += len(txn.slots)
         t.stored_bytes += sum(s.entry.size for s in txn.slots)
+        res = None if txn.reservation is None else self.reservations.live.get(txn.reservation)
+        if res is not None:  # held until the whole request is in, then released at once
+            self.reservations.hold(res, [s.key for s in txn.slots])
+            self.reservations.settle(res, store_id)
         keys = [s.key for s in txn.slots]
         for hook in self.on_commit:
             hook(keys)
@@ -369,6 +399,17 @@ class CacheService:
 
     def _abort_txn(self, txn: StoreTxn) -> None:
         self.leases.end_write(txn)
+        res = None if txn.reservation is None else self.reservations.live.get(txn.reservation)
+        if res is not None:  # a producer that gives up a part gives up the whole request
+            res.stores.discard(txn.id)
+            self.reservations.rollback(res)
+
+    def _abort_stores(self, store_ids: Iterable[str]) -> None:
+        """End a rolled-back reservation's open stores (their slots quarantined like any abort's)."""
+        for sid in list(store_ids):
+            txn = self.table.stores.pop(sid, None)
+            if txn is not None:
+                self.leases.end_write(txn)
 
     # -- retrieve ------------------------------------------------------------------------------
     def retrieve(self, f: Retrieve, who: Identity = ADMIN) -> tuple[dict[str, Any], list[bytes]]:
@@ -419,6 +460,8 @@ class CacheService:
         return {"released": released, "aborted_stores": aborted}
 
     def expire(self, now: float | None = None) -> None:
+        for res in self.reservations.expired(time.monotonic() if now is None else now):
+            self.reservations.rollback(res)  # its producer went quiet: died or gave up
         sessions, stores = self.leases.expire(now)
         self.counters.expired_sessions += sessions
         self.counters.expired_stores += stores

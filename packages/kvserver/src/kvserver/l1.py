@@ -276,6 +276,14 @@ class L1Cache:
                 hook(key)
         return len(doomed)
 
+    def remove(self, key: IKey) -> None:
+        """Drop one ready, unleased object at once (a rolled-back reservation's, see reservations.py)."""
+        entry = self.entries.get(key)
+        if entry is None or entry.state is not State.READY or entry.leases:
+            return
+        self.policy.on_remove(key)
+        self._drop(key)
+
     def _drop(self, key: IKey) -> None:
         entry = self.entries.pop(key)
         del self._at[entry.offset]

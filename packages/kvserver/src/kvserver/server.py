@@ -199,6 +199,7 @@ class KVServer:
             "sessions": len(c.table.sessions),
             "stores_in_flight": len(c.table.stores),
             "counters": vars(c.counters),
+            "reservations": c.reservations.describe(),
             "tenants": self.tenants_usage(),
             "ec": self.ec.describe(),
             "blend": self.blend.describe(),  # CacheBlend hits are not prefix hits: never summed with counters

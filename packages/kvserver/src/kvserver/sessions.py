@@ -69,6 +69,7 @@ class StoreTxn:
     hashes: list[bytes] | None = None
     owner: str = "default"  # the tenant that reserved it: nobody else can commit or abort it
     kind: str = "prefix"  # "blend": a content-keyed chunk (blend_index.py), counted apart from prefix stores
+    reservation: str | None = None  # the whole-request reservation it draws on (reservations.py)
 
 
 def new_store_id() -> str:

@@ -50,6 +50,12 @@ class ConnectorConfig:
     plan_loads       True: load a hit only when the online estimate (costs.py: load throughput and
                      prefill rate measured by the workers) says it is cheaper than recomputing it;
                      declined hits are counted (declined_hits, declined_tokens). False (default): always load
+    reserve          True: a producer's prompt saves book the whole request on the server at its first
+                     store (whole-request reservation, docs/pd.md); a save told RETRY_LATER is retried
+                     for up to reserve_wait_s. Default: on for kv_role "kv_producer" (see apply_role)
+    reserve_wait_s   how long a producer's save retries a reservation the server cannot admit yet
+    inflight_wait_s  how long a lookup that finds its prefix still being written by a producer (reply
+                     `inflight`) asks vLLM to ask again later before it recomputes instead
     debug_load_delay_s  TEST ONLY: sleep this long before each load's copy (a slow load on purpose)
     debug_save_delay_s  TEST ONLY: sleep this long before each background save (async_saves)
     debug_fail_load_chunks  TEST ONLY fault injection: after each load, overwrite the blocks of these
@@ -73,6 +79,9 @@ class ConnectorConfig:
     async_loads: bool = False
     plan_loads: bool = False
     async_saves: bool = False
+    reserve: bool | None = None  # None: as the role says (apply_role)
+    reserve_wait_s: float = 10.0
+    inflight_wait_s: float = 10.0
     debug_load_delay_s: float = 0.0
     debug_save_delay_s: float = 0.0
     debug_fail_load_chunks: tuple[int, ...] = ()
@@ -80,8 +89,10 @@ class ConnectorConfig:
     load: bool = True  # not a key: False for kv_role "kv_producer" (saves only); see apply_role
 
     def apply_role(self, is_producer: bool, is_consumer: bool) -> ConnectorConfig:
-        """kv_producer saves only, kv_consumer loads only, kv_both does both."""
-        return dataclasses.replace(self, load=is_consumer,
+        """kv_producer saves only (its prompts under whole-request reservations unless reserve is
+        false), kv_consumer loads only, kv_both does both."""
+        reserve = (is_producer and not is_consumer) if self.reserve is None else self.reserve
+        return dataclasses.replace(self, load=is_consumer, reserve=reserve,
                                    save_policy=self.save_policy if is_producer else "none")
 
     def token(self) -> str | None:
@@ -108,7 +119,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "api_token": (str, type(None)), "token_file": (str, type(None)),
     "debug_fail_load_chunks": (list, tuple), "debug_fail_plan_loads": (bool,), "wait_for_l2": (bool,),
     "async_loads": (bool,), "plan_loads": (bool,), "async_saves": (bool,), "debug_load_delay_s": (int, float),
-    "debug_save_delay_s": (int, float),
+    "debug_save_delay_s": (int, float), "reserve": (bool, type(None)), "reserve_wait_s": (int, float),
+    "inflight_wait_s": (int, float),
 }
 
 
@@ -140,6 +152,8 @@ def parse_config(extra: Mapping[str, Any] | None, environ: Mapping[str, str] | N
         raise ValueError(f"KVServerConnector: mode must be one of {MODES}, got {cfg.mode!r}")
     if cfg.save_policy not in SAVE_POLICIES:
         raise ValueError(f"KVServerConnector: save_policy must be one of {SAVE_POLICIES}, got {cfg.save_policy!r}")
+    if not (0 <= cfg.reserve_wait_s <= 600 and 0 <= cfg.inflight_wait_s <= 600):
+        raise ValueError("KVServerConnector: reserve_wait_s and inflight_wait_s must be in [0, 600]")
     if not 0 < cfg.timeout_s <= 600:
         raise ValueError("KVServerConnector: timeout_s must be in (0, 600]")
     if not 0 <= cfg.retry_after_s <= 600:

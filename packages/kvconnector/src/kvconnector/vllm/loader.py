@@ -58,17 +58,25 @@ class SaveOutcome:
     chunks: int
     seconds: float
     error: str | None = None
-    no_space: bool = False
+    no_space: bool = False  # also: a reservation the server could not admit within reserve_wait_s
 
 
-def save_job(client: Any, job: SaveJob, delay_s: float = 0.0) -> SaveOutcome:
-    """One save through `client`; never raises (a failed store is a future miss)."""
+def save_job(client: Any, job: SaveJob, delay_s: float = 0.0, reserve_wait_s: float = 0.0) -> SaveOutcome:
+    """One save through `client`; never raises (a failed store is a future miss). A reserved save
+    the server cannot admit yet (RETRY_LATER: other requests fill L1) is retried for reserve_wait_s."""
     t = time.perf_counter()
     if delay_s > 0:
         time.sleep(delay_s)  # TEST ONLY (debug_save_delay_s): a slow save on purpose
     try:
-        res = client.save(job.tokens, job.block_ids, salt=job.salt, skip_tokens=job.skip_tokens, extra=job.extra)
-        return SaveOutcome(res.ok, res.saved_chunks, time.perf_counter() - t, res.error, res.no_space)
+        kw = {} if job.reservation is None else {"reservation": job.reservation, "total_chunks": job.total_chunks}
+        while True:
+            res = client.save(job.tokens, job.block_ids, salt=job.salt, skip_tokens=job.skip_tokens, extra=job.extra,
+                              **kw)
+            if not getattr(res, "retry_later", False) or time.perf_counter() - t >= reserve_wait_s:
+                break
+            time.sleep(0.02)
+        busy = res.no_space or getattr(res, "retry_later", False)  # the server works; the cache is full or busy
+        return SaveOutcome(res.ok, res.saved_chunks, time.perf_counter() - t, res.error, busy)
     except Exception as exc:  # noqa: BLE001
         return SaveOutcome(False, 0, time.perf_counter() - t, f"{type(exc).__name__}: {exc}")
 
@@ -76,8 +84,10 @@ def save_job(client: Any, job: SaveJob, delay_s: float = 0.0) -> SaveOutcome:
 class BackgroundLoader:
     """Runs load and save jobs one at a time, in submission order, on a thread of its own."""
 
-    def __init__(self, client: Any, delay_s: float = 0.0, save_delay_s: float = 0.0) -> None:
+    def __init__(self, client: Any, delay_s: float = 0.0, save_delay_s: float = 0.0,
+                 reserve_wait_s: float = 0.0) -> None:
         self.client = client
+        self.reserve_wait_s = reserve_wait_s
         self.delay_s = delay_s
         self.save_delay_s = save_delay_s
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvserver-load")
@@ -87,7 +97,8 @@ class BackgroundLoader:
         self._jobs.append((job, self._pool.submit(copy_job, self.client, job, wanted, self.delay_s)))
 
     def submit_save(self, job: SaveJob) -> None:
-        self._jobs.append((job, self._pool.submit(save_job, self.client, job, self.save_delay_s)))
+        self._jobs.append((job, self._pool.submit(save_job, self.client, job, self.save_delay_s,
+                                                         self.reserve_wait_s)))
 
     def in_flight(self) -> int:
         return len(self._jobs)

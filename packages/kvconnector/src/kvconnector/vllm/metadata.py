@@ -46,6 +46,9 @@ class SaveJob:
     # computed these chunks was planned before the failure was known (async scheduling plans step
     # N+1 before step N's results arrive), so it may have attended to garbage blocks.
     epoch: int = 0
+    # A producer's whole-request reservation (docs/pd.md): its id and the request's total chunks
+    reservation: str | None = None
+    total_chunks: int = 0
 
 
 @dataclass

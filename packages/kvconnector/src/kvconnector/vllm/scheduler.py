@@ -7,6 +7,7 @@ request's chunks are known to be stored, so each step's metadata names exactly t
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,12 @@ class SchedulerSide:
         st.leased = True
         hit = int(res.hit_tokens) if res is not None else 0
         hit = min(plan.floor_to(hit, self.chunk), plan.floor_to(n, self.chunk))
+        if res is not None and getattr(res, "inflight", False) and self._may_wait(st, self.cfg.inflight_wait_s):
+            # A producer is still writing this prefix (PD disaggregation): ask again later rather
+            # than recompute what is about to arrive; after inflight_wait_s, recompute.
+            self._release(st)
+            self.stats.add("lookups_inflight")
+            return None, False
         if res is not None and getattr(res, "pending", False) and self._may_wait(st):
             # The server prefetches the rest from L2: never block the scheduler on it. vLLM skips the
             # request this step and asks again; the leases taken now are given back at once.
@@ -125,13 +132,13 @@ class SchedulerSide:
         l1 = max(0, min(num_external_tokens, l1_end - st.local_computed))
         return {k: v for k, v in (("l1", l1), ("l2", num_external_tokens - l1)) if v}
 
-    def _may_wait(self, st: _Req) -> bool:
+    def _may_wait(self, st: _Req, limit: float | None = None) -> bool:
         """Ask again later, for at most timeout_s per request (a server that keeps prefetching, e.g.
-        restarted meanwhile, must not hold a request back for good)."""
+        restarted meanwhile, must not hold a request back for good; a producer that died, too)."""
         now = time.monotonic()
         if st.pending_since is None:
             st.pending_since = now
-        return now - st.pending_since < self.cfg.timeout_s
+        return now - st.pending_since < (self.cfg.timeout_s if limit is None else limit)
 
     def update_state_after_alloc(self, request: Any, num_external_tokens: int,
                                  block_ids: list[int] | None = None) -> None:
@@ -246,8 +253,11 @@ class SchedulerSide:
         if len(toks) < end or len(st.block_ids) < nblocks:
             return
         st.had_saves = True
+        reservation, total = None, 0
+        if self.cfg.reserve and self.cfg.save_policy == "prompt":  # the total is known: the prompt's full chunks
+            reservation, total = hashlib.sha256(st.session.encode()).hexdigest()[:32], limit // self.chunk
         meta.saves.append(SaveJob(st.req_id, toks, st.block_ids[:nblocks], st.saved_upto, st.salt,
-                                  self._extra(st, end), st.epoch))
+                                  self._extra(st, end), st.epoch, reservation, total))
         st.saved_upto = end
 
     def _plan_load(self, meta: KVServerConnectorMetadata, st: _Req, prompt_tokens: list[int] | None,

@@ -13,7 +13,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 COUNTERS = (
-    "lookups", "lookup_errors", "lookups_pending", "lookup_tokens", "hit_tokens", "external_tokens",
+    "lookups", "lookup_errors", "lookups_pending", "lookups_inflight", "lookup_tokens", "hit_tokens", "external_tokens",
     "loads", "load_errors", "loaded_tokens", "failed_blocks", "load_s",
     "verify_failures",  # loads failed because cached bytes did not match their committed checksum
     "saves", "save_errors", "saved_chunks", "save_s", "skipped_server_down", "uncacheable_requests",

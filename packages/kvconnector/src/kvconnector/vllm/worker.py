@@ -28,7 +28,7 @@ class WorkerSide:
         self.cfg = cfg
         self.client = client
         # async_loads: background loads through a client of their own (see loader.py)
-        self.loader = (BackgroundLoader(load_client, cfg.debug_load_delay_s, cfg.debug_save_delay_s)
+        self.loader = (BackgroundLoader(load_client, cfg.debug_load_delay_s, cfg.debug_save_delay_s, cfg.reserve_wait_s)
                        if load_client is not None else None)
         self.received: set[str] = set()  # background loads that ended without a copy (reported next poll)
         self.saving: dict[str, int] = {}  # req id -> background saves in flight (async_saves)
@@ -103,7 +103,7 @@ class WorkerSide:
                 self.loader.submit_save(job)
                 self.saving[job.req_id] = self.saving.get(job.req_id, 0) + 1
                 continue
-            self._finish_save(job, save_job(self.client, job))
+            self._finish_save(job, save_job(self.client, job, reserve_wait_s=self.cfg.reserve_wait_s))
 
     def _finish_save(self, job: SaveJob, out: SaveOutcome) -> None:
         self.stats.add("save_s", out.seconds)
