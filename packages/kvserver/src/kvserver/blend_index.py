@@ -19,7 +19,8 @@ from typing import Any
 from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, blend_fingerprints, blend_object_hash
 from kvprotocol._requests import BlendLookup, BlendStore
 
-from .cache import MAX_STORES, CacheService
+from .cache import CacheService
+from .cache_base import MAX_STORES
 from .l1 import IKey, State
 from .leases import rank_keys
 from .tenants import Identity

@@ -7,134 +7,32 @@ ever waits on another.
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
-from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve, Store
+from kvprotocol import ErrorCode
+from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve
 
-from .engines import Engine, EngineTable
-from .groups import GroupBook
-from .l1 import IKey, L1Cache, State
-from .l2.background import BackgroundPrefetches
-from .leases import Leases
-from .sessions import KeySpaceT, SessionTable, Slot, StoreTxn, new_store_id
-from .ledger import Counters, TenantLedger
-from .reservations import ReservationBook
-from .tenants import ADMIN, Identity, TenantBook
-
-if TYPE_CHECKING:
-    from .l2 import TierManager
+from .engines import Engine
+from .l1 import IKey
+from .tenants import ADMIN, Identity
+from .cache_base import cache_error
+from .write_path import WritePath
 
 
-log = logging.getLogger("kvserver")
-
-
-MAX_SESSIONS = 4096  # live read sessions per server, all tenants together (each tenant has its own cap too)
-MAX_SESSION_OBJECTS = 1 << 22  # chunk hashes + leased keys all live sessions keep, in total
-MAX_STORES = 4096  # store transactions in flight per server
-
-
-def _fail(code: ErrorCode, message: str) -> ValidationError:
-    return ValidationError(code, message)
-
-
-class CacheService:
-    def __init__(self, l1: L1Cache, chunk_size: int, lease_ttl: float, tenants: TenantBook | None = None) -> None:
-        self.l1 = l1
-        self.chunk_size = chunk_size
-        self.table = SessionTable(lease_ttl)
-        self.ledger = TenantLedger(l1, self.table, tenants, (MAX_SESSIONS, MAX_STORES))
-        self.leases = Leases(l1, self.table)
-        self.engine_table = EngineTable()
-        self.groups = GroupBook(chunk_size)  # per-group geometry (sliding, state, shared, chunk sizes)
-        self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
-        self.counters = Counters()
-        self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
-        self.on_hit: list[Callable[[list[IKey]], None]] = []  # objects a lookup hit (L2 admission)
-        self.on_commit_txn: list[Callable[[StoreTxn], None]] = []  # e.g. KV events (need tokens, keyspace)
-        # after an L2 prefetch: (keyspace, salt, tokens, chunk hashes, first chunk that missed before)
-        self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
-        self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
-        self.background = BackgroundPrefetches()  # prefetches of lookups that did not wait
-        self.reservations = ReservationBook(l1, lease_ttl)  # whole-request admission (kv_producer stores)
-        self.reservations.abort_stores = self._abort_stores
-
-    @property
-    def engines(self) -> dict[str, Engine]:
-        """Registered engine ranks by id (describe, the fleet agent)."""
-        return self.engine_table.engines
-
-    # -- helpers -------------------------------------------------------------------------------
-    @staticmethod
-    def _ks(keyspace: dict[str, Any]) -> KeySpaceT:
-        """A keyspace map (field-map handlers, e.g. blend_index.py) as the server's key tuple."""
-        return (keyspace["model"], keyspace["world_size"], tuple(keyspace["groups"]))
-
-    def _chunk_keys(self, ks: KeySpaceT, salt: str, chunk_hash: bytes, c: int = -1) -> list[IKey]:
-        """Every (rank, group) object of one chunk (with a geometry: every object ending at unit c)."""
-        plan = self.groups.plan(ks)
-        if plan is not None:
-            return plan.ending_at(salt, chunk_hash, c)
-        model, world, groups = ks
-        return [(model, fp, world, rank, g, salt, chunk_hash) for rank in range(world) for g, fp in enumerate(groups)]
-
-    def _prefix_hits(self, ks: KeySpaceT, salt: str, hashes: list[bytes]) -> int:
-        """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1."""
-        ready = self.l1.ready  # the hot path of every lookup: plain loops, no generators
-        plan = self.groups.plan(ks)
-        if plan is not None:
-            return plan.hit(salt, hashes, ready)
-        for i, h in enumerate(hashes):
-            for key in self._chunk_keys(ks, salt, h):
-                if ready(key) is None:
-                    return i
-        return len(hashes)
-
-    def _hashes(self, f: KeysRequest, per_chunk: int) -> list[bytes]:
-        """The request's chunk hashes, its per-chunk extra keys folded in (kvprotocol's one definition).
-
-        Runs before a handler changes anything: a request naming more than MAX_KEYS objects is
-        TOO_LARGE before any hashing, and an extra key beyond the last full chunk is OUT_OF_RANGE.
-        """
-        chunks = len(f.tokens) // 4 // self.chunk_size
-        if chunks * per_chunk > MAX_KEYS:
-            raise _fail(ErrorCode.TOO_LARGE, f"{chunks} chunks x {per_chunk} objects each is over "
-                                             f"{MAX_KEYS} objects per request")
-        try:
-            return chunk_hashes(f.tokens, self.chunk_size, f.extra or ())
-        except IndexError as exc:
-            raise _fail(ErrorCode.OUT_OF_RANGE, str(exc)) from None
-
-    @staticmethod
-    def _per_chunk(f: KeysRequest) -> int:
-        return f.keyspace.per_chunk
-
-    def _admit_session(self, session_id: str, objects: int, who: Identity = ADMIN) -> None:
-        """Refuse a new session past the per-server and per-tenant caps (after sweeping expired ones)."""
-        if session_id in self.table.sessions:
-            return
-        self.ledger.admit_session(who, self.expire)
-        if len(self.table.sessions) >= MAX_SESSIONS or self.leases.objects + objects > MAX_SESSION_OBJECTS:
-            self.expire()
-        if len(self.table.sessions) >= MAX_SESSIONS:
-            raise _fail(ErrorCode.TOO_MANY, f"{MAX_SESSIONS} sessions are live; end some first")
-        if self.leases.objects + objects > MAX_SESSION_OBJECTS:
-            raise _fail(ErrorCode.TOO_MANY, "live sessions hold too many objects; end some first")
+class CacheService(WritePath):
+    """The cache ops the server dispatches to (the read path here; writes in write_path.py)."""
 
     # -- engines -------------------------------------------------------------------------------
     def register_engine(self, f: RegisterEngine, engine_id: str) -> dict[str, Any]:
         layouts = f.layouts()
         for layout in layouts:
             if layout.chunk_size % self.chunk_size:
-                raise _fail(ErrorCode.LAYOUT_MISMATCH, f"layout chunk_size {layout.chunk_size} is not a "
+                raise cache_error(ErrorCode.LAYOUT_MISMATCH, f"layout chunk_size {layout.chunk_size} is not a "
                                                        f"multiple of the server chunk_size {self.chunk_size}")
             if layout.object_bytes > self.l1.alloc.capacity:
-                raise _fail(ErrorCode.NO_SPACE, "one object is larger than the whole L1 arena")
+                raise cache_error(ErrorCode.NO_SPACE, "one object is larger than the whole L1 arena")
         if f.rank >= f.world_size:
-            raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+            raise cache_error(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         for layout in layouts:
             self.object_sizes[layout.fingerprint] = layout.object_bytes
             self.groups.add(layout)
@@ -166,7 +64,7 @@ class CacheService:
         t.lookup_hit_tokens += hit * self.chunk_size
         rank = f.rank
         if rank is not None and rank >= ks[1]:
-            raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+            raise cache_error(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
         out = {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
                "chunk_size": self.chunk_size}
         plan, keys_of = self.groups.plan(ks), None
@@ -272,146 +170,6 @@ class CacheService:
         return {"objects": changed}
 
     # -- store ---------------------------------------------------------------------------------
-    def store(self, f: Store, who: Identity = ADMIN) -> dict[str, Any]:
-        ks, salt, rank = f.keyspace.key(), who.salt(f.salt), f.rank
-        t = self.ledger.counters(who)
-        if rank >= ks[1]:
-            raise _fail(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
-        sizes = []
-        for fp in ks[2]:
-            if fp not in self.object_sizes:
-                raise _fail(ErrorCode.LAYOUT_MISMATCH, f"layout {fp} is not registered by any engine")
-            sizes.append(self.object_sizes[fp])
-        hashes = self._hashes(f, len(ks[2]))
-        if len(self.table.stores) >= MAX_STORES:
-            self.expire()
-        if len(self.table.stores) >= MAX_STORES:
-            raise _fail(ErrorCode.TOO_MANY, f"{MAX_STORES} stores are in flight; commit or abort some first")
-        self.ledger.admit_store(who)
-        start = f.start_chunk
-        if start > len(hashes):
-            raise _fail(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
-        book, res = self.reservations, None
-        if f.reservation is not None:
-            res = book.for_store(who.scope(f.reservation), who.tenant, f.total_chunks, sizes, ks, salt, rank, hashes,
-                                 start, self.ledger.limits(who.tenant)[0])
-        budget = book.headroom() if res is None and book.live else None  # plain stores leave bookings alone
-        txn = StoreTxn(new_store_id(), f.mode, None if f.session is None else who.scope(f.session), [],
-                       self.table.deadline(), keyspace=ks, salt=salt, tokens=f.tokens, hashes=hashes,
-                       owner=who.tenant, reservation=None if res is None else res.id)
-        reply_slots = []
-        for chunk, group, key in self.groups.store_objects(ks, salt, rank, hashes, start):
-            existing = self.l1.entries.get(key)
-            if existing is not None:
-                status = "present" if existing.state is State.READY else "writing"
-                self.counters.deduplicated_objects += 1
-                reply_slots.append({"chunk": chunk, "group": group, "status": status})
-                if res is not None:
-                    book.draw(res, sizes[group], key, False, (ks[0], ks[1], salt, hashes[chunk]))
-                continue
-            if budget is not None:
-                budget -= self.l1.alloc.slot_size(sizes[group])
-            if (budget is not None and budget < 0) or not self.ledger.make_room(who, sizes[group]):
-                self.counters.no_space += 1
-                reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
-                continue
-            entry = self.l1.reserve(key, sizes[group], hashes[chunk - 1] if chunk else None)
-            if entry is None:
-                self.counters.no_space += 1
-                reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
-                continue
-            txn.slots.append(Slot(key, chunk, group, entry))
-            if res is not None:
-                book.draw(res, sizes[group], key, True, (ks[0], ks[1], salt, hashes[chunk]))
-            slot = {"chunk": chunk, "group": group, "status": "reserved", "size": entry.size}
-            if txn.mode == "shm":
-                slot["offset"] = entry.offset
-            reply_slots.append(slot)
-        if txn.slots:
-            self.table.stores[txn.id] = txn
-        if res is not None:
-            book.cover(res, rank, start, len(hashes))
-            if txn.slots:
-                res.stores.add(txn.id)
-            book.advance(res, (ks[0], ks[1], salt, hashes[-1]) if hashes else None)
-            book.settle(res, None)
-        self.counters.stores += 1
-        t.stores += 1
-        return {"store_id": txn.id if txn.slots else None, "slots": reply_slots}
-
-    def _own_store(self, store_id: str, who: Identity) -> StoreTxn:
-        """The caller's store transaction; another tenant's is as unknown as one that never existed."""
-        txn = self.table.stores.get(store_id)
-        if txn is None or txn.owner != who.tenant:
-            raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
-        return txn
-
-    def commit(self, store_id: str, frames: list[memoryview], checksums: list[int],
-               who: Identity = ADMIN) -> dict[str, Any]:
-        txn = self._own_store(store_id, who)
-        if txn.expires <= time.monotonic():  # expired, the sweep just has not run yet: same answer
-            del self.table.stores[store_id]
-            self.leases.end_write(txn)
-            self.counters.late_commits += 1
-            self.counters.expired_stores += 1
-            raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
-        if len(checksums) != len(txn.slots):
-            raise _fail(ErrorCode.BAD_FIELD, f"expected {len(txn.slots)} checksums, got {len(checksums)}")
-        if txn.mode == "tcp":
-            if len(frames) != len(txn.slots):
-                raise _fail(ErrorCode.BAD_FIELD, f"expected {len(txn.slots)} data frames, got {len(frames)}")
-            for slot, frame in zip(txn.slots, frames, strict=True):
-                if len(frame) != slot.entry.size:
-                    raise _fail(ErrorCode.BAD_FIELD, f"frame for chunk {slot.chunk} has {len(frame)} bytes, "
-                                                     f"expected {slot.entry.size}")
-            for slot, frame in zip(txn.slots, frames, strict=True):
-                self.l1.arena.write(slot.entry.offset, frame)
-        elif frames:
-            raise _fail(ErrorCode.BAD_FIELD, "shm-mode commit takes no data frames")
-        del self.table.stores[store_id]
-        for slot, checksum in zip(txn.slots, checksums, strict=True):
-            slot.entry.checksum = checksum  # never verified here: the server does not read the bytes
-        for slot in reversed(txn.slots):  # the tail enters the policy first, the head last (see lookup)
-            self.l1.finish_write(slot.key)
-            if txn.kind == "prefix":  # blend stores count in their own counters (blend_index.py)
-                self.counters.stored_bytes += slot.entry.size
-        if txn.kind == "prefix":
-            self.counters.stored_objects += len(txn.slots)
-        t = self.ledger.counters(who)
-        t.stored_objects += len(txn.slots)
-        t.stored_bytes += sum(s.entry.size for s in txn.slots)
-        res = None if txn.reservation is None else self.reservations.live.get(txn.reservation)
-        if res is not None:  # held until the whole request is in, then released at once
-            self.reservations.hold(res, [s.key for s in txn.slots])
-            self.reservations.settle(res, store_id)
-        keys = [s.key for s in txn.slots]
-        for hook in self.on_commit:
-            hook(keys)
-        for txn_hook in self.on_commit_txn:
-            txn_hook(txn)
-        return {"committed": len(txn.slots)}
-
-    def abort(self, store_id: str, who: Identity = ADMIN) -> dict[str, Any]:
-        txn = self._own_store(store_id, who)
-        del self.table.stores[store_id]
-        self._abort_txn(txn)
-        return {"aborted": len(txn.slots)}
-
-    def _abort_txn(self, txn: StoreTxn) -> None:
-        self.leases.end_write(txn)
-        res = None if txn.reservation is None else self.reservations.live.get(txn.reservation)
-        if res is not None:  # a producer that gives up a part gives up the whole request
-            res.stores.discard(txn.id)
-            self.reservations.rollback(res)
-
-    def _abort_stores(self, store_ids: Iterable[str]) -> None:
-        """End a rolled-back reservation's open stores (their slots quarantined like any abort's)."""
-        for sid in list(store_ids):
-            txn = self.table.stores.pop(sid, None)
-            if txn is not None:
-                self.leases.end_write(txn)
-
-    # -- retrieve ------------------------------------------------------------------------------
     def retrieve(self, f: Retrieve, who: Identity = ADMIN) -> tuple[dict[str, Any], list[bytes]]:
         """Offsets (shm) or copies (tcp) of one rank's leased objects, and the reader's lease number.
 
@@ -421,7 +179,7 @@ class CacheService:
         start, end, rank = f.start_chunk, f.end_chunk, f.rank
         reader = self.leases.reader(who.scope(f.session), rank)
         if not start <= end <= reader.hit_chunks:
-            raise _fail(ErrorCode.NOT_LEASED, f"chunks [{start}, {end}) not within the leased prefix "
+            raise cache_error(ErrorCode.NOT_LEASED, f"chunks [{start}, {end}) not within the leased prefix "
                                               f"of {reader.hit_chunks} chunks")
         mode = f.mode
         objects, frames = [], []
@@ -458,13 +216,6 @@ class CacheService:
             self._abort_txn(txn)
             aborted += 1
         return {"released": released, "aborted_stores": aborted}
-
-    def expire(self, now: float | None = None) -> None:
-        for res in self.reservations.expired(time.monotonic() if now is None else now):
-            self.reservations.rollback(res)  # its producer went quiet: died or gave up
-        sessions, stores = self.leases.expire(now)
-        self.counters.expired_sessions += sessions
-        self.counters.expired_stores += stores
 
     def clear(self) -> dict[str, Any]:
         return {"removed": self.l1.clear()}

@@ -1,0 +1,131 @@
+"""The cache service's state and the helpers its read and write paths share (keys, hashes, caps).
+
+Split from cache.py so each file holds one job: this one (state, key helpers, session caps, expiry),
+write_path.py (store, commit, abort), cache.py (engines, lookup, query, pin, retrieve, release).
+Everything runs on the server's single event-loop thread, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
+from kvprotocol._requests import KeysRequest
+
+from .engines import Engine, EngineTable
+from .groups import GroupBook
+from .l1 import IKey, L1Cache
+from .l2.background import BackgroundPrefetches
+from .leases import Leases
+from .sessions import KeySpaceT, SessionTable, StoreTxn
+from .ledger import Counters, TenantLedger
+from .reservations import ReservationBook
+from .tenants import ADMIN, Identity, TenantBook
+
+if TYPE_CHECKING:
+    from .l2 import TierManager
+
+
+log = logging.getLogger("kvserver")
+
+
+MAX_SESSIONS = 4096  # live read sessions per server, all tenants together (each tenant has its own cap too)
+MAX_SESSION_OBJECTS = 1 << 22  # chunk hashes + leased keys all live sessions keep, in total
+MAX_STORES = 4096  # store transactions in flight per server
+
+
+def cache_error(code: ErrorCode, message: str) -> ValidationError:
+    return ValidationError(code, message)
+
+
+class CacheBase:
+    def __init__(self, l1: L1Cache, chunk_size: int, lease_ttl: float, tenants: TenantBook | None = None) -> None:
+        self.l1 = l1
+        self.chunk_size = chunk_size
+        self.table = SessionTable(lease_ttl)
+        self.ledger = TenantLedger(l1, self.table, tenants, (MAX_SESSIONS, MAX_STORES))
+        self.leases = Leases(l1, self.table)
+        self.engine_table = EngineTable()
+        self.groups = GroupBook(chunk_size)  # per-group geometry (sliding, state, shared, chunk sizes)
+        self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
+        self.counters = Counters()
+        self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
+        self.on_hit: list[Callable[[list[IKey]], None]] = []  # objects a lookup hit (L2 admission)
+        self.on_commit_txn: list[Callable[[StoreTxn], None]] = []  # e.g. KV events (need tokens, keyspace)
+        # after an L2 prefetch: (keyspace, salt, tokens, chunk hashes, first chunk that missed before)
+        self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
+        self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
+        self.background = BackgroundPrefetches()  # prefetches of lookups that did not wait
+        self.reservations = ReservationBook(l1, lease_ttl)  # whole-request admission (kv_producer stores)
+
+    @property
+    def engines(self) -> dict[str, Engine]:
+        """Registered engine ranks by id (describe, the fleet agent)."""
+        return self.engine_table.engines
+
+    # -- helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def _ks(keyspace: dict[str, Any]) -> KeySpaceT:
+        """A keyspace map (field-map handlers, e.g. blend_index.py) as the server's key tuple."""
+        return (keyspace["model"], keyspace["world_size"], tuple(keyspace["groups"]))
+
+    def _chunk_keys(self, ks: KeySpaceT, salt: str, chunk_hash: bytes, c: int = -1) -> list[IKey]:
+        """Every (rank, group) object of one chunk (with a geometry: every object ending at unit c)."""
+        plan = self.groups.plan(ks)
+        if plan is not None:
+            return plan.ending_at(salt, chunk_hash, c)
+        model, world, groups = ks
+        return [(model, fp, world, rank, g, salt, chunk_hash) for rank in range(world) for g, fp in enumerate(groups)]
+
+    def _prefix_hits(self, ks: KeySpaceT, salt: str, hashes: list[bytes]) -> int:
+        """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1."""
+        ready = self.l1.ready  # the hot path of every lookup: plain loops, no generators
+        plan = self.groups.plan(ks)
+        if plan is not None:
+            return plan.hit(salt, hashes, ready)
+        for i, h in enumerate(hashes):
+            for key in self._chunk_keys(ks, salt, h):
+                if ready(key) is None:
+                    return i
+        return len(hashes)
+
+    def _hashes(self, f: KeysRequest, per_chunk: int) -> list[bytes]:
+        """The request's chunk hashes, its per-chunk extra keys folded in (kvprotocol's one definition).
+
+        Runs before a handler changes anything: a request naming more than MAX_KEYS objects is
+        TOO_LARGE before any hashing, and an extra key beyond the last full chunk is OUT_OF_RANGE.
+        """
+        chunks = len(f.tokens) // 4 // self.chunk_size
+        if chunks * per_chunk > MAX_KEYS:
+            raise cache_error(ErrorCode.TOO_LARGE, f"{chunks} chunks x {per_chunk} objects each is over "
+                                             f"{MAX_KEYS} objects per request")
+        try:
+            return chunk_hashes(f.tokens, self.chunk_size, f.extra or ())
+        except IndexError as exc:
+            raise cache_error(ErrorCode.OUT_OF_RANGE, str(exc)) from None
+
+    @staticmethod
+    def _per_chunk(f: KeysRequest) -> int:
+        return f.keyspace.per_chunk
+
+    def _admit_session(self, session_id: str, objects: int, who: Identity = ADMIN) -> None:
+        """Refuse a new session past the per-server and per-tenant caps (after sweeping expired ones)."""
+        if session_id in self.table.sessions:
+            return
+        self.ledger.admit_session(who, self.expire)
+        if len(self.table.sessions) >= MAX_SESSIONS or self.leases.objects + objects > MAX_SESSION_OBJECTS:
+            self.expire()
+        if len(self.table.sessions) >= MAX_SESSIONS:
+            raise cache_error(ErrorCode.TOO_MANY, f"{MAX_SESSIONS} sessions are live; end some first")
+        if self.leases.objects + objects > MAX_SESSION_OBJECTS:
+            raise cache_error(ErrorCode.TOO_MANY, "live sessions hold too many objects; end some first")
+
+    def expire(self, now: float | None = None) -> None:
+        for res in self.reservations.expired(time.monotonic() if now is None else now):
+            self.reservations.rollback(res)  # its producer went quiet: died or gave up
+        sessions, stores = self.leases.expire(now)
+        self.counters.expired_sessions += sessions
+        self.counters.expired_stores += stores

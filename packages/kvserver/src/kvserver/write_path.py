@@ -1,0 +1,166 @@
+"""The write path: store reserves slots, commit makes them readable atomically, abort gives them back.
+
+Whole-request reservations (reservations.py) and tenant quotas are checked here, before anything
+changes; see cache_base.py for the shared state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from kvprotocol import ErrorCode
+from kvprotocol._requests import Store
+
+from .l1 import L1Cache, State
+from .sessions import Slot, StoreTxn, new_store_id
+from .tenants import ADMIN, Identity, TenantBook
+from .cache_base import MAX_STORES, CacheBase, cache_error
+
+
+class WritePath(CacheBase):
+    def __init__(self, l1: L1Cache, chunk_size: int, lease_ttl: float, tenants: TenantBook | None = None) -> None:
+        super().__init__(l1, chunk_size, lease_ttl, tenants)
+        self.reservations.abort_stores = self._abort_stores  # a rollback aborts the producer's open stores
+
+    def store(self, f: Store, who: Identity = ADMIN) -> dict[str, Any]:
+        ks, salt, rank = f.keyspace.key(), who.salt(f.salt), f.rank
+        t = self.ledger.counters(who)
+        if rank >= ks[1]:
+            raise cache_error(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+        sizes = []
+        for fp in ks[2]:
+            if fp not in self.object_sizes:
+                raise cache_error(ErrorCode.LAYOUT_MISMATCH, f"layout {fp} is not registered by any engine")
+            sizes.append(self.object_sizes[fp])
+        hashes = self._hashes(f, len(ks[2]))
+        if len(self.table.stores) >= MAX_STORES:
+            self.expire()
+        if len(self.table.stores) >= MAX_STORES:
+            raise cache_error(ErrorCode.TOO_MANY, f"{MAX_STORES} stores are in flight; commit or abort some first")
+        self.ledger.admit_store(who)
+        start = f.start_chunk
+        if start > len(hashes):
+            raise cache_error(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
+        book, res = self.reservations, None
+        if f.reservation is not None:
+            res = book.for_store(who.scope(f.reservation), who.tenant, f.total_chunks, sizes, ks, salt, rank, hashes,
+                                 start, self.ledger.limits(who.tenant)[0])
+        budget = book.headroom() if res is None and book.live else None  # plain stores leave bookings alone
+        txn = StoreTxn(new_store_id(), f.mode, None if f.session is None else who.scope(f.session), [],
+                       self.table.deadline(), keyspace=ks, salt=salt, tokens=f.tokens, hashes=hashes,
+                       owner=who.tenant, reservation=None if res is None else res.id)
+        reply_slots = []
+        for chunk, group, key in self.groups.store_objects(ks, salt, rank, hashes, start):
+            existing = self.l1.entries.get(key)
+            if existing is not None:
+                status = "present" if existing.state is State.READY else "writing"
+                self.counters.deduplicated_objects += 1
+                reply_slots.append({"chunk": chunk, "group": group, "status": status})
+                if res is not None:
+                    book.draw(res, sizes[group], key, False, (ks[0], ks[1], salt, hashes[chunk]))
+                continue
+            if budget is not None:
+                budget -= self.l1.alloc.slot_size(sizes[group])
+            if (budget is not None and budget < 0) or not self.ledger.make_room(who, sizes[group]):
+                self.counters.no_space += 1
+                reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
+                continue
+            entry = self.l1.reserve(key, sizes[group], hashes[chunk - 1] if chunk else None)
+            if entry is None:
+                self.counters.no_space += 1
+                reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
+                continue
+            txn.slots.append(Slot(key, chunk, group, entry))
+            if res is not None:
+                book.draw(res, sizes[group], key, True, (ks[0], ks[1], salt, hashes[chunk]))
+            slot = {"chunk": chunk, "group": group, "status": "reserved", "size": entry.size}
+            if txn.mode == "shm":
+                slot["offset"] = entry.offset
+            reply_slots.append(slot)
+        if txn.slots:
+            self.table.stores[txn.id] = txn
+        if res is not None:
+            book.cover(res, rank, start, len(hashes))
+            if txn.slots:
+                res.stores.add(txn.id)
+            book.advance(res, (ks[0], ks[1], salt, hashes[-1]) if hashes else None)
+            book.settle(res, None)
+        self.counters.stores += 1
+        t.stores += 1
+        return {"store_id": txn.id if txn.slots else None, "slots": reply_slots}
+
+    def _own_store(self, store_id: str, who: Identity) -> StoreTxn:
+        """The caller's store transaction; another tenant's is as unknown as one that never existed."""
+        txn = self.table.stores.get(store_id)
+        if txn is None or txn.owner != who.tenant:
+            raise cache_error(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
+        return txn
+
+    def commit(self, store_id: str, frames: list[memoryview], checksums: list[int],
+               who: Identity = ADMIN) -> dict[str, Any]:
+        txn = self._own_store(store_id, who)
+        if txn.expires <= time.monotonic():  # expired, the sweep just has not run yet: same answer
+            del self.table.stores[store_id]
+            self.leases.end_write(txn)
+            self.counters.late_commits += 1
+            self.counters.expired_stores += 1
+            raise cache_error(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
+        if len(checksums) != len(txn.slots):
+            raise cache_error(ErrorCode.BAD_FIELD, f"expected {len(txn.slots)} checksums, got {len(checksums)}")
+        if txn.mode == "tcp":
+            if len(frames) != len(txn.slots):
+                raise cache_error(ErrorCode.BAD_FIELD, f"expected {len(txn.slots)} data frames, got {len(frames)}")
+            for slot, frame in zip(txn.slots, frames, strict=True):
+                if len(frame) != slot.entry.size:
+                    raise cache_error(ErrorCode.BAD_FIELD, f"frame for chunk {slot.chunk} has {len(frame)} bytes, "
+                                                     f"expected {slot.entry.size}")
+            for slot, frame in zip(txn.slots, frames, strict=True):
+                self.l1.arena.write(slot.entry.offset, frame)
+        elif frames:
+            raise cache_error(ErrorCode.BAD_FIELD, "shm-mode commit takes no data frames")
+        del self.table.stores[store_id]
+        for slot, checksum in zip(txn.slots, checksums, strict=True):
+            slot.entry.checksum = checksum  # never verified here: the server does not read the bytes
+        for slot in reversed(txn.slots):  # the tail enters the policy first, the head last (see lookup)
+            self.l1.finish_write(slot.key)
+            if txn.kind == "prefix":  # blend stores count in their own counters (blend_index.py)
+                self.counters.stored_bytes += slot.entry.size
+        if txn.kind == "prefix":
+            self.counters.stored_objects += len(txn.slots)
+        t = self.ledger.counters(who)
+        t.stored_objects += len(txn.slots)
+        t.stored_bytes += sum(s.entry.size for s in txn.slots)
+        res = None if txn.reservation is None else self.reservations.live.get(txn.reservation)
+        if res is not None:  # held until the whole request is in, then released at once
+            self.reservations.hold(res, [s.key for s in txn.slots])
+            self.reservations.settle(res, store_id)
+        keys = [s.key for s in txn.slots]
+        for hook in self.on_commit:
+            hook(keys)
+        for txn_hook in self.on_commit_txn:
+            txn_hook(txn)
+        return {"committed": len(txn.slots)}
+
+    def abort(self, store_id: str, who: Identity = ADMIN) -> dict[str, Any]:
+        txn = self._own_store(store_id, who)
+        del self.table.stores[store_id]
+        self._abort_txn(txn)
+        return {"aborted": len(txn.slots)}
+
+    def _abort_txn(self, txn: StoreTxn) -> None:
+        self.leases.end_write(txn)
+        res = None if txn.reservation is None else self.reservations.live.get(txn.reservation)
+        if res is not None:  # a producer that gives up a part gives up the whole request
+            res.stores.discard(txn.id)
+            self.reservations.rollback(res)
+
+    def _abort_stores(self, store_ids: Iterable[str]) -> None:
+        """End a rolled-back reservation's open stores (their slots quarantined like any abort's)."""
+        for sid in list(store_ids):
+            txn = self.table.stores.pop(sid, None)
+            if txn is not None:
+                self.leases.end_write(txn)
+
+    # -- retrieve ------------------------------------------------------------------------------
