@@ -27,9 +27,10 @@ from .auth import ServerAuth
 from .blend_index import BlendService
 from .cache import CacheService
 from .config import ServerConfig
+from .describe import describe_server, describe_tenant
 from .ec import ECCache, check_ec_space, ec_arena_name
 from .eviction import make_policy
-from .l1 import L1Cache, State
+from .l1 import L1Cache
 from .l2 import build_tier_manager
 from .latency import LatencyBuckets
 from .tenants import ADMIN, Identity
@@ -134,7 +135,7 @@ class KVServer:
         return {
             "ping": lambda r, fr, w: ({"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION,
                                        "time": time.time()}, []),
-            "describe": lambda r, fr, w: (self.describe() if w.admin else self.describe_tenant(w), []),
+            "describe": lambda r, fr, w: (self.describe() if w.admin else describe_tenant(self, w), []),
             "register_engine": lambda r, fr, w: (c.register_engine(r, f"eng-{os.getpid()}-{next(self._engine_ids)}"),
                                                  []),
             "lookup": lambda r, fr, w: (c.lookup(r, w), []),
@@ -166,49 +167,9 @@ class KVServer:
     async def _query_l2(self, r: Any, _frames: list[memoryview], who: Identity) -> Result:
         return await self.cache.query_l2(r, who), []
 
-    def tenants_usage(self, only: str | None = None) -> dict[str, dict[str, Any]]:
-        """Per-tenant usage and counters (the configured tenants and any that has been active)."""
-        return self.cache.ledger.usage(only)
-
-    def describe_tenant(self, who: Identity) -> dict[str, Any]:
-        """What a tenant's token may see of describe: the server's identity and its own tenant only."""
-        return {"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION,
-                "uptime_s": round(time.time() - self.started, 3), "chunk_size": self.config.chunk_size,
-                "tenant": who.tenant, "tenants": self.tenants_usage(who.tenant)}
-
     def describe(self) -> dict[str, Any]:
-        l1, c = self.l1, self.cache
-        return {
-            "version": kvprotocol.__version__,
-            "protocol": kvprotocol.PROTOCOL_VERSION,
-            "uptime_s": round(time.time() - self.started, 3),
-            "config": self.config.public(),
-            "l1": {
-                "capacity_bytes": self.arena.capacity,
-                "used_bytes": l1.used_bytes,
-                "objects": l1.count(State.READY),
-                "writing": l1.count(State.WRITING),
-                "leased": l1.leased_objects(),
-                "pinned": l1.pinned_objects(),
-                "evictions": l1.evictions,
-                "quarantined": l1.quarantined_slots,
-                "quarantined_bytes": l1.quarantined_bytes,
-                "arena": self.arena.name,
-            },
-            "engines": [vars(e) for e in c.engines.values()],
-            "sessions": len(c.table.sessions),
-            "stores_in_flight": len(c.table.stores),
-            "counters": vars(c.counters),
-            "reservations": c.reservations.describe(),
-            "tenants": self.tenants_usage(),
-            "ec": self.ec.describe(),
-            "blend": self.blend.describe(),  # CacheBlend hits are not prefix hits: never summed with counters
-            "errors": dict(self.errors),
-            "ops": dict(self.op_counts),
-            "latency": self.latency.describe(),
-            **({"l2": self.l2.describe(), "l2_queue": self.l2.describe_queue()} if self.l2 is not None else {}),
-            **({"kv_events": self.kv_events.describe()} if self.kv_events is not None else {}),
-        }
+        """Everything an operator may see (the server's token): see describe.py."""
+        return describe_server(self)
 
     # -- dispatch --------------------------------------------------------------------------------
     async def handle(self, header_frame: bytes, frames: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:

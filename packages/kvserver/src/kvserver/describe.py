@@ -1,0 +1,60 @@
+"""What `describe` answers to the server's own token: config, L1, engines, sessions, counters, tenants, tiers.
+
+One function over the running server, so the ZMQ op, the HTTP /v1/describe and the Prometheus
+scrape (http/metrics.py) all read the same numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import kvprotocol
+
+from .l1 import State
+
+if TYPE_CHECKING:
+    from .server import KVServer
+    from .tenants import Identity
+
+
+def describe_server(server: KVServer) -> dict[str, Any]:
+    l1, c = server.l1, server.cache
+    return {
+        "version": kvprotocol.__version__,
+        "protocol": kvprotocol.PROTOCOL_VERSION,
+        "uptime_s": round(time.time() - server.started, 3),
+        "config": server.config.public(),
+        "l1": {
+            "capacity_bytes": server.arena.capacity,
+            "used_bytes": l1.used_bytes,
+            "objects": l1.count(State.READY),
+            "writing": l1.count(State.WRITING),
+            "leased": l1.leased_objects(),
+            "pinned": l1.pinned_objects(),
+            "evictions": l1.evictions,
+            "quarantined": l1.quarantined_slots,
+            "quarantined_bytes": l1.quarantined_bytes,
+            "arena": server.arena.name,
+        },
+        "engines": [vars(e) for e in c.engines.values()],
+        "sessions": len(c.table.sessions),
+        "stores_in_flight": len(c.table.stores),
+        "counters": vars(c.counters),
+        "reservations": c.reservations.describe(),
+        "tenants": server.cache.ledger.usage(None),
+        "ec": server.ec.describe(),
+        "blend": server.blend.describe(),  # CacheBlend hits are not prefix hits: never summed with counters
+        "errors": dict(server.errors),
+        "ops": dict(server.op_counts),
+        "latency": server.latency.describe(),
+        **({"l2": server.l2.describe(), "l2_queue": server.l2.describe_queue()} if server.l2 is not None else {}),
+        **({"kv_events": server.kv_events.describe()} if server.kv_events is not None else {}),
+    }
+
+
+def describe_tenant(server: KVServer, who: Identity) -> dict[str, Any]:
+    """What a tenant's token may see of describe: the server's identity and its own tenant only."""
+    return {"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION,
+            "uptime_s": round(time.time() - server.started, 3), "chunk_size": server.config.chunk_size,
+            "tenant": who.tenant, "tenants": server.cache.ledger.usage(who.tenant)}
