@@ -65,9 +65,11 @@ class TypedOps:
 
     def store(self, *, keyspace: KeySpaceW, tokens: Tokens, rank: Rank, extra: list[ExtraPair] | None = None,
             salt: Salt = "", start_chunk: Chunk = 0, mode: Mode = "shm", session: SessionId | None = None,
+            reservation: SessionId | None = None, total_chunks: int | None = None,
             timeout: float | None = None) -> StoreReply:
         return self._op(rq.Store(keyspace=keyspace, tokens=tokens, extra=extra, salt=salt, rank=rank,
-            start_chunk=start_chunk, mode=mode, session=session), (), timeout, False)
+            start_chunk=start_chunk, mode=mode, session=session, reservation=reservation,
+            total_chunks=total_chunks), (), timeout, False)
 
     def commit(self, *, store_id: StoreId, checksums: list[Checksum], frames: Sequence[Buffer] = (),
             timeout: float | None = None) -> CommitReply:
