@@ -67,5 +67,6 @@ def test_mla_tp2_ranks_share_one_object_per_chunk(mla_dir: Path, kvserver_factor
     assert r.token_ids == ref.requests[0].token_ids == a.requests[0].token_ids
     with Client(server.url) as c:
         d = c.call("describe").result
-    assert sorted(e["rank"] for e in d["engines"] if e["world_size"] == 2) == [0, 0, 1, 1]
+    # two engines x two ranks registered; their entries expire once the processes exited (periodic sweep)
+    assert len([e for e in d["engines"] if e["world_size"] == 2]) + d["engines_expired"] == 4
     assert d["sessions"] == 0 and d["l1"]["leased"] == 0 and d["counters"]["broken_reads"] == 0

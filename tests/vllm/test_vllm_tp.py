@@ -52,6 +52,7 @@ def test_tp2_ranks_load_under_their_own_leases(model_dir: Path, kvserver_factory
     assert r.token_ids == ref.requests[0].token_ids
     with Client(server.url) as c:
         d = c.call("describe").result
-    assert sorted(e["rank"] for e in d["engines"] if e["world_size"] == 2) == [0, 0, 1, 1]  # two engines
+    # two engines x two ranks registered; their entries expire once the processes exited (periodic sweep)
+    assert len([e for e in d["engines"] if e["world_size"] == 2]) + d["engines_expired"] == 4
     assert d["sessions"] == 0 and d["l1"]["leased"] == 0  # every rank gave its own leases back
     assert d["counters"]["broken_reads"] == 0 and d["counters"]["expired_sessions"] == 0

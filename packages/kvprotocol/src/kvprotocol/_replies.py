@@ -38,6 +38,7 @@ class DescribeReply(Reply_):
     sessions: int = 0
     stores_in_flight: int = 0
     engines: list[dict[str, Any]] = []
+    engines_expired: int = 0  # registrations dropped since start (process exited, or silent past the TTL)
     config: dict[str, Any] = {}
 
 

@@ -38,6 +38,7 @@ def describe_server(server: KVServer) -> dict[str, Any]:
             "arena": server.arena.name,
         },
         "engines": [vars(e) for e in c.engines.values()],
+        "engines_expired": c.engine_table.expired,
         "sessions": len(c.table.sessions),
         "stores_in_flight": len(c.table.stores),
         "counters": vars(c.counters),
