@@ -9,6 +9,7 @@ Under CI=true a skip is a failure (tests/conftest.py), so it runs there.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -32,25 +33,25 @@ def _uv() -> str:
     return uv
 
 
+def _locked_venv(venv: Path, package: str) -> Path:
+    """A venv holding exactly `package`'s locked dependencies (no extras, no dev group).
+
+    `uv sync --package` installs from the lock file's URLs, which the workspace's own `uv sync` has
+    already cached, so it works offline on a fresh machine (resolving `name==version` against an
+    index, as `uv pip install -r` does, would need index pages the cache may not hold).
+    """
+    cmd = [_uv(), "sync", "--frozen", "--offline", "-q", "--package", package, "--no-dev", "-p", sys.executable]
+    env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    if done.returncode != 0 and "offline" in done.stderr.lower():
+        pytest.skip(f"uv cache lacks a package for an offline install: {done.stderr.strip()[-300:]}")
+    assert done.returncode == 0, (cmd, done.stderr[-2000:])
+    return venv
+
+
 @pytest.fixture(scope="module")
 def light_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    uv = _uv()
-    venv = tmp_path_factory.mktemp("light") / "venv"
-    reqs = venv.parent / "requirements.txt"
-    steps = [
-        [uv, "export", "--frozen", "--package", "kvcli", "--no-hashes", "--no-dev", "--no-emit-workspace",
-         "--output-file", str(reqs)],
-        [uv, "venv", "--offline", "-q", "-p", sys.executable, str(venv)],
-        [uv, "pip", "install", "--offline", "-q", "--python", str(venv / "bin" / "python"), "-r", str(reqs)],
-        [uv, "pip", "install", "--offline", "-q", "--no-deps", "--python", str(venv / "bin" / "python"),
-         str(ROOT / "packages" / "kvprotocol"), str(ROOT / "packages" / "kvcli")],
-    ]
-    for cmd in steps:
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0 and "offline" in done.stderr.lower():
-            pytest.skip(f"uv cache lacks a package for an offline install: {done.stderr.strip()[-300:]}")
-        assert done.returncode == 0, (cmd, done.stderr[-2000:])
-    return venv
+    return _locked_venv(tmp_path_factory.mktemp("light") / "venv", "kvcli")
 
 
 def _kvcli(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -108,23 +109,7 @@ def test_coordinator_without_its_package_names_what_to_install(light_venv: Path)
 @pytest.fixture(scope="module")
 def server_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """kvprotocol + kvserver without any extra: no boto3, redis, zstandard or cryptography."""
-    uv = _uv()
-    venv = tmp_path_factory.mktemp("server") / "venv"
-    reqs = venv.parent / "requirements.txt"
-    python = str(venv / "bin" / "python")
-    for cmd in (
-        [uv, "export", "--frozen", "--package", "kvserver", "--no-hashes", "--no-dev", "--no-emit-workspace",
-         "--output-file", str(reqs)],
-        [uv, "venv", "--offline", "-q", "-p", sys.executable, str(venv)],
-        [uv, "pip", "install", "--offline", "-q", "--python", python, "-r", str(reqs)],
-        [uv, "pip", "install", "--offline", "-q", "--no-deps", "--python", python,
-         str(ROOT / "packages" / "kvprotocol"), str(ROOT / "packages" / "kvserver")],
-    ):
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0 and "offline" in done.stderr.lower():
-            pytest.skip(f"uv cache lacks a package for an offline install: {done.stderr.strip()[-300:]}")
-        assert done.returncode == 0, (cmd, done.stderr[-2000:])
-    return venv
+    return _locked_venv(tmp_path_factory.mktemp("server") / "venv", "kvserver")
 
 
 @pytest.mark.parametrize("args,extra", [
