@@ -15,8 +15,8 @@ import click
 
 from .._auth import token_options
 from .._output import emit_json, fail
-from .._source import DEFAULT_URL, URL, Unreachable, fetch_status, http_json, is_http, zmq_request
-from .query import keyspaces_for, parse_tokens
+from .._source import DEFAULT_URL, URL, Unreachable, http_json, is_http, zmq_request
+from ._keyspace_args import keyspace_options, read_tokens, resolve_keyspaces
 
 
 def _common(func: Any) -> Any:
@@ -59,28 +59,12 @@ def clear_command(url: str, timeout: float, as_json: bool, yes: bool) -> None:
 def _keys_command(op: str, verb: str, doc: str) -> click.Command:
     @click.command(name=op, help=doc)
     @_common
-    @click.option("--model", required=True, help="Model name the engines registered.")
-    @click.option("--tokens", "tokens_text", default=None, help="Token ids, e.g. 1,2,3.")
-    @click.option("--tokens-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-                  help="File of token ids (JSON list, or integers separated by commas/whitespace).")
-    @click.option("--salt", default="", help="Cache salt the engine used.")
-    @click.option("--layout-fingerprint", "fingerprints", multiple=True,
-                  help="Layout fingerprint per object group (repeat); default: from registered engines.")
-    @click.option("--world-size", default=1, show_default=True, type=click.IntRange(1, 4096),
-                  help="With --layout-fingerprint.")
+    @keyspace_options
     def command(url: str, timeout: float, as_json: bool, model: str, tokens_text: str | None,
                 tokens_file: Path | None, salt: str, fingerprints: tuple[str, ...], world_size: int) -> None:
-        if (tokens_text is None) == (tokens_file is None):
-            raise click.UsageError("give exactly one of --tokens and --tokens-file")
-        tokens = parse_tokens(tokens_text if tokens_text is not None else tokens_file.read_text())  # type: ignore[union-attr]
+        tokens = read_tokens(tokens_text, tokens_file)
         try:
-            if fingerprints:
-                keyspaces = [{"model": model, "world_size": world_size, "groups": list(fingerprints)}]
-            else:
-                keyspaces = keyspaces_for(fetch_status(url, timeout), model)
-                if not keyspaces:
-                    raise Unreachable(f"no engine registered for model {model!r} on {url}; "
-                                      "pass --layout-fingerprint to name the layout")
+            keyspaces = resolve_keyspaces(url, model, fingerprints, world_size, timeout)
             from kvprotocol import pack_tokens
 
             total = 0
