@@ -43,19 +43,21 @@ def free_port() -> int:
 KVSERVER = str(Path(sys.executable).parent / "kvserver")  # --kvserver: another build (a before/after comparison)
 
 
-def start_server(l1_gb: float) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(l1_gb: float, *, command: list[str] | None = None,
+                 http_port: int = 0) -> tuple[subprocess.Popen[bytes], str]:
+    """A real kvserver on a free loopback port; `command` replaces the executable (e.g. under cProfile)."""
     port = free_port()
-    exe = KVSERVER
-    proc = subprocess.Popen([str(exe), "start", "--port", str(port), "--l1-size-gb", str(l1_gb), "--http-port", "0",
-                             "--log-level", "warning"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([*(command or [KVSERVER]), "start", "--port", str(port), "--l1-size-gb", str(l1_gb),
+                             "--http-port", str(http_port), "--log-level", "warning"], stdout=subprocess.DEVNULL)
     url = f"tcp://127.0.0.1:{port}"
     with Client(url, timeout=0.5) as c:
-        for _ in range(100):
+        for _ in range(200):
             try:
                 c.ping()
                 return proc, url
             except Exception:
                 time.sleep(0.1)
+    proc.kill()
     raise RuntimeError("kvserver did not start")
 
 

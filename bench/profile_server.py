@@ -27,26 +27,15 @@ from kvprotocol import requests as rq
 from kvprotocol.kvsum import kvsum64
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_server import CHUNK, free_port  # noqa: E402
+from bench_server import CHUNK, free_port, start_server  # noqa: E402
 
 LAYOUT = LayoutDescriptor("vllm_cpu", "float16", 2, 32, 1024, CHUNK, (512,))
 
 
 def start(profile_to: str | None, http: bool) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
     head = [sys.executable, "-m", "cProfile", "-o", profile_to, "-m", "kvserver"] if profile_to else \
         [sys.executable, "-m", "kvserver"]
-    proc = subprocess.Popen([*head, "start", "--port", str(port), "--l1-size-gb", "1", "--http-port",
-                             str(free_port() if http else 0), "--log-level", "warning"], stdout=subprocess.DEVNULL)
-    url = f"tcp://127.0.0.1:{port}"
-    with Client(url, timeout=0.5) as c:
-        for _ in range(200):
-            try:
-                c.ping()
-                return proc, url
-            except Exception:
-                time.sleep(0.1)
-    raise RuntimeError("kvserver did not start")
+    return start_server(1.0, command=head, http_port=free_port() if http else 0)
 
 
 def prepare(c: Client, n_tokens: int) -> rq.Lookup:
