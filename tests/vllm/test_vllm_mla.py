@@ -19,6 +19,11 @@ from vllm_harness import VLLM_PYTHON, build_variant, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
 
+# vLLM picks its AMX MLA backend on CPUs with AMX tiles; that backend is bf16-only and fails to load
+# this fp32 model (seen on an AMX CI host). The reference CPU backend runs on every CPU, so pin it.
+MLA = {"attention_backend": "CPU_MLA"}
+MLA_TP = {**TP, **MLA}
+
 P1 = random_prompt(600, seed=31)
 P2 = random_prompt(530, seed=32)
 
@@ -32,12 +37,14 @@ def mla_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_mla_prefix_reuse_matches_recompute(mla_dir: Path, kvserver_factory: ServerFactory) -> None:
     batches = [[prompt(P1)], [prompt(P2)]]
-    ref = run_engine(mla_dir, batches, max_tokens=8)
+    ref = run_engine(mla_dir, batches, max_tokens=8, llm_kwargs=MLA)
     server = kvserver_factory()
-    a = run_engine(mla_dir, batches, max_tokens=8, kv_transfer_config=kv_config(server.url))
+    a = run_engine(mla_dir, batches, max_tokens=8, kv_transfer_config=kv_config(server.url),
+                   llm_kwargs=MLA)
     assert "KVServerConnector disabled" not in a.log, a.log[-3000:]
     assert "tensor layout" in a.log  # the worker registered its latent cache
-    b = run_engine(mla_dir, batches, max_tokens=8, kv_transfer_config=kv_config(server.url))
+    b = run_engine(mla_dir, batches, max_tokens=8, kv_transfer_config=kv_config(server.url),
+                   llm_kwargs=MLA)
     for run in (a, b):
         assert [r.token_ids for r in run.requests] == [r.token_ids for r in ref.requests]
     assert [r.connector_loaded_tokens for r in a.requests] == [0, 0]
@@ -52,15 +59,15 @@ def test_mla_tp2_ranks_share_one_object_per_chunk(mla_dir: Path, kvserver_factor
     """TP=2: both ranks hold the same latent cache; the server keeps one object per chunk (not two),
     both ranks load it, and the output equals a TP=2 recompute."""
     env = tp_env(tmp_path)
-    ref = run_engine(mla_dir, [[prompt(P1)]], max_tokens=8, env=env, llm_kwargs=TP)
+    ref = run_engine(mla_dir, [[prompt(P1)]], max_tokens=8, env=env, llm_kwargs=MLA_TP)
     server = kvserver_factory()
-    a = run_engine(mla_dir, [[prompt(P1)]], max_tokens=8, kv_transfer_config=kv_config(server.url), llm_kwargs=TP,
+    a = run_engine(mla_dir, [[prompt(P1)]], max_tokens=8, kv_transfer_config=kv_config(server.url), llm_kwargs=MLA_TP,
                    env=env)
     assert a.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 512
     with Client(server.url) as c:
         d = c.call("describe").result
     assert d["l1"]["objects"] == 2  # 2 chunks x 1 shared object, where a per-rank layout keeps 4
-    b = run_engine(mla_dir, [[prompt(P1)]], max_tokens=8, kv_transfer_config=kv_config(server.url), llm_kwargs=TP,
+    b = run_engine(mla_dir, [[prompt(P1)]], max_tokens=8, kv_transfer_config=kv_config(server.url), llm_kwargs=MLA_TP,
                    env=env)
     r = b.requests[0]
     assert r.kv_transfer_params["kvserver"]["load_failed"] is False and r.connector_loaded_tokens == 512

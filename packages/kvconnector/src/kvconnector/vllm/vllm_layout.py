@@ -87,7 +87,16 @@ def _mla_variant(vllm_config: Any) -> str:
     import torch
 
     amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-    return "amx_mla" if amx and str(getattr(vllm_config.attention_config, "backend", "")) != "CPU_MLA" else "cpu_mla"
+    return "amx_mla" if amx and _backend_name(vllm_config) != "CPU_MLA" else "cpu_mla"
+
+
+def _backend_name(vllm_config: Any) -> str:
+    """The attention backend the user pinned ("" when none): an AttentionBackendEnum member, whose
+    str() is "AttentionBackendEnum.CPU_MLA", or a plain string."""
+    backend = getattr(vllm_config.attention_config, "backend", None)
+    if backend is None:
+        return ""
+    return str(getattr(backend, "name", backend)).upper()
 
 
 def scheduler_layout(kv_cache_config: Any, chunk_size: int, isa: str) -> LayoutDescriptor:
