@@ -18,7 +18,7 @@ import zmq
 import zmq.asyncio
 
 import kvprotocol
-from kvprotocol import ErrorCode, ValidationError
+from kvprotocol import ValidationError
 from kvprotocol._messages import MAX_HEADER_BYTES, decode_request, error_reply, ok_reply, pack
 from kvprotocol._requests import Request
 
@@ -29,6 +29,7 @@ from .cache import CacheService
 from .config import ServerConfig
 from .describe import describe_server, describe_tenant
 from .ec import ECCache, check_ec_space, ec_arena_name
+from .errors import BadField, Forbidden, Unauthorized, internal_error, wire_error
 from .eviction import make_policy
 from .l1 import L1Cache
 from .l2 import build_tier_manager
@@ -188,18 +189,17 @@ class KVServer:
             who = self.auth.identify(req.auth)
             if who is None:
                 if op not in OPEN_OPS:
-                    raise ValidationError(ErrorCode.UNAUTHORIZED, "this server needs an API token ('auth' field; "
-                                          "clients read $KVSERVER_API_TOKEN or the token file)")
+                    raise Unauthorized("this server needs an API token ('auth' field; "
+                                       "clients read $KVSERVER_API_TOKEN or the token file)")
                 who = Identity("default")
             out = self._start(req, frames, who)
             if asyncio.iscoroutine(out):
                 return self._finish(out, rid, op, started)
             result, data = out  # type: ignore[misc]
             reply = ok_reply(rid, result)
-        except ValidationError as exc:
-            rid = rid or exc.rid
-            reply, data = self._failed(rid, op, exc, started), []
         except Exception as exc:  # a failing handler must still answer, and the loop must go on
+            if isinstance(exc, ValidationError):  # undecodable: the decoder read what id it could
+                rid = rid or exc.rid
             reply, data = self._failed(rid, op, exc, started), []
         else:
             self._account(op, started, None)
@@ -209,8 +209,6 @@ class KVServer:
         try:
             result, data = await pending
             reply = ok_reply(rid, result)
-        except ValidationError as exc:
-            reply, data = self._failed(rid, op, exc, started), []
         except Exception as exc:
             reply, data = self._failed(rid, op, exc, started), []
         else:
@@ -219,7 +217,7 @@ class KVServer:
 
     async def execute(self, req: Request, who: Identity = ADMIN) -> dict[str, Any]:
         """HTTP: run one already-authenticated request through the same handlers and the same accounting
-        (ops, errors, latency) as the control plane; raises ValidationError like a handler."""
+        (ops, errors, latency) as the control plane; raises what the handler raised (errors.py)."""
         started = time.perf_counter()
         op = req.op_name()
         try:
@@ -233,17 +231,17 @@ class KVServer:
 
     def count_refused(self, op: str, exc: Exception) -> None:
         """HTTP: a body refused before it became a request still counts as an error of its op."""
-        if isinstance(exc, ValidationError):
+        if wire_error(exc) is not None:
             self._failed(0, op, exc, time.perf_counter())
 
     def _start(self, req: Request, frames: list[memoryview], who: Identity) -> Result | Awaitable[Result]:
         """The checks every op passes, then its handler: a result, or a coroutine for a waiting one."""
         op = req.op_name()
         if op in ADMIN_OPS and not who.admin:
-            raise ValidationError(ErrorCode.FORBIDDEN, f"{op} is an admin op: it needs the server's own token, "
-                                                       "not a tenant's")
+            raise Forbidden(f"{op} is an admin op: it needs the server's own token, "
+                            "not a tenant's")
         if frames and not req.DATA_IN:
-            raise ValidationError(ErrorCode.BAD_FIELD, f"{op} takes no data frames")
+            raise BadField(f"{op} takes no data frames")
         keyspace = getattr(req, "keyspace", None)
         model, world = getattr(keyspace, "model", None), getattr(keyspace, "world_size", None)
         if isinstance(model, str) and isinstance(world, int) and op not in OPERATOR_OPS:
@@ -251,12 +249,11 @@ class KVServer:
         return self.handlers[op](req, frames, who)
 
     def _failed(self, rid: int, op: str, exc: Exception, started: float) -> dict[str, Any]:
-        """Count one failed request and build its error reply."""
-        if isinstance(exc, ValidationError):
-            code, message = exc.code, exc.message
-        else:
+        """Count one failed request and build its error reply: the one place ZMQ maps errors to codes."""
+        expected = wire_error(exc)
+        if expected is None:
             log.exception("handler for %s failed", op, exc_info=exc)
-            code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:500]
+        code, message = expected or internal_error(exc)
         self.errors[str(code)] = self.errors.get(str(code), 0) + 1
         self._account(op, started, str(code))
         return error_reply(rid, code, message)
