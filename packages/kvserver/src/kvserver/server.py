@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 import zmq.asyncio
@@ -27,7 +27,7 @@ from .auth import ServerAuth
 from .blend_index import BlendService
 from .cache import CacheService
 from .config import ServerConfig
-from .describe import describe_server, describe_tenant
+from .describe import describe_server, describe_tenant, fleet_stats
 from .ec import ECCache, check_ec_space, ec_arena_name
 from .errors import BadField, Forbidden, Unauthorized, internal_error, wire_error
 from .eviction import make_policy
@@ -35,6 +35,10 @@ from .l1 import L1Cache
 from .l2 import build_tier_manager
 from .latency import LatencyBuckets
 from .tenants import ADMIN, Identity
+
+if TYPE_CHECKING:
+    from .http.service import HttpService
+    from .kvevents import EventsSnapshot, KVEvents
 
 log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
@@ -55,7 +59,7 @@ class KVServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.started = time.time()
-        self.http: Any = None
+        self.http: HttpService | None = None
         # One server per arena: lock, then bind, and only then touch /dev/shm. A second server on a
         # busy port or arena fails before it could disturb the first; a failed start removes only
         # what it created (close() below is safe on a half-built server).
@@ -109,7 +113,7 @@ class KVServer:
                 self.cache.on_hit.append(self.l2.hit)
             self.handlers["lookup"] = self._lookup_l2
             self.handlers["query"] = self._query_l2
-        self.kv_events: Any = None
+        self.kv_events: KVEvents | None = None
         if config.kv_events_endpoint:
             from .kvevents import KVEvents
 
@@ -151,16 +155,9 @@ class KVServer:
             "pin": lambda r, fr, w: (c.set_pinned(r, True, w), []),
             "unpin": lambda r, fr, w: (c.set_pinned(r, False, w), []),
             **self.ec.handlers(),
-            "blend_store": self._blend_store,
+            "blend_store": lambda r, fr, w: (self.blend.store(r, w), []),
             "blend_lookup": lambda r, fr, w: (self.blend.lookup(r, w), []),
         }
-
-    def _blend_store(self, r: Any, frames: list[memoryview], who: Identity) -> Result:
-        result = self.blend.store(r, who)
-        txn = self.cache.table.stores.get(result.get("store_id") or "")
-        if txn is not None:
-            txn.owner = who.tenant  # like a prefix store, only its owner may commit or abort it
-        return result, []
 
     async def _lookup_l2(self, r: Any, _frames: list[memoryview], who: Identity) -> Result:
         return await self.cache.lookup_l2(r, who), []
@@ -168,9 +165,20 @@ class KVServer:
     async def _query_l2(self, r: Any, _frames: list[memoryview], who: Identity) -> Result:
         return await self.cache.query_l2(r, who), []
 
+    # -- what the HTTP layer sees (http/backend.py's AdminBackend) -----------------------------------
     def describe(self) -> dict[str, Any]:
         """Everything an operator may see (the server's token): see describe.py."""
         return describe_server(self)
+
+    @property
+    def api_token(self) -> str:
+        return self.auth.token
+
+    def fleet_stats(self) -> dict[str, Any]:
+        return fleet_stats(self)
+
+    def kv_events_snapshot(self) -> EventsSnapshot | None:
+        return None if self.kv_events is None else self.kv_events.snapshot()
 
     # -- dispatch --------------------------------------------------------------------------------
     async def handle(self, header_frame: bytes, frames: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
@@ -344,12 +352,13 @@ class KVServer:
             self.kv_events.start()
         tasks = [asyncio.create_task(self._serve_loop(), name="zmq"),
                  asyncio.create_task(self._expiry_loop(), name="expiry")]
-        http_task = asyncio.create_task(self.http.serve(), name="http") if self.http else None
+        http = self.http
+        http_task = asyncio.create_task(http.serve(), name="http") if http is not None else None
         fleet = fleet_task = None
         if self.config.coordinator:
             from .http.fleet import FleetAgent
 
-            fleet = FleetAgent(self, self.config.coordinator, self.http.port if self.http else None)
+            fleet = FleetAgent(self, self.config.coordinator, http.port if http is not None else None)
             fleet_task = asyncio.create_task(fleet.run(), name="fleet")
         self.ready = True
         try:
@@ -360,8 +369,8 @@ class KVServer:
                 fleet_task.cancel()
                 await asyncio.gather(fleet_task, return_exceptions=True)
                 await fleet.close()
-            if http_task is not None:
-                await self.http.shutdown(http_task)
+            if http is not None and http_task is not None:
+                await http.shutdown(http_task)
             for t in [*tasks, *self._answering]:
                 t.cancel()
             await asyncio.gather(*tasks, *self._answering, return_exceptions=True)
@@ -377,16 +386,14 @@ class KVServer:
         """Release everything this server created, in reverse order; safe on a half-built server."""
         if self.http is not None:
             self.http.close()
-        if getattr(self, "kv_events", None) is not None:
-            self.kv_events.close()
+        events: KVEvents | None = getattr(self, "kv_events", None)
+        if events is not None:
+            events.close()
         self._sock.close(linger=0)
         self._ctx.term()
-        arena: Arena | None = getattr(self, "arena", None)
-        if arena is not None:
-            arena.close()
-        ec_arena: Arena | None = getattr(self, "ec_arena", None)
-        if ec_arena is not None:
-            ec_arena.close()
+        for arena in (getattr(self, "arena", None), getattr(self, "ec_arena", None)):
+            if arena is not None:
+                arena.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None

@@ -1,8 +1,8 @@
 """Prometheus metrics of one kvserver, on a private registry (never the process-global one).
 
-Counters and gauges are read from `KVServer.describe()` at scrape time (one source of truth, nothing
+Counters and gauges are read from `AdminBackend.describe()` at scrape time (one source of truth, nothing
 to keep in sync, L2 tiers included when describe reports them); request latency is the only thing
-observed as it happens, through `KVServer.observers`. Labels stay bounded: op, tier, error code,
+observed as it happens, through `AdminBackend.observers`. Labels stay bounded: op, tier, error code,
 HTTP route template and status; never request ids, salts or engine ids.
 """
 
@@ -11,17 +11,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvprotocol import ErrorCode
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .backend import AdminBackend
 from .ec_metrics import ec_families
-
-if TYPE_CHECKING:
-    from ..server import KVServer
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0)
@@ -112,7 +110,7 @@ def _per_tier(metric: CounterMetricFamily | GaugeMetricFamily, tiers: list[TierS
 class ServerCollector(Collector):
     """Reads one describe() per scrape and turns it into metric families."""
 
-    def __init__(self, server: KVServer) -> None:
+    def __init__(self, server: AdminBackend) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -241,7 +239,7 @@ def _l2_families(tiers: list[TierStats], queue: Any) -> Iterator[Metric]:
 class ServerMetrics:
     """The registry of one server: scrape-time collector, latency histogram and HTTP counters."""
 
-    def __init__(self, server: KVServer) -> None:
+    def __init__(self, server: AdminBackend) -> None:
         disable_created_metrics()  # *_created series only add noise here (process-wide switch)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ServerCollector(server))
