@@ -24,21 +24,10 @@ from .ec_metrics import ec_families
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0)
 _TIER_RE = re.compile(r"^[a-z0-9_.:-]{1,32}$")
-# keys an L2 tier entry of describe()["l2"] may carry, in order of preference
-_L2_KEYS = {
-    "objects": ("objects",),
-    "used_bytes": ("used_bytes", "bytes"),
-    "store_bytes": ("put_bytes", "stored_bytes", "bytes_written"),
-    "retrieve_bytes": ("get_bytes", "retrieved_bytes", "bytes_read"),
-    "evictions": ("evictions",),
-    "hits": ("hits",),
-    "misses": ("misses",),
-    "errors": ("errors",),
-    "corrupt": ("corrupt",),
-    "dropped": ("dropped",),
-    "retried": ("retried",),
-    "up": ("up",),
-}
+# TierStats field -> the key an L2 tier's entry of describe()["l2"] carries it under (l2/tier.py)
+_L2_KEYS = {"objects": "objects", "used_bytes": "bytes", "store_bytes": "put_bytes", "retrieve_bytes": "get_bytes",
+            "hits": "hits", "misses": "misses", "errors": "errors", "corrupt": "corrupt", "dropped": "dropped",
+            "retried": "retried", "up": "up"}
 # describe()["l2_queue"] key -> (metric name, type, help)
 _L2_QUEUE = {
     "queued": ("kvserver_l2_queue_depth", "gauge", "Objects waiting in the L2 write-behind queue."),
@@ -92,10 +81,10 @@ def tier_stats(described: Mapping[str, Any]) -> list[TierStats]:
     for i, entry in enumerate(l2 if isinstance(l2, list) else []):
         if not isinstance(entry, Mapping):
             continue
-        name = next((str(entry[k]) for k in ("tier", "name", "kind") if isinstance(entry.get(k), str)), "")
+        name = entry["tier"] if isinstance(entry.get("tier"), str) else ""
         label = name if _TIER_RE.match(name) and name not in seen else f"l2.{i}"
         seen.add(label)
-        tiers.append(TierStats(label, **{field: _number(entry, keys) for field, keys in _L2_KEYS.items()}))
+        tiers.append(TierStats(label, **{field: _number(entry, (key,)) for field, key in _L2_KEYS.items()}))
     return tiers
 
 
