@@ -147,17 +147,19 @@ def test_tier_stats_read_l2_tiers_from_describe() -> None:
             {"tier": "fs", "objects": 9, "bytes": 900, "put_bytes": 700, "get_bytes": 300, "evictions": 2,
              "up": True, "hits": 4},
             {"tier": "fs", "objects": 1},  # duplicate name: made unique
-            {"name": "redis://:secret@host:6379/0", "objects": 5},  # unsafe name: never a label
+            {"tier": "redis://:secret@host:6379/0", "objects": 5},  # unsafe name: never a label
+            {"name": "fs", "used_bytes": 7, "stored_bytes": 7},  # keys no tier describes: nothing read
             "not a map",
         ],
     }
     tiers = {t.tier: t for t in tier_stats(described)}
-    assert set(tiers) == {"l1", "fs", "l2.1", "l2.2"}
+    assert set(tiers) == {"l1", "fs", "l2.1", "l2.2", "l2.3"}
     assert tiers["l1"].store_bytes == 100 and tiers["l1"].retrieve_bytes == 50 and tiers["l1"].objects == 4
     assert tiers["fs"].store_bytes == 700 and tiers["fs"].retrieve_bytes == 300 and tiers["fs"].used_bytes == 900
     assert tiers["fs"].up == 1.0 and tiers["fs"].hits == 4 and tiers["l1"].up is None
     assert tiers["l2.1"].objects == 1 and tiers["l2.1"].store_bytes is None
     assert tiers["l2.2"].objects == 5
+    assert tiers["l2.3"].used_bytes is None and tiers["l2.3"].store_bytes is None
 
 
 def test_l2_tier_series_come_from_a_real_fs_tier(server_factory, tmp_path) -> None:

@@ -21,8 +21,8 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import zmq
-from kvprotocol import (Backoff, Client, ErrorCode, GroupGeometry, KeySpace, LayoutDescriptor, RequestTimeout,
-                        ServerError)
+from kvprotocol import (Backoff, Client, ErrorCode, GroupGeometry, KeySpace, KVProtocolError, LayoutDescriptor,
+                        RequestTimeout, ServerError)
 from kvprotocol._replies import RegisterReply, Reply_
 from kvprotocol._requests import LayoutW, RegisterEngine, Request
 from kvprotocol._shm import ShmMapping as ArenaMap
@@ -34,16 +34,34 @@ R = TypeVar("R")
 MODES = ("auto", "shm", "tcp")
 
 
-class Unavailable(Exception):
+class EngineError(KVProtocolError):
+    """Base of the engine side's own failures (under kvprotocol's one client-side base); `kind` names it."""
+
+
+class Unavailable(EngineError):
     """The server did not answer recently; calls fail fast until the back-off ends."""
 
+    KIND = "unavailable"
 
-class ArenaChanged(Exception):
+    def __init__(self, op: str, url: str, retry_in: float) -> None:
+        super().__init__(f"{op}: server {url} did not answer recently; retrying in {retry_in:.1f}s")
+        self.op, self.url, self.retry_in = op, url, retry_in
+
+
+class ArenaChanged(EngineError):
     """The shm arena was recreated (server restart) while an operation was using it."""
 
+    KIND = "arena_changed"
 
-class LeaseLost(Exception):
+    def __init__(self, message: str, arena: str | None = None) -> None:
+        super().__init__(message)
+        self.arena = arena  # the /dev/shm name that no longer leads to the server's arena, where known
+
+
+class LeaseLost(EngineError):
     """The server dropped this rank's leases before its copy finished: the bytes may be foreign."""
+
+    KIND = "lease_lost"
 
 
 class Deadline:
@@ -92,7 +110,7 @@ class ServerLink:
     def _guarded(self, op: str, deadline: Deadline, run: Callable[[Client, float], R]) -> R:
         wait = self.backoff.remaining()
         if wait > 0:
-            raise Unavailable(f"{op}: server {self.url} did not answer recently; retrying in {wait:.1f}s")
+            raise Unavailable(op, self.url, wait)
         remaining = deadline.remaining()
         if remaining <= 0:
             raise RequestTimeout(f"{op}: the operation ran out of time")
@@ -207,7 +225,7 @@ class EngineLink:
             arena.close()
             if attempt == 0:
                 self.registration = self._register(deadline)
-        raise ArenaChanged(f"/dev/shm/{arena.name} is not the arena of the server at {self.server.url}")
+        raise ArenaChanged(f"/dev/shm/{arena.name} is not the arena of the server at {self.server.url}", arena.name)
 
     def check_arena(self) -> None:
         """Raise ArenaChanged when the arena we copied through is no longer the server's."""
@@ -216,7 +234,7 @@ class EngineLink:
                 or self.arena.nonce() != reg.arena_nonce:
             self.invalidate()
             raise ArenaChanged("the shm arena changed during the operation (a server restart, or the name "
-                               "no longer leads to this server's arena)")
+                               "no longer leads to this server's arena)", None if reg is None else reg.arena_name)
 
     def _unmap(self) -> None:
         if self.arena is not None:

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-from kvprotocol import (ErrorCode, ExtraKeys, LayoutDescriptor, RequestTimeout, ServerError, ValidationError,
-                        validate_model, validate_salt)
+from kvprotocol import (ErrorCode, ExtraKeys, KVProtocolError, LayoutDescriptor, ServerError, validate_model,
+                        validate_salt)
 from kvprotocol import requests as rq
 
 from . import _ops
-from ._link import ArenaChanged, Deadline, EngineLink, LeaseLost, Unavailable
+from ._link import Deadline, EngineLink
 from ._transfer import Copier, HostCopier
 
 log = logging.getLogger("kvconnector.engine_client")
@@ -80,19 +80,13 @@ class _Warner:
 
 
 def _kind(exc: BaseException) -> str:
-    if isinstance(exc, RequestTimeout):
-        return "timeout"
-    if isinstance(exc, Unavailable):
-        return "unavailable"
-    if isinstance(exc, ServerError):
-        return f"server:{exc.code}"
-    if isinstance(exc, ArenaChanged):
-        return "arena_changed"
-    if isinstance(exc, LeaseLost):
-        return "lease_lost"
+    """The short name of a failure: its own `kind` for the client-side tree (kvprotocol's errors and the
+    engine's under them), else what a bad argument, a socket or a bug is called."""
+    if isinstance(exc, KVProtocolError):
+        return exc.kind
     if isinstance(exc, _ops.ChecksumMismatch):
         return "checksum_mismatch"
-    if isinstance(exc, (ValueError, TypeError, ValidationError)):
+    if isinstance(exc, (ValueError, TypeError)):
         return "invalid"
     if isinstance(exc, zmq.ZMQError):
         return "zmq"

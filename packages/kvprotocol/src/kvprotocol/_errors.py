@@ -1,8 +1,15 @@
-"""Error codes shared by server and clients, and the exceptions clients raise."""
+"""Error codes shared by server and clients, and the exceptions clients raise.
+
+Every client-side failure is a KVProtocolError (kvconnector's engine errors too); each class says what
+it is in `kind`, the short name engines put in their results and warnings, and keeps its fields (a
+server error its `code` and `message`) instead of flattening them into a string. The server's own
+error tree is kvserver.errors; both meet only in the wire reply's code.
+"""
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import ClassVar
 
 
 class ErrorCode(StrEnum):
@@ -28,7 +35,14 @@ class ErrorCode(StrEnum):
 
 
 class KVProtocolError(Exception):
-    """Base of every error this package raises."""
+    """Base of every error this package raises (a reply that cannot be decoded, among others)."""
+
+    KIND: ClassVar[str] = "internal"
+
+    @property
+    def kind(self) -> str:
+        """The failure's short name ("timeout", "server:NO_SPACE", ...), for results and warnings."""
+        return self.KIND
 
 
 class ServerError(KVProtocolError):
@@ -39,13 +53,21 @@ class ServerError(KVProtocolError):
         self.code = ErrorCode(code) if code in ErrorCode.__members__ else code
         self.message = message
 
+    @property
+    def kind(self) -> str:  # per instance: the code is part of it
+        return f"server:{self.code}"
+
 
 class RequestTimeout(KVProtocolError):
     """No reply arrived within the request's timeout (the server may be down)."""
 
+    KIND = "timeout"
+
 
 class ValidationError(KVProtocolError):
     """A message or value failed validation; `code` says which kind."""
+
+    KIND = "invalid"
 
     def __init__(self, code: ErrorCode, message: str, rid: int = 0) -> None:
         super().__init__(f"{code}: {message}")

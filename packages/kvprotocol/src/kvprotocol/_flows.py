@@ -29,6 +29,8 @@ LEASE_LOST_CODES = (ErrorCode.UNKNOWN_SESSION, ErrorCode.NOT_LEASED)
 class LeaseBroken(KVProtocolError):
     """The reader's leases ended before its copy finished: the copied bytes are not trusted."""
 
+    KIND = "lease_lost"
+
 
 def store_and_commit(send: Send, req: Store | BlendStore,
                      fill: Callable[[StoreReply, list[StoreSlot]], tuple[Sequence[Any], list[int]]],

@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, blend_fingerprints, blend_object_hash
+from kvprotocol import MAX_KEYS, blend_fingerprints, blend_object_hash
 from kvprotocol._requests import BlendLookup, BlendStore
 
+from .errors import LayoutMismatch, OutOfRange, TooLarge, TooMany
 from .cache import CacheService
 from .cache_base import MAX_STORES
 from .l1 import IKey, State
@@ -105,27 +106,28 @@ class BlendService:
         c = self.cache
         ks, salt, rank = f.keyspace.key(), who.salt(f.salt), f.rank
         if rank >= ks[1]:
-            raise ValidationError(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+            raise OutOfRange("rank must be < world_size")
         sizes = []
         for layout_fp in ks[2]:
             if layout_fp not in c.object_sizes:
-                raise ValidationError(ErrorCode.LAYOUT_MISMATCH, f"layout {layout_fp} is not registered by any engine")
+                raise LayoutMismatch(f"layout {layout_fp} is not registered by any engine")
             sizes.append(c.object_sizes[layout_fp])
         chunks = len(f.tokens) // 4 // self.chunk_size
         if chunks * len(ks[2]) > MAX_KEYS:
-            raise ValidationError(ErrorCode.TOO_LARGE, f"{chunks} chunks x {len(ks[2])} groups is over "
-                                                       f"{MAX_KEYS} objects per request")
+            raise TooLarge(f"{chunks} chunks x {len(ks[2])} groups is over "
+                           f"{MAX_KEYS} objects per request")
         pos_base = f.pos_base
         fps = blend_fingerprints(f.tokens, self.chunk_size)
         if fps and pos_base + len(fps) * self.chunk_size > 0xFFFFFFFF:
-            raise ValidationError(ErrorCode.OUT_OF_RANGE, "pos_base + tokens beyond uint32 positions")
+            raise OutOfRange("pos_base + tokens beyond uint32 positions")
         if len(c.table.stores) >= MAX_STORES or len(self._pending) >= MAX_PENDING:
             c.expire()
             self._sweep_pending()
         if len(c.table.stores) >= MAX_STORES or len(self._pending) >= MAX_PENDING:
-            raise ValidationError(ErrorCode.TOO_MANY, "too many stores in flight; commit or abort some first")
+            raise TooMany("too many stores in flight; commit or abort some first")
         session = who.scope(f.session) if f.session is not None else None
-        txn = StoreTxn(new_store_id(), f.mode, session, [], c.table.deadline(), kind="blend")
+        # like a prefix store, only its owner may commit or abort it
+        txn = StoreTxn(new_store_id(), f.mode, session, [], c.table.deadline(), kind="blend", owner=who.tenant)
         reply_slots: list[dict[str, Any]] = []
         pending: list[tuple[IndexKey, int, bytes]] = []
         for chunk, fp in enumerate(fps):
@@ -171,16 +173,16 @@ class BlendService:
         n_tokens = len(tokens) // 4
         starts: list[int] = f.starts
         if starts[-1] >= n_tokens:
-            raise ValidationError(ErrorCode.OUT_OF_RANGE, f"segment start {starts[-1]} beyond {n_tokens} tokens")
+            raise OutOfRange(f"segment start {starts[-1]} beyond {n_tokens} tokens")
         per_chunk = ks[1] * len(ks[2])
         bounds = list(zip(starts, [*starts[1:], n_tokens]))
         candidates = sum((end - start) // self.chunk_size for start, end in bounds)
         if candidates * per_chunk > MAX_KEYS:
-            raise ValidationError(ErrorCode.TOO_LARGE, f"{candidates} chunks x {per_chunk} objects each is over "
-                                                       f"{MAX_KEYS} objects per request")
+            raise TooLarge(f"{candidates} chunks x {per_chunk} objects each is over "
+                           f"{MAX_KEYS} objects per request")
         rank = f.rank
         if rank is not None and rank >= ks[1]:
-            raise ValidationError(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+            raise OutOfRange("rank must be < world_size")
         if session is not None:
             c._admit_session(session, candidates * (1 + per_chunk))
         matches: list[dict[str, int]] = []

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvprotocol import ErrorCode
 from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve
 
+from .errors import LayoutMismatch, NoSpace, NotLeased, OutOfRange
 from .engines import Engine
 from .l1 import IKey
 from .tenants import ADMIN, Identity
-from .cache_base import cache_error
 from .write_path import WritePath
 
 
@@ -27,12 +26,12 @@ class CacheService(WritePath):
         layouts = f.layouts()
         for layout in layouts:
             if layout.chunk_size % self.chunk_size:
-                raise cache_error(ErrorCode.LAYOUT_MISMATCH, f"layout chunk_size {layout.chunk_size} is not a "
-                                                       f"multiple of the server chunk_size {self.chunk_size}")
+                raise LayoutMismatch(f"layout chunk_size {layout.chunk_size} is not a "
+                                     f"multiple of the server chunk_size {self.chunk_size}")
             if layout.object_bytes > self.l1.alloc.capacity:
-                raise cache_error(ErrorCode.NO_SPACE, "one object is larger than the whole L1 arena")
+                raise NoSpace("one object is larger than the whole L1 arena")
         if f.rank >= f.world_size:
-            raise cache_error(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+            raise OutOfRange("rank must be < world_size")
         for layout in layouts:
             self.object_sizes[layout.fingerprint] = layout.object_bytes
             self.groups.add(layout)
@@ -64,7 +63,7 @@ class CacheService(WritePath):
         t.lookup_hit_tokens += hit * self.chunk_size
         rank = f.rank
         if rank is not None and rank >= ks[1]:
-            raise cache_error(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+            raise OutOfRange("rank must be < world_size")
         out = {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
                "chunk_size": self.chunk_size}
         plan, keys_of = self.groups.plan(ks), None
@@ -179,8 +178,8 @@ class CacheService(WritePath):
         start, end, rank = f.start_chunk, f.end_chunk, f.rank
         reader = self.leases.reader(who.scope(f.session), rank)
         if not start <= end <= reader.hit_chunks:
-            raise cache_error(ErrorCode.NOT_LEASED, f"chunks [{start}, {end}) not within the leased prefix "
-                                              f"of {reader.hit_chunks} chunks")
+            raise NotLeased(f"chunks [{start}, {end}) not within the leased prefix "
+                            f"of {reader.hit_chunks} chunks")
         mode = f.mode
         objects, frames = [], []
         for chunk, group, key in self.groups.retrieve_objects(reader.keyspace, reader.salt, reader.hashes,

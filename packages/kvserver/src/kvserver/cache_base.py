@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kvprotocol import MAX_KEYS, ErrorCode, ValidationError, chunk_hashes
+from kvprotocol import MAX_KEYS, chunk_hashes
 from kvprotocol._requests import KeysRequest
 
+from .errors import OutOfRange, TooLarge, TooMany
 from .engines import Engine, EngineTable
 from .groups import GroupBook
 from .l1 import IKey, L1Cache
@@ -35,10 +36,6 @@ log = logging.getLogger("kvserver")
 MAX_SESSIONS = 4096  # live read sessions per server, all tenants together (each tenant has its own cap too)
 MAX_SESSION_OBJECTS = 1 << 22  # chunk hashes + leased keys all live sessions keep, in total
 MAX_STORES = 4096  # store transactions in flight per server
-
-
-def cache_error(code: ErrorCode, message: str) -> ValidationError:
-    return ValidationError(code, message)
 
 
 class CacheBase:
@@ -100,12 +97,12 @@ class CacheBase:
         """
         chunks = len(f.tokens) // 4 // self.chunk_size
         if chunks * per_chunk > MAX_KEYS:
-            raise cache_error(ErrorCode.TOO_LARGE, f"{chunks} chunks x {per_chunk} objects each is over "
-                                             f"{MAX_KEYS} objects per request")
+            raise TooLarge(f"{chunks} chunks x {per_chunk} objects each is over "
+                           f"{MAX_KEYS} objects per request")
         try:
             return chunk_hashes(f.tokens, self.chunk_size, f.extra or ())
         except IndexError as exc:
-            raise cache_error(ErrorCode.OUT_OF_RANGE, str(exc)) from None
+            raise OutOfRange(str(exc)) from None
 
     @staticmethod
     def _per_chunk(f: KeysRequest) -> int:
@@ -119,9 +116,9 @@ class CacheBase:
         if len(self.table.sessions) >= MAX_SESSIONS or self.leases.objects + objects > MAX_SESSION_OBJECTS:
             self.expire()
         if len(self.table.sessions) >= MAX_SESSIONS:
-            raise cache_error(ErrorCode.TOO_MANY, f"{MAX_SESSIONS} sessions are live; end some first")
+            raise TooMany(f"{MAX_SESSIONS} sessions are live; end some first")
         if self.leases.objects + objects > MAX_SESSION_OBJECTS:
-            raise cache_error(ErrorCode.TOO_MANY, "live sessions hold too many objects; end some first")
+            raise TooMany("live sessions hold too many objects; end some first")
 
     def expire(self, now: float | None = None) -> None:
         for res in self.reservations.expired(time.monotonic() if now is None else now):

@@ -23,10 +23,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
-from kvprotocol import ErrorCode, ValidationError
 from kvprotocol._requests import ECLookup, ECRetrieve, ECStore
 from kvprotocol.kvsum import kvsum64
 
+from .errors import BadField, OutOfRange, TooMany, UnknownStore
 from .arena import HEADER_BYTES, SHM_DIR, Arena
 from .ec_alloc import FirstFitAllocator
 
@@ -94,10 +94,6 @@ class ECCounters:
     expired_stores: int = 0
     expired_leases: int = 0
     rejected_commits: int = 0  # tcp commits whose bytes did not match their checksum
-
-
-def _fail(code: ErrorCode, message: str) -> ValidationError:
-    return ValidationError(code, message)
 
 
 class ECCache:
@@ -180,7 +176,7 @@ class ECCache:
     def store(self, f: ECStore) -> dict[str, Any]:
         key, size, mode = self._key(f, f.item), f.size, f.mode
         if size == 0:
-            raise _fail(ErrorCode.OUT_OF_RANGE, "an encoder output has at least one byte")
+            raise OutOfRange("an encoder output has at least one byte")
         existing = self.entries.get(key)
         if existing is not None:
             self.counters.deduplicated += 1
@@ -188,7 +184,7 @@ class ECCache:
         if len(self.stores) >= MAX_EC_STORES:
             self.expire()
         if len(self.stores) >= MAX_EC_STORES:
-            raise _fail(ErrorCode.TOO_MANY, f"{MAX_EC_STORES} EC stores are in flight; commit or abort some first")
+            raise TooMany(f"{MAX_EC_STORES} EC stores are in flight; commit or abort some first")
         offset = self._reserve(size)
         if offset is None:
             self.counters.no_space += 1
@@ -222,17 +218,17 @@ class ECCache:
         if txn is None or txn.expires <= time.monotonic():
             if txn is not None:
                 self._expire_store(store_id)
-            raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired EC store {store_id}")
+            raise UnknownStore(f"unknown or expired EC store {store_id}")
         e = self.entries[txn.key]
         if txn.mode == "tcp":
             if len(frames) != 1 or frames[0].nbytes != e.size:
-                raise _fail(ErrorCode.BAD_FIELD, f"ec_commit in tcp mode takes one frame of {e.size} bytes")
+                raise BadField(f"ec_commit in tcp mode takes one frame of {e.size} bytes")
             if kvsum64(frames[0]) != checksum:  # bad bytes never enter: the store stays open for a retry
                 self.counters.rejected_commits += 1
-                raise _fail(ErrorCode.BAD_FIELD, "ec_commit: the frame does not match its checksum")
+                raise BadField("ec_commit: the frame does not match its checksum")
             self.arena.write(e.offset, frames[0])
         elif frames:
-            raise _fail(ErrorCode.BAD_FIELD, "ec_commit in shm mode takes no data frames")
+            raise BadField("ec_commit in shm mode takes no data frames")
         del self.stores[store_id]
         e.ready, e.checksum = True, checksum
         self.lru[txn.key] = None
@@ -243,7 +239,7 @@ class ECCache:
 
     def abort(self, store_id: str) -> dict[str, Any]:
         if store_id not in self.stores:
-            raise _fail(ErrorCode.UNKNOWN_STORE, f"unknown or expired EC store {store_id}")
+            raise UnknownStore(f"unknown or expired EC store {store_id}")
         self._expire_store(store_id)
         return {"aborted": True}
 
@@ -271,7 +267,7 @@ class ECCache:
         if len(self.leases) >= MAX_EC_LEASES:
             self.expire()
         if len(self.leases) >= MAX_EC_LEASES:
-            raise _fail(ErrorCode.TOO_MANY, f"{MAX_EC_LEASES} EC leases are live; release some first")
+            raise TooMany(f"{MAX_EC_LEASES} EC leases are live; release some first")
         return {"found": True, **self._describe(e, self._lease(key, e, 1)), "arena": self.arena_info()}, []
 
     def release(self, lease_id: int) -> dict[str, Any]:

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvprotocol import ErrorCode, ValidationError
 
+from .errors import NotLeased, OutOfRange, UnknownSession
 from .l1 import IKey, L1Cache
 from .sessions import KeySpaceT, Reader, Session, SessionTable, StoreTxn
 
@@ -73,14 +73,14 @@ class Leases:
         """The live reader of one rank (retrieve); refreshes the session's deadline."""
         session = self.table.sessions.get(session_id)
         if session is None:
-            raise ValidationError(ErrorCode.UNKNOWN_SESSION, f"no live session {shown(session_id)!r} (lookup first)")
+            raise UnknownSession(f"no live session {shown(session_id)!r} (lookup first)")
         reader = session.readers.get(rank)
         if reader is None:
             world = next(iter(session.readers.values())).keyspace[1]
             if rank >= world:
-                raise ValidationError(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
-            raise ValidationError(ErrorCode.NOT_LEASED, f"rank {rank} holds no leases in session {shown(session_id)!r} "
-                                                        "(released; lookup again)")
+                raise OutOfRange("rank must be < world_size")
+            raise NotLeased(f"rank {rank} holds no leases in session {shown(session_id)!r} "
+                            "(released; lookup again)")
         session.expires = self.table.deadline()
         return reader
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvprotocol import ErrorCode, ValidationError
 
+from .errors import TooMany
 from .l1 import L1Cache, tenant_of
 from .sessions import SessionTable
 from .tenants import DEFAULT, Identity, TenantBook
@@ -90,15 +90,15 @@ class TenantLedger:
         expire()
         if self._sessions_of(who) >= cap:
             self.counters(who).refused_sessions += 1
-            raise ValidationError(ErrorCode.TOO_MANY, f"tenant {who.tenant!r} has {cap} live sessions; "
-                                                      "end some first")
+            raise TooMany(f"tenant {who.tenant!r} has {cap} live sessions; "
+                          "end some first")
 
     def admit_store(self, who: Identity) -> None:
         cap = self.limits(who.tenant)[2]
         if len(self.table.stores) >= cap and sum(1 for t in self.table.stores.values() if t.owner == who.tenant) >= cap:
             self.counters(who).refused_stores += 1
-            raise ValidationError(ErrorCode.TOO_MANY, f"tenant {who.tenant!r} has {cap} stores in flight; "
-                                                      "commit or abort some first")
+            raise TooMany(f"tenant {who.tenant!r} has {cap} stores in flight; "
+                          "commit or abort some first")
 
     def make_room(self, who: Identity, size: int) -> bool:
         """Room for `size` more L1 bytes within the tenant's quota, evicting its own objects first;

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from kvprotocol import ErrorCode, ValidationError
 
+from .errors import BadField, NoSpace, RetryLater
 from .l1 import IKey, L1Cache, State, tenant_of
 
 ChunkRef = tuple[str, int, str, bytes]  # (model, world_size, salt, chunk hash): a chunk of any rank or group
@@ -52,10 +52,6 @@ class Reservation:
     @property
     def outstanding(self) -> int:
         return max(0, self.need - self.drawn)
-
-
-def _fail(code: ErrorCode, message: str) -> ValidationError:
-    return ValidationError(code, message)
 
 
 class ReservationBook:
@@ -101,24 +97,24 @@ class ReservationBook:
         res = self.live.get(rid)
         if res is not None:
             if res.owner != owner:  # scoped ids make this unreachable; kept as a guard
-                raise _fail(ErrorCode.BAD_FIELD, "reservation belongs to another tenant")
+                raise BadField("reservation belongs to another tenant")
             if total_chunks is not None and total_chunks != res.total_chunks:
                 self.violation(res, f"total_chunks changed from {res.total_chunks} to {total_chunks}")
             res.expires = time.monotonic() + self.ttl
             return res
         if total_chunks is None:
-            raise _fail(ErrorCode.BAD_FIELD, "the first store of a reservation must declare total_chunks")
+            raise BadField("the first store of a reservation must declare total_chunks")
         need = total_chunks * need_per_chunk
         cap = self.l1.alloc.capacity if quota is None else min(quota, self.l1.alloc.capacity)
         if need > cap:
-            raise _fail(ErrorCode.NO_SPACE, f"the request needs {need} bytes; L1 (or the tenant's quota) holds {cap}")
+            raise NoSpace(f"the request needs {need} bytes; L1 (or the tenant's quota) holds {cap}")
         fits = need <= self.headroom()
         if fits and quota is not None:
             fits = need <= quota - self.pinned_bytes(owner) - self.outstanding(tenant=owner)
         if not fits:
             self.retry_later += 1
-            raise _fail(ErrorCode.RETRY_LATER, f"the request's {need} bytes do not fit next to the requests "
-                                               "in flight; retry after one completes")
+            raise RetryLater(f"the request's {need} bytes do not fit next to the requests "
+                             "in flight; retry after one completes")
         res = Reservation(rid, owner, total_chunks, need, time.monotonic() + self.ttl,
                           objects=total_chunks * ranks)
         self.live[rid] = res
@@ -150,7 +146,7 @@ class ReservationBook:
     def violation(self, res: Reservation, message: str) -> None:
         """Roll the reservation back and refuse the store that broke the protocol."""
         self.rollback(res)
-        raise _fail(ErrorCode.BAD_FIELD, f"reservation rolled back: {message}")
+        raise BadField(f"reservation rolled back: {message}")
 
     # -- drawing ---------------------------------------------------------------------------------
     def draw(self, res: Reservation, size: int, key: IKey, allocated: bool, ref: ChunkRef) -> None:

@@ -12,13 +12,13 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 import zmq.asyncio
 
 import kvprotocol
-from kvprotocol import ErrorCode, ValidationError
+from kvprotocol import ValidationError
 from kvprotocol._messages import MAX_HEADER_BYTES, decode_request, error_reply, ok_reply, pack
 from kvprotocol._requests import Request
 
@@ -27,13 +27,18 @@ from .auth import ServerAuth
 from .blend_index import BlendService
 from .cache import CacheService
 from .config import ServerConfig
-from .describe import describe_server, describe_tenant
+from .describe import describe_server, describe_tenant, fleet_stats
 from .ec import ECCache, check_ec_space, ec_arena_name
+from .errors import BadField, Forbidden, Unauthorized, internal_error, wire_error
 from .eviction import make_policy
 from .l1 import L1Cache
 from .l2 import build_tier_manager
 from .latency import LatencyBuckets
 from .tenants import ADMIN, Identity
+
+if TYPE_CHECKING:
+    from .http.service import HttpService
+    from .kvevents import EventsSnapshot, KVEvents
 
 log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
@@ -54,7 +59,7 @@ class KVServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.started = time.time()
-        self.http: Any = None
+        self.http: HttpService | None = None
         # One server per arena: lock, then bind, and only then touch /dev/shm. A second server on a
         # busy port or arena fails before it could disturb the first; a failed start removes only
         # what it created (close() below is safe on a half-built server).
@@ -108,7 +113,7 @@ class KVServer:
                 self.cache.on_hit.append(self.l2.hit)
             self.handlers["lookup"] = self._lookup_l2
             self.handlers["query"] = self._query_l2
-        self.kv_events: Any = None
+        self.kv_events: KVEvents | None = None
         if config.kv_events_endpoint:
             from .kvevents import KVEvents
 
@@ -150,16 +155,9 @@ class KVServer:
             "pin": lambda r, fr, w: (c.set_pinned(r, True, w), []),
             "unpin": lambda r, fr, w: (c.set_pinned(r, False, w), []),
             **self.ec.handlers(),
-            "blend_store": self._blend_store,
+            "blend_store": lambda r, fr, w: (self.blend.store(r, w), []),
             "blend_lookup": lambda r, fr, w: (self.blend.lookup(r, w), []),
         }
-
-    def _blend_store(self, r: Any, frames: list[memoryview], who: Identity) -> Result:
-        result = self.blend.store(r, who)
-        txn = self.cache.table.stores.get(result.get("store_id") or "")
-        if txn is not None:
-            txn.owner = who.tenant  # like a prefix store, only its owner may commit or abort it
-        return result, []
 
     async def _lookup_l2(self, r: Any, _frames: list[memoryview], who: Identity) -> Result:
         return await self.cache.lookup_l2(r, who), []
@@ -167,9 +165,20 @@ class KVServer:
     async def _query_l2(self, r: Any, _frames: list[memoryview], who: Identity) -> Result:
         return await self.cache.query_l2(r, who), []
 
+    # -- what the HTTP layer sees (http/backend.py's AdminBackend) -----------------------------------
     def describe(self) -> dict[str, Any]:
         """Everything an operator may see (the server's token): see describe.py."""
         return describe_server(self)
+
+    @property
+    def api_token(self) -> str:
+        return self.auth.token
+
+    def fleet_stats(self) -> dict[str, Any]:
+        return fleet_stats(self)
+
+    def kv_events_snapshot(self) -> EventsSnapshot | None:
+        return None if self.kv_events is None else self.kv_events.snapshot()
 
     # -- dispatch --------------------------------------------------------------------------------
     async def handle(self, header_frame: bytes, frames: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
@@ -188,18 +197,17 @@ class KVServer:
             who = self.auth.identify(req.auth)
             if who is None:
                 if op not in OPEN_OPS:
-                    raise ValidationError(ErrorCode.UNAUTHORIZED, "this server needs an API token ('auth' field; "
-                                          "clients read $KVSERVER_API_TOKEN or the token file)")
+                    raise Unauthorized("this server needs an API token ('auth' field; "
+                                       "clients read $KVSERVER_API_TOKEN or the token file)")
                 who = Identity("default")
             out = self._start(req, frames, who)
             if asyncio.iscoroutine(out):
                 return self._finish(out, rid, op, started)
             result, data = out  # type: ignore[misc]
             reply = ok_reply(rid, result)
-        except ValidationError as exc:
-            rid = rid or exc.rid
-            reply, data = self._failed(rid, op, exc, started), []
         except Exception as exc:  # a failing handler must still answer, and the loop must go on
+            if isinstance(exc, ValidationError):  # undecodable: the decoder read what id it could
+                rid = rid or exc.rid
             reply, data = self._failed(rid, op, exc, started), []
         else:
             self._account(op, started, None)
@@ -209,8 +217,6 @@ class KVServer:
         try:
             result, data = await pending
             reply = ok_reply(rid, result)
-        except ValidationError as exc:
-            reply, data = self._failed(rid, op, exc, started), []
         except Exception as exc:
             reply, data = self._failed(rid, op, exc, started), []
         else:
@@ -219,7 +225,7 @@ class KVServer:
 
     async def execute(self, req: Request, who: Identity = ADMIN) -> dict[str, Any]:
         """HTTP: run one already-authenticated request through the same handlers and the same accounting
-        (ops, errors, latency) as the control plane; raises ValidationError like a handler."""
+        (ops, errors, latency) as the control plane; raises what the handler raised (errors.py)."""
         started = time.perf_counter()
         op = req.op_name()
         try:
@@ -233,17 +239,17 @@ class KVServer:
 
     def count_refused(self, op: str, exc: Exception) -> None:
         """HTTP: a body refused before it became a request still counts as an error of its op."""
-        if isinstance(exc, ValidationError):
+        if wire_error(exc) is not None:
             self._failed(0, op, exc, time.perf_counter())
 
     def _start(self, req: Request, frames: list[memoryview], who: Identity) -> Result | Awaitable[Result]:
         """The checks every op passes, then its handler: a result, or a coroutine for a waiting one."""
         op = req.op_name()
         if op in ADMIN_OPS and not who.admin:
-            raise ValidationError(ErrorCode.FORBIDDEN, f"{op} is an admin op: it needs the server's own token, "
-                                                       "not a tenant's")
+            raise Forbidden(f"{op} is an admin op: it needs the server's own token, "
+                            "not a tenant's")
         if frames and not req.DATA_IN:
-            raise ValidationError(ErrorCode.BAD_FIELD, f"{op} takes no data frames")
+            raise BadField(f"{op} takes no data frames")
         keyspace = getattr(req, "keyspace", None)
         model, world = getattr(keyspace, "model", None), getattr(keyspace, "world_size", None)
         if isinstance(model, str) and isinstance(world, int) and op not in OPERATOR_OPS:
@@ -251,12 +257,11 @@ class KVServer:
         return self.handlers[op](req, frames, who)
 
     def _failed(self, rid: int, op: str, exc: Exception, started: float) -> dict[str, Any]:
-        """Count one failed request and build its error reply."""
-        if isinstance(exc, ValidationError):
-            code, message = exc.code, exc.message
-        else:
+        """Count one failed request and build its error reply: the one place ZMQ maps errors to codes."""
+        expected = wire_error(exc)
+        if expected is None:
             log.exception("handler for %s failed", op, exc_info=exc)
-            code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:500]
+        code, message = expected or internal_error(exc)
         self.errors[str(code)] = self.errors.get(str(code), 0) + 1
         self._account(op, started, str(code))
         return error_reply(rid, code, message)
@@ -347,12 +352,13 @@ class KVServer:
             self.kv_events.start()
         tasks = [asyncio.create_task(self._serve_loop(), name="zmq"),
                  asyncio.create_task(self._expiry_loop(), name="expiry")]
-        http_task = asyncio.create_task(self.http.serve(), name="http") if self.http else None
+        http = self.http
+        http_task = asyncio.create_task(http.serve(), name="http") if http is not None else None
         fleet = fleet_task = None
         if self.config.coordinator:
             from .http.fleet import FleetAgent
 
-            fleet = FleetAgent(self, self.config.coordinator, self.http.port if self.http else None)
+            fleet = FleetAgent(self, self.config.coordinator, http.port if http is not None else None)
             fleet_task = asyncio.create_task(fleet.run(), name="fleet")
         self.ready = True
         try:
@@ -363,8 +369,8 @@ class KVServer:
                 fleet_task.cancel()
                 await asyncio.gather(fleet_task, return_exceptions=True)
                 await fleet.close()
-            if http_task is not None:
-                await self.http.shutdown(http_task)
+            if http is not None and http_task is not None:
+                await http.shutdown(http_task)
             for t in [*tasks, *self._answering]:
                 t.cancel()
             await asyncio.gather(*tasks, *self._answering, return_exceptions=True)
@@ -380,16 +386,14 @@ class KVServer:
         """Release everything this server created, in reverse order; safe on a half-built server."""
         if self.http is not None:
             self.http.close()
-        if getattr(self, "kv_events", None) is not None:
-            self.kv_events.close()
+        events: KVEvents | None = getattr(self, "kv_events", None)
+        if events is not None:
+            events.close()
         self._sock.close(linger=0)
         self._ctx.term()
-        arena: Arena | None = getattr(self, "arena", None)
-        if arena is not None:
-            arena.close()
-        ec_arena: Arena | None = getattr(self, "ec_arena", None)
-        if ec_arena is not None:
-            ec_arena.close()
+        for arena in (getattr(self, "arena", None), getattr(self, "ec_arena", None)):
+            if arena is not None:
+                arena.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None

@@ -61,7 +61,6 @@ class StoreTxn:
     session: str | None
     slots: list[Slot]
     expires: float
-    committed: bool = False
     # what KV events need to describe the chunks at commit (see kvevents/tracker.py)
     keyspace: KeySpaceT | None = None
     salt: str = ""

@@ -10,13 +10,13 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from kvprotocol import ErrorCode
 from kvprotocol._requests import Store
 
+from .errors import BadField, LayoutMismatch, OutOfRange, TooMany, UnknownStore
 from .l1 import L1Cache, State
 from .sessions import Slot, StoreTxn, new_store_id
 from .tenants import ADMIN, Identity, TenantBook
-from .cache_base import MAX_STORES, CacheBase, cache_error
+from .cache_base import MAX_STORES, CacheBase
 
 
 class WritePath(CacheBase):
@@ -28,21 +28,21 @@ class WritePath(CacheBase):
         ks, salt, rank = f.keyspace.key(), who.salt(f.salt), f.rank
         t = self.ledger.counters(who)
         if rank >= ks[1]:
-            raise cache_error(ErrorCode.OUT_OF_RANGE, "rank must be < world_size")
+            raise OutOfRange("rank must be < world_size")
         sizes = []
         for fp in ks[2]:
             if fp not in self.object_sizes:
-                raise cache_error(ErrorCode.LAYOUT_MISMATCH, f"layout {fp} is not registered by any engine")
+                raise LayoutMismatch(f"layout {fp} is not registered by any engine")
             sizes.append(self.object_sizes[fp])
         hashes = self._hashes(f, len(ks[2]))
         if len(self.table.stores) >= MAX_STORES:
             self.expire()
         if len(self.table.stores) >= MAX_STORES:
-            raise cache_error(ErrorCode.TOO_MANY, f"{MAX_STORES} stores are in flight; commit or abort some first")
+            raise TooMany(f"{MAX_STORES} stores are in flight; commit or abort some first")
         self.ledger.admit_store(who)
         start = f.start_chunk
         if start > len(hashes):
-            raise cache_error(ErrorCode.OUT_OF_RANGE, "start_chunk beyond the last full chunk")
+            raise OutOfRange("start_chunk beyond the last full chunk")
         book, res = self.reservations, None
         if f.reservation is not None:
             res = book.for_store(who.scope(f.reservation), who.tenant, f.total_chunks, sizes, ks, salt, rank, hashes,
@@ -95,7 +95,7 @@ class WritePath(CacheBase):
         """The caller's store transaction; another tenant's is as unknown as one that never existed."""
         txn = self.table.stores.get(store_id)
         if txn is None or txn.owner != who.tenant:
-            raise cache_error(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
+            raise UnknownStore(f"unknown or expired store {store_id}")
         return txn
 
     def commit(self, store_id: str, frames: list[memoryview], checksums: list[int],
@@ -106,20 +106,20 @@ class WritePath(CacheBase):
             self.leases.end_write(txn)
             self.counters.late_commits += 1
             self.counters.expired_stores += 1
-            raise cache_error(ErrorCode.UNKNOWN_STORE, f"unknown or expired store {store_id}")
+            raise UnknownStore(f"unknown or expired store {store_id}")
         if len(checksums) != len(txn.slots):
-            raise cache_error(ErrorCode.BAD_FIELD, f"expected {len(txn.slots)} checksums, got {len(checksums)}")
+            raise BadField(f"expected {len(txn.slots)} checksums, got {len(checksums)}")
         if txn.mode == "tcp":
             if len(frames) != len(txn.slots):
-                raise cache_error(ErrorCode.BAD_FIELD, f"expected {len(txn.slots)} data frames, got {len(frames)}")
+                raise BadField(f"expected {len(txn.slots)} data frames, got {len(frames)}")
             for slot, frame in zip(txn.slots, frames, strict=True):
                 if len(frame) != slot.entry.size:
-                    raise cache_error(ErrorCode.BAD_FIELD, f"frame for chunk {slot.chunk} has {len(frame)} bytes, "
-                                                     f"expected {slot.entry.size}")
+                    raise BadField(f"frame for chunk {slot.chunk} has {len(frame)} bytes, "
+                                   f"expected {slot.entry.size}")
             for slot, frame in zip(txn.slots, frames, strict=True):
                 self.l1.arena.write(slot.entry.offset, frame)
         elif frames:
-            raise cache_error(ErrorCode.BAD_FIELD, "shm-mode commit takes no data frames")
+            raise BadField("shm-mode commit takes no data frames")
         del self.table.stores[store_id]
         for slot, checksum in zip(txn.slots, checksums, strict=True):
             slot.entry.checksum = checksum  # never verified here: the server does not read the bytes

@@ -2,12 +2,12 @@
 
 Every endpoint is `async def`, so it runs on the server's event-loop thread like the ZMQ handlers:
 the cache service needs no locks and HTTP never races the control plane. Mutations go through
-`KVServer.handlers`, the same entry points the control plane uses.
+`AdminBackend.handlers`, the same entry points the control plane uses.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from fastapi import Depends, FastAPI, Request, Response
@@ -17,20 +17,19 @@ import kvprotocol
 from kvprotocol._requests import Clear, KeysBody, KeysRequest, Pin, Query, Unpin
 
 from . import kvevents_api
+from .backend import AdminBackend
 from .errors import install_error_handlers
 from .limits import RequestLimits
 from .metrics import ServerMetrics
 from .models import decode_keys
 from .security import BearerGate, Guard
 
-if TYPE_CHECKING:
-    from ..server import KVServer
-
 KEY_PATHS = frozenset({"/v1/query", "/v1/clear", "/v1/pin", "/v1/unpin"})  # token checked before the body
 MAX_BODY_BYTES = 8 << 20  # 1M tokens of up to 7 digits as a JSON list; refused before parsing beyond
 
 
-async def _keys_op(server: KVServer, request: Request, cls: type[KeysRequest]) -> tuple[KeysRequest, dict[str, Any]]:
+async def _keys_op(server: AdminBackend, request: Request,
+                   cls: type[KeysRequest]) -> tuple[KeysRequest, dict[str, Any]]:
     """Decode a key endpoint's body and run it through the server's one dispatch (counted like ZMQ)."""
     try:
         req = decode_keys(await request.body(), cls)
@@ -40,14 +39,14 @@ async def _keys_op(server: KVServer, request: Request, cls: type[KeysRequest]) -
     return req, await server.execute(req)
 
 
-def create_app(server: KVServer, metrics: ServerMetrics | None = None) -> FastAPI:
+def create_app(server: AdminBackend, metrics: ServerMetrics | None = None) -> FastAPI:
     """Build the admin API of one server; `metrics` defaults to a fresh private registry."""
     metrics = metrics or ServerMetrics(server)
-    guard = Guard(server.config, server.auth.token)
+    guard = Guard(server.config, server.api_token)
     app = FastAPI(title="kvserver admin API", version=kvprotocol.__version__,
                   description="Health, status, metrics and key management of one kvserver.")
     install_error_handlers(app)
-    app.add_middleware(BearerGate, token=server.auth.token, paths=KEY_PATHS)
+    app.add_middleware(BearerGate, token=server.api_token, paths=KEY_PATHS)
     app.add_middleware(RequestLimits, max_body=MAX_BODY_BYTES, counter=metrics.http_requests)
     read, write = [Depends(guard.read)], [Depends(guard.write)]
 

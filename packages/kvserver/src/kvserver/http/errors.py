@@ -1,7 +1,9 @@
 """One error shape for every HTTP failure: `{"error": {"code", "message"}}` with a 4xx/5xx status.
 
-Validation problems from FastAPI and from kvprotocol's schema are turned into it, so clients see the
-same codes over HTTP as over ZMQ and never a stack trace.
+The server's own errors (kvserver.errors) and kvprotocol's validation errors get their code from the
+same `wire_error` as a ZMQ reply, and their status from STATUS_OF_CODE here: the one place HTTP maps
+errors. FastAPI's own validation problems are turned into the same shape, so clients see the same
+codes over HTTP as over ZMQ and never a stack trace.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvprotocol import MAX_TOKENS, ErrorCode, ValidationError
+
+from ..errors import KVServerError, wire_error
 
 log = logging.getLogger("kvserver.http")
 
@@ -55,9 +59,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.code, exc.message, exc.headers)
 
-    @app.exception_handler(ValidationError)
-    async def _kv(_: Request, exc: ValidationError) -> JSONResponse:
-        return error_response(STATUS_OF_CODE.get(exc.code, 422), str(exc.code), exc.message)
+    async def _kv(_: Request, exc: Exception) -> JSONResponse:
+        code, message = wire_error(exc) or (ErrorCode.INTERNAL, type(exc).__name__)
+        return error_response(STATUS_OF_CODE.get(code, 422), str(code), message)
+
+    app.add_exception_handler(KVServerError, _kv)
+    app.add_exception_handler(ValidationError, _kv)
 
     @app.exception_handler(RequestValidationError)
     async def _fields(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 import kvprotocol
 
-if TYPE_CHECKING:
-    from ..server import KVServer
+from .backend import AdminBackend
 
 log = logging.getLogger("kvserver.fleet")
 REQUEST_TIMEOUT = 3.0
@@ -58,7 +57,7 @@ def _why(exc: Exception) -> str:
 
 
 class FleetAgent:
-    def __init__(self, server: KVServer, coordinator: str, http_port: int | None) -> None:
+    def __init__(self, server: AdminBackend, coordinator: str, http_port: int | None) -> None:
         self.server = server
         self.base = coordinator.rstrip("/")
         cfg = server.config
@@ -73,19 +72,12 @@ class FleetAgent:
         # proxies from the environment are ignored: the coordinator sits on the cluster network
         self._client = httpx.AsyncClient(timeout=REQUEST_TIMEOUT, headers=headers, trust_env=False)
 
-    def _stats(self) -> dict[str, Any]:
-        l1, c = self.server.l1, self.server.cache
-        out = {"models": sorted({e.model for e in c.engines.values()})[:64],
-               "l1_used_bytes": l1.used_bytes, "objects": len(l1.entries)}
-        if self.server.kv_events is not None:  # lets the coordinator notice a lost tail of the stream
-            out["kv_events_seq"] = self.server.kv_events.publisher.next_seq
-        return out
-
     def registration(self) -> dict[str, Any]:
         cfg = self.server.config
-        out = {"zmq_url": self.zmq_url, "http_url": self.http_url, "l1_capacity_bytes": self.server.arena.capacity,
+        capacity = self.server.describe()["l1"]["capacity_bytes"]  # once per registration: describe is cheap enough
+        out = {"zmq_url": self.zmq_url, "http_url": self.http_url, "l1_capacity_bytes": capacity,
                "version": kvprotocol.__version__, "chunk_size": cfg.chunk_size,
-               "heartbeat_interval": cfg.heartbeat_interval, **self._stats()}
+               "heartbeat_interval": cfg.heartbeat_interval, **self.server.fleet_stats()}
         events = kv_events_ad(cfg)
         if events is not None and self.http_url is not None:  # the coordinator resyncs over HTTP
             out["kv_events"] = events
@@ -103,7 +95,8 @@ class FleetAgent:
         if self.instance_id is None:
             await self._register()
             return
-        reply = await self._client.put(f"{self.base}/v1/instances/{self.instance_id}/heartbeat", json=self._stats())
+        reply = await self._client.put(f"{self.base}/v1/instances/{self.instance_id}/heartbeat",
+                                       json=self.server.fleet_stats())
         if reply.status_code == 404:
             log.info("coordinator forgot instance %s (restarted or timed out); registering again", self.instance_id)
             self.instance_id = None

@@ -13,31 +13,28 @@ Hashes are the low 64 bits of the chunk hashes (vLLM's int block-hash form, what
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter
 
+from .backend import AdminBackend
 from .errors import ApiError
 
-if TYPE_CHECKING:
-    from ..server import KVServer
 
-
-def snapshot(server: KVServer) -> dict[str, Any]:
-    events = server.kv_events
-    if events is None:
+def snapshot(server: AdminBackend) -> dict[str, Any]:
+    snap = server.kv_events_snapshot()
+    if snap is None:
         raise ApiError(404, "NOT_FOUND", "KV events are off (start with --kv-events-endpoint)")
-    events.batcher.flush()  # what is pending gets its seq now, so it lies below next_seq
     models = {}
-    for model, hashes in events.l1.snapshot().items():
+    for model, hashes in snap.models.items():
         low = np.frombuffer(b"".join(h[-8:] for h in hashes), dtype=">u8").astype("<u8")
         models[model] = base64.b64encode(low.tobytes()).decode()
-    return {"next_seq": events.publisher.next_seq, "medium": events.l1.medium,
-            "chunk_size": server.config.chunk_size, "models": models}
+    return {"next_seq": snap.next_seq, "medium": snap.medium, "chunk_size": server.config.chunk_size,
+            "models": models}
 
 
-def router(server: KVServer, read: list[Any]) -> APIRouter:
+def router(server: AdminBackend, read: list[Any]) -> APIRouter:
     api = APIRouter()
 
     @api.get("/v1/kv-events/snapshot", tags=["kv-events"], dependencies=read)

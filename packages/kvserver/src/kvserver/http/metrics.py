@@ -1,8 +1,8 @@
 """Prometheus metrics of one kvserver, on a private registry (never the process-global one).
 
-Counters and gauges are read from `KVServer.describe()` at scrape time (one source of truth, nothing
+Counters and gauges are read from `AdminBackend.describe()` at scrape time (one source of truth, nothing
 to keep in sync, L2 tiers included when describe reports them); request latency is the only thing
-observed as it happens, through `KVServer.observers`. Labels stay bounded: op, tier, error code,
+observed as it happens, through `AdminBackend.observers`. Labels stay bounded: op, tier, error code,
 HTTP route template and status; never request ids, salts or engine ids.
 """
 
@@ -11,36 +11,23 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvprotocol import ErrorCode
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .backend import AdminBackend
 from .ec_metrics import ec_families
-
-if TYPE_CHECKING:
-    from ..server import KVServer
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0)
 _TIER_RE = re.compile(r"^[a-z0-9_.:-]{1,32}$")
-# keys an L2 tier entry of describe()["l2"] may carry, in order of preference
-_L2_KEYS = {
-    "objects": ("objects",),
-    "used_bytes": ("used_bytes", "bytes"),
-    "store_bytes": ("put_bytes", "stored_bytes", "bytes_written"),
-    "retrieve_bytes": ("get_bytes", "retrieved_bytes", "bytes_read"),
-    "evictions": ("evictions",),
-    "hits": ("hits",),
-    "misses": ("misses",),
-    "errors": ("errors",),
-    "corrupt": ("corrupt",),
-    "dropped": ("dropped",),
-    "retried": ("retried",),
-    "up": ("up",),
-}
+# TierStats field -> the key an L2 tier's entry of describe()["l2"] carries it under (l2/tier.py)
+_L2_KEYS = {"objects": "objects", "used_bytes": "bytes", "store_bytes": "put_bytes", "retrieve_bytes": "get_bytes",
+            "hits": "hits", "misses": "misses", "errors": "errors", "corrupt": "corrupt", "dropped": "dropped",
+            "retried": "retried", "up": "up"}
 # describe()["l2_queue"] key -> (metric name, type, help)
 _L2_QUEUE = {
     "queued": ("kvserver_l2_queue_depth", "gauge", "Objects waiting in the L2 write-behind queue."),
@@ -94,10 +81,10 @@ def tier_stats(described: Mapping[str, Any]) -> list[TierStats]:
     for i, entry in enumerate(l2 if isinstance(l2, list) else []):
         if not isinstance(entry, Mapping):
             continue
-        name = next((str(entry[k]) for k in ("tier", "name", "kind") if isinstance(entry.get(k), str)), "")
+        name = entry["tier"] if isinstance(entry.get("tier"), str) else ""
         label = name if _TIER_RE.match(name) and name not in seen else f"l2.{i}"
         seen.add(label)
-        tiers.append(TierStats(label, **{field: _number(entry, keys) for field, keys in _L2_KEYS.items()}))
+        tiers.append(TierStats(label, **{field: _number(entry, (key,)) for field, key in _L2_KEYS.items()}))
     return tiers
 
 
@@ -112,7 +99,7 @@ def _per_tier(metric: CounterMetricFamily | GaugeMetricFamily, tiers: list[TierS
 class ServerCollector(Collector):
     """Reads one describe() per scrape and turns it into metric families."""
 
-    def __init__(self, server: KVServer) -> None:
+    def __init__(self, server: AdminBackend) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -241,7 +228,7 @@ def _l2_families(tiers: list[TierStats], queue: Any) -> Iterator[Metric]:
 class ServerMetrics:
     """The registry of one server: scrape-time collector, latency histogram and HTTP counters."""
 
-    def __init__(self, server: KVServer) -> None:
+    def __init__(self, server: AdminBackend) -> None:
         disable_created_metrics()  # *_created series only add noise here (process-wide switch)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ServerCollector(server))

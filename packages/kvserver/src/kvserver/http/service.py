@@ -11,17 +11,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import uvicorn
 
 from kvprotocol import listen_socket
 
 from .app import create_app
+from .backend import AdminBackend
 from .metrics import ServerMetrics
-
-if TYPE_CHECKING:
-    from ..server import KVServer
 
 log = logging.getLogger("kvserver.http")
 
@@ -33,7 +30,7 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpService:
-    def __init__(self, server: KVServer) -> None:
+    def __init__(self, server: AdminBackend) -> None:
         cfg = server.config
         try:
             self.sock = listen_socket(cfg.http_host, cfg.http_port)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvprotocol import is_loopback
 
@@ -27,9 +27,18 @@ if TYPE_CHECKING:
     from ..l1 import L1Cache
     from ..l2 import TierManager
 
-__all__ = ["END_SEQ", "HASH_FORMATS", "MEDIUM_L1", "PLAIN_USER", "EventBatcher", "KVEvents", "L1EventTracker",
+__all__ = ["END_SEQ", "HASH_FORMATS", "MEDIUM_L1", "PLAIN_USER", "EventBatcher", "EventsSnapshot", "KVEvents",
+           "L1EventTracker",
            "L2EventTracker",
            "ZmqEventPublisher", "decode_batch", "encode_batch"]
+
+
+class EventsSnapshot(NamedTuple):
+    """The L1 blocks announced and not removed, and the sequence number the stream goes on from."""
+
+    next_seq: int
+    medium: str
+    models: dict[str, list[bytes]]  # model -> chunk hashes
 
 
 def needs_auth(endpoint: str | None) -> bool:
@@ -85,6 +94,11 @@ class KVEvents:
 
     def close(self) -> None:
         self.publisher.close()
+
+    def snapshot(self) -> EventsSnapshot:
+        """Taken after pending events are flushed, so it is the state after every batch below next_seq."""
+        self.batcher.flush()  # what is pending gets its seq now, so it lies below next_seq
+        return EventsSnapshot(self.publisher.next_seq, self.l1.medium, self.l1.snapshot())
 
     def describe(self) -> dict[str, Any]:
         return {**self.publisher.describe(), "l1_blocks": self.l1.blocks, "hook_failures": self.failures,
