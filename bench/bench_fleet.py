@@ -8,7 +8,8 @@ random chunks (the coordinator loads them from the first snapshot) plus prefixes
 prompts, so lookups hit instances at different depths. Then:
 
 1. fleet lookups of a 4096-token prompt, idle: p50 / p99 (client side, one reused connection),
-   and the coordinator's `GET /healthz` in the same run as the baseline (the HTTP round trip);
+   with the tokens as a JSON list and as base64 of packed uint32 (the compact form), and the
+   coordinator's `GET /healthz` in the same run as the baseline (the HTTP round trip);
 2. the simulated instances publish `--rate` events/s in total (stores of new chunks and removals
    of old ones, one event a batch) while lookups run again: lookup p50 / p99 under load, and the
    event-to-index lag (batch timestamp to applied, on the coordinator) p50 / p99;
@@ -24,6 +25,7 @@ Run: `uv run python bench/bench_fleet.py [--instances 1000] [--chunks-per-instan
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import multiprocessing as mp
 import random
@@ -44,7 +46,7 @@ from coordproc import CoordinatorProc, wait_for  # noqa: E402
 from kvhelpers import register, store, tiny_layout  # noqa: E402
 from serverproc import ServerProc, free_port  # noqa: E402
 
-from kvprotocol import chunk_hashes  # noqa: E402
+from kvprotocol import chunk_hashes, pack_tokens  # noqa: E402
 
 MODEL = "bench-model"
 CHUNK = 256
@@ -199,6 +201,12 @@ def main() -> None:
         figures["lookup_idle_p50_ms"], figures["lookup_idle_p99_ms"] = statistics.median(idle), pct(idle, 0.99)
         figures["lookup_idle_p50_over_healthz"] = statistics.median(idle) / statistics.median(health)
         figures["lookup_answer"] = {k: answer[k] for k in ("prefix_tokens", "indexed", "fanned_out")}
+        packed = {**body, "tokens": base64.b64encode(pack_tokens(body["tokens"])).decode()}
+        if httpx.post(f"{coord.url}/v1/fleet/lookup", json=packed, timeout=60).status_code == 200:
+            compact, same = lookups(f"{coord.url}/v1/fleet/lookup", args.lookups, packed)  # tokens as base64
+            figures["lookup_packed_p50_ms"], figures["lookup_packed_p99_ms"] = (statistics.median(compact),
+                                                                                pct(compact, 0.99))
+            figures["lookup_packed_same_answer"] = same == answer
         figures["lookup_holders"] = len(answer["instances"])
         report(figures)
         if args.fanout_baseline:  # the old way, every instance asked

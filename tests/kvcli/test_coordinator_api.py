@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -108,7 +109,9 @@ def test_fleet_gauges_sum_heartbeated_usage(shared: CoordinatorProc) -> None:
 def test_bad_bodies_get_4xx_and_change_nothing(shared: CoordinatorProc) -> None:
     coord = shared
     json_headers = {"content-type": "application/json"}
+    lookup = {"model": "m", "world_size": 1, "groups": ["0123456789abcdef"], "tokens": [1]}
     with httpx.Client(base_url=coord.url, timeout=5) as h:
+        assert h.post("/v1/fleet/lookup", json=lookup).status_code == 200  # the valid body the cases change
         iid = h.post("/v1/instances", json=registration()).json()["instance_id"]
         cases = [
             (h.post("/v1/instances", content=b"{oops", headers=json_headers), 400, "BAD_JSON"),
@@ -122,6 +125,15 @@ def test_bad_bodies_get_4xx_and_change_nothing(shared: CoordinatorProc) -> None:
             (h.post("/v1/fleet/lookup", json={"model": "m", "world_size": 1, "groups": ["nothex"], "tokens": [1]}),
              422, "BAD_FIELD"),
             (h.post("/v1/fleet/lookup", content=b" " * (33 << 20), headers=json_headers), 413, "TOO_LARGE"),
+            (h.post("/v1/fleet/lookup", content=b"{oops", headers=json_headers), 400, "BAD_JSON"),
+            (h.post("/v1/fleet/lookup", content=b'{"model": 1, "tokens": [1,', headers=json_headers), 400,
+             "BAD_JSON"),  # a type error before a syntax error is still bad JSON
+            *[(h.post("/v1/fleet/lookup", json={**lookup, **change}), 422, "BAD_FIELD") for change in (
+                {"tokens": [-1]}, {"tokens": [1 << 32]}, {"tokens": [True]}, {"tokens": [1.5]}, {"tokens": None},
+                {"tokens": "not base64!"}, {"tokens": base64.b64encode(b"12345").decode()},  # not whole uint32s
+                {"world_size": 0}, {"world_size": "1"}, {"groups": []}, {"mode": "nope"}, {"secret": 1},
+                {"model": ""})],
+            (h.post("/v1/fleet/lookup", json={k: v for k, v in lookup.items() if k != "tokens"}), 422, "BAD_FIELD"),
             (h.get("/v1/nothing"), 404, "NOT_FOUND"),
         ]
         for resp, status, code in cases:

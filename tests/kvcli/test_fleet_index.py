@@ -8,10 +8,13 @@ knew of it.
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from kvprotocol import pack_tokens
 
 from coordproc import CoordinatorProc, wait_for
 from httpkv import CHUNK, fill, keys_body, parse_metrics, prompt
@@ -79,6 +82,12 @@ def test_stores_evictions_and_departures_reach_the_index_without_fanout(server_f
     assert by_url(verified) == {a.url: CHUNK, b.url: 3 * CHUNK} and verified["best"]["source"] == "fanout"
     assert fanout_queries(coord) == base + 2
     assert by_url(lookup(coord, {**keys_body(ks, shared), "mode": "fanout"})) == {a.url: CHUNK, b.url: 3 * CHUNK}
+    packed = {**keys_body(ks, shared), "tokens": base64.b64encode(pack_tokens(shared)).decode()}
+    compact = lookup(coord, packed)  # the compact token form answers exactly as the list
+    assert compact["num_tokens"] == len(shared) and by_url(compact) == by_url(hint)
+    assert compact["best"] == hint["best"]
+    verified = lookup(coord, {**packed, "mode": "verify"})  # forwarded to the instances as a list
+    assert by_url(verified) == {a.url: CHUNK, b.url: 3 * CHUNK} and verified["best"]["source"] == "fanout"
 
     # eviction (clear) on b removes its chunks from the index
     with b.http() as h:
@@ -96,7 +105,7 @@ def test_stores_evictions_and_departures_reach_the_index_without_fanout(server_f
     b.kill()
     wait_for(lambda: lookup(coord, keys_body(ks, only_a))["best"] is None, timeout=15, what="killed instance gone")
     wait_for(lambda: index(coord)["chunks"] == 0 and index(coord)["feeds"] == 0, what="its entries pruned")
-    assert fanout_queries(coord) == base + 2 + 2  # only the verify and fanout lookups asked anyone
+    assert fanout_queries(coord) == base + 2 + 2 + 2  # only the verify and fanout lookups asked anyone
 
 
 def test_a_restarted_server_on_the_same_endpoints_is_resynced(server_factory, coordinator_factory,

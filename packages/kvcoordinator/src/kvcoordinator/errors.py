@@ -25,14 +25,38 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
+def api_reply(exc: ApiError) -> JSONResponse:
+    return error_response(exc.status, exc.code, exc.message, exc.headers)
+
+
+def kv_reply(exc: ValidationError) -> JSONResponse:
+    return error_response(413 if exc.code == "TOO_LARGE" else 422, str(exc.code), exc.message)
+
+
+def http_reply(exc: StarletteHTTPException) -> JSONResponse:
+    code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "TOO_LARGE"}.get(exc.status_code, "HTTP_ERROR")
+    return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
+
+
+def error_reply(exc: Exception) -> JSONResponse | None:
+    """The reply for a refusal raised outside FastAPI's handlers (the lookup fast path); None: a bug."""
+    if isinstance(exc, ApiError):
+        return api_reply(exc)
+    if isinstance(exc, ValidationError):
+        return kv_reply(exc)
+    if isinstance(exc, StarletteHTTPException):
+        return http_reply(exc)
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message, exc.headers)
+        return api_reply(exc)
 
     @app.exception_handler(ValidationError)
     async def _kv(_: Request, exc: ValidationError) -> JSONResponse:
-        return error_response(413 if exc.code == "TOO_LARGE" else 422, str(exc.code), exc.message)
+        return kv_reply(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _fields(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -45,8 +69,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "TOO_LARGE"}.get(exc.status_code, "HTTP_ERROR")
-        return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
+        return http_reply(exc)
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -110,23 +110,30 @@ class PrefixIndex:
             del owners[k]
 
     # -- queries ---------------------------------------------------------------------------------
-    def prefixes(self, keys: list[int]) -> dict[int, int]:
-        """Slot -> number of leading chunks of `keys` it holds, for every slot holding at least one."""
-        out: dict[int, int] = {}
-        alive = 0
-        owners = self._owners
+    def depths(self, keys: list[int], among: int = -1) -> list[tuple[int, int]]:
+        """(n, bitmap of slots) pairs, longest n first: the slots of `among` holding exactly n leading chunks.
+
+        Slots come as bitmaps, grouped by depth, so a lookup that wants only the best few looks at
+        the deepest groups and never touches the many instances holding a chunk or two.
+        """
+        out: list[tuple[int, int]] = []
+        alive, owners = among, self._owners
         for i, k in enumerate(keys):
             o = owners.get(k)
-            bits = 0 if o is None else (1 << o) if o >= 0 else ~o
-            now = bits if i == 0 else alive & bits
-            for slot in _slots(alive & ~now):
-                out[slot] = i
+            now = 0 if o is None else alive & ((1 << o) if o >= 0 else ~o)
+            if i and alive != now:
+                out.append((i, alive & ~now))
             alive = now
             if not alive:
                 break
-        for slot in _slots(alive):
-            out[slot] = len(keys)
+        if alive and keys:
+            out.append((len(keys), alive))
+        out.reverse()
         return out
+
+    def prefixes(self, keys: list[int]) -> dict[int, int]:
+        """Slot -> number of leading chunks of `keys` it holds, for every slot holding at least one."""
+        return {slot: n for n, bits in self.depths(keys) for slot in slots_of(bits)}
 
     def held(self, slot: int) -> int:
         return len(self._held.get(slot, ()))
@@ -147,7 +154,8 @@ class PrefixIndex:
         return total
 
 
-def _slots(bits: int) -> Iterable[int]:
+def slots_of(bits: int) -> Iterable[int]:
+    """The slot numbers set in a bitmap, lowest first."""
     while bits:
         low = bits & -bits
         yield low.bit_length() - 1

@@ -18,9 +18,11 @@ from typing import Any
 import httpx
 
 from kvprotocol import chunk_hashes
+from kvprotocol._hashing import token_count
 
 from .credentials import InstanceCredentials
 from .fanout import Outcome, fleet_query
+from .index import slots_of
 from .models import LookupBody
 from .registry import Instance, Registry
 from .subscriber import EventFeeds
@@ -33,25 +35,31 @@ def _load(inst: Instance) -> float:
     return inst.l1_used_bytes / inst.l1_capacity_bytes if inst.l1_capacity_bytes else 1.0
 
 
-def from_index(feeds: EventFeeds, registry: Registry, model: str, tokens: list[int]) -> dict[str, int]:
+def from_index(feeds: EventFeeds, registry: Registry, model: str, tokens: list[int] | bytes,
+               best: int | None = None) -> dict[str, int]:
     """Instance id -> reusable prefix (tokens) by the index, for fresh in-sync instances holding a chunk.
 
     Work is proportional to the chunks of the prompt and the instances that hold them, not to the
-    fleet: an instance past its timeout but not yet pruned is skipped here by its age.
+    fleet: an instance past its timeout but not yet pruned is skipped here by its age. With `best`,
+    only the deepest instances are looked at, stopping after `best` of them once their depth group
+    is complete (so ties at the boundary are all there for the caller's tie-break).
     """
     out: dict[str, int] = {}
-    now, instances = registry.clock(), registry.instances
+    now, instances, timeout, by_slot = registry.clock(), registry.instances, registry.timeout, feeds.by_slot
     for chunk in feeds.chunk_sizes():
-        if len(tokens) < chunk:
+        among = feeds.synced_slots(chunk)
+        if token_count(tokens) < chunk or not among:
             continue
-        keys = feeds.index.keys(model, chunk_hashes(tokens, chunk))
-        for slot, n in feeds.index.prefixes(keys).items():
-            feed = feeds.by_slot.get(slot)
-            if not n or feed is None or feed.expected is None or feed.inst.chunk_size != chunk:
-                continue
-            inst = instances.get(feed.inst.id)
-            if inst is not None and now - inst.last_seen <= registry.timeout:
-                out[inst.id] = n * chunk
+        found = 0
+        for n, bits in feeds.index.depths(feeds.index.keys(model, chunk_hashes(tokens, chunk)), among):
+            if best is not None and found >= best:
+                break
+            for slot in slots_of(bits):
+                feed = by_slot.get(slot)
+                inst = instances.get(feed.inst.id) if feed is not None else None
+                if inst is not None and now - inst.last_seen <= timeout:
+                    out[inst.id] = n * chunk
+                    found += 1
     return out
 
 
@@ -69,7 +77,8 @@ async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, fe
     rows: dict[str, dict[str, Any]] = {}
     known = registry.instances
     if indexed and feeds is not None:
-        prefixes = from_index(feeds, registry, body.model, tokens)
+        prefixes = from_index(feeds, registry, body.model, tokens,
+                              VERIFY_CANDIDATES if mode == "verify" else MAX_LISTED)
         if mode == "verify":
             ranked = sorted(prefixes, key=lambda i: (-prefixes[i], _load(known[i]), i))
             ask += [known[i] for i in ranked[:VERIFY_CANDIDATES]]
@@ -77,7 +86,7 @@ async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, fe
             top = heapq.nsmallest(MAX_LISTED, prefixes.items(), key=lambda kv: (-kv[1], _load(known[kv[0]]), kv[0]))
             for inst_id, prefix in top:  # the best ones: the answer lists no more, and the best is among them
                 rows[inst_id] = _row(known[inst_id], prefix, None, "index")
-    forwarded = body.model_dump(exclude_none=True, exclude={"mode"}) if ask else {}
+    forwarded = body.query_body() if ask else {}
     asked = await fleet_query(client, creds, ask, forwarded, timeout, outcome) if ask else []
     by_all = {i.id: i for i in ask} | {i: known[i] for i in rows if i in known}
     for inst, asked_prefix, error in asked:
@@ -90,7 +99,7 @@ async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, fe
     listed = [r for r in order if r["source"] == "fanout"]  # every instance asked, as before the index
     listed += [r for r in order if r["source"] == "index"]
     return {
-        "num_tokens": len(tokens),
+        "num_tokens": body.num_tokens,
         "prefix_tokens": best_prefix,
         "best": ({"instance_id": best["instance_id"], "zmq_url": best["zmq_url"],
                   "http_url": by_all[best["instance_id"]].http_url, "prefix_tokens": best_prefix,

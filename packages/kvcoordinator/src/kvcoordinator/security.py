@@ -14,8 +14,9 @@ from kvprotocol import bearer_refusal, is_loopback
 from .errors import ApiError
 
 
-def _check(request: Request, token: str | None) -> None:
-    refusal = bearer_refusal(request.headers.get("authorization"), token)
+def check_bearer(authorization: str | None, token: str | None) -> None:
+    """Raise the 401/403 ApiError a request with this Authorization header gets (none without a token)."""
+    refusal = bearer_refusal(authorization, token)
     if refusal is not None:
         raise ApiError(*refusal, headers={"WWW-Authenticate": "Bearer"} if refusal[0] == 401 else None)
 
@@ -26,7 +27,7 @@ class Guard:
         self.read_token = None if is_loopback(host) else token
 
     async def read(self, request: Request) -> None:  # async: a sync dependency costs a threadpool hop
-        _check(request, self.read_token)
+        check_bearer(request.headers.get("authorization"), self.read_token)
 
     async def write(self, request: Request) -> None:
-        _check(request, self.token)
+        check_bearer(request.headers.get("authorization"), self.token)

@@ -97,6 +97,7 @@ class EventFeeds:
         self.feeds: dict[str, Feed] = {}
         self.by_slot: dict[int, Feed] = {}
         self.in_sync = 0  # feeds whose expected seq is known
+        self._synced_slots: dict[int, int] = {}  # chunk size -> bitmap of the slots of feeds in sync
         self._chunk_sizes: collections.Counter[int] = collections.Counter()
         self._free: list[int] = []
         self._next_slot = 0
@@ -175,10 +176,17 @@ class EventFeeds:
         """Set the next seq to apply (None: out of sync), keeping the count of feeds in sync."""
         self.in_sync += (expected is not None) - (feed.expected is not None)
         feed.expected = expected
+        size, bit = int(feed.inst.chunk_size or 0), 1 << feed.slot
+        bits = self._synced_slots.get(size, 0)
+        self._synced_slots[size] = bits | bit if expected is not None else bits & ~bit
 
     def chunk_sizes(self) -> list[int]:
         """The chunk sizes of the instances fed (usually one: a fleet shares its chunk size)."""
         return list(self._chunk_sizes)
+
+    def synced_slots(self, chunk_size: int) -> int:
+        """Bitmap of the slots in sync with this chunk size: what a lookup may answer from the index."""
+        return self._synced_slots.get(chunk_size, 0)
 
     def synced(self, inst_id: str) -> Feed | None:
         feed = self.feeds.get(inst_id)
