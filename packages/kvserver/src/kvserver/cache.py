@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvprotocol import ErrorCode
+from kvprotocol import ErrorCode, ObjectKey
 from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve
 
 from .engines import Engine
-from .l1 import IKey
 from .tenants import ADMIN, Identity
 from .cache_base import cache_error
 from .write_path import WritePath
@@ -121,7 +120,7 @@ class CacheService(WritePath):
             out["pending"] = pending
         return out
 
-    def _query_keys(self, f: KeysRequest, who: Identity) -> tuple[list[bytes], list[list[IKey]]]:
+    def _query_keys(self, f: KeysRequest, who: Identity) -> tuple[list[bytes], list[list[ObjectKey]]]:
         ks, salt = f.keyspace.key(), who.salt(f.salt)
         hashes = self._hashes(f, self._per_chunk(f))
         return hashes, [self._chunk_keys(ks, salt, h, c) for c, h in enumerate(hashes)]
@@ -130,7 +129,7 @@ class CacheService(WritePath):
         """Per-chunk presence in L1 (objects ready of objects needed) and the reusable prefix."""
         return self._query(f, who)[0]
 
-    def _query(self, f: Query, who: Identity) -> tuple[dict[str, Any], list[list[IKey]]]:
+    def _query(self, f: Query, who: Identity) -> tuple[dict[str, Any], list[list[ObjectKey]]]:
         hashes, per_chunk = self._query_keys(f, who)
         ready = self.l1.ready
         present = [sum(1 for k in keys if ready(k) is not None) for keys in per_chunk]
