@@ -52,7 +52,8 @@ class CacheService(WritePath):
         session = None if f.session is None else who.scope(f.session)
         if session is not None:
             self._admit_session(session, len(hashes) * (1 + self._per_chunk(f)), who)
-        hit = self._prefix_hits(ks, salt, hashes)
+        chunk_keys: list[list[ObjectKey]] = []  # each hit chunk's keys (no geometry), built once
+        hit = self._prefix_hits(ks, salt, hashes, chunk_keys)
         c = self.counters
         c.lookups += 1
         c.lookup_tokens += len(f.tokens) // 4
@@ -71,11 +72,11 @@ class CacheService(WritePath):
             keys_of = plan.touch_hit(salt, hashes, hit, self.l1.touch, self.on_hit)
         else:
             touch = self.l1.touch
-            for h in reversed(hashes[:hit]):  # tail first: a prefix's head ends up the most recently used
-                for key in self._chunk_keys(ks, salt, h):
+            for keys in reversed(chunk_keys):  # tail first: a prefix's head ends up the most recently used
+                for key in keys:
                     touch(key)
             if self.on_hit and hit:
-                hit_keys = [k for h in hashes[:hit] for k in self._chunk_keys(ks, salt, h)]
+                hit_keys = [k for keys in chunk_keys for k in keys]
                 for hook in self.on_hit:
                     hook(hit_keys)
         if self.reservations.live and hit < len(hashes):

@@ -81,16 +81,24 @@ class CacheBase:
         return [tuple.__new__(ObjectKey, (model, fp, world, rank, g, salt, chunk_hash))  # hot: see ObjectKey
                 for rank in range(world) for g, fp in enumerate(groups)]
 
-    def _prefix_hits(self, ks: KeySpace, salt: str, hashes: list[bytes]) -> int:
-        """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1."""
+    def _prefix_hits(self, ks: KeySpace, salt: str, hashes: list[bytes],
+                     hit_keys: list[list[ObjectKey]] | None = None) -> int:
+        """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1.
+
+        With `hit_keys` (a keyspace without a geometry), the keys of chunks 0..k-1 are appended to it,
+        one list per chunk, so a lookup touches them without building them again.
+        """
         ready = self.l1.ready  # the hot path of every lookup: plain loops, no generators
         plan = self.groups.plan(ks)
         if plan is not None:
             return plan.hit(salt, hashes, ready)
         for i, h in enumerate(hashes):
-            for key in self._chunk_keys(ks, salt, h):
+            keys = self._chunk_keys(ks, salt, h)
+            for key in keys:
                 if ready(key) is None:
                     return i
+            if hit_keys is not None:
+                hit_keys.append(keys)
         return len(hashes)
 
     def _hashes(self, f: KeysRequest, per_chunk: int) -> list[bytes]:
