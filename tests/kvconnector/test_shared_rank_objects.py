@@ -81,7 +81,7 @@ def test_shared_key_is_the_rank_sentinel_and_unshared_stays_per_rank(server) -> 
 
 def test_bad_rank_values_are_refused(server) -> None:
     with pytest.raises(ValidationError):
-        ObjectKey("m", "0123456789abcdef", 2, -2, 0, "", b"\0" * 32)
+        ObjectKey("m", "0123456789abcdef", 2, -2, 0, "", b"\0" * 32).validate()
     with Client(server.url) as c:  # a client never names the sentinel: only the server's geometry does
         ks = KeySpace.from_layouts("mla/m", 2, [GEO.layout()])
         with pytest.raises(ServerError, match="OUT_OF_RANGE"):

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from kvprotocol import LayoutDescriptor, ObjectKey, ValidationError
+from kvprotocol import SHARED_RANK, LayoutDescriptor, ObjectKey, ValidationError
 
 H = bytes(range(32))
 BASE = LayoutDescriptor("vllm_cpu", "float32", 2, 32, 16384, 256, (2, 32, 64))
@@ -53,6 +53,27 @@ def test_object_key_string_is_stable_and_hides_the_salt():
 def test_bad_keys_are_rejected(bad):
     fields = dict(model="m", layout_fingerprint=BASE.fingerprint, world_size=2, kv_rank=1, group=0, salt="",
                   chunk_hash=H)
-    fields.update(bad)
+    good = ObjectKey(**fields)
+    assert good.validate() is good
     with pytest.raises(ValidationError):
-        ObjectKey(**fields)
+        ObjectKey(**{**fields, **bad}).validate()
+
+
+def test_key_strings_and_fingerprints_are_pinned():
+    """L2 names objects by these bytes: a release that changed them could not read what an older one
+    stored. The literals are what the key type wrote before it became a NamedTuple."""
+    k = ObjectKey("org/model-7B", "0123456789abcdef", 2, 1, 3, "tenant-secret", H)
+    assert k.to_str() == ("kv1/org/model-7B/0123456789abcdef/w2r1/g3/bea9a9ce2b16862f/"
+                          "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
+    assert k.fingerprint().hex() == "a2725d717de85e3a15f89e0e20434721"
+    shared = ObjectKey("m", "fedcba9876543210", 4, SHARED_RANK, 0, "", H)
+    assert shared.to_str() == "kv1/m/fedcba9876543210/w4rs/g0/-/" + H.hex()
+    assert shared.fingerprint().hex() == "0efe669fd2e136cad1d5145c9161e114"
+
+
+def test_a_key_hashes_and_compares_as_its_plain_tuple():
+    """What lets the server key its dicts by ObjectKey at tuple speed (and unpack it like one)."""
+    parts = ("m", "fedcba9876543210", 1, 0, 0, "", H)
+    k = ObjectKey(*parts)
+    assert k == parts and hash(k) == hash(parts) and {parts: 1}[k] == 1
+    assert (k.model, k.kv_rank, k.chunk_hash) == ("m", 0, H)

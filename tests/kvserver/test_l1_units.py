@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from kvprotocol import ObjectKey
 from kvserver.arena import Arena
 from kvserver.eviction import LRUPolicy
 from kvserver.l1 import L1Cache, State
@@ -62,8 +63,8 @@ def l1():
     arena.close()
 
 
-def key(i):
-    return ("m", "0" * 16, 1, 0, 0, "", bytes([i]) * 32)
+def key(i: int) -> ObjectKey:
+    return ObjectKey("m", "0" * 16, 1, 0, 0, "", bytes([i]) * 32)
 
 
 def test_a_leased_object_is_never_evicted(l1):

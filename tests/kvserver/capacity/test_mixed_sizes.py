@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from kvprotocol import ObjectKey
 from kvhelpers import lookup, payload, register, store, tiny_layout
 from kvserver.arena import Arena
 from kvserver.eviction import POLICIES, make_policy
@@ -16,8 +17,8 @@ from kvserver.slab import ALIGN
 MIB = 1 << 20
 
 
-def key(model: str, i: int) -> tuple:
-    return (model, "f" * 16, 1, 0, 0, "", i.to_bytes(32, "big"))
+def key(model: str, i: int) -> ObjectKey:
+    return ObjectKey(model, "f" * 16, 1, 0, 0, "", i.to_bytes(32, "big"))
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvprotocol import ObjectKey
 from kvserver.arena import Arena
 from kvserver.eviction import LRUPolicy
 from kvserver.l1 import L1Cache, State
@@ -24,8 +25,8 @@ from kvserver.slab import ALIGN
 SIZE = ALIGN  # one object per chunk, one slab each
 
 
-def key(i: int) -> tuple:
-    return ("m", "0" * 16, 1, 0, 0, "", bytes([i]) * 32)
+def key(i: int) -> ObjectKey:
+    return ObjectKey("m", "0" * 16, 1, 0, 0, "", bytes([i]) * 32)
 
 
 def payload(i: int) -> bytes:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from blake3 import blake3
 
@@ -38,11 +38,15 @@ def validate_fingerprint(fp: object) -> str:
     return fp
 
 
-@dataclass(frozen=True, slots=True)
-class ObjectKey:
+class ObjectKey(NamedTuple):
     """(model, layout, world size, rank, group, salt, chunk hash): what one object holds.
 
-    The request id is never part of it: requests end, cached objects stay.
+    The request id is never part of it: requests end, cached objects stay. A NamedTuple because the
+    server hashes these in its hottest loop (a lookup probes every object of every chunk): it hashes
+    and compares as a plain tuple, and making one checks nothing (the server builds keys from parts
+    the wire schema already checked; a key built from anything else goes through `validate`). The
+    server's per-chunk builders make it as `tuple.__new__(ObjectKey, parts)`: the same object, built
+    in C, without the Python frame of the generated `__new__`.
     """
 
     model: str
@@ -53,7 +57,8 @@ class ObjectKey:
     salt: str
     chunk_hash: bytes
 
-    def __post_init__(self) -> None:
+    def validate(self) -> ObjectKey:
+        """The key itself, or ValidationError naming the first part out of range."""
         validate_model(self.model)
         validate_fingerprint(self.layout_fingerprint)
         if not isinstance(self.salt, str) or not _KEY_SALT_RE.match(self.salt):
@@ -65,6 +70,7 @@ class ObjectKey:
             raise ValidationError(ErrorCode.OUT_OF_RANGE, "object group out of range")
         if len(self.chunk_hash) != 32:
             raise ValidationError(ErrorCode.BAD_FIELD, "chunk hash must be 32 bytes")
+        return self
 
     def to_str(self) -> str:
         """Stable string form, used as the L2 key. The salt is hashed so it never appears raw."""

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._layout import LayoutDescriptor
 
@@ -12,9 +11,12 @@ if TYPE_CHECKING:
     from ._requests import KeySpaceW
 
 
-@dataclass(frozen=True, slots=True)
-class KeySpace:
-    """Model, world size and one layout fingerprint per object group."""
+class KeySpace(NamedTuple):
+    """Model, world size and one layout fingerprint per object group.
+
+    A NamedTuple, like ObjectKey: the server keys per-keyspace memos by it, and it unpacks as
+    `model, world_size, groups = ks`.
+    """
 
     model: str
     world_size: int

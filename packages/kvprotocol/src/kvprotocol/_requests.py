@@ -19,6 +19,7 @@ from msgspec import Meta
 from ._errors import ErrorCode, ValidationError
 from ._hashing import check_extra
 from ._keys import _FP_RE, _MODEL_RE, _SALT_RE, MAX_GROUPS, MAX_WORLD_SIZE
+from ._keyspace import KeySpace
 from ._layout import LayoutDescriptor
 
 PROTOCOL_VERSION = 1
@@ -63,8 +64,9 @@ class KeySpaceW(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     def per_chunk(self) -> int:
         return self.world_size * len(self.groups)
 
-    def key(self) -> tuple[str, int, tuple[str, ...]]:
-        return (self.model, self.world_size, tuple(self.groups))
+    def key(self) -> KeySpace:
+        """The keyspace as the server keys objects by it (hashable: the groups as a tuple)."""
+        return KeySpace(self.model, self.world_size, tuple(self.groups))
 
 
 class LayoutW(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -16,16 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvprotocol import MAX_KEYS, blend_fingerprints, blend_object_hash
+from kvprotocol import MAX_KEYS, ObjectKey, blend_fingerprints, blend_object_hash
 from kvprotocol._requests import BlendLookup, BlendStore
 
 from .errors import LayoutMismatch, OutOfRange, TooLarge, TooMany
 from .cache import CacheService
 from .cache_base import MAX_STORES
-from .l1 import IKey, State
+from .l1 import State
 from .leases import rank_keys
 from .tenants import Identity
-from .sessions import KeySpaceT, Slot, StoreTxn, new_store_id
+from .sessions import Slot, StoreTxn, new_store_id
 
 IndexKey = tuple[str, int, tuple[str, ...], str, bytes]  # (model, world, groups, salt, fingerprint)
 MAX_PENDING = MAX_STORES  # blend stores awaiting commit whose index entries are held back
@@ -76,7 +76,7 @@ class BlendService:
             if not names:
                 del self._by_object[rev]
 
-    def _gone(self, key: IKey) -> None:
+    def _gone(self, key: ObjectKey) -> None:
         """An object left L1: its chunk can no longer hit, so the entries naming it go too (the index
         therefore never holds more entries than L1 holds blend objects)."""
         model, layout_fp, world, salt, obj = key[0], key[1], key[2], key[5], key[6]
@@ -214,4 +214,4 @@ class BlendService:
         return {"index_entries": len(self.index), "pending_stores": len(self._pending), **vars(self.counters)}
 
 
-__all__ = ["BlendCounters", "BlendService", "IndexKey", "KeySpaceT"]
+__all__ = ["BlendCounters", "BlendService", "IndexKey"]

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvprotocol import ObjectKey
 from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve
 
 from .errors import LayoutMismatch, NoSpace, NotLeased, OutOfRange
 from .engines import Engine
-from .l1 import IKey
 from .tenants import ADMIN, Identity
 from .write_path import WritePath
 
@@ -52,7 +52,8 @@ class CacheService(WritePath):
         session = None if f.session is None else who.scope(f.session)
         if session is not None:
             self._admit_session(session, len(hashes) * (1 + self._per_chunk(f)), who)
-        hit = self._prefix_hits(ks, salt, hashes)
+        chunk_keys: list[list[ObjectKey]] = []  # each hit chunk's keys (no geometry), built once
+        hit = self._prefix_hits(ks, salt, hashes, chunk_keys)
         c = self.counters
         c.lookups += 1
         c.lookup_tokens += len(f.tokens) // 4
@@ -71,11 +72,11 @@ class CacheService(WritePath):
             keys_of = plan.touch_hit(salt, hashes, hit, self.l1.touch, self.on_hit)
         else:
             touch = self.l1.touch
-            for h in reversed(hashes[:hit]):  # tail first: a prefix's head ends up the most recently used
-                for key in self._chunk_keys(ks, salt, h):
+            for keys in reversed(chunk_keys):  # tail first: a prefix's head ends up the most recently used
+                for key in keys:
                     touch(key)
             if self.on_hit and hit:
-                hit_keys = [k for h in hashes[:hit] for k in self._chunk_keys(ks, salt, h)]
+                hit_keys = [k for keys in chunk_keys for k in keys]
                 for hook in self.on_hit:
                     hook(hit_keys)
         if self.reservations.live and hit < len(hashes):
@@ -120,7 +121,7 @@ class CacheService(WritePath):
             out["pending"] = pending
         return out
 
-    def _query_keys(self, f: KeysRequest, who: Identity) -> tuple[list[bytes], list[list[IKey]]]:
+    def _query_keys(self, f: KeysRequest, who: Identity) -> tuple[list[bytes], list[list[ObjectKey]]]:
         ks, salt = f.keyspace.key(), who.salt(f.salt)
         hashes = self._hashes(f, self._per_chunk(f))
         return hashes, [self._chunk_keys(ks, salt, h, c) for c, h in enumerate(hashes)]
@@ -129,7 +130,7 @@ class CacheService(WritePath):
         """Per-chunk presence in L1 (objects ready of objects needed) and the reusable prefix."""
         return self._query(f, who)[0]
 
-    def _query(self, f: Query, who: Identity) -> tuple[dict[str, Any], list[list[IKey]]]:
+    def _query(self, f: Query, who: Identity) -> tuple[dict[str, Any], list[list[ObjectKey]]]:
         hashes, per_chunk = self._query_keys(f, who)
         ready = self.l1.ready
         present = [sum(1 for k in keys if ready(k) is not None) for keys in per_chunk]

@@ -12,16 +12,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kvprotocol import MAX_KEYS, chunk_hashes
+from kvprotocol import MAX_KEYS, KeySpace, ObjectKey, chunk_hashes
 from kvprotocol._requests import KeysRequest
 
 from .errors import OutOfRange, TooLarge, TooMany
 from .engines import Engine, EngineTable
 from .groups import GroupBook
-from .l1 import IKey, L1Cache
+from .l1 import L1Cache
 from .l2.background import BackgroundPrefetches
 from .leases import Leases
-from .sessions import KeySpaceT, SessionTable, StoreTxn
+from .sessions import SessionTable, StoreTxn
 from .ledger import Counters, TenantLedger
 from .reservations import ReservationBook
 from .tenants import ADMIN, Identity, TenantBook
@@ -49,11 +49,11 @@ class CacheBase:
         self.groups = GroupBook(chunk_size)  # per-group geometry (sliding, state, shared, chunk sizes)
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
         self.counters = Counters()
-        self.on_commit: list[Callable[[list[IKey]], None]] = []  # e.g. L2 write-behind
-        self.on_hit: list[Callable[[list[IKey]], None]] = []  # objects a lookup hit (L2 admission)
+        self.on_commit: list[Callable[[list[ObjectKey]], None]] = []  # e.g. L2 write-behind
+        self.on_hit: list[Callable[[list[ObjectKey]], None]] = []  # objects a lookup hit (L2 admission)
         self.on_commit_txn: list[Callable[[StoreTxn], None]] = []  # e.g. KV events (need tokens, keyspace)
         # after an L2 prefetch: (keyspace, salt, tokens, chunk hashes, first chunk that missed before)
-        self.on_prefetched: list[Callable[[KeySpaceT, str, bytes, list[bytes], int], None]] = []
+        self.on_prefetched: list[Callable[[KeySpace, str, bytes, list[bytes], int], None]] = []
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
         self.background = BackgroundPrefetches()  # prefetches of lookups that did not wait
         self.reservations = ReservationBook(l1, lease_ttl)  # whole-request admission (kv_producer stores)
@@ -65,28 +65,37 @@ class CacheBase:
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod
-    def _ks(keyspace: dict[str, Any]) -> KeySpaceT:
+    def _ks(keyspace: dict[str, Any]) -> KeySpace:
         """A keyspace map (field-map handlers, e.g. blend_index.py) as the server's key tuple."""
-        return (keyspace["model"], keyspace["world_size"], tuple(keyspace["groups"]))
+        return KeySpace(keyspace["model"], keyspace["world_size"], tuple(keyspace["groups"]))
 
-    def _chunk_keys(self, ks: KeySpaceT, salt: str, chunk_hash: bytes, c: int = -1) -> list[IKey]:
+    def _chunk_keys(self, ks: KeySpace, salt: str, chunk_hash: bytes, c: int = -1) -> list[ObjectKey]:
         """Every (rank, group) object of one chunk (with a geometry: every object ending at unit c)."""
         plan = self.groups.plan(ks)
         if plan is not None:
             return plan.ending_at(salt, chunk_hash, c)
         model, world, groups = ks
-        return [(model, fp, world, rank, g, salt, chunk_hash) for rank in range(world) for g, fp in enumerate(groups)]
+        return [tuple.__new__(ObjectKey, (model, fp, world, rank, g, salt, chunk_hash))  # hot: see ObjectKey
+                for rank in range(world) for g, fp in enumerate(groups)]
 
-    def _prefix_hits(self, ks: KeySpaceT, salt: str, hashes: list[bytes]) -> int:
-        """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1."""
+    def _prefix_hits(self, ks: KeySpace, salt: str, hashes: list[bytes],
+                     hit_keys: list[list[ObjectKey]] | None = None) -> int:
+        """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1.
+
+        With `hit_keys` (a keyspace without a geometry), the keys of chunks 0..k-1 are appended to it,
+        one list per chunk, so a lookup touches them without building them again.
+        """
         ready = self.l1.ready  # the hot path of every lookup: plain loops, no generators
         plan = self.groups.plan(ks)
         if plan is not None:
             return plan.hit(salt, hashes, ready)
         for i, h in enumerate(hashes):
-            for key in self._chunk_keys(ks, salt, h):
+            keys = self._chunk_keys(ks, salt, h)
+            for key in keys:
                 if ready(key) is None:
                     return i
+            if hit_keys is not None:
+                hit_keys.append(keys)
         return len(hashes)
 
     def _hashes(self, f: KeysRequest, per_chunk: int) -> list[bytes]:

@@ -15,13 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvprotocol import SHARED_RANK, GroupGeometry, LayoutDescriptor, prefix_hit
+from kvprotocol import SHARED_RANK, GroupGeometry, KeySpace, LayoutDescriptor, ObjectKey, prefix_hit
 
-from .l1 import IKey
 from .leases import rank_keys
-from .sessions import KeySpaceT
 
-Obj = tuple[int, int, IKey]  # (unit chunk the object ends at, group, key)
+Obj = tuple[int, int, ObjectKey]  # (unit chunk the object ends at, group, key)
 
 FULL = GroupGeometry()
 PLAN_MEMO = 1024
@@ -29,27 +27,27 @@ PLAN_MEMO = 1024
 
 @dataclass(frozen=True, slots=True)
 class KeyPlan:
-    ks: KeySpaceT
+    ks: KeySpace
     geoms: tuple[GroupGeometry, ...]
     unit: int
 
-    def key(self, group: int, rank: int, salt: str, chunk_hash: bytes) -> IKey:
+    def key(self, group: int, rank: int, salt: str, chunk_hash: bytes) -> ObjectKey:
         model, world, fps = self.ks
         r = SHARED_RANK if self.geoms[group].shared else rank
-        return (model, fps[group], world, r, group, salt, chunk_hash)
+        return tuple.__new__(ObjectKey, (model, fps[group], world, r, group, salt, chunk_hash))  # hot: see ObjectKey
 
     def ranks(self, group: int) -> range:
         """The ranks that hold their own object of a group (a shared group: the sentinel alone)."""
         return range(SHARED_RANK, SHARED_RANK + 1) if self.geoms[group].shared else range(self.ks[1])
 
-    def hit(self, salt: str, hashes: list[bytes], ready: Callable[[IKey], object]) -> int:
+    def hit(self, salt: str, hashes: list[bytes], ready: Callable[[ObjectKey], object]) -> int:
         """Hit units: every group's needed objects ready for every rank (see kvprotocol.prefix_hit)."""
         def present(g: int, c: int) -> bool:
             return all(ready(self.key(g, r, salt, hashes[c])) is not None for r in self.ranks(g))
         return prefix_hit(self.geoms, len(hashes), self.unit, present)
 
     def needed(self, salt: str, hashes: list[bytes], hit: int, rank: int | None,
-               start: int = 0, end: int | None = None) -> list[tuple[int, int, IKey]]:
+               start: int = 0, end: int | None = None) -> list[tuple[int, int, ObjectKey]]:
         """(end unit, group, key) of every object a hit of `hit` units needs, in unit order, for one
         rank (None: every rank); restricted to the objects holding tokens of units [start, end)."""
         if hit <= 0:
@@ -62,8 +60,8 @@ class KeyPlan:
         out.sort(key=lambda o: (o[0], o[1]))
         return out
 
-    def touch_hit(self, salt: str, hashes: list[bytes], hit: int, touch: Callable[[IKey], object],
-                  on_hit: list[Callable[[list[IKey]], None]]) -> Callable[[int], list[IKey]]:
+    def touch_hit(self, salt: str, hashes: list[bytes], hit: int, touch: Callable[[ObjectKey], object],
+                  on_hit: list[Callable[[list[ObjectKey]], None]]) -> Callable[[int], list[ObjectKey]]:
         """A lookup's bookkeeping: touch what the hit needs (tail first), tell the hooks, and return
         the function that names one rank's objects for its leases."""
         keys = [k for _, _, k in self.needed(salt, hashes, hit, None)]
@@ -74,7 +72,7 @@ class KeyPlan:
                 hook(keys)
         return lambda rank: [k for _, _, k in self.needed(salt, hashes, hit, rank)]
 
-    def stored(self, rank: int, salt: str, hashes: list[bytes], start: int) -> list[tuple[int, int, IKey]]:
+    def stored(self, rank: int, salt: str, hashes: list[bytes], start: int) -> list[tuple[int, int, ObjectKey]]:
         """(end unit, group, key) of the objects a store of units [start, len(hashes)) by `rank` writes."""
         out = []
         for g, geo in enumerate(self.geoms):
@@ -83,12 +81,12 @@ class KeyPlan:
         out.sort(key=lambda o: (o[0], o[1]))
         return out
 
-    def prefetch_sets(self, salt: str, hashes: list[bytes]) -> list[list[IKey]]:
+    def prefetch_sets(self, salt: str, hashes: list[bytes]) -> list[list[ObjectKey]]:
         """What an L2 prefetch may load, each list useful only whole: per unit, the full groups'
         objects ending there, and each exact group's object ending there on its own."""
-        out: list[list[IKey]] = []
+        out: list[list[ObjectKey]] = []
         for c, h in enumerate(hashes):
-            full: list[IKey] = []
+            full: list[ObjectKey] = []
             for g, geo in enumerate(self.geoms):
                 if (c + 1) % geo.units:
                     continue
@@ -101,7 +99,7 @@ class KeyPlan:
                 out.append(full)
         return out
 
-    def ending_at(self, salt: str, chunk_hash: bytes, c: int) -> list[IKey]:
+    def ending_at(self, salt: str, chunk_hash: bytes, c: int) -> list[ObjectKey]:
         """Every rank's objects of every group that end at unit c (query, pin, prefetch)."""
         return [self.key(g, r, salt, chunk_hash) for g, geo in enumerate(self.geoms)
                 if (c + 1) % geo.units == 0 for r in self.ranks(g)]
@@ -113,7 +111,7 @@ class GroupBook:
     def __init__(self, unit: int) -> None:
         self.unit = unit
         self.geoms: dict[str, GroupGeometry] = {}
-        self._plans: dict[KeySpaceT, KeyPlan | None] = {}  # memo: lookups call plan() per chunk
+        self._plans: dict[KeySpace, KeyPlan | None] = {}  # memo: lookups call plan() per chunk
 
     def add(self, layout: LayoutDescriptor) -> None:
         geo = GroupGeometry.of(layout, self.unit)
@@ -121,7 +119,7 @@ class GroupBook:
             self.geoms[layout.fingerprint] = geo
             self._plans.clear()
 
-    def plan(self, ks: KeySpaceT) -> KeyPlan | None:
+    def plan(self, ks: KeySpace) -> KeyPlan | None:
         """None when every group is plain full attention (the original per-chunk rule applies)."""
         if not self.geoms:
             return None
@@ -134,7 +132,7 @@ class GroupBook:
         self._plans[ks] = plan
         return plan
 
-    def store_objects(self, ks: KeySpaceT, salt: str, rank: int, hashes: list[bytes], start: int) -> list[Obj]:
+    def store_objects(self, ks: KeySpace, salt: str, rank: int, hashes: list[bytes], start: int) -> list[Obj]:
         """What a store by `rank` of units [start, len(hashes)) reserves, in unit order."""
         plan = self.plan(ks)
         if plan is None:
@@ -142,7 +140,7 @@ class GroupBook:
                     for g, k in enumerate(rank_keys(ks, salt, rank, [hashes[c]]))]
         return plan.stored(rank, salt, hashes, start)
 
-    def retrieve_objects(self, ks: KeySpaceT, salt: str, hashes: list[bytes], hit: int, rank: int,
+    def retrieve_objects(self, ks: KeySpace, salt: str, hashes: list[bytes], hit: int, rank: int,
                          start: int, end: int) -> list[Obj]:
         """What a retrieve of units [start, end) by `rank` returns of a hit of `hit` units."""
         plan = self.plan(ks)

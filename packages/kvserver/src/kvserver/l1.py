@@ -13,20 +13,22 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from kvprotocol import ObjectKey
 
 from .arena import HEADER_BYTES, Arena
 from .eviction import EvictionPolicy
-from .prefix import FamId, IKey, PrefixIndex
+from .prefix import FamId, PrefixIndex
 from .slab import ArenaAllocator
 
-__all__ = ["Entry", "FamId", "IKey", "L1Cache", "State"]
+__all__ = ["Entry", "FamId", "L1Cache", "State"]
 
 
-def tenant_of(key: IKey) -> str:
+def tenant_of(key: ObjectKey) -> str:
     """The tenant whose namespace a key's salt is in (`~name~salt`; plain salts: the default tenant)."""
-    salt = key[5]
+    salt = key.salt
     if salt[:1] == "~":
         end = salt.find("~", 1)
         if end > 0:
@@ -50,13 +52,13 @@ class Entry:
 
 
 class L1Cache:
-    def __init__(self, arena: Arena, policy: EvictionPolicy) -> None:
+    def __init__(self, arena: Arena, policy: EvictionPolicy[ObjectKey]) -> None:
         self.arena = arena
         self.policy = policy
         self.alloc = ArenaAllocator(arena.capacity, base=HEADER_BYTES)  # the header page is not ours
-        self.entries: dict[IKey, Entry] = {}
+        self.entries: dict[ObjectKey, Entry] = {}
         self.prefix = PrefixIndex()  # chunks (families of objects) and which chunk extends which
-        self._at: dict[int, IKey] = {}  # offset -> key, to find an eviction victim's neighbours
+        self._at: dict[int, ObjectKey] = {}  # offset -> key, to find an eviction victim's neighbours
         self.evictions = 0
         # maintained incrementally so describe() and /metrics never scan the index
         self.n_writing = 0
@@ -64,24 +66,24 @@ class L1Cache:
         self.n_pinned = 0
         self._quarantine: deque[tuple[float, int, int]] = deque()  # (until, offset, size), in `until` order
         self.quarantined_bytes = 0
-        self.on_evict: list[Callable[[IKey], None]] = []
-        self.on_clear: list[Callable[[IKey], None]] = []  # each object `clear` removes
+        self.on_evict: list[Callable[[ObjectKey], None]] = []
+        self.on_clear: list[Callable[[ObjectKey], None]] = []  # each object `clear` removes
         self.tenant_bytes: dict[str, int] = {}  # L1 bytes held per tenant (reserved or ready)
 
     # -- queries -------------------------------------------------------------------------------
-    def ready(self, key: IKey) -> Entry | None:
+    def ready(self, key: ObjectKey) -> Entry | None:
         e = self.entries.get(key)
         return e if e is not None and e.state is State.READY else None
 
-    def evictable(self, key: Hashable) -> bool:
+    def evictable(self, key: ObjectKey) -> bool:
         """Ready, unleased and unpinned, like every other object of its chunk; and no resident chunk
         extends it (prefixes shrink from the tail). See prefix.py."""
-        e = self.entries.get(key)  # type: ignore[call-overload]
+        e = self.entries.get(key)
         if e is None or e.state is not State.READY or e.leases or e.pinned:
             return False
-        if self.prefix.extended(key):  # type: ignore[arg-type]
+        if self.prefix.extended(key):
             return False
-        for k in self.prefix.siblings(key):  # type: ignore[arg-type]
+        for k in self.prefix.siblings(key):
             s = self.entries.get(k)
             if s is None or s.state is not State.READY or s.leases or s.pinned:
                 return False
@@ -103,7 +105,7 @@ class L1Cache:
         return self.n_pinned
 
     # -- writes --------------------------------------------------------------------------------
-    def reserve(self, key: IKey, size: int, parent: bytes | None = None) -> Entry | None:
+    def reserve(self, key: ObjectKey, size: int, parent: bytes | None = None) -> Entry | None:
         """Allocate a WRITING slot for a key that is not present; evicts as needed.
 
         `parent` is the hash of the chunk this one extends: linked before anything is evicted, so
@@ -119,8 +121,8 @@ class L1Cache:
             if victim is None:
                 self.prefix.remove(key)
                 return None
-            where = self.entries[victim].offset  # type: ignore[index]
-            self._evict_chunk(victim)  # type: ignore[arg-type]
+            where = self.entries[victim].offset
+            self._evict_chunk(victim)
             offset = self.alloc.alloc(size)
             if offset is None:  # sizes mix: free a contiguous window around the victim's hole
                 offset = self._evict_window(where, size)
@@ -132,15 +134,15 @@ class L1Cache:
         self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + size
         return entry
 
-    def evict_one(self, only: Callable[[IKey], bool]) -> bool:
+    def evict_one(self, only: Callable[[ObjectKey], bool]) -> bool:
         """Evict one evictable object that `only` accepts (a tenant over its quota evicts its own first)."""
-        victim = self.policy.pop_victim(lambda k: self.evictable(k) and only(k))  # type: ignore[arg-type]
+        victim = self.policy.pop_victim(lambda k: self.evictable(k) and only(k))
         if victim is None:
             return False
-        self._evict_chunk(victim)  # type: ignore[arg-type]
+        self._evict_chunk(victim)
         return True
 
-    def _evict_chunk(self, victim: IKey) -> None:
+    def _evict_chunk(self, victim: ObjectKey) -> None:
         """Evict the victim (already forgotten by the policy) and the other objects of its chunk."""
         for k in list(self.prefix.siblings(victim)):
             if k != victim:
@@ -200,19 +202,19 @@ class L1Cache:
         for i in range(1, len(hashes)):
             self.prefix.link((model, world, salt, hashes[i]), (model, world, salt, hashes[i - 1]))
 
-    def finish_write(self, key: IKey) -> None:
+    def finish_write(self, key: ObjectKey) -> None:
         entry = self.entries[key]
         assert entry.state is State.WRITING
         entry.state = State.READY
         self.n_writing -= 1
         self.policy.on_insert(key)
 
-    def abort_write(self, key: IKey) -> None:
+    def abort_write(self, key: ObjectKey) -> None:
         entry = self.entries.get(key)
         if entry is not None and entry.state is State.WRITING:
             self._drop(key)
 
-    def quarantine_write(self, key: IKey, until: float) -> None:
+    def quarantine_write(self, key: ObjectKey, until: float) -> None:
         """Drop a WRITING object from the index but keep its slot allocated until `until`.
 
         `until` must not decrease from one call to the next (callers pass now + a fixed TTL).
@@ -243,21 +245,21 @@ class L1Cache:
         return len(self._quarantine)
 
     # -- leases and pins -----------------------------------------------------------------------
-    def lease(self, key: IKey) -> None:
+    def lease(self, key: ObjectKey) -> None:
         entry = self.entries[key]
         entry.leases += 1
         self.n_leased += entry.leases == 1
 
-    def unlease(self, key: IKey) -> None:
+    def unlease(self, key: ObjectKey) -> None:
         entry = self.entries.get(key)
         if entry is not None and entry.leases > 0:
             entry.leases -= 1
             self.n_leased -= entry.leases == 0
 
-    def touch(self, key: IKey) -> None:
+    def touch(self, key: ObjectKey) -> None:
         self.policy.on_access(key)
 
-    def set_pinned(self, key: IKey, pinned: bool) -> bool:
+    def set_pinned(self, key: ObjectKey, pinned: bool) -> bool:
         entry = self.ready(key)
         if entry is None:
             return False
@@ -276,7 +278,7 @@ class L1Cache:
                 hook(key)
         return len(doomed)
 
-    def remove(self, key: IKey) -> None:
+    def remove(self, key: ObjectKey) -> None:
         """Drop one ready, unleased object at once (a rolled-back reservation's, see reservations.py)."""
         entry = self.entries.get(key)
         if entry is None or entry.state is not State.READY or entry.leases:
@@ -284,7 +286,7 @@ class L1Cache:
         self.policy.on_remove(key)
         self._drop(key)
 
-    def _drop(self, key: IKey) -> None:
+    def _drop(self, key: ObjectKey) -> None:
         entry = self.entries.pop(key)
         del self._at[entry.offset]
         self.prefix.remove(key)
@@ -294,7 +296,7 @@ class L1Cache:
         self.alloc.free(entry.offset)
         self._uncharge(key, entry.size)
 
-    def _uncharge(self, key: IKey, size: int) -> None:
+    def _uncharge(self, key: ObjectKey, size: int) -> None:
         tenant = tenant_of(key)
         left = self.tenant_bytes.get(tenant, 0) - size
         if left > 0:

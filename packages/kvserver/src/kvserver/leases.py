@@ -20,10 +20,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kvprotocol import KeySpace, ObjectKey
 
 from .errors import NotLeased, OutOfRange, UnknownSession
-from .l1 import IKey, L1Cache
-from .sessions import KeySpaceT, Reader, Session, SessionTable, StoreTxn
+from .l1 import L1Cache
+from .sessions import Reader, Session, SessionTable, StoreTxn
 
 
 def shown(session_id: str) -> str:
@@ -31,10 +32,11 @@ def shown(session_id: str) -> str:
     return session_id.split("\x00", 1)[-1]
 
 
-def rank_keys(ks: KeySpaceT, salt: str, rank: int, hashes: list[bytes]) -> list[IKey]:
+def rank_keys(ks: KeySpace, salt: str, rank: int, hashes: list[bytes]) -> list[ObjectKey]:
     """The objects of one rank, every group, for the given chunk hashes, in chunk order."""
     model, world, groups = ks
-    return [(model, fp, world, rank, g, salt, h) for h in hashes for g, fp in enumerate(groups)]
+    return [tuple.__new__(ObjectKey, (model, fp, world, rank, g, salt, h))  # hot: see ObjectKey
+            for h in hashes for g, fp in enumerate(groups)]
 
 
 class Leases:
@@ -44,8 +46,8 @@ class Leases:
         self.objects = 0  # chunk hashes + leased keys held by live readers (bounded by the cache's cap)
 
     # -- readers -------------------------------------------------------------------------------
-    def take(self, session_id: str, ks: KeySpaceT, salt: str, hashes: list[bytes], hit: int,
-             rank: int | None, keys_of: Callable[[int], list[IKey]] | None = None) -> None:
+    def take(self, session_id: str, ks: KeySpace, salt: str, hashes: list[bytes], hit: int,
+             rank: int | None, keys_of: Callable[[int], list[ObjectKey]] | None = None) -> None:
         """Lease the hit prefix to the session: for every rank (replacing the whole session), or for
         one rank (replacing only that rank's reader). Runs in one event-loop step, so an object that
         is unleased and leased again here can never be evicted in between. `keys_of(rank)`: the

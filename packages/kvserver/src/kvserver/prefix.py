@@ -10,21 +10,22 @@ before anything is evicted). Every policy gets this for free: it is part of `evi
 
 from __future__ import annotations
 
-IKey = tuple[str, str, int, int, int, str, bytes]  # (model, layout fp, world, rank, group, salt, chunk hash)
+from kvprotocol import ObjectKey
+
 FamId = tuple[str, int, str, bytes]  # (model, world, salt, chunk hash)
 
 
-def family_of(key: IKey) -> FamId:
-    return (key[0], key[2], key[5], key[6])
+def family_of(key: ObjectKey) -> FamId:
+    return (key.model, key.world_size, key.salt, key.chunk_hash)
 
 
 class PrefixIndex:
     def __init__(self) -> None:
-        self.members: dict[FamId, list[IKey]] = {}
+        self.members: dict[FamId, list[ObjectKey]] = {}
         self.parent: dict[FamId, FamId] = {}
         self.children: dict[FamId, set[FamId]] = {}  # parent -> resident children (parent may be absent)
 
-    def add(self, key: IKey, parent_hash: bytes | None = None) -> None:
+    def add(self, key: ObjectKey, parent_hash: bytes | None = None) -> None:
         fam = family_of(key)
         members = self.members.get(fam)
         if members is None:
@@ -32,7 +33,7 @@ class PrefixIndex:
         else:
             members.append(key)
         if parent_hash is not None:
-            self._link(fam, (key[0], key[2], key[5], parent_hash))
+            self._link(fam, (key.model, key.world_size, key.salt, parent_hash))
 
     def link(self, child: FamId, parent: FamId) -> None:
         """Record that `child` extends `parent` (both resident or not); idempotent."""
@@ -44,7 +45,7 @@ class PrefixIndex:
             self.parent[fam] = parent
             self.children.setdefault(parent, set()).add(fam)
 
-    def remove(self, key: IKey) -> None:
+    def remove(self, key: ObjectKey) -> None:
         fam = family_of(key)
         members = self.members[fam]
         members.remove(key)
@@ -58,10 +59,10 @@ class PrefixIndex:
             if not kids:
                 del self.children[parent]
 
-    def siblings(self, key: IKey) -> list[IKey]:
+    def siblings(self, key: ObjectKey) -> list[ObjectKey]:
         """Every resident object of key's chunk, key included."""
         return self.members[family_of(key)]
 
-    def extended(self, key: IKey) -> bool:
+    def extended(self, key: ObjectKey) -> bool:
         """Whether some resident chunk extends key's chunk (so evicting it would cut a prefix)."""
         return family_of(key) in self.children

@@ -25,9 +25,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from kvprotocol import KeySpace, ObjectKey
 
 from .errors import BadField, NoSpace, RetryLater
-from .l1 import IKey, L1Cache, State, tenant_of
+from .l1 import L1Cache, State, tenant_of
 
 ChunkRef = tuple[str, int, str, bytes]  # (model, world_size, salt, chunk hash): a chunk of any rank or group
 
@@ -42,9 +43,9 @@ class Reservation:
     drawn: int = 0
     covered: set[tuple[int, int]] = field(default_factory=set)  # (chunk, rank) a store of it reached
     objects: int = 0  # total_chunks x world_size: complete when covered reaches it
-    charged: set[IKey] = field(default_factory=set)  # objects drawn on the booking (each once)
-    keys: list[IKey] = field(default_factory=list)  # objects it allocated (committed or not)
-    held: list[IKey] = field(default_factory=list)  # ready objects it leases until it completes
+    charged: set[ObjectKey] = field(default_factory=set)  # objects drawn on the booking (each once)
+    keys: list[ObjectKey] = field(default_factory=list)  # objects it allocated (committed or not)
+    held: list[ObjectKey] = field(default_factory=list)  # ready objects it leases until it completes
     stores: set[str] = field(default_factory=set)  # its open store transactions
     chunks: set[ChunkRef] = field(default_factory=set)  # chunks it is writing: lookups report them in flight
     frontier: ChunkRef | None = None  # the last chunk stored so far: its continuation is coming
@@ -122,7 +123,7 @@ class ReservationBook:
         return res
 
     def for_store(self, rid: str, owner: str, total_chunks: int | None, sizes: list[int],
-                  ks: tuple[str, int, tuple[str, ...]], salt: str, rank: int, hashes: list[bytes], start: int,
+                  ks: KeySpace, salt: str, rank: int, hashes: list[bytes], start: int,
                   quota: int | None) -> Reservation:
         """The reservation a store draws on (admitted now if new); chunks below start_chunk, which the
         producer found cached, count as covered."""
@@ -133,7 +134,7 @@ class ReservationBook:
         for chunk in range(min(start, len(hashes))):  # the producer found these cached: held as they are
             ref = (model, world, salt, hashes[chunk])
             for group, fp in enumerate(groups):
-                key = (model, fp, world, rank, group, salt, hashes[chunk])
+                key = ObjectKey(model, fp, world, rank, group, salt, hashes[chunk])
                 if self.l1.entries.get(key) is not None:
                     self.draw(res, sizes[group], key, False, ref)
         self.cover(res, rank, 0, min(start, len(hashes)))
@@ -149,7 +150,7 @@ class ReservationBook:
         raise BadField(f"reservation rolled back: {message}")
 
     # -- drawing ---------------------------------------------------------------------------------
-    def draw(self, res: Reservation, size: int, key: IKey, allocated: bool, ref: ChunkRef) -> None:
+    def draw(self, res: Reservation, size: int, key: ObjectKey, allocated: bool, ref: ChunkRef) -> None:
         """Charge one object (allocated now, or already present) to the reservation. With per-group
         geometry (groups.py) some groups skip some chunks: the booking is then an upper bound."""
         if key in res.charged:
@@ -168,7 +169,7 @@ class ReservationBook:
         """A store by `rank` reached chunks [start, end) (whatever it found there)."""
         res.covered.update((c, rank) for c in range(start, end))
 
-    def hold(self, res: Reservation, keys: list[IKey]) -> None:
+    def hold(self, res: Reservation, keys: list[ObjectKey]) -> None:
         """Lease ready objects to the reservation until it ends (committed ones, at their commit)."""
         for key in keys:
             self.l1.lease(key)

@@ -20,9 +20,9 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from .l1 import Entry, IKey
+from kvprotocol import KeySpace, ObjectKey
 
-KeySpaceT = tuple[str, int, tuple[str, ...]]  # (model, world_size, group fingerprints)
+from .l1 import Entry
 
 _lease_numbers = itertools.count(1)  # never repeats within a server process
 
@@ -31,11 +31,11 @@ _lease_numbers = itertools.count(1)  # never repeats within a server process
 class Reader:
     """One rank's hold on the hit prefix of a lookup: exactly these keys are leased for it."""
 
-    keyspace: KeySpaceT
+    keyspace: KeySpace
     salt: str
     hashes: list[bytes]
     hit_chunks: int
-    keys: list[IKey]
+    keys: list[ObjectKey]
     lease: int = field(default_factory=lambda: next(_lease_numbers))
 
 
@@ -48,7 +48,7 @@ class Session:
 
 @dataclass(slots=True)
 class Slot:
-    key: IKey
+    key: ObjectKey
     chunk: int
     group: int
     entry: Entry
@@ -62,7 +62,7 @@ class StoreTxn:
     slots: list[Slot]
     expires: float
     # what KV events need to describe the chunks at commit (see kvevents/tracker.py)
-    keyspace: KeySpaceT | None = None
+    keyspace: KeySpace | None = None
     salt: str = ""
     tokens: bytes = b""
     hashes: list[bytes] | None = None

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from kvprotocol import ObjectKey
+
 from .arena import Arena
 from .eviction import make_policy
-from .l1 import IKey, L1Cache
+from .l1 import L1Cache
 
 BLOCK_TOKENS = 512
 OBJECT_BYTES = 4096  # one allocation unit per block: capacity in blocks = arena bytes / 4096
@@ -50,8 +52,8 @@ def unique_blocks(trace: Iterable[Request]) -> int:
     return len({b for r in trace for b in r.blocks})
 
 
-def _key(block: int) -> IKey:
-    return ("trace", "0" * 16, 1, 0, 0, "", block.to_bytes(32, "big"))
+def _key(block: int) -> ObjectKey:
+    return ObjectKey("trace", "0" * 16, 1, 0, 0, "", block.to_bytes(32, "big"))
 
 
 class _SimArena:
@@ -169,7 +171,7 @@ def l2_admission(trace: list[Request], policy: str, capacity_blocks: int, mode: 
     l1.on_evict.append(adm.on_evict)
     writes = hit_tokens = total = 0
 
-    def write(keys: list[IKey]) -> int:
+    def write(keys: list[ObjectKey]) -> int:
         fresh = {int.from_bytes(k[6], "big") for k in keys} - l2
         l2.update(fresh)
         return len(fresh)

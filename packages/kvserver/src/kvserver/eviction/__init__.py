@@ -1,5 +1,7 @@
 """Eviction policies for L1: one file each, behind `EvictionPolicy`."""
 
+from typing import Any
+
 from .arc import ARCPolicy
 from .base import EvictionPolicy
 from .lfu import LFUPolicy
@@ -7,12 +9,13 @@ from .lru import LRUPolicy
 from .s3fifo import S3FIFOPolicy
 from .slru import SLRUPolicy
 
-POLICIES: dict[str, type[EvictionPolicy]] = {
+POLICIES: dict[str, type[EvictionPolicy[Any]]] = {
     p.name: p for p in (LRUPolicy, LFUPolicy, ARCPolicy, S3FIFOPolicy, SLRUPolicy)
 }
 
 
-def make_policy(name: str) -> EvictionPolicy:
+def make_policy(name: str) -> EvictionPolicy[Any]:
+    """A fresh policy by name; its key type is its owner's (an L1Cache makes it EvictionPolicy[ObjectKey])."""
     try:
         return POLICIES[name]()
     except KeyError:

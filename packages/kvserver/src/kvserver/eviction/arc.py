@@ -9,21 +9,21 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .base import EvictionPolicy, Evictable, Key
+from .base import EvictionPolicy, Evictable, K
 
 
-class ARCPolicy(EvictionPolicy):
+class ARCPolicy(EvictionPolicy[K]):
     name = "arc"
 
     def __init__(self) -> None:
-        self.t1: OrderedDict[Key, None] = OrderedDict()
-        self.t2: OrderedDict[Key, None] = OrderedDict()
-        self.b1: OrderedDict[Key, None] = OrderedDict()
-        self.b2: OrderedDict[Key, None] = OrderedDict()
+        self.t1: OrderedDict[K, None] = OrderedDict()
+        self.t2: OrderedDict[K, None] = OrderedDict()
+        self.b1: OrderedDict[K, None] = OrderedDict()
+        self.b2: OrderedDict[K, None] = OrderedDict()
         self.p = 0.0
         self._capacity = 0
 
-    def on_insert(self, key: Key) -> None:
+    def on_insert(self, key: K) -> None:
         if key in self.b1:
             self.p = min(float(self._capacity), self.p + max(1.0, len(self.b2) / max(1, len(self.b1))))
             del self.b1[key]
@@ -36,18 +36,18 @@ class ARCPolicy(EvictionPolicy):
             self.t1[key] = None
         self._capacity = max(self._capacity, len(self))
 
-    def on_access(self, key: Key) -> None:
+    def on_access(self, key: K) -> None:
         if key in self.t1:
             del self.t1[key]
             self.t2[key] = None
         elif key in self.t2:
             self.t2.move_to_end(key)
 
-    def on_remove(self, key: Key) -> None:
+    def on_remove(self, key: K) -> None:
         self.t1.pop(key, None)
         self.t2.pop(key, None)
 
-    def pop_victim(self, evictable: Evictable) -> Key | None:
+    def pop_victim(self, evictable: Evictable[K]) -> K | None:
         first, second = (self.t1, self.t2) if len(self.t1) > self.p or not self.t2 else (self.t2, self.t1)
         for resident in (first, second):
             for key in resident:

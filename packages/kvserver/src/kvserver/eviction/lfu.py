@@ -5,35 +5,35 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from .base import EvictionPolicy, Evictable, Key
+from .base import EvictionPolicy, Evictable, K
 
 
-class LFUPolicy(EvictionPolicy):
+class LFUPolicy(EvictionPolicy[K]):
     name = "lfu"
 
     def __init__(self) -> None:
-        self._state: dict[Key, tuple[int, int]] = {}  # key -> (frequency, last-use sequence)
-        self._heap: list[tuple[int, int, Key]] = []  # lazy: stale entries are skipped on pop
+        self._state: dict[K, tuple[int, int]] = {}  # key -> (frequency, last-use sequence)
+        self._heap: list[tuple[int, int, K]] = []  # lazy: stale entries are skipped on pop
         self._seq = itertools.count()
 
-    def _touch(self, key: Key, freq: int) -> None:
+    def _touch(self, key: K, freq: int) -> None:
         entry = (freq, next(self._seq))
         self._state[key] = entry
         heapq.heappush(self._heap, (*entry, key))
 
-    def on_insert(self, key: Key) -> None:
+    def on_insert(self, key: K) -> None:
         self._touch(key, 1)
 
-    def on_access(self, key: Key) -> None:
+    def on_access(self, key: K) -> None:
         if key in self._state:
             self._touch(key, self._state[key][0] + 1)
 
-    def on_remove(self, key: Key) -> None:
+    def on_remove(self, key: K) -> None:
         self._state.pop(key, None)
 
-    def pop_victim(self, evictable: Evictable) -> Key | None:
-        skipped: list[tuple[int, int, Key]] = []
-        victim: Key | None = None
+    def pop_victim(self, evictable: Evictable[K]) -> K | None:
+        skipped: list[tuple[int, int, K]] = []
+        victim: K | None = None
         while self._heap:
             item = heapq.heappop(self._heap)
             freq, seq, key = item

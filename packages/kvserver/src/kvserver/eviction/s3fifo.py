@@ -8,23 +8,23 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .base import EvictionPolicy, Evictable, Key
+from .base import EvictionPolicy, Evictable, K
 
 SMALL_FRACTION = 0.1
 MAX_FREQ = 3
 
 
-class S3FIFOPolicy(EvictionPolicy):
+class S3FIFOPolicy(EvictionPolicy[K]):
     name = "s3fifo"
 
     def __init__(self) -> None:
-        self.small: OrderedDict[Key, None] = OrderedDict()
-        self.main: OrderedDict[Key, None] = OrderedDict()
-        self.ghost: OrderedDict[Key, None] = OrderedDict()
-        self.freq: dict[Key, int] = {}
+        self.small: OrderedDict[K, None] = OrderedDict()
+        self.main: OrderedDict[K, None] = OrderedDict()
+        self.ghost: OrderedDict[K, None] = OrderedDict()
+        self.freq: dict[K, int] = {}
         self._capacity = 0  # ghost size bound: the most objects ever resident
 
-    def on_insert(self, key: Key) -> None:
+    def on_insert(self, key: K) -> None:
         self.freq[key] = 0
         if key in self.ghost:
             del self.ghost[key]
@@ -33,16 +33,16 @@ class S3FIFOPolicy(EvictionPolicy):
             self.small[key] = None
         self._capacity = max(self._capacity, len(self))
 
-    def on_access(self, key: Key) -> None:
+    def on_access(self, key: K) -> None:
         if key in self.freq:
             self.freq[key] = min(MAX_FREQ, self.freq[key] + 1)
 
-    def on_remove(self, key: Key) -> None:
+    def on_remove(self, key: K) -> None:
         self.small.pop(key, None)
         self.main.pop(key, None)
         self.freq.pop(key, None)
 
-    def pop_victim(self, evictable: Evictable) -> Key | None:
+    def pop_victim(self, evictable: Evictable[K]) -> K | None:
         # Protected keys are rotated to the tail; once a queue has been rotated through without a
         # victim it is skipped for the rest of this call, so a cache full of leased objects ends.
         small_stuck = main_stuck = 0

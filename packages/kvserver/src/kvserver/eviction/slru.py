@@ -12,22 +12,22 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .base import EvictionPolicy, Evictable, Key
+from .base import EvictionPolicy, Evictable, K
 
 PROTECTED_FRACTION = 0.8
 
 
-class SLRUPolicy(EvictionPolicy):
+class SLRUPolicy(EvictionPolicy[K]):
     name = "slru"
 
     def __init__(self, protected_fraction: float = PROTECTED_FRACTION) -> None:
-        self.probation: OrderedDict[Key, None] = OrderedDict()
-        self.protected: OrderedDict[Key, None] = OrderedDict()
-        self.ghost: OrderedDict[Key, None] = OrderedDict()
+        self.probation: OrderedDict[K, None] = OrderedDict()
+        self.protected: OrderedDict[K, None] = OrderedDict()
+        self.ghost: OrderedDict[K, None] = OrderedDict()
         self.fraction = protected_fraction
         self._capacity = 0
 
-    def on_insert(self, key: Key) -> None:
+    def on_insert(self, key: K) -> None:
         if key in self.ghost:
             del self.ghost[key]
             self._protect(key)
@@ -35,25 +35,25 @@ class SLRUPolicy(EvictionPolicy):
             self.probation[key] = None
         self._capacity = max(self._capacity, len(self))
 
-    def on_access(self, key: Key) -> None:
+    def on_access(self, key: K) -> None:
         if key in self.protected:
             self.protected.move_to_end(key)
         elif key in self.probation:
             del self.probation[key]
             self._protect(key)
 
-    def _protect(self, key: Key) -> None:
+    def _protect(self, key: K) -> None:
         self.protected[key] = None
         limit = max(1, int(self.fraction * max(self._capacity, len(self))))
         while len(self.protected) > limit:
             old, _ = self.protected.popitem(last=False)
             self.probation[old] = None  # demoted: most recent of probation
 
-    def on_remove(self, key: Key) -> None:
+    def on_remove(self, key: K) -> None:
         self.probation.pop(key, None)
         self.protected.pop(key, None)
 
-    def pop_victim(self, evictable: Evictable) -> Key | None:
+    def pop_victim(self, evictable: Evictable[K]) -> K | None:
         for segment in (self.probation, self.protected):
             for key in segment:
                 if evictable(key):

@@ -26,7 +26,7 @@ import numpy as np
 from .wire import block_removed, block_stored
 
 if TYPE_CHECKING:
-    from ..l1 import IKey
+    from kvprotocol import ObjectKey
     from .tracker import EventBatcher, L1EventTracker
 
 MAX_TRACKED = 1 << 18
@@ -48,13 +48,13 @@ class L2EventTracker:
         self.batcher = batcher
         self.media = media
         self.chunk_size = chunk_size
-        self._written: list[OrderedDict[IKey, None]] = [OrderedDict() for _ in media]
+        self._written: list[OrderedDict[ObjectKey, None]] = [OrderedDict() for _ in media]
         self._announced: list[OrderedDict[tuple[str, bytes], None]] = [OrderedDict() for _ in media]
 
     def blocks(self) -> dict[str, int]:
         return {m: len(a) for m, a in zip(self.media, self._announced)}
 
-    def put(self, tier: int, keys: list[IKey]) -> None:
+    def put(self, tier: int, keys: list[ObjectKey]) -> None:
         written, announced = self._written[tier], self._announced[tier]
         for key in keys:
             written[key] = None
@@ -77,7 +77,7 @@ class L2EventTracker:
                         [ext(ident[4])], ext(parent) if parent is not None else None,
                         np.frombuffer(tokens, dtype="<u4"), self.chunk_size, self.media[tier]))
 
-    def missing(self, tier: int, keys: list[IKey]) -> None:
+    def missing(self, tier: int, keys: list[ObjectKey]) -> None:
         written, announced = self._written[tier], self._announced[tier]
         for key in keys:
             written.pop(key, None)

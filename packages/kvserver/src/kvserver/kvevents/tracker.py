@@ -24,11 +24,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvprotocol import ObjectKey
+
 from .wire import MEDIUM_L1, Event, all_blocks_cleared, block_removed, block_stored, encode_batch, external_hash
 
 if TYPE_CHECKING:
-    from ..l1 import IKey, L1Cache
-    from ..sessions import KeySpaceT, StoreTxn
+    from kvprotocol import KeySpace
+
+    from ..l1 import L1Cache
+    from ..sessions import StoreTxn
 
 NsChunk = tuple[str, int, tuple[str, ...], str, bytes]  # (model, world, group fingerprints, salt, chunk hash)
 
@@ -83,8 +87,8 @@ class L1EventTracker:
         self.batcher = batcher
         self.chunk_size = chunk_size
         self.medium = medium
-        self._complete: dict[NsChunk, list[IKey]] = {}
-        self._members: dict[IKey, list[NsChunk]] = {}
+        self._complete: dict[NsChunk, list[ObjectKey]] = {}
+        self._members: dict[ObjectKey, list[NsChunk]] = {}
         self._holders: dict[tuple[str, bytes], int] = {}  # (model, chunk hash) -> namespaces holding it
         # with L2 events on: each complete chunk's tokens and parent hash, for the L2 tracker
         self.keep_info = False
@@ -105,11 +109,11 @@ class L1EventTracker:
             return
         self._check(txn.keyspace, txn.salt, txn.tokens, txn.hashes, sorted({slot.chunk for slot in txn.slots}))
 
-    def prefetched(self, ks: KeySpaceT, salt: str, tokens: bytes, hashes: list[bytes], first_miss: int) -> None:
+    def prefetched(self, ks: KeySpace, salt: str, tokens: bytes, hashes: list[bytes], first_miss: int) -> None:
         """After an L2 prefetch: announce the chunks it completed in L1 (loads still running are not seen)."""
         self._check(ks, salt, tokens, hashes, list(range(first_miss, len(hashes))))
 
-    def _check(self, ks: KeySpaceT, salt: str, tokens: bytes, hashes: list[bytes], chunks: list[int]) -> None:
+    def _check(self, ks: KeySpace, salt: str, tokens: bytes, hashes: list[bytes], chunks: list[int]) -> None:
         model, world, groups = ks
         announced: list[int] = []
         for chunk in chunks:
@@ -117,7 +121,8 @@ class L1EventTracker:
             ident: NsChunk = (model, world, groups, salt, h)
             if ident in self._complete:
                 continue
-            keys = [(model, fp, world, rank, g, salt, h) for rank in range(world) for g, fp in enumerate(groups)]
+            keys = [ObjectKey(model, fp, world, rank, g, salt, h)
+                    for rank in range(world) for g, fp in enumerate(groups)]
             if any(self.l1.ready(k) is None for k in keys):
                 continue  # other ranks or groups still to come
             self._complete[ident] = keys
@@ -138,7 +143,7 @@ class L1EventTracker:
             self.batcher.add(model, block_stored([self.ext(h) for h in hashes[first : last + 1]], parent, ids, c,
                                                  self.medium))
 
-    def removed(self, key: IKey) -> None:
+    def removed(self, key: ObjectKey) -> None:
         """After an object left L1 (evicted or cleared): the chunks it completed are gone."""
         idents = self._members.pop(key, None)
         if not idents:
@@ -159,11 +164,11 @@ class L1EventTracker:
                 del self._holders[(model, h)]
                 self.batcher.add(model, block_removed([self.ext(h)], self.medium))
 
-    def chunks_of(self, key: IKey) -> list[NsChunk]:
+    def chunks_of(self, key: ObjectKey) -> list[NsChunk]:
         """The complete chunks this object belongs to (usually one; none when its chunk is incomplete)."""
         return self._members.get(key, [])
 
-    def keys_of(self, ident: NsChunk) -> list[IKey]:
+    def keys_of(self, ident: NsChunk) -> list[ObjectKey]:
         return self._complete.get(ident, [])
 
     def info(self, ident: NsChunk) -> tuple[bytes, bytes | None] | None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from ..l1 import IKey
+from kvprotocol import ObjectKey
+
 
 MODES = ("all", "second-hit", "tinylfu")
 
@@ -52,13 +53,13 @@ class Admission:
             raise ValueError(f"l2 admission must be one of {list(MODES)}")
         self.mode = mode
         self.max_pending = max_pending
-        self._pending: OrderedDict[IKey, None] = OrderedDict()
+        self._pending: OrderedDict[ObjectKey, None] = OrderedDict()
         self.sketch = FrequencySketch() if mode == "tinylfu" else None
         self.admitted = 0  # objects passed on to the write-behind queue
         self.deferred = 0  # objects held back at commit
         self.forgotten = 0  # held-back objects dropped from the bounded table (never written)
 
-    def on_commit(self, keys: Iterable[IKey]) -> list[IKey]:
+    def on_commit(self, keys: Iterable[ObjectKey]) -> list[ObjectKey]:
         """The committed keys to write now (all of them, or none under `second-hit`)."""
         if self.mode == "all":
             out = list(keys)
@@ -80,7 +81,7 @@ class Admission:
             self.forgotten += 1
         return now
 
-    def on_hit(self, keys: Iterable[IKey]) -> list[IKey]:
+    def on_hit(self, keys: Iterable[ObjectKey]) -> list[ObjectKey]:
         """Keys a lookup hit in L1 that were held back: write them now."""
         if self.sketch is not None:
             for k in keys:
@@ -91,7 +92,7 @@ class Admission:
         self.admitted += len(out)
         return out
 
-    def on_evict(self, key: IKey) -> None:
+    def on_evict(self, key: ObjectKey) -> None:
         """An object left L1 before its second use: it will never be written."""
         if self._pending.pop(key, 0) is None:
             self.forgotten += 1

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from kvprotocol import ObjectKey
 
-from ..l1 import IKey
 
-
-def key_str(key: IKey) -> str:
-    """The L2 key of an L1 key: `ObjectKey(...).to_str()` (salt hashed, never raw)."""
-    return ObjectKey(*key).to_str()
+def key_str(key: ObjectKey) -> str:
+    """The L2 key of an L1 key: `key.to_str()` (salt hashed, never raw)."""
+    return key.to_str()

@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..l1 import IKey, L1Cache
+from kvprotocol import ObjectKey
+
+from ..l1 import L1Cache
 from .admission import Admission
 from .base import L2Adapter, L2Error
 from .keys import key_str
@@ -31,7 +33,7 @@ from .serde import Serde
 from .tier import Tier
 
 log = logging.getLogger("kvserver.l2")
-QueueItem = tuple[IKey, tuple[int, ...]]  # key, indexes of the tiers to write
+QueueItem = tuple[ObjectKey, tuple[int, ...]]  # key, indexes of the tiers to write
 
 
 class TierManager:
@@ -61,8 +63,8 @@ class TierManager:
         if self.admission.mode != "all":
             l1.on_evict.append(self.admission.on_evict)
         # observers (KV events): keys a tier now holds, and keys a tier was found not to hold
-        self.on_put: list[Callable[[int, list[IKey]], None]] = []
-        self.on_missing: list[Callable[[int, list[IKey]], None]] = []
+        self.on_put: list[Callable[[int, list[ObjectKey]], None]] = []
+        self.on_missing: list[Callable[[int, list[ObjectKey]], None]] = []
         self.prefetcher = Prefetcher(l1, self.tiers, serde, self.negative, self.on_missing, self.enqueue)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -76,7 +78,7 @@ class TierManager:
         self._tasks = [asyncio.create_task(self._writer(), name=f"l2-writer-{i}") for i in range(self._writers)]
         self._tasks.append(asyncio.create_task(self._usage_loop(), name="l2-usage"))
 
-    async def presence(self, keys: Sequence[IKey]) -> list[list[bool] | None]:
+    async def presence(self, keys: Sequence[ObjectKey]) -> list[list[bool] | None]:
         """Per tier, which keys it holds: one batched `contains` each, bounded by the prefetch timeout.
 
         None stands for a tier that is down, failing or too slow: presence is unknown, not absent.
@@ -112,19 +114,19 @@ class TierManager:
         self._tasks = []
 
     # -- write-behind ----------------------------------------------------------------------------
-    def committed(self, keys: Sequence[IKey]) -> None:
+    def committed(self, keys: Sequence[ObjectKey]) -> None:
         """The on_commit hook: queue what admission lets through now."""
         admitted = self.admission.on_commit(keys)
         if admitted:
             self.enqueue(admitted)
 
-    def hit(self, keys: Sequence[IKey]) -> None:
+    def hit(self, keys: Sequence[ObjectKey]) -> None:
         """Objects a lookup hit in L1: under `second-hit` admission, held-back ones are written now."""
         admitted = self.admission.on_hit(keys)
         if admitted:
             self.enqueue(admitted)
 
-    def _missed(self, index: int, keys: list[IKey]) -> None:
+    def _missed(self, index: int, keys: list[ObjectKey]) -> None:
         """Writes tier `index` missed while down: keep them for a retry, as far as the bound allows."""
         tier = self.tiers[index]
         room = max(0, self.retry_keys - len(tier.retry))
@@ -138,13 +140,13 @@ class TierManager:
         if not tier.retry or self._queue is None:
             return
         room = self.queue_size - self._queue.qsize()
-        keys: list[IKey] = []
+        keys: list[ObjectKey] = []
         while tier.retry and len(keys) < room:
             keys.append(tier.retry.popitem(last=False)[0])
         tier.stats.retried += len(keys)
         self.enqueue(keys, (index,))
 
-    def enqueue(self, keys: Sequence[IKey], tiers: tuple[int, ...] | None = None) -> None:
+    def enqueue(self, keys: Sequence[ObjectKey], tiers: tuple[int, ...] | None = None) -> None:
         """Queue keys for L2 (the on_commit hook). Never blocks: overflow is dropped and counted."""
         if self._queue is None:
             return
@@ -174,7 +176,7 @@ class TierManager:
                     self._queue.task_done()
 
     async def _write_batch(self, items: list[QueueItem]) -> None:
-        live: list[tuple[IKey, str, memoryview, int, tuple[int, ...]]] = []
+        live: list[tuple[ObjectKey, str, memoryview, int, tuple[int, ...]]] = []
         for key, targets in items:
             entry = self.l1.ready(key)
             if entry is None:
@@ -212,8 +214,8 @@ class TierManager:
                 hook(index, written)
 
     # -- prefetch --------------------------------------------------------------------------------
-    async def prefetch(self, chunks: Sequence[Sequence[IKey]], first_miss: int,
-                       size_of: Callable[[IKey], int | None], leading: bool = True) -> None:
+    async def prefetch(self, chunks: Sequence[Sequence[ObjectKey]], first_miss: int,
+                       size_of: Callable[[ObjectKey], int | None], leading: bool = True) -> None:
         """Load into L1 what the tiers hold of the prefix after `first_miss` (see prefetch.py)."""
         await self.prefetcher.run(chunks, first_miss, size_of, self.prefetch_timeout, leading)
 

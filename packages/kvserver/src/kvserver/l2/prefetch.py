@@ -19,7 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..l1 import Entry, IKey, L1Cache, State
+from kvprotocol import ObjectKey
+
+from ..l1 import Entry, L1Cache, State
 from .base import L2Error
 from .keys import key_str
 from .serde import CorruptObject, Serde, UndecryptableObject
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from .tier import Tier
 
 log = logging.getLogger("kvserver.l2")
-Item = tuple[IKey, Entry | None, "asyncio.Future[bool]"]  # key, reserved slot (None: size unknown), done
+Item = tuple[ObjectKey, Entry | None, "asyncio.Future[bool]"]  # key, reserved slot (None: size unknown), done
 FETCH_BATCH = 8  # objects per get: a timeout still lets earlier batches land
 
 
@@ -43,19 +45,19 @@ class _Loaded:
 
 class Prefetcher:
     def __init__(self, l1: L1Cache, tiers: Sequence[Tier], serde: Serde, negative: NegativeCache,
-                 on_missing: list[Callable[[int, list[IKey]], None]],
-                 enqueue: Callable[[Sequence[IKey], tuple[int, ...]], Any]) -> None:
+                 on_missing: list[Callable[[int, list[ObjectKey]], None]],
+                 enqueue: Callable[[Sequence[ObjectKey], tuple[int, ...]], Any]) -> None:
         """`on_missing` is the manager's observer list (shared, so hooks added later are seen);
         `enqueue` queues writes of loaded keys to the upper tiers."""
         self.l1, self.tiers, self.serde, self.negative = l1, tiers, serde, negative
         self.on_missing, self.enqueue = on_missing, enqueue
-        self.inflight: dict[IKey, asyncio.Future[bool]] = {}
-        self.waiting: dict[IKey, int] = {}  # runs waiting on a load: each gets a lease when it lands
+        self.inflight: dict[ObjectKey, asyncio.Future[bool]] = {}
+        self.waiting: dict[ObjectKey, int] = {}  # runs waiting on a load: each gets a lease when it lands
         self.background: set[asyncio.Task[None]] = set()
         self.lookups = self.loaded = self.timeouts = 0
 
-    async def run(self, chunks: Sequence[Sequence[IKey]], first_miss: int,
-                  size_of: Callable[[IKey], int | None], timeout: float, leading: bool = True) -> None:
+    async def run(self, chunks: Sequence[Sequence[ObjectKey]], first_miss: int,
+                  size_of: Callable[[ObjectKey], int | None], timeout: float, leading: bool = True) -> None:
         """`leading=False`: load every chunk L1 + L2 cover, not only the leading run (per-group
         geometry: a window snapshot or a state is useful on its own, see kvserver/groups.py)."""
         self.lookups += 1
@@ -64,8 +66,8 @@ class Prefetcher:
         absent = [k for ch in chunks[first_miss:] for k in ch if k not in l1.entries]
         where = await self._locate(absent, deadline)
         # after the await: take the leading run of chunks that L1 + L2 (+ loads in flight) cover
-        to_load: list[IKey] = []
-        waits: dict[IKey, asyncio.Future[bool]] = {}
+        to_load: list[ObjectKey] = []
+        waits: dict[ObjectKey, asyncio.Future[bool]] = {}
         end = first_miss
         for ch in chunks[first_miss:]:
             plan, ok = [], True
@@ -107,9 +109,9 @@ class Prefetcher:
                 if future.done() and future.result():
                     l1.unlease(key)  # the lease _commit took for this run while it waited
 
-    async def _locate(self, keys: list[IKey], deadline: float) -> dict[IKey, int]:
+    async def _locate(self, keys: list[ObjectKey], deadline: float) -> dict[ObjectKey, int]:
         """Tier index of each key some tier holds: one batched contains per tier, in tier order."""
-        where: dict[IKey, int] = {}
+        where: dict[ObjectKey, int] = {}
         todo = keys
         for index, tier in enumerate(self.tiers):
             if not todo:
@@ -146,11 +148,11 @@ class Prefetcher:
             todo = rest
         return where
 
-    def _start_loads(self, keys: list[IKey], where: dict[IKey, int],
-                     size_of: Callable[[IKey], int | None]) -> dict[IKey, asyncio.Future[bool]]:
+    def _start_loads(self, keys: list[ObjectKey], where: dict[ObjectKey, int],
+                     size_of: Callable[[ObjectKey], int | None]) -> dict[ObjectKey, asyncio.Future[bool]]:
         l1, loop = self.l1, asyncio.get_running_loop()
         by_tier: dict[int, list[Item]] = {}
-        futures: dict[IKey, asyncio.Future[bool]] = {}
+        futures: dict[ObjectKey, asyncio.Future[bool]] = {}
         for key in keys:
             size = size_of(key)
             entry = None
@@ -170,7 +172,7 @@ class Prefetcher:
     async def _load(self, index: int, items: list[Item]) -> None:
         tier, l1 = self.tiers[index], self.l1
         names = [key_str(k) for k, _, _ in items]
-        done: set[IKey] = set()
+        done: set[ObjectKey] = set()
         try:
             try:
                 blobs = await tier.adapter.get(names)
@@ -239,7 +241,7 @@ class Prefetcher:
                 out.append(_Loaded(payload, checksum))
         return out
 
-    def _commit(self, key: IKey, entry: Entry | None, result: object, future: asyncio.Future[bool]) -> bool:
+    def _commit(self, key: ObjectKey, entry: Entry | None, result: object, future: asyncio.Future[bool]) -> bool:
         """Make a loaded object READY (reserving now if its size was unknown); False if not possible."""
         l1 = self.l1
         if not isinstance(result, _Loaded):
