@@ -1,9 +1,10 @@
 """Which engine blocks move to or from which object slots, and the host-memory copy that moves them.
 
 Why its own module: the EngineClient decides *what* moves (a load may start in the middle of a chunk
-object, at the first block the engine does not hold yet); this module turns that into copy rows for
-the csrc `batch_copy` kernel. Objects are given by absolute host addresses (arena base + offset in
-shm mode, a received frame or send buffer in tcp mode), so one kernel call serves every layer.
+object, at the first block the engine does not hold yet); this module turns that into block moves,
+and the host copier turns moves into rows (`engine_kv.block_rows`) for the csrc `copy_checksum`
+kernel. Objects are given by absolute host addresses (arena base + offset in shm mode, a received
+frame or send buffer in tcp mode), so one kernel call serves every layer.
 
 An object holds [layer][block-in-chunk][block_bytes] (see kvprotocol.LayoutDescriptor); inside a
 block the runs (K and V for flash_attn) follow each other.
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import copy as kvcopy
-from .segments import EngineKV, merge_segments
+from .engine_kv import EngineKV, block_rows, object_table
 
 
 @dataclass(frozen=True)
@@ -69,38 +70,6 @@ def check_blocks(moves: Moves, num_blocks: int, *, distinct: bool) -> None:
         raise ValueError(f"block id out of range [0, {num_blocks})")
     if distinct and np.unique(b).size != b.size:
         raise ValueError("a block id appears twice in the load range")
-
-
-def block_rows(kv: EngineKV, obj_addrs: np.ndarray, moves: Moves, gather: bool) -> np.ndarray:
-    """(src, dst, len) rows with absolute addresses on both sides, in object order, merged."""
-    lay = kv.layout
-    runs, run_bytes = kv.runs_per_block, kv.run_bytes
-    layers = np.arange(lay.num_layers, dtype=np.int64)
-    r = np.arange(runs, dtype=np.int64)
-    # (move, layer, run)
-    engine = (kv.layer_bases[None, :, None] + moves.block[:, None, None] * kv.block_stride
-              + r[None, None, :] * kv.run_stride)
-    obj = (obj_addrs[moves.obj][:, None, None]
-           + (layers[None, :, None] * lay.blocks_per_chunk + moves.slot[:, None, None]) * lay.block_bytes
-           + r[None, None, :] * run_bytes)
-    # object order (object, layer, slot, run) lets neighbours on both sides merge into one memcpy
-    order = np.lexsort((np.broadcast_to(moves.slot[:, None, None], obj.shape).reshape(-1),
-                        np.broadcast_to(layers[None, :, None], obj.shape).reshape(-1),
-                        np.broadcast_to(moves.obj[:, None, None], obj.shape).reshape(-1)), axis=0)
-    rows = np.empty((obj.size, 3), dtype=np.int64)
-    src, dst = (engine, obj) if gather else (obj, engine)
-    rows[:, 0] = src.reshape(-1)[order]
-    rows[:, 1] = dst.reshape(-1)[order]
-    rows[:, 2] = run_bytes
-    return merge_segments(rows)
-
-
-def object_table(obj_addrs: np.ndarray, size: int) -> np.ndarray:
-    """(addr, size) rows, one per object, for `copy_checksum` with base 0."""
-    table = np.empty((obj_addrs.shape[0], 2), dtype=np.int64)
-    table[:, 0] = obj_addrs
-    table[:, 1] = size
-    return table
 
 
 class Copier(Protocol):

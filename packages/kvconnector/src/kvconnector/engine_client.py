@@ -201,7 +201,7 @@ class EngineClient:
         on_cpu = first.device.type == "cpu"
         copier: Copier
         if self.copy_backend == "host" or (self.copy_backend == "auto" and on_cpu):
-            from .segments import EngineKV
+            from .engine_kv import EngineKV
 
             copier = HostCopier([EngineKV.from_tensors(lay, g) for lay, g in zip(layouts, groups, strict=True)],
                                 keepalive=groups, num_threads=self.num_threads)

@@ -1,14 +1,14 @@
-"""Copy segments between an engine's paged KV and chunk objects, computed with numpy.
+"""EngineKV: where one rank's paged KV lives in host memory, and the one builder of copy rows.
 
-Why vectorised: every store and retrieve turns (chunks x layers x blocks x runs) into (src, dst, len)
+Why vectorised: every store and retrieve turns (objects x layers x blocks x runs) into (src, dst, len)
 rows; for a long prompt that is tens of thousands of rows, and a Python loop would cost more than the
-copy. Rows come out in object order (chunk, layer, block-in-chunk, run), so one pass can merge
-neighbours that are contiguous on both sides (consecutive block ids, adjacent objects) into one memcpy.
+copy. `block_rows` is the only place rows are built (production, tests and bench alike): rows come out
+in object order (object, layer, block-in-object, run), so one pass (`merge_segments`) joins neighbours
+that are contiguous on both sides (consecutive block ids, adjacent objects) into one memcpy.
 
-Conventions: engine addresses are absolute; object positions are offsets from an object-side base
-(the shm arena base, or a buffer's address) that is passed to `batch_copy`:
-  gather  (engine -> object): rows (engine_addr, object_off, len), copy with batch_copy(0, object_base, rows)
-  scatter (object -> engine): rows (object_off, engine_addr, len), copy with batch_copy(object_base, 0, rows)
+Both sides of a row are absolute addresses, so the kernels run with base 0:
+  gather  (engine -> object): rows (engine_addr, object_addr, len)
+  scatter (object -> engine): rows (object_addr, engine_addr, len)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from kvprotocol import DTYPES, LayoutDescriptor
@@ -24,8 +24,8 @@ from kvprotocol import DTYPES, LayoutDescriptor
 from . import copy as kvcopy
 from .layouts import TAG_GEOMETRY, block_shape_of, dtype_name, tag_geometry
 
-Direction = Literal["gather", "scatter"]
-
+if TYPE_CHECKING:
+    from ._transfer import Moves
 
 @dataclass(frozen=True)
 class EngineKV:
@@ -153,87 +153,34 @@ def merge_segments(segments: np.ndarray) -> np.ndarray:
     return out
 
 
-def _as_block_table(block_ids: Any, object_offsets: Any, bpc: int) -> tuple[np.ndarray, np.ndarray]:
-    blocks = np.asarray(block_ids, dtype=np.int64)
-    offs = np.asarray(object_offsets, dtype=np.int64)
-    if blocks.ndim == 1 and offs.ndim == 0:  # one chunk
-        blocks, offs = blocks[None, :], offs[None]
-    if blocks.ndim != 2 or blocks.shape[1] != bpc:
-        raise ValueError(f"block_ids must have shape (chunks, {bpc}), got {blocks.shape}")
-    if offs.shape != (blocks.shape[0],):
-        raise ValueError(f"need one object offset per chunk: {offs.shape} for {blocks.shape[0]} chunks")
-    return blocks, offs
-
-
-def _as_layers(layers: Any, num_layers: int) -> np.ndarray:
-    if layers is None:
-        return np.arange(num_layers, dtype=np.int64)
-    if isinstance(layers, slice):
-        return np.arange(num_layers, dtype=np.int64)[layers]
-    arr = np.asarray(layers, dtype=np.int64).reshape(-1)
-    if arr.size and (arr.min() < 0 or arr.max() >= num_layers):
-        raise ValueError(f"layer index out of range [0, {num_layers})")
-    return arr
-
-
-def chunk_segments(kv: EngineKV, block_ids: Any, object_offsets: Any, direction: Direction, *,
-                   layers: Any = None, merge: bool = True, object_limit: int | None = None) -> np.ndarray:
-    """(src, dst, len) rows moving whole chunks between the engine and their objects.
-
-    `block_ids`: (chunks, blocks_per_chunk) engine block ids, or one chunk's 1-D list with a scalar
-    `object_offsets`. `object_offsets`: per chunk, the object's offset from the object-side base.
-    `layers`: optional subset (indices or slice) for layer-wise transfers; each layer still lands at
-    its own place in the object. `object_limit`: if given, every object must end at or before it.
-    Validation (ValueError): block ids in [0, num_blocks); objects non-negative, within the limit and
-    non-overlapping for gather; no block id twice for scatter (destinations must be disjoint).
-    """
+def block_rows(kv: EngineKV, obj_addrs: np.ndarray, moves: Moves, gather: bool) -> np.ndarray:
+    """(src, dst, len) rows that move `moves` between the engine and the objects at absolute addresses
+    `obj_addrs` (gather: engine -> objects), in object order, merged."""
     lay = kv.layout
-    bpc, runs, run_bytes = lay.blocks_per_chunk, kv.runs_per_block, kv.run_bytes
-    blocks, offs = _as_block_table(block_ids, object_offsets, bpc)
-    lidx = _as_layers(layers, lay.num_layers)
-    if blocks.size and (blocks.min() < 0 or blocks.max() >= kv.num_blocks):
-        raise ValueError(f"block id out of range [0, {kv.num_blocks})")
-    if offs.size and offs.min() < 0:
-        raise ValueError("object offsets must be >= 0")
-    if object_limit is not None and offs.size and int(offs.max()) + lay.object_bytes > object_limit:
-        raise ValueError("an object extends past object_limit")
-    if direction == "gather":
-        ordered = np.sort(offs)
-        if ordered.size > 1 and (np.diff(ordered) < lay.object_bytes).any():
-            raise ValueError("chunk objects overlap (gather destinations must be disjoint)")
-    elif direction == "scatter":
-        if np.unique(blocks).size != blocks.size:
-            raise ValueError("a block id appears twice (scatter destinations must be disjoint)")
-    else:
-        raise ValueError(f"direction must be 'gather' or 'scatter', got {direction!r}")
-
+    runs, run_bytes = kv.runs_per_block, kv.run_bytes
+    layers = np.arange(lay.num_layers, dtype=np.int64)
     r = np.arange(runs, dtype=np.int64)
-    # Broadcast to (chunk, layer, block-in-chunk, run): object order.
-    engine = (kv.layer_bases[lidx][None, :, None, None]
-              + blocks[:, None, :, None] * kv.block_stride
-              + r[None, None, None, :] * kv.run_stride)
-    slot = lidx[:, None] * bpc + np.arange(bpc, dtype=np.int64)[None, :]  # block slot in the object
-    obj = (offs[:, None, None, None]
-           + slot[None, :, :, None] * lay.block_bytes
-           + r[None, None, None, :] * run_bytes)
-    engine, obj = np.broadcast_arrays(engine, obj)
-    out = np.empty((engine.size, 3), dtype=np.int64)
-    src_col, dst_col = (0, 1) if direction == "gather" else (1, 0)
-    out[:, src_col] = engine.reshape(-1)
-    out[:, dst_col] = obj.reshape(-1)
-    out[:, 2] = run_bytes
-    return merge_segments(out) if merge else out
+    # (move, layer, run)
+    engine = (kv.layer_bases[None, :, None] + moves.block[:, None, None] * kv.block_stride
+              + r[None, None, :] * kv.run_stride)
+    obj = (obj_addrs[moves.obj][:, None, None]
+           + (layers[None, :, None] * lay.blocks_per_chunk + moves.slot[:, None, None]) * lay.block_bytes
+           + r[None, None, :] * run_bytes)
+    # object order (object, layer, slot, run) lets neighbours on both sides merge into one memcpy
+    order = np.lexsort((np.broadcast_to(moves.slot[:, None, None], obj.shape).reshape(-1),
+                        np.broadcast_to(layers[None, :, None], obj.shape).reshape(-1),
+                        np.broadcast_to(moves.obj[:, None, None], obj.shape).reshape(-1)), axis=0)
+    rows = np.empty((obj.size, 3), dtype=np.int64)
+    src, dst = (engine, obj) if gather else (obj, engine)
+    rows[:, 0] = src.reshape(-1)[order]
+    rows[:, 1] = dst.reshape(-1)[order]
+    rows[:, 2] = run_bytes
+    return merge_segments(rows)
 
 
-def gather(kv: EngineKV, block_ids: Any, object_base: int, object_offsets: Any, *, layers: Any = None,
-           num_threads: int = 0, object_limit: int | None = None) -> int:
-    """Copy engine blocks into chunk objects at object_base + object_offsets[c]. Returns bytes copied."""
-    rows = chunk_segments(kv, block_ids, object_offsets, "gather", layers=layers, object_limit=object_limit)
-    return kvcopy.batch_copy(0, object_base, rows, num_threads)
-
-
-def scatter(kv: EngineKV, block_ids: Any, object_base: int, object_offsets: Any, *, layers: Any = None,
-            num_threads: int = 0, object_limit: int | None = None) -> int:
-    """Copy chunk objects at object_base + object_offsets[c] into engine blocks. Returns bytes copied."""
-    rows = chunk_segments(kv, block_ids, object_offsets, "scatter", layers=layers, object_limit=object_limit)
-    return kvcopy.batch_copy(object_base, 0, rows, num_threads)
+def object_table(obj_addrs: np.ndarray, size: int) -> np.ndarray:
+    """(addr, size) rows, one per object, for `copy_checksum` with base 0."""
+    table = np.empty((obj_addrs.shape[0], 2), dtype=np.int64)
+    table[:, 0] = obj_addrs
+    table[:, 1] = size
+    return table
