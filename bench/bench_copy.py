@@ -28,8 +28,7 @@ import numpy as np
 import torch
 
 from kvconnector import _copy_fallback, copy, layouts
-from kvconnector._transfer import save_moves
-from kvconnector.engine_kv import EngineKV, block_rows, object_table
+from kvconnector.engine_kv import EngineKV, block_rows, object_table, save_moves
 
 try:
     from rich.console import Console

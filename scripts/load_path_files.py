@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(frame.f_code.co_filename)
             if path.is_relative_to(ROOT) and not path.relative_to(ROOT).parts[0].startswith(".venv"):
                 seen.add(str(path.relative_to(ROOT)))
+                if os.environ.get("TRACE_FUNCS"):
+                    seen.add(f"{path.relative_to(ROOT)}:{frame.f_code.co_name}")
         elif event == "c_call" and getattr(arg, "__module__", "") == "kvconnector._kvcopy":
             seen.update(_CPP.get(arg.__name__, ["csrc/kvcopy.cpp"]))
 

@@ -10,9 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvconnector import _copy_fallback, _kvcopy, layouts
-from kvconnector._transfer import Moves, check_blocks, load_moves, save_moves
 from kvconnector.copy import address_of
-from kvconnector.engine_kv import EngineKV, block_rows, merge_segments
+from kvconnector.engine_kv import EngineKV, Moves, block_rows, check_blocks, load_moves, merge_segments, save_moves
 
 DTYPES = [torch.float16, torch.float32, torch.bfloat16, torch.int8]
 SENTINEL = 0xEE

@@ -1,4 +1,5 @@
-"""EngineKV: where one rank's paged KV lives in host memory, and the one builder of copy rows.
+"""EngineKV: where one rank's paged KV lives in host memory; which blocks move (Moves); the one
+builder of copy rows (`block_rows`); and the Copier interface with its host-memory implementation.
 
 Why vectorised: every store and retrieve turns (objects x layers x blocks x runs) into (src, dst, len)
 rows; for a long prompt that is tens of thousands of rows, and a Python loop would cost more than the
@@ -9,6 +10,10 @@ that are contiguous on both sides (consecutive block ids, adjacent objects) into
 Both sides of a row are absolute addresses, so the kernels run with base 0:
   gather  (engine -> object): rows (engine_addr, object_addr, len)
   scatter (object -> engine): rows (object_addr, engine_addr, len)
+Objects are given by absolute host addresses (arena base + offset in shm mode, a received frame or
+send buffer in tcp mode), so one kernel call serves every layer. An object holds
+[layer][block-in-chunk][block_bytes] (kvprotocol.LayoutDescriptor); inside a block the runs (K and V
+for flash_attn) follow each other.
 """
 
 from __future__ import annotations
@@ -16,16 +21,88 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
-from kvprotocol import DTYPES, LayoutDescriptor
+from kvprotocol import DTYPES, GroupGeometry, LayoutDescriptor
 
 from . import copy as kvcopy
 from .layouts import TAG_GEOMETRY, block_shape_of, dtype_name, tag_geometry
 
-if TYPE_CHECKING:
-    from ._transfer import Moves
+
+@dataclass(frozen=True)
+class Moves:
+    """Block moves of one object group: object index, slot inside the object, engine block id."""
+
+    obj: np.ndarray
+    slot: np.ndarray
+    block: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.block.shape[0])
+
+
+def load_moves(block_table: np.ndarray, blocks_per_chunk: int, start_chunk: int, first_block: int,
+               end_block: int) -> Moves:
+    """Moves that write request blocks [first_block, end_block) from objects of chunks start_chunk.."""
+    j = np.arange(first_block, end_block, dtype=np.int64)
+    if end_block > block_table.shape[0]:
+        raise ValueError(f"block_ids has {block_table.shape[0]} entries, the load needs {end_block}")
+    return Moves(j // blocks_per_chunk - start_chunk, j % blocks_per_chunk, block_table[j])
+
+
+def window_moves(block_table: np.ndarray, base: int, lo: int, hi: int) -> Moves:
+    """Moves between request blocks [lo, hi) and slots of ONE object whose slot 0 is request block
+    `base` (a sliding-window snapshot or a recurrent state: the blocks ending at its boundary)."""
+    if hi > block_table.shape[0]:
+        raise ValueError(f"block_ids has {block_table.shape[0]} entries, the transfer needs {hi}")
+    j = np.arange(max(lo, 0), hi, dtype=np.int64)
+    return Moves(np.zeros_like(j), j - base, block_table[j])
+
+
+def save_moves(block_table: np.ndarray, blocks_per_chunk: int, chunks: Sequence[int]) -> Moves:
+    """Moves that fill whole objects, object i being chunk chunks[i] of the request."""
+    c = np.asarray(chunks, dtype=np.int64)
+    slot = np.tile(np.arange(blocks_per_chunk, dtype=np.int64), c.shape[0])
+    obj = np.repeat(np.arange(c.shape[0], dtype=np.int64), blocks_per_chunk)
+    j = c[obj] * blocks_per_chunk + slot
+    if j.size and int(j.max()) >= block_table.shape[0]:
+        raise ValueError("block_ids do not cover the chunks to save")
+    return Moves(obj, slot, block_table[j])
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def block_range(geo: GroupGeometry, lay: LayoutDescriptor, skip: int, num: int, unit: int) -> tuple[int, int]:
+    """Request blocks [lo, hi) of one group that a load of tokens [skip, num) writes (see
+    kvprotocol._geometry): of a sliding group only the window the first computed token attends to
+    (tokens [num - W + 1, num)), of a state group only the blocks of the object holding the state at num."""
+    bs = lay.block_size
+    if geo.kind == "state":
+        top = num // bs
+        return top - lay.blocks_per_chunk, top
+    if geo.kind == "sliding":
+        top = ceil_div(num, unit) * unit // bs
+        return max(top - lay.blocks_per_chunk, max(skip, num - geo.window + 1, 0) // bs, 0), ceil_div(num, bs)
+    return ceil_div(skip, bs), ceil_div(num, bs)
+
+
+def window_base(lay: LayoutDescriptor, end_unit: int, unit: int) -> int:
+    """The request block in slot 0 of an exact-kind object ending at unit end_unit (< 0: before token 0)."""
+    return (end_unit + 1) * unit // lay.block_size - lay.blocks_per_chunk
+
+
+def check_blocks(moves: Moves, num_blocks: int, *, distinct: bool) -> None:
+    """Engine block ids must exist, and a scatter must not write one block twice."""
+    b = moves.block
+    if b.size and (int(b.min()) < 0 or int(b.max()) >= num_blocks):
+        raise ValueError(f"block id out of range [0, {num_blocks})")
+    if distinct and np.unique(b).size != b.size:
+        raise ValueError("a block id appears twice in the load range")
+
+
 
 @dataclass(frozen=True)
 class EngineKV:
@@ -184,3 +261,62 @@ def object_table(obj_addrs: np.ndarray, size: int) -> np.ndarray:
     table[:, 0] = obj_addrs
     table[:, 1] = size
     return table
+
+
+class Copier(Protocol):
+    """Moves blocks between one rank's KV (all groups) and objects in host memory, and checksums the
+    objects (kvsum64, docs/engine.md "Verified reads")."""
+
+    def num_blocks(self, group: int) -> int: ...
+
+    def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves, expected: Sequence[int]) -> list[int]:
+        """Copy, and return the indices of objects whose bytes do not have the `expected` checksum
+        (their blocks may have been written: the caller fails the whole load)."""
+        ...
+
+    def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> list[int] | None:
+        """Copy; return each object's kvsum64 as written, or None when the checksums can only be
+        taken from the objects after `finish` (the caller does that)."""
+        ...
+
+    def finish(self) -> None:
+        """Wait until every copy issued so far is complete (a no-op for synchronous copiers)."""
+
+    def attach_arena(self, addr: int, size: int) -> None:
+        """A (new) arena mapping is in use: e.g. pin it for DMA."""
+
+    def detach_arena(self) -> None:
+        """The arena mapping is about to go away."""
+
+
+class HostCopier:
+    """The CPU copier: KV in host memory, moved by the csrc `copy_checksum` kernel (copy and checksum
+    fused), one call per group and direction."""
+
+    def __init__(self, groups: Sequence[EngineKV], keepalive: Any = None, num_threads: int = 0) -> None:
+        self.groups = list(groups)
+        self._keepalive = keepalive  # the engine's tensors: their addresses are in `groups`
+        self.num_threads = num_threads
+
+    def num_blocks(self, group: int) -> int:
+        return self.groups[group].num_blocks
+
+    def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves, expected: Sequence[int]) -> list[int]:
+        kv = self.groups[group]
+        got = kvcopy.copy_checksum(0, 0, block_rows(kv, obj_addrs, moves, False),
+                                   object_table(obj_addrs, kv.layout.object_bytes), "src", self.num_threads)
+        return [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
+
+    def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> list[int] | None:
+        kv = self.groups[group]
+        return kvcopy.copy_checksum(0, 0, block_rows(kv, obj_addrs, moves, True),
+                                    object_table(obj_addrs, kv.layout.object_bytes), "dst", self.num_threads)
+
+    def finish(self) -> None:
+        return None
+
+    def attach_arena(self, addr: int, size: int) -> None:
+        return None
+
+    def detach_arena(self) -> None:
+        return None
