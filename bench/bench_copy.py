@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from kvconnector import _copy_fallback, copy, layouts
-from kvconnector.segments import EngineKV, chunk_segments
+from kvconnector.engine_kv import EngineKV, block_rows, object_table, save_moves
 
 try:
     from rich.console import Console
@@ -95,8 +95,10 @@ def bench_block_size(block_size: int, args: argparse.Namespace) -> dict[str, Any
     arena = np.empty(total, dtype=np.uint8)
     arena.fill(0)
     abase = copy.address_of(arena, writable=True)
-    gather_rows = chunk_segments(kv, ids, offsets, "gather")
-    scatter_rows = chunk_segments(kv, ids, offsets, "scatter")
+    addrs = abase + offsets
+    moves = save_moves(ids.reshape(-1), bpc, range(chunks))  # whole chunks, the rows a store builds
+    gather_rows = block_rows(kv, addrs, moves, gather=True)  # absolute addresses on both sides
+    scatter_rows = block_rows(kv, addrs, moves, gather=False)
 
     # torch: index_select / index_copy_ per (chunk, layer) straight into / out of the object views.
     obj = torch.from_numpy(arena).view(torch.float16).view(chunks, lay.num_layers, bpc, *lay.block_shape)
@@ -116,12 +118,12 @@ def bench_block_size(block_size: int, args: argparse.Namespace) -> dict[str, Any
     baselines = {"gather": lambda: np.copyto(arena, cache_slice), "scatter": lambda: np.copyto(cache_slice, arena)}
     fresh_s = _fresh_memcpy_seconds(total, args.repeats)
     methods: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
-        "cpp": (lambda: copy.batch_copy(0, abase, gather_rows, args.threads),
-                lambda: copy.batch_copy(abase, 0, scatter_rows, args.threads)),
-        "cpp-1thread": (lambda: copy.batch_copy(0, abase, gather_rows, 1),
-                        lambda: copy.batch_copy(abase, 0, scatter_rows, 1)),
-        "numpy-fallback": (lambda: _copy_fallback.batch_copy(0, abase, gather_rows),
-                           lambda: _copy_fallback.batch_copy(abase, 0, scatter_rows)),
+        "cpp": (lambda: copy.batch_copy(0, 0, gather_rows, args.threads),
+                lambda: copy.batch_copy(0, 0, scatter_rows, args.threads)),
+        "cpp-1thread": (lambda: copy.batch_copy(0, 0, gather_rows, 1),
+                        lambda: copy.batch_copy(0, 0, scatter_rows, 1)),
+        "numpy-fallback": (lambda: _copy_fallback.batch_copy(0, 0, gather_rows),
+                           lambda: _copy_fallback.batch_copy(0, 0, scatter_rows)),
         "torch": (torch_gather, torch_scatter),
     }
     if copy.backend_name() != "cpp":
@@ -142,32 +144,31 @@ def bench_block_size(block_size: int, args: argparse.Namespace) -> dict[str, Any
             rows.append({"block_size": block_size, "method": name, "op": op,
                          "gbps": total / s / 1e9, "memcpy_gbps": total / memcpy_s / 1e9,
                          "ratio": memcpy_s / s, "seconds": s})
-    verify = _verify_rows(abase, gather_rows, scatter_rows, offsets, lay.object_bytes, arena, args)
-    seg_s = _time(lambda: chunk_segments(kv, ids, offsets, "gather"), args.repeats)
+    verify = _verify_rows(gather_rows, scatter_rows, addrs, lay.object_bytes, arena, args)
+    seg_s = _time(lambda: block_rows(kv, addrs, save_moves(ids.reshape(-1), bpc, range(chunks)), True), args.repeats)
     return {"verify": verify, "block_size": block_size, "bytes_per_run": total, "chunks": chunks,
             "object_bytes": lay.object_bytes,
             "segments": int(gather_rows.shape[0]), "segment_compute_us": seg_s * 1e6,
             "memcpy_fresh_numpy_gbps": total / fresh_s / 1e9, "rows": rows}
 
 
-def _verify_rows(abase: int, gather_rows: np.ndarray, scatter_rows: np.ndarray, offsets: np.ndarray,
-                 object_bytes: int, arena: np.ndarray, args: argparse.Namespace) -> list[dict[str, Any]]:
+def _verify_rows(gather_rows: np.ndarray, scatter_rows: np.ndarray, addrs: np.ndarray, object_bytes: int,
+                 arena: np.ndarray, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Verified (copy + checksum per object) vs unverified copy, per op and thread count."""
     if copy.backend_name() != "cpp":
         return []
-    objects = np.stack([offsets, np.full_like(offsets, object_bytes)], axis=1)
-    sums = copy.copy_checksum(0, abase, gather_rows, objects, "dst", args.threads)
-    want = [copy.checksum(abase + int(o), object_bytes) for o in offsets]
-    if sums != want or copy.copy_checksum(abase, 0, scatter_rows, objects, "src", args.threads) != want:
+    objects = object_table(addrs, object_bytes)
+    sums = copy.copy_checksum(0, 0, gather_rows, objects, "dst", args.threads)
+    want = [copy.checksum(int(a), object_bytes) for a in addrs]
+    if sums != want or copy.copy_checksum(0, 0, scatter_rows, objects, "src", args.threads) != want:
         raise SystemExit("verified copy checksums differ from kvsum64 of the objects")
     out = []
     for threads in dict.fromkeys((args.threads, 1)):
-        for op, (src, dst, rows, side) in {"gather": (0, abase, gather_rows, "dst"),
-                                           "scatter": (abase, 0, scatter_rows, "src")}.items():
+        for op, (rows, side) in {"gather": (gather_rows, "dst"), "scatter": (scatter_rows, "src")}.items():
             plain_s, verified_s = _time_pair(
-                lambda src=src, dst=dst, rows=rows, t=threads: copy.batch_copy(src, dst, rows, t),
-                lambda src=src, dst=dst, rows=rows, side=side, t=threads: copy.copy_checksum(
-                    src, dst, rows, objects, side, t), args.repeats)
+                lambda rows=rows, t=threads: copy.batch_copy(0, 0, rows, t),
+                lambda rows=rows, side=side, t=threads: copy.copy_checksum(0, 0, rows, objects, side, t),
+                args.repeats)
             total = arena.nbytes
             out.append({"op": op, "threads": threads or copy.default_threads(),
                         "plain_gbps": total / plain_s / 1e9, "verified_gbps": total / verified_s / 1e9,

@@ -38,7 +38,7 @@ def _rank_main(url: str, rank: int, mode: str, conn: Any) -> None:
     with EngineClient(url, MODEL, WORLD, rank, [geo.layout()], mode=mode, timeout=60) as client:
         assert client.register(kv)
         if rank == SLOW_RANK:  # the copy of this rank starts after its leases ended
-            copier = client._copier
+            copier = client._plane.copier
             scatter = copier.scatter
 
             def slow_scatter(*args: Any) -> Any:

@@ -14,17 +14,11 @@ from typing import Any
 import numpy as np
 from kvprotocol.kvsum import kvsum64_array as _kvsum64
 
-MIN_BYTES_PER_THREAD = 1 << 20
-
 _MASK = (1 << 64) - 1
 
 
 def default_threads() -> int:
     """The fallback copies on the calling thread only."""
-    return 1
-
-
-def plan_threads(total_bytes: int, num_threads: int = 0) -> int:
     return 1
 
 

@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 import zmq
@@ -62,6 +62,15 @@ class LeaseLost(EngineError):
     """The server dropped this rank's leases before its copy finished: the bytes may be foreign."""
 
     KIND = "lease_lost"
+
+
+class ArenaUser(Protocol):
+    """What must know when the arena mapping changes (the copier: e.g. it pins the arena for DMA).
+    Passed to the calls that may remap, never kept: the link does not know who copies."""
+
+    def attach_arena(self, addr: int, size: int) -> None: ...
+
+    def detach_arena(self) -> None: ...
 
 
 class Deadline:
@@ -166,7 +175,6 @@ class EngineLink:
         self.local = is_local_url(url)
         self.registration: Registration | None = None
         self.arena: ArenaMap | None = None
-        self.copier: Any = None  # set by EngineClient.register; told when the arena changes
 
     def send(self, req: Request, deadline: Deadline, frames: Sequence[Any] = ()) -> tuple[Reply_, list[memoryview]]:
         return self.server.send(req, deadline, frames)
@@ -188,8 +196,9 @@ class EngineLink:
             raise ValueError(f"server chunk_size {reply.chunk_size} differs from the layouts' smallest chunk_size")
         return Registration(reply.engine_id, reply.arena.name, reply.arena.size, reply.chunk_size, reply.arena.nonce)
 
-    def ensure(self, deadline: Deadline) -> str:
-        """Register if needed and make sure the arena mapping is current; returns "shm" or "tcp"."""
+    def ensure(self, deadline: Deadline, user: ArenaUser | None = None) -> str:
+        """Register if needed and make sure the arena mapping is current; returns "shm" or "tcp".
+        `user` lets go of an arena before it is unmapped and is given a newly mapped one."""
         if self.arena is not None and not self.arena.is_current():
             self.invalidate()
         if self.registration is None:
@@ -202,15 +211,15 @@ class EngineLink:
             return mode
         arena = self.arena
         if arena is None or not arena.is_current() or (arena.name, arena.size) != (reg.arena_name, reg.arena_size):
-            self._unmap()
+            self._unmap(user)
             try:
                 self.arena = self._map(deadline)
             except (OSError, ValueError, ArenaChanged):
                 if self.requested_mode == "shm":
                     raise
                 return "tcp"  # auto: the arena is not mappable from here (another container, permissions)
-            if self.copier is not None:
-                self.copier.attach_arena(self.arena.address, self.arena.size)
+            if user is not None:
+                user.attach_arena(self.arena.address, self.arena.size)
         return mode
 
     def _map(self, deadline: Deadline) -> ArenaMap:
@@ -236,13 +245,13 @@ class EngineLink:
             raise ArenaChanged("the shm arena changed during the operation (a server restart, or the name "
                                "no longer leads to this server's arena)", None if reg is None else reg.arena_name)
 
-    def _unmap(self) -> None:
+    def _unmap(self, user: ArenaUser | None) -> None:
         if self.arena is not None:
-            if self.copier is not None:
-                self.copier.detach_arena()
+            if user is not None:
+                user.detach_arena()
             self.arena.close()
             self.arena = None
 
-    def close(self) -> None:
-        self._unmap()
+    def close(self, user: ArenaUser | None = None) -> None:
+        self._unmap(user)
         self.server.close()

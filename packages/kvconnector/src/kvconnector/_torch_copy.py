@@ -1,15 +1,19 @@
-"""Block moves as torch index operations: the path for KV that lives on a GPU.
+"""The CUDA copier: block moves as torch index operations, for KV that lives on a GPU.
 
 Why torch ops and not the csrc kernel: a GPU's KV cannot be reached with memcpy from the host. Each
 transfer stages whole objects on the KV's device (one host<->device copy per object, asynchronous
 when the host side is pinned, e.g. the cudaHostRegister'ed arena), then moves blocks with one
-`index_put_` per layer, all on the engine's current stream. The module is device-agnostic, so the
-indexing is tested on CPU tensors (`copy_backend="torch"`); only `_cuda` is GPU-specific.
+`index_put_` per layer, all on the engine's current stream. The indexing is device-agnostic, so it
+is tested on CPU tensors (`copy_backend="torch"`); only the three CUDA calls at the top (pin, unpin,
+synchronise) are GPU-specific, kept to a few lines that docs/engine.md lists as untested until run
+on a GPU. They degrade instead of raising: an unpinned arena still copies correctly, just
+synchronously.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,12 +21,39 @@ import numpy as np
 import torch
 from kvprotocol import LayoutDescriptor
 
-from . import _cuda
 from . import copy as kvcopy
-from ._transfer import Moves
+from .engine_kv import Moves
 from .layouts import tag_geometry
 
 DEFAULT_STAGE_BYTES = 256 << 20  # device staging per step; bounds the transient device memory
+
+_log = logging.getLogger("kvconnector.cuda")
+
+
+def pin_host(addr: int, size: int) -> bool:
+    """cudaHostRegister the range (the shm arena) so host<->device copies are asynchronous DMA.
+
+    Registering page-locks, and therefore commits, the whole range: size the arena for that.
+    """
+    try:
+        cudart = torch.cuda.cudart()
+        torch.cuda.check_error(cudart.cudaHostRegister(addr, size, 0))
+        return True
+    except Exception as exc:  # not fatal: copies fall back to pageable (synchronous) transfers
+        _log.warning("could not pin the shm arena for DMA (%s); copies will be synchronous", exc)
+        return False
+
+
+def unpin_host(addr: int) -> None:
+    try:
+        torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(addr))
+    except Exception as exc:
+        _log.warning("cudaHostUnregister failed: %s", exc)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the engine's current stream: the copies were issued on it, in order."""
+    torch.cuda.current_stream(device).synchronize()
 
 
 def host_bytes(addr: int, size: int) -> torch.Tensor:
@@ -51,7 +82,7 @@ def block_views(layout: LayoutDescriptor, tensors: Any) -> list[torch.Tensor]:
 
 
 class TorchCopier:
-    """Copier (see `_transfer.Copier`) over torch tensors on any device."""
+    """The CUDA Copier (see `engine_kv.Copier`): torch tensors on any device."""
 
     def __init__(self, layouts: Sequence[LayoutDescriptor], groups: Sequence[Any],
                  stage_bytes: int = DEFAULT_STAGE_BYTES) -> None:
@@ -66,12 +97,12 @@ class TorchCopier:
 
     def attach_arena(self, addr: int, size: int) -> None:
         """Pin the arena for asynchronous DMA when the KV is on a GPU."""
-        if self.device.type == "cuda" and self._pinned is None and _cuda.pin_host(addr, size):
+        if self.device.type == "cuda" and self._pinned is None and pin_host(addr, size):
             self._pinned = addr
 
     def detach_arena(self) -> None:
         if self._pinned is not None:
-            _cuda.unpin_host(self._pinned)
+            unpin_host(self._pinned)
             self._pinned = None
 
     def _batches(self, group: int, n_obj: int) -> list[tuple[int, int]]:
@@ -123,4 +154,4 @@ class TorchCopier:
 
     def finish(self) -> None:
         if self.device.type == "cuda":
-            _cuda.synchronize(self.device)
+            synchronize(self.device)

@@ -17,14 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zmq
 from kvprotocol import (ErrorCode, ExtraKeys, KVProtocolError, LayoutDescriptor, ServerError, validate_model,
                         validate_salt)
 from kvprotocol import requests as rq
 
-from . import _ops
+from ._dataplane import ChecksumMismatch, DataPlane, Prompt
 from ._link import Deadline, EngineLink
-from ._transfer import Copier, HostCopier
+from .engine_kv import Copier, EngineKV, HostCopier
 
 log = logging.getLogger("kvconnector.engine_client")
 
@@ -84,13 +85,39 @@ def _kind(exc: BaseException) -> str:
     engine's under them), else what a bad argument, a socket or a bug is called."""
     if isinstance(exc, KVProtocolError):
         return exc.kind
-    if isinstance(exc, _ops.ChecksumMismatch):
-        return "checksum_mismatch"
     if isinstance(exc, (ValueError, TypeError)):
         return "invalid"
     if isinstance(exc, zmq.ZMQError):
         return "zmq"
     return "internal"
+
+
+def as_tokens(tokens: Any) -> np.ndarray:
+    """Token ids from a list, numpy array or torch tensor, as a 1-D integer array."""
+    if hasattr(tokens, "detach"):
+        tokens = tokens.detach().cpu().numpy()
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError("tokens must be one-dimensional")
+    if arr.size == 0:
+        return arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"token ids must be integers, got {arr.dtype}")
+    return arr
+
+
+def as_tables(block_ids: Any, groups: int) -> list[np.ndarray]:
+    """One block table per group: a flat list serves every group, a nested one is per group."""
+    if hasattr(block_ids, "detach"):
+        block_ids = block_ids.detach().cpu().numpy()
+    nested = (isinstance(block_ids, np.ndarray) and block_ids.ndim == 2) or (
+        not isinstance(block_ids, np.ndarray) and len(block_ids) > 0
+        and isinstance(block_ids[0], (list, tuple, np.ndarray)))
+    tables = [np.asarray(t, dtype=np.int64).reshape(-1) for t in block_ids] if nested \
+        else [np.asarray(block_ids, dtype=np.int64).reshape(-1)] * groups
+    if len(tables) != groups:
+        raise ValueError(f"{len(tables)} block tables for {groups} object groups")
+    return tables
 
 
 def _layer_list(kv: Any) -> Any:
@@ -127,7 +154,7 @@ class EngineClient:
         self.num_threads = num_threads
         self._link = EngineLink(url, model, world_size, rank, layouts, mode,
                                 min(1.0, timeout) if backoff is None else backoff, token)
-        self._copier: Copier | None = None
+        self._plane = DataPlane(self._link)
         self._lock = threading.RLock()
         self._warner = _Warner(warn_interval)
         self._closed = False
@@ -181,7 +208,7 @@ class EngineClient:
                 self._failed("register", exc)
                 return False
             try:
-                self._link.ensure(self._deadline())
+                self._plane.ensure(self._deadline())
             except Exception as exc:
                 self._failed("register", exc)
             return True
@@ -195,19 +222,13 @@ class EngineClient:
         on_cpu = first.device.type == "cpu"
         copier: Copier
         if self.copy_backend == "host" or (self.copy_backend == "auto" and on_cpu):
-            from .segments import EngineKV
-
             copier = HostCopier([EngineKV.from_tensors(lay, g) for lay, g in zip(layouts, groups, strict=True)],
                                 keepalive=groups, num_threads=self.num_threads)
         else:
             from ._torch_copy import TorchCopier
 
             copier = TorchCopier(layouts, groups)
-        if self._copier is not None:
-            self._copier.detach_arena()
-        self._copier = self._link.copier = copier
-        if self._link.arena is not None:
-            copier.attach_arena(self._link.arena.address, self._link.arena.size)
+        self._plane.use(copier)
 
     def load(self, session: str, tokens: Any, block_ids: Any, skip_tokens: int, num_tokens: int,
              salt: str = "", extra: ExtraKeys = ()) -> LoadResult:
@@ -228,20 +249,20 @@ class EngineClient:
             tables: list[Any] = []
             try:
                 deadline = self._deadline()
-                tables = _ops.as_tables(block_ids, len(self._link.layouts))
-                if self._copier is None:
+                tables = as_tables(block_ids, len(self._link.layouts))
+                if self._plane.copier is None:
                     raise ValueError("register(kv_caches) must be called before load")
                 validate_salt(salt)
-                loaded = _ops.load(self._link, self._copier, deadline, session, _ops.as_tokens(tokens), tables,
-                                   int(skip_tokens), int(num_tokens), salt, extra)
+                loaded = self._plane.load(deadline, session, Prompt(as_tokens(tokens), tables, salt, extra),
+                                          int(skip_tokens), int(num_tokens))
                 return LoadResult(True, loaded, [], None)
             except Exception as exc:
-                if isinstance(exc, _ops.ChecksumMismatch):
+                if isinstance(exc, ChecksumMismatch):
                     self.verify_failures += 1
                     self.verify_failed_objects += exc.objects
                 error = self._failed("load", exc)
                 try:
-                    failed = _ops.load_blocks(self._link, tables, int(skip_tokens), int(num_tokens))
+                    failed = self._plane.load_blocks(tables, int(skip_tokens), int(num_tokens))
                 except Exception:
                     failed = []
                 return LoadResult(False, 0, failed, error)
@@ -261,12 +282,11 @@ class EngineClient:
         with self._lock:
             try:
                 deadline = self._deadline()
-                if self._copier is None:
+                if self._plane.copier is None:
                     raise ValueError("register(kv_caches) must be called before save")
                 validate_salt(salt)
-                tables = _ops.as_tables(block_ids, len(self._link.layouts))
-                saved = _ops.save(self._link, self._copier, deadline, _ops.as_tokens(tokens), tables, salt,
-                                  int(skip_tokens), extra, reservation, total_chunks)
+                prompt = Prompt(as_tokens(tokens), as_tables(block_ids, len(self._link.layouts)), salt, extra)
+                saved = self._plane.save(deadline, prompt, int(skip_tokens), reservation, total_chunks)
             except Exception as exc:
                 code = exc.code if isinstance(exc, ServerError) else None
                 if isinstance(exc, ServerError) and code == ErrorCode.RETRY_LATER:  # busy, not failing
@@ -291,8 +311,8 @@ class EngineClient:
             try:
                 deadline = self._deadline()
                 validate_salt(salt)
-                hit, pending, inflight = _ops.lookup_reply(self._link, deadline, _ops.as_tokens(tokens), salt,
-                                                           session, extra, wait=wait)
+                hit, pending, inflight = self._plane.lookup(deadline, as_tokens(tokens), salt, session, extra,
+                                                            wait=wait)
                 return LookupResult(hit, None, pending, inflight)
             except Exception as exc:
                 return LookupResult(0, self._failed("lookup", exc))
@@ -314,10 +334,10 @@ class EngineClient:
                 return
             self._closed = True
             try:
-                self._link.close()
+                self._plane.close()
             except Exception as exc:
                 self._failed("close", exc)
-            self._copier = None
+            self._plane.copier = None
 
     def __enter__(self) -> EngineClient:
         return self

@@ -1,4 +1,5 @@
-"""Segment computation: gather from one paged KV cache into objects, scatter into another."""
+"""Copy rows (engine_kv.block_rows, the one row builder): gather from one paged KV cache into objects,
+scatter into another, with both kernels."""
 
 from __future__ import annotations
 
@@ -8,12 +9,19 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvconnector import _copy_fallback, _kvcopy, layouts, segments
+from kvconnector import _copy_fallback, _kvcopy, layouts
 from kvconnector.copy import address_of
-from kvconnector.segments import EngineKV, chunk_segments, merge_segments
+from kvconnector.engine_kv import EngineKV, Moves, block_rows, check_blocks, load_moves, merge_segments, save_moves
 
 DTYPES = [torch.float16, torch.float32, torch.bfloat16, torch.int8]
 SENTINEL = 0xEE
+
+
+def chunk_rows(kv: EngineKV, block_ids, obj_addrs, gather: bool) -> np.ndarray:
+    """Rows moving whole chunks: chunk c's blocks block_ids[c] <-> the object at obj_addrs[c]."""
+    ids = np.asarray(block_ids, dtype=np.int64).reshape(-1, kv.layout.blocks_per_chunk)
+    moves = save_moves(ids.reshape(-1), kv.layout.blocks_per_chunk, range(ids.shape[0]))
+    return block_rows(kv, np.asarray(obj_addrs, dtype=np.int64).reshape(-1), moves, gather)
 
 
 def per_layer_shape(tag: str, num_blocks: int, bs: int, heads: int, dim: int) -> tuple[int, ...]:
@@ -55,7 +63,7 @@ def scenarios(draw: st.DrawFn) -> dict:
         "dst_ids": draw(st.permutations(range(nb_dst)))[:need],
         "slots": draw(st.permutations(range(chunks))), "gap": draw(st.integers(0, 40)),
         "backend": draw(st.sampled_from([_kvcopy, _copy_fallback])),
-        "merge": draw(st.booleans()), "layerwise": draw(st.booleans()), "seed": draw(st.integers(0, 2**31)),
+        "first": draw(st.integers(0, need - 1)), "seed": draw(st.integers(0, 2**31)),
     }
 
 
@@ -76,11 +84,9 @@ def test_gather_then_scatter_into_other_blocks_reproduces_bytes(sc):
     offsets = np.array(sc["slots"], dtype=np.int64) * pitch + sc["gap"]
     arena = np.full(chunks * pitch + sc["gap"], SENTINEL, dtype=np.uint8)
     base, copy = address_of(arena, writable=True), sc["backend"].batch_copy
+    addrs = base + offsets
 
-    layer_sets = [[i] for i in range(n_layers)] if sc["layerwise"] else [None]
-    for layer_set in layer_sets:
-        rows = chunk_segments(kv_src, src_ids, offsets, "gather", layers=layer_set, merge=sc["merge"])
-        copy(0, base, rows)
+    copy(0, 0, chunk_rows(kv_src, src_ids, addrs, gather=True))
 
     # The object format: [layer][block-in-chunk][block_bytes], K before V inside a flash_attn block.
     src_layers = layer_list(src)
@@ -91,12 +97,14 @@ def test_gather_then_scatter_into_other_blocks_reproduces_bytes(sc):
         used[offsets[c] : offsets[c] + layout.object_bytes] = True
     assert (arena[~used] == SENTINEL).all()  # gaps between objects untouched
 
-    for layer_set in layer_sets:
-        rows = chunk_segments(kv_dst, dst_ids, offsets, "scatter", layers=layer_set, merge=sc["merge"])
-        copy(base, 0, rows)
+    # A load that starts at request block `first` (mid-chunk): the blocks before it are never written.
+    moves = load_moves(dst_ids.reshape(-1), bpc, 0, sc["first"], bpc * chunks)
+    check_blocks(moves, sc["nb_dst"], distinct=True)
+    copy(0, 0, block_rows(kv_dst, addrs, moves, gather=False))
 
     dst_layers = layer_list(dst)
-    targets = {int(b): int(s) for b, s in zip(dst_ids.reshape(-1), src_ids.reshape(-1))}
+    flat_dst, flat_src = dst_ids.reshape(-1), src_ids.reshape(-1)
+    targets = {int(flat_dst[j]): int(flat_src[j]) for j in range(sc["first"], bpc * chunks)}
     for i in range(n_layers):
         for b in range(sc["nb_dst"]):
             got = block_bytes_of(tag, dst_layers[i], b)
@@ -115,19 +123,18 @@ def test_contiguous_runs_merge():
     lay = layouts.layout_from_tensor(stacked, "vllm_cpu", block_size=4, chunk_size=8)
     kv = EngineKV.from_tensors(lay, stacked)
     # Whole cache == one object: a single memcpy either way.
-    assert chunk_segments(kv, [0, 1], 0, "gather").tolist() == [[stacked.data_ptr(), 0, lay.object_bytes]]
-    assert chunk_segments(kv, [0, 1], 64, "scatter").tolist() == [[64, stacked.data_ptr(), lay.object_bytes]]
-    assert chunk_segments(kv, [0, 1], 0, "gather", merge=False).shape == (6, 3)
-    assert chunk_segments(kv, [1, 0], 0, "gather").shape == (6, 3)  # reversed blocks cannot merge
+    assert chunk_rows(kv, [0, 1], [4096], True).tolist() == [[stacked.data_ptr(), 4096, lay.object_bytes]]
+    assert chunk_rows(kv, [0, 1], [4096], False).tolist() == [[4096, stacked.data_ptr(), lay.object_bytes]]
+    assert chunk_rows(kv, [1, 0], [4096], True).shape == (6, 3)  # reversed blocks cannot merge
 
     per_layer = _vllm_cache(layers=3, nb=6)
     kv = EngineKV.from_tensors(lay, per_layer)
-    rows = chunk_segments(kv, [[2, 3], [4, 5]], [0, lay.object_bytes], "gather")
+    rows = chunk_rows(kv, [[2, 3], [4, 5]], [4096, 4096 + lay.object_bytes], True)
     assert rows.shape == (6, 3) and (rows[:, 2] == 2 * lay.block_bytes).all()  # one row per layer per chunk
 
     fa = make_cache("flash_attn", 2, 4, 4, 2, 8, torch.float16, True, seed=1)
     fl = layouts.layout_from_tensor(fa, "flash_attn", 4, 8)
-    rows = chunk_segments(EngineKV.from_tensors(fl, fa), [0, 1], 0, "gather")
+    rows = chunk_rows(EngineKV.from_tensors(fl, fa), [0, 1], [4096], True)
     assert rows.shape == (2 * 2 * 2, 3) and (rows[:, 2] == fl.block_bytes // 2).all()  # K, V never merge
 
 
@@ -149,16 +156,20 @@ def test_merge_segments_preserves_the_copy(pieces, shift):
     assert merged[:, 2].sum() == table[:, 2].sum()
 
 
-def test_layerwise_subset_writes_only_its_layer():
+def test_window_moves_fill_only_their_slots():
+    """A window snapshot (one object, slots from `base`): only the slots of the moved blocks are written."""
     cache = _vllm_cache(layers=3)
     lay = layouts.layout_from_tensor(cache[0], "vllm_cpu", 4, 8, 3)
     kv = EngineKV.from_tensors(lay, cache)
     obj = np.zeros(lay.object_bytes, np.uint8)
-    segments.gather(kv, [5, 1], address_of(obj, writable=True), 0, layers=slice(1, 2))
+    table = np.array([5, 1, 4], dtype=np.int64)
+    moves = Moves(np.zeros(1, np.int64), np.ones(1, np.int64), table[2:3])  # block 4 into slot 1
+    _kvcopy.batch_copy(0, 0, block_rows(kv, np.array([address_of(obj, writable=True)]), moves, gather=True))
     per_layer = lay.blocks_per_chunk * lay.block_bytes
-    assert not obj[:per_layer].any() and not obj[2 * per_layer :].any()
-    want = block_bytes_of("vllm_cpu", cache[1], 5) + block_bytes_of("vllm_cpu", cache[1], 1)
-    assert obj[per_layer : 2 * per_layer].tobytes() == want
+    for layer in range(3):
+        part = obj[layer * per_layer : (layer + 1) * per_layer]
+        assert not part[: lay.block_bytes].any()  # slot 0: untouched
+        assert part[lay.block_bytes :].tobytes() == block_bytes_of("vllm_cpu", cache[layer], 4)
 
 
 def test_padded_block_stride_from_tensors():
@@ -170,40 +181,28 @@ def test_padded_block_stride_from_tensors():
     kv = EngineKV.from_tensors(lay, [padded])
     assert kv.block_stride == (elems + 10) * 4
     obj = np.zeros(lay.object_bytes, np.uint8)
-    segments.gather(kv, [3], address_of(obj, writable=True), 0)
+    _kvcopy.batch_copy(0, 0, chunk_rows(kv, [3], [address_of(obj, writable=True)], True))
     assert obj.tobytes() == padded[3].contiguous().numpy().tobytes()
     with pytest.raises(ValueError):  # a block whose tokens are not contiguous cannot be one run
         EngineKV.from_tensors(lay, [torch.zeros(nb, heads, bs, 2 * d2)[..., ::2]])
 
 
-def test_segment_validation():
-    cache = _vllm_cache(layers=2)
-    lay = layouts.layout_from_tensor(cache[0], "vllm_cpu", 4, 8, 2)
-    kv = EngineKV.from_tensors(lay, cache)
-    ob = lay.object_bytes
+def test_move_validation():
+    """What a transfer plan refuses before any row is built (the kernels check the rows themselves)."""
+    table = np.arange(6, dtype=np.int64)
+    check_blocks(save_moves(table, 2, [0, 2]), 6, distinct=True)
     with pytest.raises(ValueError):
-        chunk_segments(kv, [0, 6], 0, "gather")  # block id out of range
+        check_blocks(save_moves(np.array([0, 6]), 2, [0]), 6, distinct=False)  # block id out of range
     with pytest.raises(ValueError):
-        chunk_segments(kv, [-1, 0], 0, "gather")
+        check_blocks(save_moves(np.array([-1, 0]), 2, [0]), 6, distinct=False)
     with pytest.raises(ValueError):
-        chunk_segments(kv, [0, 1, 2], 0, "gather")  # wrong blocks per chunk
+        check_blocks(save_moves(np.array([0, 1, 1, 3]), 2, [0, 1]), 6, distinct=True)  # a block written twice
     with pytest.raises(ValueError):
-        chunk_segments(kv, [[0, 1], [2, 3]], [0], "gather")  # one offset for two chunks
+        save_moves(table, 2, [3])  # the table does not cover chunk 3
     with pytest.raises(ValueError):
-        chunk_segments(kv, [[0, 1], [2, 3]], [0, ob - 1], "gather")  # overlapping objects
-    with pytest.raises(ValueError):
-        chunk_segments(kv, [[0, 1], [1, 3]], [0, ob], "scatter")  # a block written twice
-    with pytest.raises(ValueError):
-        chunk_segments(kv, [0, 1], -8, "gather")
-    with pytest.raises(ValueError):
-        chunk_segments(kv, [0, 1], 8, "gather", object_limit=ob)
-    with pytest.raises(ValueError):
-        chunk_segments(kv, [0, 1], 0, "sideways")
-    with pytest.raises(ValueError):
-        chunk_segments(kv, [0, 1], 0, "gather", layers=[2])
-    # Gathering the same block twice (two reads) and scattering one object twice are fine.
-    assert chunk_segments(kv, [[0, 0], [0, 0]], [0, ob], "gather").shape[0] > 0
-    assert chunk_segments(kv, [[0, 1], [2, 3]], [0, 0], "scatter").shape[0] > 0
+        load_moves(table, 2, 0, 4, 8)  # the load needs 8 table entries
+    # Gathering the same block into two objects (two reads) is fine.
+    check_blocks(save_moves(np.zeros(4, np.int64), 2, [0, 1]), 6, distinct=False)
 
 
 def test_engine_kv_geometry_checks():
