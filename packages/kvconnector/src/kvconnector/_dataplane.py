@@ -109,7 +109,7 @@ class DataPlane:
         still writing the chunk the hit stops at); with a session, lease the hit objects of every rank
         (or of `rank` only) to it."""
         link = self.link
-        req = rq.Lookup(keyspace=link.keyspace.wire(), tokens=pack_tokens(tokens), salt=salt,
+        req = rq.Lookup(keyspace=link.keyspace_wire, tokens=pack_tokens(tokens), salt=salt,
                         extra=extra_pairs(extra, tokens.shape[0] // link.unit),
                         session=session, rank=rank if session is not None else None, wait=wait)
         result = cast(rp.LookupReply, link.send(req, deadline)[0])
@@ -276,7 +276,7 @@ class DataPlane:
             check_blocks(self._save_moves(g, tables[g], [geo.end_unit(j) for j in objs]), copier.num_blocks(g),
                          distinct=False)
         mode = self.ensure(deadline)
-        req = rq.Store(keyspace=link.keyspace.wire(), tokens=pack_tokens(tokens[: n * chunk]), rank=link.rank,
+        req = rq.Store(keyspace=link.keyspace_wire, tokens=pack_tokens(tokens[: n * chunk]), rank=link.rank,
                        salt=salt, start_chunk=start, extra=extra_pairs(extra, n),
                        mode="shm" if mode == "shm" else "tcp", reservation=reservation,
                        total_chunks=total_chunks if reservation is not None else None)

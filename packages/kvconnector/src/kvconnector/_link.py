@@ -168,6 +168,7 @@ class EngineLink:
         self.model, self.world_size, self.rank = model, world_size, rank
         self.layouts = list(layouts)
         self.keyspace = KeySpace.from_layouts(model, world_size, self.layouts)
+        self.keyspace_wire = self.keyspace.wire()  # built once: every lookup and store carries it
         self.unit = min(lay.chunk_size for lay in self.layouts)  # tokens per chunk hash (kvprotocol._geometry)
         self.geoms = [GroupGeometry.of(lay, self.unit) for lay in self.layouts]
         self.trivial = all(g.trivial for g in self.geoms)
