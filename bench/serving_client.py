@@ -1,10 +1,10 @@
 """Drives a workload against vLLM's OpenAI servers through a router (serving_router.py), and reads
 vLLM's /metrics.
 
-Every request is a streaming
-`/v1/completions` call with token ids as the prompt; TTFT is the time from sending it to the first
-streamed chunk that carries a token, ITL the gaps between later token chunks (a chunk of k tokens
-counts as k gaps of 1/k of its wait), and `usage.prompt_tokens_details.cached_tokens` (vLLM's
+Every request is a streaming `/v1/completions` call with token ids as the prompt; TTFT is the time
+from sending it to the engine (after the router's pick, whose lookup time is reported apart) to the
+first streamed chunk that carries a token, ITL the gaps between later token chunks (a chunk of k
+tokens counts as k gaps of 1/k of its wait), and `usage.prompt_tokens_details.cached_tokens` (vLLM's
 per-request `num_cached_tokens`: prefix cache plus connector) comes with the final usage chunk.
 """
 
