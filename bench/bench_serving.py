@@ -1,11 +1,13 @@
-"""Serving benchmark: several vLLM engines on one host behind a round-robin router, with and without a
-shared KV cache, on a multi-round chat, a Mooncake trace replay, and a no-reuse workload.
+"""Serving benchmark: several vLLM engines on one host behind a round-robin (or KV-aware) router, with
+and without a shared KV cache, on a multi-round chat, a Mooncake trace replay, and a no-reuse workload.
 
 Run with the .venv-vllm interpreter (scripts/make-vllm-env.sh builds it; `uv sync` builds kvserver):
 
     .venv-vllm/bin/python bench/bench_serving.py            # full run, about 10 minutes on 2 cores
     .venv-vllm/bin/python bench/bench_serving.py --quick    # smaller workloads, three configurations
     .venv-vllm/bin/python bench/bench_serving.py --smoke    # KVServerConnector only, a handful of requests
+    .venv-vllm/bin/python bench/bench_serving.py --quick --configs kvserver --workloads chat \
+        --topology per-engine --routers rr,kv    # KV-aware routing vs round robin, a kvserver per engine
 
 Every configuration starts its own engines (vLLM's OpenAI server, one OpenMP thread each) on a random
 fp32 Llama built locally, and KVServerConnector configurations their own kvserver; the workloads then
@@ -13,7 +15,9 @@ run one after another on the same engines (their prompts share nothing across wo
 configuration and workload the tables give TTFT p50/p90/p99, ITL p99, request throughput, and where
 the prompt tokens came from, from the difference of vLLM's /metrics counters before and after the
 workload, summed over the engines (docs/benchmarks.md says exactly how). Timings are printed with
-ratios against the no-connector configuration of the same run, never asserted.
+ratios against the no-connector configuration of the same run, never asserted. With `--routers rr,kv`
+every configuration runs once per router (fresh engines each time); the KV-aware rows are named
+`<config>+kv` and say how many requests the coordinator routed and how many fell back.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,6 +42,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import serving_engines as eng  # noqa: E402
 import serving_workloads as wl  # noqa: E402
 from serving_client import RequestRecord, delta, run_workload, scrape  # noqa: E402
+from serving_router import ROUTERS, KvRouter, RoundRobin  # noqa: E402
 from vllm_harness import build_model  # noqa: E402
 
 MODEL = {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1408,
@@ -95,6 +101,19 @@ def token_sources(records: list[RequestRecord], m: dict[str, float]) -> dict[str
     }
 
 
+def routing(records: list[RequestRecord], lookup_s: list[float]) -> dict[str, Any]:
+    """How the router picked (coordinator vs round-robin fallbacks), and how often a session's turn
+    landed on the engine that served its previous turn (where its history is cached)."""
+    last = {(r.session, r.turn): r.engine for r in records}
+    later = [r for r in records if r.turn > 0]
+    return {"via": {v: sum(1 for r in records if r.via == v) for v in sorted({r.via for r in records})},
+            "later_turns": len(later),
+            "later_turns_same_engine": sum(1 for r in later if last.get((r.session, r.turn - 1)) == r.engine),
+            "kv_routed_same_engine": all(last.get((r.session, r.turn - 1), r.engine) == r.engine
+                                         for r in later if r.via == "kv"),
+            "lookup_ms_p50": 1000 * pct(lookup_s, 50), "lookup_ms_p99": 1000 * pct(lookup_s, 99)}
+
+
 def summarise(records: list[RequestRecord], wall: float, m: dict[str, float]) -> dict[str, Any]:
     ttft = [r.ttft_s for r in records]
     itl = [x for r in records for x in r.itl_s]
@@ -118,34 +137,59 @@ def warm_up(urls: list[str]) -> None:
     rng = random.Random(99)
     w = wl.Workload("warmup", [wl.Session(0.0, [wl.Turn(wl.tokens(128, rng), 4, extend=False)])
                                for _ in urls], concurrency=1)
-    asyncio.run(run_workload(urls, w, lambda: None))
+    asyncio.run(run_workload(RoundRobin(urls), w, lambda: None))
 
 
-def run_config(config: str, model: Path, workloads: dict[str, wl.Workload], args: argparse.Namespace,
-               work: Path, progress: Progress, bar: Any) -> dict[str, Any]:
-    progress.update(bar, description=f"[{config}] starting {args.engines} engines")
-    dep = eng.start(config, model, args.engines, MAX_MODEL_LEN, work / config, kvserver_gb=args.kvserver_gb)
-    out: dict[str, Any] = {"startup_s": dep.started_s, "workloads": {}}
+async def _routed(make: Callable[[], RoundRobin], w: wl.Workload,
+                  tick: Callable[[], None]) -> tuple[list[RequestRecord], float, list[float]]:
+    """One workload through a fresh router (made inside the event loop, which its HTTP session needs)."""
+    router = make()
+    try:
+        records, wall = await run_workload(router, w, tick)
+    finally:
+        await router.close()
+    return records, wall, router.lookup_s if isinstance(router, KvRouter) else []
+
+
+def router_factory(router: str, dep: eng.Deployment) -> Callable[[], RoundRobin]:
+    urls = [e.url for e in dep.engines]
+    if router == "rr":
+        return lambda: RoundRobin(urls)
+    if dep.coordinator is None:
+        raise ValueError("the kv router needs --topology per-engine and a KVServerConnector configuration")
+    coord, model = dep.coordinator, dep.coordinator.key_model(len(dep.kvservers))
+    return lambda: KvRouter(urls, coord.url, [k.url for k in dep.kvservers], model)
+
+
+def run_config(config: str, router: str, model: Path, workloads: dict[str, wl.Workload],
+               args: argparse.Namespace, work: Path, progress: Progress, bar: Any) -> dict[str, Any]:
+    label = config if router == "rr" else f"{config}+{router}"
+    progress.update(bar, description=f"[{label}] starting {args.engines} engines")
+    dep = eng.start(config, model, args.engines, MAX_MODEL_LEN, work / label, kvserver_gb=args.kvserver_gb,
+                    topology=args.topology)
+    out: dict[str, Any] = {"startup_s": dep.started_s, "router": router, "workloads": {}}
     try:
         urls = [e.url for e in dep.engines]
         warm_up(urls)
+        make = router_factory(router, dep)
         for name, w in workloads.items():
-            progress.update(bar, description=f"[{config}] {name}")
+            progress.update(bar, description=f"[{label}] {name}")
             time.sleep(1.0)  # let the last step's stats reach /metrics
             before = scrape(urls)
-            records, wall = asyncio.run(run_workload(urls, w, lambda: progress.advance(bar)))
+            records, wall, lookup_s = asyncio.run(_routed(make, w, lambda: progress.advance(bar)))
             time.sleep(1.0)
             out["workloads"][name] = summarise(records, wall, delta(scrape(urls), before))
+            out["workloads"][name]["routing"] = routing(records, lookup_s)
             out["workloads"][name]["loadavg_1m"] = os.getloadavg()[0]  # other load on the host skews timings
         if config == "example":
             out["example_disk_bytes"] = eng.disk_bytes(dep.workdir / "example-store")
     except Exception as exc:  # one broken configuration must not lose the others' results
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["engine_logs"] = [e.log_tail(4000) for e in dep.engines]
-        progress.console.log(f"[{config}] FAILED: {out['error'][:300]}")
+        progress.console.log(f"[{label}] FAILED: {out['error'][:300]}")
     finally:
         dep.stop()
-        eng.clean(work / config)
+        eng.clean(work / label)
     return out
 
 
@@ -181,6 +225,16 @@ def report(results: dict[str, Any], console: Console) -> None:
                      ("prefix_cache", "kvserver_l1", "kvserver_l2", "other_external", "recomputed")]
             console.print(f"| {c} | {s['prompt']} | " + " | ".join(cells) +
                           f" | {'yes' if r['sources_sum_ok'] else 'NO'} |")
+        routed = [c for c in configs if results["configs"][c]["router"] != "rr"]
+        if routed:
+            console.print("\n| configuration | routed by coordinator | fell back: no hit | fell back: error/timeout "
+                          "| later turns on their previous engine | lookup p50 ms | p99 ms |")
+            console.print("|---|---:|---:|---:|---:|---:|---:|")
+        for c in routed:
+            g = results["configs"][c]["workloads"][name]["routing"]
+            console.print(f"| {c} | {g['via'].get('kv', 0)} | {g['via'].get('kv-miss', 0)} | "
+                          f"{g['via'].get('kv-error', 0)} | {g['later_turns_same_engine']}/{g['later_turns']} | "
+                          f"{g['lookup_ms_p50']:.1f} | {g['lookup_ms_p99']:.1f} |")
 
 
 def main() -> int:
@@ -191,6 +245,11 @@ def main() -> int:
     ap.add_argument("--configs", default=None, help=f"comma list of {','.join(eng.CONFIGS)}")
     ap.add_argument("--workloads", default=None, help="comma list of chat,trace,noreuse")
     ap.add_argument("--engines", type=int, default=2)
+    ap.add_argument("--routers", default="rr", help="comma list of rr (round robin), kv (KV-aware, needs "
+                    "--topology per-engine); each runs every configuration on fresh engines")
+    ap.add_argument("--topology", choices=eng.TOPOLOGIES, default="shared",
+                    help="KVServerConnector configurations: one kvserver for all engines, or one per engine "
+                         "registered with a coordinator")
     ap.add_argument("--kvserver-gb", type=float, default=1.0, help="kvserver L1 size")
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake-format trace (default: the shared one)")
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse/build the bench model here")
@@ -202,35 +261,45 @@ def main() -> int:
     unknown = set(configs) - set(eng.CONFIGS)
     if unknown:
         ap.error(f"unknown configs {sorted(unknown)}")
+    routers = args.routers.split(",")
+    if set(routers) - set(ROUTERS):
+        ap.error(f"unknown routers {sorted(set(routers) - set(ROUTERS))}")
+    if "kv" in routers and (args.topology != "per-engine"
+                            or any(eng.CONFIGS[c][0] != "KVServerConnector" for c in configs)):
+        ap.error("--routers kv needs --topology per-engine and only KVServerConnector configurations")
+    runs = [(c, r) for c in configs for r in routers]
+    labels = [c if r == "rr" else f"{c}+{r}" for c, r in runs]
     names = (args.workloads or scale["workloads"]).split(",")
     workloads = {n: build_workload(n, scale, args.trace) for n in names}
     console = Console(stderr=True)
     out = Console(width=250, soft_wrap=True, highlight=False)
     t_all = time.perf_counter()
     results: dict[str, Any] = {"mode": scale_name, "engines": args.engines, "model": MODEL, "configs": {},
+                               "topology": args.topology, "routers": routers,
                                "workloads": names, "workload_sizes": {n: w.n_requests for n, w in workloads.items()},
                                "scale": {n: scale[n] for n in names}}
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp_s:
         tmp = Path(tmp_s)
         model = build_model(args.model_dir or tmp / "model", MODEL)
-        total = len(configs) * sum(w.n_requests for w in workloads.values())
+        total = len(runs) * sum(w.n_requests for w in workloads.values())
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:
             bar = progress.add_task("starting", total=total)
-            for c in configs:
+            for (c, router), label in zip(runs, labels, strict=True):
                 fresh = {n: build_workload(n, scale, args.trace) for n in names}  # sessions are consumed
-                results["configs"][c] = run_config(c, model, fresh, args, tmp, progress, bar)
-                w = results["configs"][c]
+                results["configs"][label] = run_config(c, router, model, fresh, args, tmp, progress, bar)
+                w = results["configs"][label]
                 if "error" in w:
                     continue
-                console.log(f"{c}: engines up in {w['startup_s']:.0f}s; " + ", ".join(
+                console.log(f"{label}: engines up in {w['startup_s']:.0f}s; " + ", ".join(
                     f"{n} {r['req_per_s']:.2f} req/s TTFT p50 {r['ttft_p50_s']:.3f}s"
                     for n, r in w["workloads"].items()))
     results["total_s"] = time.perf_counter() - t_all
-    out.print(f"\nbench_serving --{scale_name}: {args.engines} engines, round-robin, model {MODEL}, "
+    out.print(f"\nbench_serving --{scale_name}: {args.engines} engines, routers {args.routers}, "
+              f"topology {args.topology}, model {MODEL}, "
               f"total {results['total_s']:.0f}s")
     report(results, out)
-    ok = [c for c in configs if "error" not in results["configs"][c]]
+    ok = [c for c in labels if "error" not in results["configs"][c]]
     if "none" in ok and "noreuse" in names:
         base = results["configs"]["none"]["workloads"]["noreuse"]["req_per_s"]
         for c in ok:
@@ -238,8 +307,8 @@ def main() -> int:
             out.print(f"no-reuse throughput {c} / none: {r / base:.3f}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
-    bad = [(c, n) for c in configs for n, r in results["configs"][c]["workloads"].items() if not r["sources_sum_ok"]]
-    bad += [(c, "error") for c in configs if "error" in results["configs"][c]]
+    bad = [(c, n) for c in labels for n, r in results["configs"][c]["workloads"].items() if not r["sources_sum_ok"]]
+    bad += [(c, "error") for c in labels if "error" in results["configs"][c]]
     if bad:
         out.print(f"token sources do not sum to the prompt tokens for {bad}")
     return 1 if bad else 0

@@ -1,18 +1,16 @@
-"""Drives a workload against vLLM's OpenAI servers through a plain round-robin router, and reads
+"""Drives a workload against vLLM's OpenAI servers through a router (serving_router.py), and reads
 vLLM's /metrics.
 
-The router is the client's own dispatch: request k goes to engine k mod N, whatever its prompt, like
-a Kubernetes Service in round-robin mode (no KV-aware routing). Every request is a streaming
-`/v1/completions` call with token ids as the prompt; TTFT is the time from sending it to the first
-streamed chunk that carries a token, ITL the gaps between later token chunks (a chunk of k tokens
-counts as k gaps of 1/k of its wait), and `usage.prompt_tokens_details.cached_tokens` (vLLM's
+Every request is a streaming `/v1/completions` call with token ids as the prompt; TTFT is the time
+from sending it to the engine (after the router's pick, whose lookup time is reported apart) to the
+first streamed chunk that carries a token, ITL the gaps between later token chunks (a chunk of k
+tokens counts as k gaps of 1/k of its wait), and `usage.prompt_tokens_details.cached_tokens` (vLLM's
 per-request `num_cached_tokens`: prefix cache plus connector) comes with the final usage chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 import urllib.request
@@ -21,6 +19,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from serving_router import RoundRobin, Via
 from serving_workloads import Session, Workload
 
 
@@ -34,27 +33,19 @@ class RequestRecord:
     ttft_s: float
     e2e_s: float
     itl_s: list[float] = field(default_factory=list)
+    via: Via = "rr"  # how the router picked the engine
+    session: int = 0
+    turn: int = 0
 
 
 class RequestFailed(RuntimeError):
     pass
 
 
-class Router:
-    """Round robin over the engines' base URLs."""
-
-    def __init__(self, urls: list[str]) -> None:
-        self.urls = urls
-        self._next = itertools.cycle(range(len(urls)))
-
-    def pick(self) -> tuple[int, str]:
-        i = next(self._next)
-        return i, self.urls[i]
-
-
-async def _complete(http: aiohttp.ClientSession, router: Router, prompt: list[int], max_tokens: int,
+async def _complete(http: aiohttp.ClientSession, router: RoundRobin, prompt: list[int], max_tokens: int,
                     t_origin: float) -> tuple[RequestRecord, list[int]]:
-    engine, url = router.pick()
+    pick = await router.pick(prompt)
+    engine, url = pick.engine, pick.url
     body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             "return_token_ids": True}
@@ -91,43 +82,45 @@ async def _complete(http: aiohttp.ClientSession, router: Router, prompt: list[in
     details = usage.get("prompt_tokens_details") or {}
     assert isinstance(details, dict)
     rec = RequestRecord(engine, int(usage["prompt_tokens"]), int(details.get("cached_tokens") or 0),  # type: ignore[call-overload]
-                        len(out), t0 - t_origin, first - t0, last - t0, itl)
+                        len(out), t0 - t_origin, first - t0, last - t0, itl, pick.via)
     return rec, out
 
 
-async def _session(http: aiohttp.ClientSession, router: Router, s: Session, t_origin: float,
+async def _session(http: aiohttp.ClientSession, router: RoundRobin, s: Session, sid: int, t_origin: float,
                    records: list[RequestRecord], tick: Callable[[], None]) -> None:
     delay = s.start_s - (time.perf_counter() - t_origin)
     if delay > 0:
         await asyncio.sleep(delay)
     history: list[int] = []
-    for turn in s.turns:
+    for k, turn in enumerate(s.turns):
         if turn.think_s:
             await asyncio.sleep(turn.think_s)
         prompt = history + turn.append if turn.extend else list(turn.append)
         rec, out = await _complete(http, router, prompt, turn.max_tokens, t_origin)
+        rec.session, rec.turn = sid, k
         records.append(rec)
         history = prompt + out
         tick()
 
 
-async def run_workload(urls: list[str], w: Workload, tick: Callable[[], None]) -> tuple[list[RequestRecord], float]:
+async def run_workload(router: RoundRobin, w: Workload,
+                       tick: Callable[[], None]) -> tuple[list[RequestRecord], float]:
     """All sessions of `w`; returns the records and the wall time from the first send to the last answer."""
-    router = Router(urls)
     records: list[RequestRecord] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
         t_origin = time.perf_counter()
         if w.concurrency is None:
-            await asyncio.gather(*(_session(http, router, s, t_origin, records, tick) for s in w.sessions))
+            await asyncio.gather(*(_session(http, router, s, i, t_origin, records, tick)
+                                   for i, s in enumerate(w.sessions)))
         else:
-            queue = list(w.sessions)
+            queue = list(enumerate(w.sessions))
 
             async def worker() -> None:
                 while queue:
-                    s = queue.pop(0)
+                    i, s = queue.pop(0)
                     s.start_s = 0.0
-                    await _session(http, router, s, t_origin, records, tick)
+                    await _session(http, router, s, i, t_origin, records, tick)
 
             await asyncio.gather(*(worker() for _ in range(w.concurrency)))
         wall = max(r.sent_s + r.e2e_s for r in records) - min(r.sent_s for r in records)

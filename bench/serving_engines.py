@@ -5,10 +5,16 @@ streaming, /metrics), on the tiny random-weight model, with one OpenMP thread (`
 share this machine's two cores evenly. All engines of a configuration start together and stop together;
 the configurations run one after another, each on fresh engines (vLLM's prefix cache starts empty) and,
 for KVServerConnector, on a fresh kvserver.
+
+Topologies of KVServerConnector configurations: `shared` (one kvserver for all engines: any engine
+loads what any other stored) and `per-engine` (one kvserver per engine, each registered with a
+kvcoordinator and publishing KV events to it, heartbeating every second; an engine loads only what
+it stored itself, so where a request lands matters, which is what the KV-aware router exploits).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -23,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "vllm"))
 
-from kvserver_proc import KVServer, free_port  # noqa: E402
+from kvserver_proc import KVSERVER_BIN, KVServer, free_port  # noqa: E402
 from vllm_harness import VLLM_PYTHON, engine_env  # noqa: E402
 
 BLOCK_SIZE = 64  # vLLM's block size (the CPU backend needs a multiple of 32)
@@ -40,6 +46,62 @@ CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
 }
 # kvserver arguments per configuration ({work} is the configuration's work directory); default: L1 only.
 SERVER_ARGS: dict[str, list[str]] = {"kvserver-l2": ["--l1-size-gb", "0.03", "--l2", "fs://{work}/l2"]}
+TOPOLOGIES = ("shared", "per-engine")
+COORDINATOR_BIN = KVSERVER_BIN.parent / "kvcoordinator"
+
+
+class Coordinator:
+    """A kvcoordinator process on a free loopback port (no token: loopback only)."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen([str(COORDINATOR_BIN), "--port", str(self.port), "--log-level", "warning"],
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not _ready(self.url, "/healthz"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"kvcoordinator did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.2)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def instances(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self.url + "/v1/instances", timeout=5) as r:
+            return list(json.loads(r.read())["instances"])
+
+    def key_model(self, n_instances: int, timeout: float = 30.0) -> str:
+        """The connectors' cache-key model (`<served name>@<fingerprint>`), once every kvserver's
+        heartbeat has reported its registered engine."""
+        deadline = time.monotonic() + timeout
+        while True:
+            models = [m for i in self.instances() for m in i["models"]]
+            if len(models) >= n_instances:
+                if len(set(models)) != 1:
+                    raise RuntimeError(f"engines report different cache-key models: {sorted(set(models))}")
+                return str(models[0])
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(models)} of {n_instances} kvservers report an engine's model")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _fleet_args(coordinator: Coordinator) -> list[str]:
+    """A per-engine kvserver's extra flags: register, heartbeat every second, publish KV events."""
+    return ["--coordinator", coordinator.url, "--heartbeat-interval", "1", "--http-port", str(free_port()),
+            "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"]
 
 
 def kv_transfer_config(config: str, workdir: Path, kvserver_url: str | None) -> dict[str, Any] | None:
@@ -73,11 +135,12 @@ class Engine:
 
 @dataclass
 class Deployment:
-    """The engines of one configuration (and its kvserver, if any)."""
+    """The engines of one configuration (and its kvservers and coordinator, if any)."""
 
     config: str
     engines: list[Engine]
-    kvserver: KVServer | None = None
+    kvservers: list[KVServer] = field(default_factory=list)  # one shared, or one per engine
+    coordinator: Coordinator | None = None
     started_s: float = 0.0
     workdir: Path = field(default_factory=Path)
 
@@ -91,13 +154,13 @@ class Deployment:
             except subprocess.TimeoutExpired:
                 os.killpg(e.proc.pid, signal.SIGKILL)
                 e.proc.wait()
-        if self.kvserver is not None:
-            self.kvserver.stop()
+        for k in self.kvservers:
+            k.stop()
+        if self.coordinator is not None:
+            self.coordinator.stop()
 
 
 def _engine_cmd(model: Path, port: int, max_model_len: int, kv: dict[str, Any] | None) -> list[str]:
-    import json
-
     cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--served-model-name", "bench", "--port", str(port), "--host", "127.0.0.1",
            "--skip-tokenizer-init", "--dtype", "float32", "--block-size", str(BLOCK_SIZE),
@@ -108,28 +171,35 @@ def _engine_cmd(model: Path, port: int, max_model_len: int, kv: dict[str, Any] |
     return cmd
 
 
-def _ready(url: str) -> bool:
+def _ready(url: str, path: str = "/health") -> bool:
     try:
-        with urllib.request.urlopen(url + "/health", timeout=1) as r:
+        with urllib.request.urlopen(url + path, timeout=1) as r:
             return bool(r.status == 200)
     except OSError:
         return False
 
 
 def start(config: str, model: Path, n_engines: int, max_model_len: int, workdir: Path,
-          kvserver_gb: float = 1.0, timeout: float = 600.0) -> Deployment:
-    """Start the engines of `config` (and a fresh kvserver for KVServerConnector); wait until all serve."""
+          kvserver_gb: float = 1.0, topology: str = "shared", timeout: float = 600.0) -> Deployment:
+    """Start the engines of `config` (and fresh kvservers, and for the per-engine topology a
+    coordinator, for KVServerConnector); wait until all serve."""
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    server = None
-    if CONFIGS[config][0] == "KVServerConnector":
-        args = SERVER_ARGS.get(config, ["--l1-size-gb", str(kvserver_gb)])
-        server = KVServer(workdir / "kvserver.log", *[a.format(work=workdir) for a in args]).start()
-    kv = kv_transfer_config(config, workdir, server.url if server else None)
     engines: list[Engine] = []
-    dep = Deployment(config, engines, server, workdir=workdir)
+    dep = Deployment(config, engines, workdir=workdir)
     try:
+        if CONFIGS[config][0] == "KVServerConnector":
+            args = [a.format(work=workdir) for a in SERVER_ARGS.get(config, ["--l1-size-gb", str(kvserver_gb)])]
+            if topology == "per-engine":
+                dep.coordinator = Coordinator(workdir / "coordinator.log")
+                for i in range(n_engines):
+                    dep.kvservers.append(KVServer(workdir / f"kvserver{i}.log", *args,
+                                                  *_fleet_args(dep.coordinator)).start())
+            else:
+                dep.kvservers.append(KVServer(workdir / "kvserver.log", *args).start())
         for i in range(n_engines):
+            server = dep.kvservers[i % len(dep.kvservers)].url if dep.kvservers else None
+            kv = kv_transfer_config(config, workdir, server)
             port = free_port()
             log_path = workdir / f"engine{i}.log"
             env = engine_env(workdir / "vllm-cache", {"VLLM_CPU_OMP_THREADS_BIND": "nobind",

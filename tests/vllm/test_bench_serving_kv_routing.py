@@ -1,0 +1,53 @@
+"""bench/bench_serving.py --smoke with a kvserver per engine, round robin against KV-aware routing.
+
+Two real vLLM OpenAI servers, each with its own kvserver registered with a real kvcoordinator and
+publishing KV events to it; one user chats four rounds. Round robin sends the rounds to alternating
+engines, so every other round finds none of its history where it lands; the KV-aware router asks the
+coordinator, which names the kvserver holding the conversation, so the later rounds stay on the engine
+that served the first one and reuse its history. Routing decisions and token sources are asserted;
+timings are printed, never asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvserver_proc import KVSERVER_BIN
+from vllm_harness import REPO_ROOT, VLLM_PYTHON
+
+pytestmark = [pytest.mark.vllm_engine, pytest.mark.timeout(900)]
+
+
+def test_kv_routing_keeps_chat_on_its_engine(tmp_path: Path) -> None:
+    assert KVSERVER_BIN.exists(), "run `uv sync` first"
+    out = tmp_path / "serving.json"
+    proc = subprocess.run([str(VLLM_PYTHON), str(REPO_ROOT / "bench" / "bench_serving.py"), "--smoke",
+                           "--topology", "per-engine", "--routers", "rr,kv",
+                           "--json", str(out), "--model-dir", str(tmp_path / "model")],
+                          capture_output=True, text=True, timeout=840, cwd=REPO_ROOT)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    res = json.loads(out.read_text())
+    rr, kv = (res["configs"][c]["workloads"]["chat"] for c in ("kvserver", "kvserver+kv"))
+    for r in (rr, kv):
+        s = r["sources"]
+        assert r["requests"] == 4
+        assert s["prompt"] == s["prefix_cache"] + s["kvserver_l1"] + s["kvserver_l2"] + s["other_external"] \
+            + s["recomputed"]
+        assert r["kvserver"]["kvserver_load_errors"] == 0
+    # Round robin: rounds alternate engines, and nothing routed by the coordinator.
+    assert rr["routing"]["via"] == {"rr": 4}
+    assert rr["routing"]["later_turns_same_engine"] == 0
+    # KV-aware: the first round finds nothing anywhere (a fallback); the coordinator routes later rounds
+    # to the kvserver that stored the conversation's system prompt, i.e. back to the first round's engine.
+    via = kv["routing"]["via"]
+    assert via.get("kv", 0) >= 2, via
+    assert via.get("kv-error", 0) == 0, via
+    assert kv["routing"]["kv_routed_same_engine"]
+    assert kv["routing"]["later_turns_same_engine"] >= 2
+    # ... so more of the prompts come from cache (vLLM's prefix cache or the engine's own kvserver).
+    reused = {name: r["sources"]["prompt"] - r["sources"]["recomputed"] for name, r in (("rr", rr), ("kv", kv))}
+    assert reused["kv"] > reused["rr"] + 256, reused
