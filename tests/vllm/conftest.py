@@ -7,6 +7,7 @@ when .venv-vllm is missing.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from kvserver_proc import KVServer, ServerFactory
 from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT
-from vllm_harness import VLLM_PYTHON, EngineRun, build_model, next_turn, prompt, run_engine
+from vllm_harness import SHARED_CACHE_ENV, VLLM_PYTHON, EngineRun, build_model, next_turn, prompt, run_engine
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,6 +32,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("vllm_engine"):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One VLLM_CACHE_ROOT for every engine of the session (vllm_harness.SHARED_CACHE_ENV): vLLM then
+    inspects each model class once, not once per engine start."""
+    root = tmp_path_factory.mktemp("vllm-cache")
+    before = os.environ.get(SHARED_CACHE_ENV)
+    os.environ[SHARED_CACHE_ENV] = str(root)
+    yield root
+    if before is None:
+        os.environ.pop(SHARED_CACHE_ENV, None)
+    else:
+        os.environ[SHARED_CACHE_ENV] = before
 
 
 @pytest.fixture(scope="session")

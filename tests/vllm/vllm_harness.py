@@ -119,12 +119,18 @@ def prompt(tokens: list[int], cache_salt: str | None = None,
     return p
 
 
+SHARED_CACHE_ENV = "KV_VLLM_CACHE_ROOT"
+"""Where set (tests/vllm/conftest.py sets it for the session), every engine shares this VLLM_CACHE_ROOT.
+Why: vLLM inspects the model class in a subprocess that imports vLLM again (20-30 s on 2 busy cores)
+unless VLLM_CACHE_ROOT/modelinfos already holds the result for that module's hash."""
+
+
 def engine_env(cache_root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CACHE_ROOT": str(cache_root),
+        "VLLM_CACHE_ROOT": os.environ.get(SHARED_CACHE_ENV) or str(cache_root),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
