@@ -1,5 +1,6 @@
 """The prefix index under missed, out-of-order, malformed and forged events (simulated publishers,
-real coordinator process): a claim the instance does not hold never outlives one resync."""
+real coordinator process): a claim the instance does not hold never outlives one resync. And which
+of many holders a lookup lists."""
 
 from __future__ import annotations
 
@@ -178,3 +179,42 @@ def test_an_instance_whose_snapshot_fails_is_asked_directly(coordinator_factory,
     assert answer["indexed"] == 0 and answer["fanned_out"] == 1 and answer["best"] is None
     assert answer["instances"][0]["reachable"] is False and answer["instances"][0]["source"] == "fanout"
     assert coord.index()["synced"] == 0 and coord.index()["chunks"] == 0
+
+
+def test_a_lookup_lists_the_least_loaded_of_the_deepest_holders(coordinator_factory, zctx, sims) -> None:
+    """More holders than a lookup lists (16): the deepest prefix wins, ties go to the least loaded."""
+    coord, first = start(coordinator_factory, zctx, sims)
+    a = tokens(2, 12)
+    deep = [first]
+    for i in range(19):  # 20 instances hold both chunks of a, one only its first (and is the least loaded)
+        sim = SimInstance(zctx, f"deep{i}", CHUNK)
+        sims.append(sim)
+        deep.append(sim)
+    shallow = SimInstance(zctx, "shallow", CHUNK)
+    sims.append(shallow)
+    loads = {sim.name: (i + 1) * (1 << 20) for i, sim in enumerate(reversed(deep))}  # deep[0] the busiest
+    loads[shallow.name] = 0
+    for sim in [*deep[1:], shallow]:
+        reply = coord.http.post("/v1/instances", json={**sim.registration(), "l1_used_bytes": loads[sim.name]})
+        assert reply.status_code == 201
+        sim.instance_id = reply.json()["instance_id"]
+    coord.http.put(f"/v1/instances/{first.instance_id}/heartbeat",
+                   json={"l1_used_bytes": loads[first.name]}).raise_for_status()
+    wait_for(lambda: coord.index()["synced"] == 21, what="every feed in sync")
+    hashes = low64(a)
+
+    def indexed() -> bool:
+        answer = coord.lookup(a)
+        if answer["prefix_tokens"] == 2 * CHUNK and len(answer["instances"]) == 16:
+            return True
+        for sim in deep:
+            sim.store(MODEL, hashes)
+        shallow.store(MODEL, hashes[:1])
+        return False
+
+    wait_for(indexed, what="all holders indexed")
+    answer = coord.lookup(a)
+    least = sorted(deep, key=lambda s: loads[s.name])[:16]
+    assert {r["instance_id"] for r in answer["instances"]} == {s.instance_id for s in least}
+    assert all(r["prefix_tokens"] == 2 * CHUNK and r["source"] == "index" for r in answer["instances"])
+    assert answer["best"]["instance_id"] == least[0].instance_id  # not `shallow`, though it is idle

@@ -37,30 +37,32 @@ def _load(inst: Instance) -> float:
 
 def from_index(feeds: EventFeeds, registry: Registry, model: str, tokens: list[int] | bytes,
                best: int | None = None) -> dict[str, int]:
-    """Instance id -> reusable prefix (tokens) by the index, for fresh in-sync instances holding a chunk.
+    """Instance id -> reusable prefix (tokens) by the index, for fresh in-sync instances holding a chunk,
+    best first: longest prefix, then least loaded, then id.
 
     Work is proportional to the chunks of the prompt and the instances that hold them, not to the
     fleet: an instance past its timeout but not yet pruned is skipped here by its age. With `best`,
-    only the deepest instances are looked at, stopping after `best` of them once their depth group
-    is complete (so ties at the boundary are all there for the caller's tie-break).
+    only the deepest instances are looked at, stopping once `best` are found and their depth group
+    is complete (ties at the boundary are broken by load here), and only the best `best` returned.
     """
-    out: dict[str, int] = {}
+    found: list[tuple[int, float, str]] = []  # (-prefix, load, id): plain tuples sort fastest
     now, instances, timeout, by_slot = registry.clock(), registry.instances, registry.timeout, feeds.by_slot
     for chunk in feeds.chunk_sizes():
         among = feeds.synced_slots(chunk)
         if token_count(tokens) < chunk or not among:
             continue
-        found = 0
+        here = 0
         for n, bits in feeds.index.depths(feeds.index.keys(model, chunk_hashes(tokens, chunk)), among):
-            if best is not None and found >= best:
+            if best is not None and here >= best:
                 break
             for slot in slots_of(bits):
                 feed = by_slot.get(slot)
                 inst = instances.get(feed.inst.id) if feed is not None else None
                 if inst is not None and now - inst.last_seen <= timeout:
-                    out[inst.id] = n * chunk
-                    found += 1
-    return out
+                    found.append((-n * chunk, _load(inst), inst.id))
+                    here += 1
+    ranked = sorted(found) if best is None or len(found) <= best else heapq.nsmallest(best, found)
+    return {inst_id: -neg for neg, _, inst_id in ranked}
 
 
 async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, feeds: EventFeeds | None,
@@ -80,11 +82,9 @@ async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, fe
         prefixes = from_index(feeds, registry, body.model, tokens,
                               VERIFY_CANDIDATES if mode == "verify" else MAX_LISTED)
         if mode == "verify":
-            ranked = sorted(prefixes, key=lambda i: (-prefixes[i], _load(known[i]), i))
-            ask += [known[i] for i in ranked[:VERIFY_CANDIDATES]]
+            ask += [known[i] for i in prefixes]  # already the best VERIFY_CANDIDATES, best first
         else:
-            top = heapq.nsmallest(MAX_LISTED, prefixes.items(), key=lambda kv: (-kv[1], _load(known[kv[0]]), kv[0]))
-            for inst_id, prefix in top:  # the best ones: the answer lists no more, and the best is among them
+            for inst_id, prefix in prefixes.items():  # the best ones: the answer lists no more
                 rows[inst_id] = _row(known[inst_id], prefix, None, "index")
     forwarded = body.query_body() if ask else {}
     asked = await fleet_query(client, creds, ask, forwarded, timeout, outcome) if ask else []
