@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import threading
+from typing import Any
 
 from rich.text import Text
 from textual.widgets import DataTable
@@ -136,3 +139,38 @@ def test_coordinator_rows_refused_for_the_token_are_auth() -> None:
     ]}
     auth, down = parse_fleet_status(body, 0.0)
     assert auth.auth and not auth.up and not down.auth
+
+
+class HeldSource:
+    """A real DirectSource whose second poll returns only on `release`: a poll still out when the app closes
+    (what failed once in CI: the answer came back after the app had removed its widgets)."""
+
+    def __init__(self, inner: DirectSource) -> None:
+        self.inner, self.label = inner, inner.label
+        self.polls = 0
+        self.waiting, self.release = threading.Event(), threading.Event()
+
+    def poll(self) -> list[Any]:
+        self.polls += 1
+        snapshots = self.inner.poll()
+        if self.polls > 1:  # polled while the app ran; it answers once the app has closed
+            self.waiting.set()
+            self.release.wait(10)
+        return snapshots
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def test_a_poll_that_returns_after_the_app_closed_draws_nothing(server_factory) -> None:
+    srv = server_factory("--l1-size-gb", "0.02")
+    source = HeldSource(DirectSource([srv.url], timeout=0.5))
+    app = TopApp(source, interval=0.3, autopoll=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.query_one("#instances", DataTable).row_count == 1)  # the first poll
+        late = asyncio.create_task(app.poll_now())
+        assert await asyncio.to_thread(source.waiting.wait, 10)
+    # the app has closed its widgets and its source; the poll comes back only now
+    source.release.set()
+    await late  # no NoMatches for the table that is gone
+    assert source.polls == 2

@@ -168,7 +168,14 @@ class TopApp(App[None]):
         if self._lock.locked():
             return  # the previous poll is still out (a slow instance); skip this tick
         async with self._lock:
-            snapshots = await asyncio.to_thread(self.source.poll)
+            try:
+                snapshots = await asyncio.to_thread(self.source.poll)
+            except Exception:
+                if self.is_running:
+                    raise
+                return  # the app closed, and closed its source, while this poll was out
+            if not self.is_running:
+                return  # the app is closing: its widgets are going, there is nothing to draw
             self.fleet.update(snapshots)
             self.redraw()
 
