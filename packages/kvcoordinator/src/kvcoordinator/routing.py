@@ -36,14 +36,14 @@ def _load(inst: Instance) -> float:
 
 
 def from_index(feeds: EventFeeds, registry: Registry, model: str, tokens: list[int] | bytes,
-               best: int | None = None) -> dict[str, int]:
+               best: int) -> dict[str, int]:
     """Instance id -> reusable prefix (tokens) by the index, for fresh in-sync instances holding a chunk,
     best first: longest prefix, then least loaded, then id.
 
     Work is proportional to the chunks of the prompt and the instances that hold them, not to the
-    fleet: an instance past its timeout but not yet pruned is skipped here by its age. With `best`,
-    only the deepest instances are looked at, stopping once `best` are found and their depth group
-    is complete (ties at the boundary are broken by load here), and only the best `best` returned.
+    fleet: an instance past its timeout but not yet pruned is skipped here by its age. Only the
+    deepest instances are looked at, stopping once `best` are found and their depth group is
+    complete (ties at the boundary are broken by load here), and only the best `best` returned.
     """
     found: list[tuple[int, float, str]] = []  # (-prefix, load, id): plain tuples sort fastest
     now, instances, timeout, by_slot = registry.clock(), registry.instances, registry.timeout, feeds.by_slot
@@ -53,7 +53,7 @@ def from_index(feeds: EventFeeds, registry: Registry, model: str, tokens: list[i
             continue
         here = 0
         for n, bits in feeds.index.depths(feeds.index.keys(model, chunk_hashes(tokens, chunk)), among):
-            if best is not None and here >= best:
+            if here >= best:
                 break
             for slot in slots_of(bits):
                 feed = by_slot.get(slot)
@@ -61,8 +61,7 @@ def from_index(feeds: EventFeeds, registry: Registry, model: str, tokens: list[i
                 if inst is not None and now - inst.last_seen <= timeout:
                     found.append((-n * chunk, _load(inst), inst.id))
                     here += 1
-    ranked = sorted(found) if best is None or len(found) <= best else heapq.nsmallest(best, found)
-    return {inst_id: -neg for neg, _, inst_id in ranked}
+    return {inst_id: -neg for neg, _, inst_id in heapq.nsmallest(best, found)}
 
 
 async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, feeds: EventFeeds | None,
