@@ -144,7 +144,10 @@ def test_dashboard_and_alert_queries_return_data_from_a_real_prometheus(promethe
     _load(srv, seconds=6)
     wait_for(lambda: prom.query("rate(kvserver_lookup_requests_total[30s]) > 0"), timeout=20,
              what="two scrapes of a busy kvserver")
-    wait_for(lambda: prom.query("kvcoordinator_instances"), timeout=20, what="a coordinator scrape")
+    # increase()/rate() need two samples in their window: wait for two scrapes of each target, or an
+    # alert over a counter reads nothing yet (CI once failed on KVCoordinatorInstanceLost this way).
+    wait_for(lambda: prom.query('count_over_time(up{job="kvcoordinator"}[1m]) >= 2'), timeout=20,
+             what="two coordinator scrapes")
     for expr in dashboard_exprs():
         assert prom.query(grafana_to_promql(expr)), f"dashboard query returned nothing: {expr}"
     for name, expr in alert_exprs().items():
