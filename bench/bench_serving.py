@@ -7,7 +7,7 @@ Run with the .venv-vllm interpreter (scripts/make-vllm-env.sh builds it; `uv syn
     .venv-vllm/bin/python bench/bench_serving.py --quick    # smaller workloads, three configurations
     .venv-vllm/bin/python bench/bench_serving.py --smoke    # KVServerConnector only, a handful of requests
     .venv-vllm/bin/python bench/bench_serving.py --quick --configs kvserver --workloads chat \
-        --topology per-engine --routers rr,kv    # KV-aware routing vs round robin, a kvserver per engine
+        --topology per-engine --routers rr,kv,kvscore   # KV-aware routing vs round robin, a kvserver per engine
 
 Every configuration starts its own engines (vLLM's OpenAI server, one OpenMP thread each) on a random
 fp32 Llama built locally, and KVServerConnector configurations their own kvserver; the workloads then
@@ -17,7 +17,9 @@ the prompt tokens came from, from the difference of vLLM's /metrics counters bef
 workload, summed over the engines (docs/benchmarks.md says exactly how). Timings are printed with
 ratios against the no-connector configuration of the same run, never asserted. With `--routers rr,kv`
 every configuration runs once per router (fresh engines each time); the KV-aware rows are named
-`<config>+kv` and say how many requests the coordinator routed and how many fell back.
+`<config>+kv` (the coordinator's best instance) or `<config>+kvscore` (its hint weighed against load
+and the router's memory of each engine) and say how many requests the coordinator routed and how many
+fell back.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import serving_engines as eng  # noqa: E402
 import serving_workloads as wl  # noqa: E402
 from serving_client import RequestRecord, delta, run_workload, scrape  # noqa: E402
-from serving_router import ROUTERS, KvRouter, RoundRobin  # noqa: E402
+from serving_router import ROUTERS, KvRouter, KvScoreRouter, RoundRobin  # noqa: E402
 from vllm_harness import build_model  # noqa: E402
 
 MODEL = {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1408,
@@ -151,14 +153,17 @@ async def _routed(make: Callable[[], RoundRobin], w: wl.Workload,
     return records, wall, router.lookup_s if isinstance(router, KvRouter) else []
 
 
-def router_factory(router: str, dep: eng.Deployment) -> Callable[[], RoundRobin]:
+def router_factory(router: str, dep: eng.Deployment, decode_tokens: int) -> Callable[[], RoundRobin]:
     urls = [e.url for e in dep.engines]
     if router == "rr":
         return lambda: RoundRobin(urls)
     if dep.coordinator is None:
         raise ValueError("the kv router needs --topology per-engine and a KVServerConnector configuration")
     coord, model = dep.coordinator, dep.coordinator.key_model(len(dep.kvservers))
-    return lambda: KvRouter(urls, coord.url, [k.url for k in dep.kvservers], model)
+    kvservers = [k.url for k in dep.kvservers]
+    if router == "kvscore":
+        return lambda: KvScoreRouter(urls, coord.url, kvservers, model, decode_tokens=decode_tokens)
+    return lambda: KvRouter(urls, coord.url, kvservers, model)
 
 
 def run_config(config: str, router: str, model: Path, workloads: dict[str, wl.Workload],
@@ -171,7 +176,7 @@ def run_config(config: str, router: str, model: Path, workloads: dict[str, wl.Wo
     try:
         urls = [e.url for e in dep.engines]
         warm_up(urls)
-        make = router_factory(router, dep)
+        make = router_factory(router, dep, args.kv_decode_tokens)
         for name, w in workloads.items():
             progress.update(bar, description=f"[{label}] {name}")
             time.sleep(1.0)  # let the last step's stats reach /metrics
@@ -245,8 +250,11 @@ def main() -> int:
     ap.add_argument("--configs", default=None, help=f"comma list of {','.join(eng.CONFIGS)}")
     ap.add_argument("--workloads", default=None, help="comma list of chat,trace,noreuse")
     ap.add_argument("--engines", type=int, default=2)
-    ap.add_argument("--routers", default="rr", help="comma list of rr (round robin), kv (KV-aware, needs "
-                    "--topology per-engine); each runs every configuration on fresh engines")
+    ap.add_argument("--routers", default="rr", help="comma list of rr (round robin), kv (the coordinator's best "
+                    "instance), kvscore (its hint weighed against load; kv and kvscore need --topology "
+                    "per-engine); each runs every configuration on fresh engines")
+    ap.add_argument("--kv-decode-tokens", type=int, default=32,
+                    help="kvscore: a decoding request on an engine delays a new prefill there by this many tokens")
     ap.add_argument("--topology", choices=eng.TOPOLOGIES, default="shared",
                     help="KVServerConnector configurations: one kvserver for all engines, or one per engine "
                          "registered with a coordinator")
@@ -264,9 +272,9 @@ def main() -> int:
     routers = args.routers.split(",")
     if set(routers) - set(ROUTERS):
         ap.error(f"unknown routers {sorted(set(routers) - set(ROUTERS))}")
-    if "kv" in routers and (args.topology != "per-engine"
+    if set(routers) & {"kv", "kvscore"} and (args.topology != "per-engine"
                             or any(eng.CONFIGS[c][0] != "KVServerConnector" for c in configs)):
-        ap.error("--routers kv needs --topology per-engine and only KVServerConnector configurations")
+        ap.error("--routers kv/kvscore need --topology per-engine and only KVServerConnector configurations")
     runs = [(c, r) for c in configs for r in routers]
     labels = [c if r == "rr" else f"{c}+{r}" for c, r in runs]
     names = (args.workloads or scale["workloads"]).split(",")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from serving_router import RoundRobin, Via
+from serving_router import Pick, RoundRobin, Via
 from serving_workloads import Session, Workload
 
 
@@ -45,6 +45,16 @@ class RequestFailed(RuntimeError):
 async def _complete(http: aiohttp.ClientSession, router: RoundRobin, prompt: list[int], max_tokens: int,
                     t_origin: float) -> tuple[RequestRecord, list[int]]:
     pick = await router.pick(prompt)
+    out: list[int] = []
+    try:
+        return await _send(http, router, pick, prompt, max_tokens, t_origin, out)
+    finally:
+        router.finished(pick, prompt + out)
+
+
+async def _send(http: aiohttp.ClientSession, router: RoundRobin, pick: Pick, prompt: list[int], max_tokens: int,
+                t_origin: float, out: list[int]) -> tuple[RequestRecord, list[int]]:
+    """Streams one completion from the picked engine; generated tokens are appended to `out`."""
     engine, url = pick.engine, pick.url
     body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
@@ -52,7 +62,6 @@ async def _complete(http: aiohttp.ClientSession, router: RoundRobin, prompt: lis
     t0 = time.perf_counter()
     first: float | None = None
     last = t0
-    out: list[int] = []
     itl: list[float] = []
     usage: dict[str, object] = {}
     async with http.post(url + "/v1/completions", json=body) as resp:
@@ -73,6 +82,7 @@ async def _complete(http: aiohttp.ClientSession, router: RoundRobin, prompt: lis
             now = time.perf_counter()
             if first is None:
                 first = now
+                router.first_token(pick)
             else:
                 itl += [(now - last) / len(new)] * len(new)
             last = now

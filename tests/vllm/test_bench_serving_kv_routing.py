@@ -4,8 +4,9 @@ Two real vLLM OpenAI servers, each with its own kvserver registered with a real 
 publishing KV events to it; one user chats four rounds. Round robin sends the rounds to alternating
 engines, so every other round finds none of its history where it lands; the KV-aware router asks the
 coordinator, which names the kvserver holding the conversation, so the later rounds stay on the engine
-that served the first one and reuse its history. Routing decisions and token sources are asserted;
-timings are printed, never asserted."""
+that served the first one and reuse its history. The kvscore router (the hint weighed against load and
+its own memory of where it sent each prompt) keeps every later round there too. Routing decisions and
+token sources are asserted; timings are printed, never asserted."""
 
 from __future__ import annotations
 
@@ -25,14 +26,14 @@ def test_kv_routing_keeps_chat_on_its_engine(tmp_path: Path) -> None:
     assert KVSERVER_BIN.exists(), "run `uv sync` first"
     out = tmp_path / "serving.json"
     proc = subprocess.run([str(VLLM_PYTHON), str(REPO_ROOT / "bench" / "bench_serving.py"), "--smoke",
-                           "--topology", "per-engine", "--routers", "rr,kv",
+                           "--topology", "per-engine", "--routers", "rr,kv,kvscore",
                            "--json", str(out), "--model-dir", str(tmp_path / "model")],
                           capture_output=True, text=True, timeout=840, cwd=REPO_ROOT)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     res = json.loads(out.read_text())
-    rr, kv = (res["configs"][c]["workloads"]["chat"] for c in ("kvserver", "kvserver+kv"))
-    for r in (rr, kv):
+    rr, kv, ks = (res["configs"][c]["workloads"]["chat"] for c in ("kvserver", "kvserver+kv", "kvserver+kvscore"))
+    for r in (rr, kv, ks):
         s = r["sources"]
         assert r["requests"] == 4
         assert s["prompt"] == s["prefix_cache"] + s["kvserver_l1"] + s["kvserver_l2"] + s["other_external"] \
@@ -49,5 +50,12 @@ def test_kv_routing_keeps_chat_on_its_engine(tmp_path: Path) -> None:
     assert kv["routing"]["kv_routed_same_engine"]
     assert kv["routing"]["later_turns_same_engine"] >= 2
     # ... so more of the prompts come from cache (vLLM's prefix cache or the engine's own kvserver).
-    reused = {name: r["sources"]["prompt"] - r["sources"]["recomputed"] for name, r in (("rr", rr), ("kv", kv))}
+    # kvscore: the first round has no hit anywhere (the least loaded engine); every later round goes back
+    # to it, by the index's hint or, should a lookup time out on a loaded host, by the router's memory.
+    via = ks["routing"]["via"]
+    assert sum(via.values()) == 4 and via.get("kv", 0) >= 2 and "rr" not in via, via
+    assert ks["routing"]["later_turns_same_engine"] == 3
+    reused = {name: r["sources"]["prompt"] - r["sources"]["recomputed"]
+              for name, r in (("rr", rr), ("kv", kv), ("kvscore", ks))}
     assert reused["kv"] > reused["rr"] + 256, reused
+    assert reused["kvscore"] > reused["rr"] + 256, reused
