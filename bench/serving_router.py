@@ -24,7 +24,7 @@ import aiohttp
 from kvprotocol import pack_tokens
 from serving_scorer import Scorer
 
-Via = Literal["rr", "kv", "kv-miss", "kv-error"]  # how a pick was made: the last two fell back to round robin
+Via = Literal["rr", "kv", "kv-miss", "kv-error"]  # how a pick was made; on the last two kv falls back to round robin
 ROUTERS = ("rr", "kv", "kvscore")
 LOOKUP_GROUPS = ["0" * 16]  # the index answers by model and chunk hash only (docs/fleet.md, "Namespaces")
 
