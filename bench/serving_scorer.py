@@ -92,16 +92,14 @@ class Scorer:
         """Prefill work ahead of a new request on `engine`, in prompt tokens."""
         return sum(r.prefill_tokens or self.decode_tokens for r in self._requests.values() if r.engine == engine)
 
-    def hit_tokens(self, engine: int, prompt: Sequence[int], hint: Mapping[int, int]) -> int:
-        memory = self.memory[engine].matched_blocks(block_keys(prompt, self.block_tokens)) * self.block_tokens
-        return min(max(memory, hint.get(engine, 0)), len(prompt))
-
     def choose(self, prompt: Sequence[int], index_hint: Mapping[int, int] | None = None) -> Choice:
         """`index_hint`: engine -> prefix tokens its kvserver holds (the coordinator's answer), if any."""
         hint = index_hint or {}
         n = len(self.memory)
         start, self._turn = self._turn, (self._turn + 1) % n
-        hits = [self.hit_tokens(e, prompt, hint) for e in range(n)]
+        keys = block_keys(prompt, self.block_tokens)  # once per prompt, not once per engine
+        hits = [min(max(self.memory[e].matched_blocks(keys) * self.block_tokens, hint.get(e, 0)), len(prompt))
+                for e in range(n)]
         e = min(range(n), key=lambda e: (len(prompt) - hits[e] + self.queued_tokens(e), self.in_flight(e),
                                          (e - start) % n))
         return Choice(e, hits[e], any(hits))
