@@ -105,6 +105,23 @@ def _force_async_scheduling() -> None:
     CpuPlatform.check_and_update_config = classmethod(patched)  # type: ignore[method-assign]
 
 
+def drain(llm: Any, timeout: float = 120.0) -> None:
+    """Step the engine until the connector's background work of the batch has ended.
+
+    LLM.generate returns once every output is complete; a request whose asynchronous saves still
+    run keeps its blocks until the connector reports it "finished sending" from a later step. A
+    server's engine loop keeps stepping for it; offline, the next generate would. Stepping here
+    (as the server would) ends each batch with its saves done and their counters in its stats.
+    """
+    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    deadline = time.monotonic() + timeout
+    while sched.has_requests():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the connector's background work did not end")
+        llm.llm_engine.step()
+        time.sleep(0.002)
+
+
 def _lora(p: dict[str, Any]) -> Any:
     if not p.get("lora"):
         return None
@@ -176,6 +193,7 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         lora_arg = loras if any(x is not None for x in loras) else None
         outs = llm.generate(prompts, params, use_tqdm=False, lora_request=lora_arg)
         wall = time.perf_counter() - t
+        drain(llm)
         requests = []
         sent.append([list(out.prompt_token_ids) for out in outs])
         for out in outs:

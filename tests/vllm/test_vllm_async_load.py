@@ -45,6 +45,24 @@ def test_async_load_failure_is_recomputed(model_dir: Path, kvserver_factory: Ser
     assert r.token_ids == reference.batches[0].requests[0].token_ids
 
 
+def test_async_load_failing_from_the_first_chunk_is_tried_once(model_dir: Path, kvserver_factory: ServerFactory,
+                                                               reference: EngineRun) -> None:
+    """A load that leaves nothing valid (chunk 0 fails, e.g. a corrupt object) sends the request back
+    to vLLM's waiting queue with no computed tokens, and vLLM asks the connector again. The same load
+    would fail again, for ever: the connector answers 0 and the request is recomputed."""
+    server = kvserver_factory()
+    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    kv = kv_config(server.url, async_loads=True, debug_fail_load_chunks=[0])
+    run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv,
+                     extra_spec={"connector_stats": True}, timeout=300)
+    r = run.requests[0]
+    stats = run.batches[0].connector_stats
+    assert stats is not None and stats["loads"] == 1 and stats["load_errors"] == 1
+    assert r.kv_transfer_params["kvserver"]["load_failed"] is True
+    assert r.connector_loaded_tokens == 0
+    assert r.token_ids == reference.batches[0].requests[0].token_ids
+
+
 def test_async_save_keeps_blocks_until_stored(model_dir: Path, kvserver_factory: ServerFactory,
                                               reference: EngineRun) -> None:
     """A save that takes 2 s after its request finished: with 32 KV blocks in all, the next request

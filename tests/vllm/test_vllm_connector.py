@@ -76,8 +76,10 @@ def test_multi_turn_reuses_turn_one_chunks(two_engines: TwoEngines, reference: E
 def test_save_policy_all_stores_generated_tokens(two_engines: TwoEngines, reference: EngineRun) -> None:
     a, b = two_engines.a, two_engines.b
     assert a.batches[3].requests[0].token_ids == reference.batches[4].requests[0].token_ids
-    # Chunk 1 (tokens 256-511) holds 250 prompt and 6 generated tokens: stored under "all" only.
-    assert a.batches[3].requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 2 * CHUNK
+    # Chunk 1 (tokens 256-511) holds 250 prompt and 6 generated tokens: stored under "all" only. Its
+    # save starts two steps before the request ends and runs on (async saves): stored_tokens counts
+    # only what was confirmed when the request finished. B's load below is the proof it was stored.
+    assert a.batches[3].requests[0].kv_transfer_params["kvserver"]["stored_tokens"] in (CHUNK, 2 * CHUNK)
     r = b.batches[4].requests[0]
     assert r.connector_loaded_tokens == 2 * CHUNK
     assert r.token_ids == reference.batches[5].requests[0].token_ids

@@ -3,7 +3,7 @@ when loading is estimated no slower than recomputing."""
 
 from __future__ import annotations
 
-from kvconnector.vllm.costs import MIN_PREFILL_TOKENS, CostModel
+from kvconnector.vllm.costs import MIN_PREFILL_TOKENS, PROBE_EVERY, CostModel
 
 
 def test_loads_until_both_rates_are_known() -> None:
@@ -26,3 +26,16 @@ def test_decode_steps_are_not_prefill_samples() -> None:
     m = CostModel.new()
     m.observe(512, 1.0, MIN_PREFILL_TOKENS - 1, 100.0)
     assert m.prefill.s_per_token is None and m.worth_loading(512)
+
+
+def test_a_declined_streak_ends_in_a_probe_that_measures_again() -> None:
+    m = CostModel.new()
+    m.observe(512, 1.0, 200, 0.02)  # loading looks 20x slower than recomputing
+    decisions = [m.worth_loading(512) for _ in range(PROBE_EVERY + 1)]
+    assert decisions == [False] * PROBE_EVERY + [True]  # the probe
+    assert not m.worth_loading(512)  # a new streak starts
+    m.observe(512, 0.0001, 0, 0.0)  # the probe found loads fast now: one sample is not yet enough
+    assert not m.cheaper_to_load(512)
+    for _ in range(20):
+        m.observe(512, 0.0001, 0, 0.0)
+    assert m.worth_loading(512) and m.declined_in_a_row == 0

@@ -327,6 +327,18 @@ class EngineClient:
             except Exception as exc:
                 self._failed("release", exc)
 
+    def round_trip(self) -> float | None:
+        """Seconds of one ping to the server (the load planner's calibration); None when it fails."""
+        with self._lock:
+            try:
+                deadline = self._deadline()
+                t0 = time.perf_counter()
+                self._link.send(rq.Ping(), deadline)
+                return time.perf_counter() - t0
+            except Exception as exc:
+                self._failed("ping", exc)
+                return None
+
     def close(self) -> None:
         """Unmap the arena and close the socket; later calls return errors."""
         with self._lock:

@@ -41,15 +41,16 @@ class ConnectorConfig:
     wait_for_l2      False (default): a lookup never waits for the server's L2 prefetch; while one runs
                      the connector tells vLLM "ask again later" (None) and reports the hit once it is
                      in L1. True: the lookup blocks up to the server's --l2-prefetch-timeout
-    async_loads      True: loads run on a background thread (vLLM's asynchronous path: the request waits
-                     in WAITING_FOR_REMOTE_KVS, other requests keep decoding, completion is reported
-                     through get_finished); False (default): loads run inside the step, before the forward
-    async_saves      True: saves return at once and run on the background thread; vLLM keeps a finished
-                     request's blocks until its saves ended ("finished sending"); a preemption waits
-                     for the saves in flight. False (default): saves run in wait_for_save
-    plan_loads       True: load a hit only when the online estimate (costs.py: load throughput and
-                     prefill rate measured by the workers) says it is cheaper than recomputing it;
-                     declined hits are counted (declined_hits, declined_tokens). False (default): always load
+    async_loads      True (default): loads run on a background thread (vLLM's asynchronous path: the
+                     request waits in WAITING_FOR_REMOTE_KVS, other requests keep decoding, completion is
+                     reported through get_finished); False: loads run inside the step, before the forward
+    async_saves      True (default): saves return at once and run on the background thread; vLLM keeps
+                     a finished request's blocks until its saves ended ("finished sending"); a
+                     preemption waits for the saves in flight. False: saves run in wait_for_save
+    plan_loads       True (default): load a hit only when the estimate (costs.py: load throughput seeded
+                     by a calibration at start, then both rates measured by the workers) says it is
+                     cheaper than recomputing it; declined hits are counted (declined_hits,
+                     declined_tokens). False: always load
     reserve          True: a producer's prompt saves book the whole request on the server at its first
                      store (whole-request reservation, docs/pd.md); a save told RETRY_LATER is retried
                      for up to reserve_wait_s. Default: on for kv_role "kv_producer" (see apply_role)
@@ -76,9 +77,9 @@ class ConnectorConfig:
     api_token: str | None = dataclasses.field(default=None, repr=False)  # never in a log line
     token_file: str | None = None
     wait_for_l2: bool = False
-    async_loads: bool = False
-    plan_loads: bool = False
-    async_saves: bool = False
+    async_loads: bool = True
+    plan_loads: bool = True
+    async_saves: bool = True
     reserve: bool | None = None  # None: as the role says (apply_role)
     reserve_wait_s: float = 10.0
     inflight_wait_s: float = 10.0

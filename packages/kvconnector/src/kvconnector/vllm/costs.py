@@ -4,8 +4,13 @@ Why: loading is not always faster than recomputing (a tiny model prefills faster
 to the server). The workers measure what each load cost (seconds for tokens) and what each
 prefill-heavy step cost (seconds for the tokens it computed) and report both with every step's
 worker metadata; the scheduler keeps exponentially weighted rates and loads a hit only when that is
-estimated cheaper than recomputing it. Until both rates are known, loads are taken (optimistic
-start). One CostModel per connector: a connector serves one layout.
+estimated cheaper than recomputing it.
+
+The load rate is seeded at start by each worker's calibration (`calibrate.py`: a server round trip
+and a copy of one chunk's blocks, no cache traffic), the prefill rate by the first prefill step;
+until both are known, loads are taken (optimistic start). A declined hit teaches nothing, so after
+PROBE_EVERY declines in a row one hit is loaded anyway: a server that got faster (or an engine
+that got busier) is noticed. One CostModel per connector: a connector serves one layout.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 
 ALPHA = 0.3  # weight of the newest observation
 MIN_PREFILL_TOKENS = 32  # steps computing fewer tokens are decode-dominated: not a prefill rate
+PROBE_EVERY = 16  # after this many declined hits in a row, load the next one to measure again
 
 
 @dataclass
@@ -33,6 +39,7 @@ class Rate:
 class CostModel:
     load: Rate
     prefill: Rate
+    declined_in_a_row: int = 0
 
     @classmethod
     def new(cls) -> CostModel:
@@ -44,8 +51,19 @@ class CostModel:
         if prefill_tokens >= MIN_PREFILL_TOKENS:
             self.prefill.observe(prefill_tokens, prefill_s)
 
-    def worth_loading(self, tokens: int) -> bool:
+    def cheaper_to_load(self, tokens: int) -> bool:
         """True unless both rates are known and recomputing `tokens` is estimated cheaper."""
         if tokens <= 0 or self.load.s_per_token is None or self.prefill.s_per_token is None:
             return True
         return tokens * self.load.s_per_token <= tokens * self.prefill.s_per_token
+
+    def worth_loading(self, tokens: int) -> bool:
+        """The decision for one hit: load it when cheaper, and every PROBE_EVERY-th declined hit anyway."""
+        if self.cheaper_to_load(tokens):
+            self.declined_in_a_row = 0
+            return True
+        self.declined_in_a_row += 1
+        if self.declined_in_a_row > PROBE_EVERY:
+            self.declined_in_a_row = 0
+            return True  # a probe: its measured cost updates the load rate
+        return False

@@ -65,6 +65,12 @@ class SchedulerSide:
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         st = self._state(request)
         self._release(st)  # a repeated call (the request could not be scheduled) leases afresh
+        if st.load_failed:
+            # A load of this request failed (a corrupt object, a lost lease). vLLM asks again after an
+            # asynchronous load that left nothing valid, and the same load would fail again, for
+            # ever: recompute the rest instead (the first answer stays in hit_tokens).
+            st.external_tokens, st.load_pending = 0, False
+            return 0, False
         st.hit_tokens = st.external_tokens = 0
         st.load_pending = False
         st.local_computed = num_computed_tokens

@@ -1,10 +1,11 @@
 """Worker side of KVServerConnector: registers the paged KV, loads before the forward, saves after.
 
-Loads are synchronous in `start_load_kv` (vLLM calls it before the forward when a step has
-connector loads), or, with async_loads, handed to a background thread (loader.py) and reported
-done in `get_finished`; saves run in `wait_for_save`, after the whole forward, one EngineClient call per
-request for all layers. The per-layer hooks are no-ops: on CPU there is no copy engine to overlap
-with, and whole-step copies are one batched kernel call each.
+Loads are handed to a background thread (loader.py, async_loads, the default) and reported done in
+`get_finished`, or run in `start_load_kv` (vLLM calls it before the forward when a step has connector
+loads). Saves are planned in `wait_for_save`, after the whole forward, one EngineClient call per
+request for all layers, and run on the same thread (async_saves, the default) or at once. The
+per-layer hooks are no-ops: on CPU there is no copy engine to overlap with, and whole-step copies
+are one batched kernel call each.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from kvprotocol import LayoutDescriptor
 
 from .breaker import Breaker
+from .calibrate import calibrate_load
 from .config import ConnectorConfig
 from .loader import BackgroundLoader, LoadOutcome, SaveOutcome, copy_job, save_job
 from .log import log
@@ -61,6 +63,11 @@ class WorkerSide:
         if self.loader is not None and not self.loader.client.register(tensors):
             log.error("KVServerConnector: the loader's EngineClient rejected the KV tensors; loads run in the step")
             self.loader = None
+        if self.cfg.plan_loads and self.cfg.load and self.client is not None:
+            sample = calibrate_load(self.client, tensors, layout)
+            if sample is not None:  # the planner's first load rate (reported with the first step)
+                self.report.load_tokens, self.report.load_s = sample
+                log.info("KVServerConnector worker: calibrated load %.1f us/token", 1e6 * sample[1] / sample[0])
         log.info("KVServerConnector worker: registered %d layers, tensor layout %s", len(tensors),
                  layout.fingerprint)
 
