@@ -44,14 +44,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import serving_engines as eng  # noqa: E402
 import serving_workloads as wl  # noqa: E402
 from serving_client import RequestRecord, delta, run_workload, scrape  # noqa: E402
+import serving_repeats  # noqa: E402
 from serving_router import ROUTERS, KvRouter, KvScoreRouter, RoundRobin  # noqa: E402
-from vllm_harness import build_model  # noqa: E402
+from vllm_harness import SHARED_CACHE_ENV, build_model  # noqa: E402
 
 MODEL = {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1408,
          "vocab_size": wl.VOCAB}
 MAX_MODEL_LEN = 4096
 SCALES: dict[str, dict[str, Any]] = {
-    "full": {"configs": "none,example,kvserver,kvserver-async", "workloads": "chat,trace,noreuse",
+    "full": {"configs": "none,example,kvserver,kvserver-sync", "workloads": "chat,trace,noreuse",
              "chat": dict(users=8, rounds=4, system_tokens=1024, user_tokens=192, max_tokens=24, think_s=2.0,
                           stagger_s=1.0),
              "trace": dict(conversations=24, block_tokens=32, duration_s=45.0, max_prompt=2048, max_tokens=24),
@@ -262,6 +263,9 @@ def main() -> int:
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake-format trace (default: the shared one)")
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse/build the bench model here")
     ap.add_argument("--json", type=Path, default=None, help="also write all results here")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run every configuration this many times, in alternating rounds on fresh engines; "
+                         "the report adds each figure's median ratio against none (the tables show round 1)")
     args = ap.parse_args()
     scale_name = "smoke" if args.smoke else "quick" if args.quick else "full"
     scale = SCALES[scale_name]
@@ -288,31 +292,41 @@ def main() -> int:
                                "scale": {n: scale[n] for n in names}}
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp_s:
         tmp = Path(tmp_s)
+        # one VLLM_CACHE_ROOT for every engine of the run: vLLM inspects the model class once, not
+        # once per configuration (a subprocess that imports vLLM: 20-30 s of a configuration's start)
+        os.environ.setdefault(SHARED_CACHE_ENV, str(tmp / "vllm-cache"))
         model = build_model(args.model_dir or tmp / "model", MODEL)
-        total = len(runs) * sum(w.n_requests for w in workloads.values())
+        total = args.repeats * len(runs) * sum(w.n_requests for w in workloads.values())
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:
             bar = progress.add_task("starting", total=total)
-            for (c, router), label in zip(runs, labels, strict=True):
-                fresh = {n: build_workload(n, scale, args.trace) for n in names}  # sessions are consumed
-                results["configs"][label] = run_config(c, router, model, fresh, args, tmp, progress, bar)
-                w = results["configs"][label]
-                if "error" in w:
-                    continue
-                console.log(f"{label}: engines up in {w['startup_s']:.0f}s; " + ", ".join(
-                    f"{n} {r['req_per_s']:.2f} req/s TTFT p50 {r['ttft_p50_s']:.3f}s"
-                    for n, r in w["workloads"].items()))
+            rounds: list[dict[str, Any]] = []
+            for _ in range(args.repeats):
+                rounds.append({})
+                for (c, router), label in zip(runs, labels, strict=True):
+                    fresh = {n: build_workload(n, scale, args.trace) for n in names}  # sessions are consumed
+                    w = run_config(c, router, model, fresh, args, tmp, progress, bar)
+                    results["configs"].setdefault(label, w)
+                    rounds[-1][label] = serving_repeats.compact(w)
+                    if "error" in w:
+                        continue
+                    console.log(f"{label}: engines up in {w['startup_s']:.0f}s; " + ", ".join(
+                        f"{n} {r['req_per_s']:.2f} req/s TTFT p50 {r['ttft_p50_s']:.3f}s"
+                        for n, r in w["workloads"].items()))
+            results["rounds"] = rounds
     results["total_s"] = time.perf_counter() - t_all
     out.print(f"\nbench_serving --{scale_name}: {args.engines} engines, routers {args.routers}, "
               f"topology {args.topology}, model {MODEL}, "
               f"total {results['total_s']:.0f}s")
     report(results, out)
+    if args.repeats > 1:
+        serving_repeats.report(results["rounds"], labels, names, out)
     ok = [c for c in labels if "error" not in results["configs"][c]]
     if "none" in ok and "noreuse" in names:
-        base = results["configs"]["none"]["workloads"]["noreuse"]["req_per_s"]
         for c in ok:
-            r = results["configs"][c]["workloads"]["noreuse"]["req_per_s"]
-            out.print(f"no-reuse throughput {c} / none: {r / base:.3f}")
+            r = serving_repeats.ratios(results["rounds"], c, "noreuse", "req_per_s")
+            out.print(f"no-reuse throughput {c} / none: {serving_repeats.span(r, '.3f')}"
+                      + (f" (median of {len(r)} rounds)" if len(r) > 1 else ""))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     bad = [(c, n) for c in labels for n, r in results["configs"][c]["workloads"].items() if not r["sources_sum_ok"]]

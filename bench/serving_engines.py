@@ -39,9 +39,9 @@ CHUNK_SIZE = 256  # the connector's (and kvserver's) chunk: 4 vLLM blocks
 CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "none": (None, {}),
     "example": ("ExampleConnector", {}),
-    "kvserver": ("KVServerConnector", {}),
-    "kvserver-async": ("KVServerConnector", {"async_loads": True, "async_saves": True}),
-    "kvserver-plan": ("KVServerConnector", {"async_loads": True, "async_saves": True, "plan_loads": True}),
+    "kvserver": ("KVServerConnector", {}),  # the connector's defaults: async loads and saves, load planner
+    "kvserver-sync": ("KVServerConnector", {"async_loads": False, "async_saves": False, "plan_loads": False}),
+    "kvserver-noplan": ("KVServerConnector", {"plan_loads": False}),  # async, every hit loaded
     "kvserver-l2": ("KVServerConnector", {}),  # a small L1 over a filesystem L2 (SERVER_ARGS)
 }
 # kvserver arguments per configuration ({work} is the configuration's work directory); default: L1 only.
