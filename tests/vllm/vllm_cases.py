@@ -19,8 +19,9 @@ MAX_TOKENS = 8
 
 def kv_config(url: str, policy: str = "recompute", **extra: Any) -> dict[str, Any]:
     """The connector's defaults (async loads and saves), except the load planner: with the tiny model
-    a load and a recompute cost about the same, so a timing-based decline would make a test's
-    expected hit depend on the host's load. Tests of the planner turn it on (test_vllm_planner.py)."""
+    a load and a recompute of a chunk both take milliseconds, so which one the planner measures
+    cheaper would depend on the host's load, and with it a test's expected hit. Tests of the planner
+    turn it on (test_vllm_planner.py)."""
     extra.setdefault("plan_loads", False)
     return {
         "kv_connector": "KVServerConnector",
