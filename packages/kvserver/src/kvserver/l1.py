@@ -109,7 +109,8 @@ class L1Cache:
         """Allocate a WRITING slot for a key that is not present; evicts as needed.
 
         `parent` is the hash of the chunk this one extends: linked before anything is evicted, so
-        the prefix being extended is never evicted to make room for its own continuation.
+        the prefix being extended is never evicted to make room for its own continuation. The policy
+        learns the same link (its object of the same rank and group) once the slot is held.
         """
         assert key not in self.entries
         if size > self.alloc.capacity:
@@ -132,6 +133,7 @@ class L1Cache:
         self.n_writing += 1
         tenant = tenant_of(key)
         self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + size
+        self.policy.on_reserve(key, None if parent is None else key._replace(chunk_hash=parent))
         return entry
 
     def evict_one(self, only: Callable[[ObjectKey], bool]) -> bool:
@@ -212,6 +214,7 @@ class L1Cache:
     def abort_write(self, key: ObjectKey) -> None:
         entry = self.entries.get(key)
         if entry is not None and entry.state is State.WRITING:
+            self.policy.on_remove(key)  # it saw the reservation (on_reserve), never the insert
             self._drop(key)
 
     def quarantine_write(self, key: ObjectKey, until: float) -> None:
@@ -222,6 +225,7 @@ class L1Cache:
         entry = self.entries.get(key)
         if entry is None or entry.state is not State.WRITING:
             return
+        self.policy.on_remove(key)
         del self.entries[key]
         del self._at[entry.offset]
         self.prefix.remove(key)
