@@ -126,6 +126,9 @@ class Recorder(LRUPolicy[ObjectKey]):
     def on_reserve(self, key: ObjectKey, parent: ObjectKey | None) -> None:
         self.calls.append(("reserve", key, parent))
 
+    def on_link(self, key: ObjectKey, parent: ObjectKey) -> None:
+        self.calls.append(("link", key, parent))
+
     def on_remove(self, key: ObjectKey) -> None:
         self.calls.append(("remove", key, None))
         super().on_remove(key)
@@ -147,5 +150,20 @@ def test_the_policy_learns_which_key_a_reservation_extends_and_forgets_unfinishe
             assert l1.reserve(key(i), ALIGN) is not None
         assert l1.reserve(key(9), ALIGN) is None
         assert ("reserve", key(9), None) not in policy.calls  # a failed reservation is never announced
+    finally:
+        arena.close()
+
+
+def test_links_learnt_after_a_prefetch_reach_the_policy():
+    arena = Arena("kvserver-unit-test-l1-link", 4 * ALIGN)
+    try:
+        policy = Recorder()
+        l1 = L1Cache(arena, policy)
+        for i in (1, 2):  # loaded from L2: reserved without a parent, linked afterwards
+            l1.reserve(key(i), ALIGN)
+            l1.finish_write(key(i))
+        l1.link_chain("m", 1, "", [key(0).chunk_hash, key(1).chunk_hash, key(2).chunk_hash])
+        assert [c for c in policy.calls if c[0] == "link"] == [("link", key(1), key(0)), ("link", key(2), key(1))]
+        assert not l1.evictable(key(1)) and l1.evictable(key(2))  # L1 agrees: 2 extends 1
     finally:
         arena.close()

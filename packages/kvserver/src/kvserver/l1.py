@@ -200,9 +200,13 @@ class L1Cache:
         return key is not None and self.evictable(key)
 
     def link_chain(self, model: str, world: int, salt: str, hashes: list[bytes]) -> None:
-        """Link each resident chunk of a prefix to the chunk before it (after an L2 prefetch)."""
+        """Link each resident chunk of a prefix to the chunk before it (after an L2 prefetch); the
+        policy learns the same links, object by object."""
         for i in range(1, len(hashes)):
-            self.prefix.link((model, world, salt, hashes[i]), (model, world, salt, hashes[i - 1]))
+            fam = (model, world, salt, hashes[i])
+            self.prefix.link(fam, (model, world, salt, hashes[i - 1]))
+            for key in self.prefix.members.get(fam, ()):
+                self.policy.on_link(key, key._replace(chunk_hash=hashes[i - 1]))
 
     def finish_write(self, key: ObjectKey) -> None:
         entry = self.entries[key]

@@ -5,8 +5,8 @@ writing object) and passes that test in as `evictable`; the policy skips keys th
 Policies are generic over the key type: L1 keys them by kvprotocol.ObjectKey, unit tests and the
 trace simulator by whatever hashable they like, and each gets its own key type back from `pop_victim`.
 
-`on_reserve` is optional (a no-op here): it tells a policy which key a new key extends before the
-key is readable, for policies that learn from a prefix's history (lhd.py). A reserved key that
+`on_reserve` and `on_link` are optional (no-ops here): they tell a policy which key a key extends,
+for policies that learn from a prefix's history (lhd.py). A reserved key that
 never becomes readable (aborted, quarantined) gets `on_remove`, which every policy already takes
 for keys it does not hold.
 """
@@ -26,6 +26,9 @@ class EvictionPolicy(ABC, Generic[K]):
 
     def on_reserve(self, key: K, parent: K | None) -> None:
         """A slot was reserved for `key` (not readable yet); `parent` is the key of the chunk it extends."""
+
+    def on_link(self, key: K, parent: K) -> None:
+        """`key`, reserved or ready, extends `parent` (learnt after the fact: an L2 prefetch)."""
 
     @abstractmethod
     def on_insert(self, key: K) -> None:
