@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -161,12 +162,13 @@ def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tu
     port = _free_port()
     exe = Path(sys.executable).parent / "kvserver"
     gb = capacity_blocks * OBJECT_BYTES / (1 << 30)
+    token = secrets.token_hex(16)  # every op but ping needs one
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.Popen([str(exe), "start", "--port", str(port), "--l1-size-gb", repr(gb), "--http-port", "0",
                                  "--chunk-size", str(BLOCK_TOKENS), "--eviction-policy", policy,
-                                 "--log-level", "warning"], stdout=subprocess.DEVNULL, cwd=tmp)
+                                 "--api-token", token, "--log-level", "warning"], stdout=subprocess.DEVNULL, cwd=tmp)
         try:
-            with Client(f"tcp://127.0.0.1:{port}", timeout=5.0) as c:
+            with Client(f"tcp://127.0.0.1:{port}", timeout=5.0, token=token) as c:
                 for _ in range(100):
                     try:
                         c.ping()
