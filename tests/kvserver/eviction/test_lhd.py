@@ -223,3 +223,46 @@ def test_learned_density_keeps_a_returning_conversation_over_newer_one_offs(poli
         assert "x2" in gone[:first_late]  # recency alone: it goes before any newer key
     else:
         assert "x2" not in gone[:first_late + 8], gone  # one-offs newer than it go first
+
+
+def test_until_its_first_refresh_it_evicts_exactly_like_lru():
+    """Before any statistics, every class ranks alike and older is worse: LRU, leaves only."""
+    from kvprotocol import ObjectKey
+    from kvserver.arena import Arena
+    from kvserver.l1 import L1Cache
+    from kvserver.slab import ALIGN
+
+    def key(i: int) -> ObjectKey:
+        return ObjectKey("m", "0" * 16, 1, 0, 0, "", i.to_bytes(32, "big"))
+
+    orders = {}
+    for name in ("lhd", "lru"):
+        arena = Arena(f"kvserver-unit-test-lhd-{name}", 48 * ALIGN)
+        try:
+            l1 = L1Cache(arena, make_policy(name))
+            evicted: list[ObjectKey] = []
+            l1.on_evict.append(evicted.append)
+            rng, convs, fresh = random.Random(11), [[0]], iter(range(1, 1 << 20))
+            for _ in range(300):  # ~2,000 inserts and accesses: no refresh yet
+                conv = rng.choice(convs) if rng.random() < 0.5 else [0]
+                conv = conv + [next(fresh) for _ in range(rng.randint(1, 4))]
+                convs.append(conv)
+                keys = [key(b) for b in conv]
+                hit = next((i for i, k in enumerate(keys) if l1.ready(k) is None), len(keys))
+                for k in reversed(keys[:hit]):
+                    l1.touch(k)
+                written = []
+                for i in range(hit, len(keys)):
+                    if keys[i] not in l1.entries:
+                        if l1.reserve(keys[i], ALIGN, conv[i - 1].to_bytes(32, "big") if i else None) is None:
+                            break
+                        written.append(keys[i])
+                for k in reversed(written):
+                    l1.finish_write(k)
+            orders[name] = evicted
+            if name == "lhd":
+                assert l1.policy._now < REFRESH
+        finally:
+            arena.close()
+    assert len(orders["lru"]) > 100
+    assert orders["lhd"] == orders["lru"]
