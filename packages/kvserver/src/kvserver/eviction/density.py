@@ -6,15 +6,17 @@ cache is small next to its working set:
 
 - Reuse ages are measured beyond eviction. An evicted key is remembered for a while (lhd.py's
   ghosts); if it is asked for again, that is a reuse at its full age. Keys that leave the ghost
-  list unasked are censored at their age. The survival curve is the Kaplan-Meier estimate over
-  both, so a class that today is evicted at age 40 can learn that it would be read at age 90. (LHD
-  learns only from ages its objects actually reached, and needs a share of "explorer" objects for
-  that.)
+  list unasked, and keys still waiting, are censored at their age. The survival curve is the
+  Kaplan-Meier estimate over all of them, so a class that today is evicted at age 40 can learn that
+  it would be read at age 90. (LHD learns only from ages its objects actually reached, and needs a
+  share of "explorer" objects for that.)
 - The density at age `a` is the best ratio over every horizon `h > a` of the hits gained by keeping
   the object until `h` to the space-time that costs: max over h of (F(h) - F(a)) / (L(h) - L(a)),
-  with F the reuse probability by age and L the expected space-time (the sum of survival). Ranking
-  by it and evicting the lowest is the optimal per-class hold-time policy for a cache of any size
-  (the tangent from a point to the upper convex hull of the (L, F) curve).
+  with F the reuse probability by age and L the expected space-time (the sum of survival): the
+  slope of the tangent from point a to the upper convex hull of the (L, F) curve. If keys were
+  read again independently, at ages drawn from their class's distribution, keeping every key whose
+  density is above a threshold (the one the cache's size sets) would be the best hold-time rule;
+  evicting the lowest density first approximates it.
 
 Ages are coarsened, `age >> shift`, into AGES bins, the last one holding every older age; `shift`
 is the finest at which the last bin holds at most 2% of the reuse and censoring ages.

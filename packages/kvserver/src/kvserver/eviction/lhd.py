@@ -23,7 +23,8 @@ reuse goes on, so the estimate learns reuse ages longer than today's cache lifet
 
 Only leaves are ranked (ranking.py); a key whose children are all gone becomes a candidate again at
 its own age and class. Every event is O(1) amortised: ranking is O(groups log groups) once per
-coarse tick, a refresh O(classes x ages) once per max(REFRESH, keys held) events.
+coarse tick; a refresh, O(classes x ages), comes once per max(REFRESH, keys held) events; a change
+of the age unit regroups every key and ghost, and comes a few times in a cache's life.
 """
 
 from __future__ import annotations
