@@ -8,6 +8,7 @@ real lookup/store/commit over TCP) at a few capacities and prints both hit rates
   uv run python bench/bench_trace.py                         # table (markdown) on stdout
   uv run --with matplotlib python bench/bench_trace.py --png docs/capacity-hit-rate.png
   uv run python bench/bench_trace.py --server --limit 1500   # simulation vs real server
+  uv run python bench/bench_trace.py --bounds 0.05 --jobs 1   # lhd calibrated on the whole trace
 
 Default trace: the FAST'25 Mooncake conversation trace (kvcache-ai/Mooncake, FAST25-release/traces,
 Apache-2.0), looked up in ../shared/traces or /work/shared/traces.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from kvserver.eviction import POLICIES
+from kvserver.tracebounds import FEATURES, calibrated
 from kvserver.tracesim import (BLOCK_TOKENS, OBJECT_BYTES, Request, belady, load_trace, plain_lru, simulate,
                                unique_blocks)
 
@@ -55,6 +58,31 @@ def _run(job: tuple[str, int]) -> tuple[str, int, float]:
     if what == "plain-lru":
         return what, cap, plain_lru(_TRACE, cap)
     return what, cap, simulate(_TRACE, what, cap)
+
+
+def _bound(job: tuple[str, int, int]) -> tuple[str, int, list[float]]:
+    features, cap, passes = job
+    return features, cap, calibrated(_TRACE, cap, features, passes)
+
+
+def bounds(path: Path, limit: int | None, fractions: list[float], passes: int, jobs: int) -> str:
+    """Markdown: lhd online and calibrated on the whole trace in advance (tracebounds.py), per
+    capacity, next to LRU and the optimum."""
+    trace = load_trace(path, limit)
+    unique = unique_blocks(trace)
+    caps = [max(1, round(unique * f)) for f in fractions]
+    with ProcessPoolExecutor(jobs, initializer=_init, initargs=(str(path), limit)) as pool:
+        plain = {(w, c): r for w, c, r in pool.map(_run, [(w, c) for w in ("optimal", "lru", "lhd") for c in caps])}
+        cal = {(f, c): r for f, c, r in pool.map(_bound, [(f, c, passes) for f in FEATURES for c in caps])}
+    head = ["capacity", "blocks", "optimal", "lru", "lhd (online)"]
+    for f in FEATURES:
+        head += [f"lhd learning the whole trace ({f})"] + [f"calibrated {f}, pass {i}" for i in range(1, passes + 1)]
+    lines = ["| " + " | ".join(head) + " |", "|---:|---:|" + "---:|" * (len(head) - 2)]
+    for frac, cap in zip(fractions, caps, strict=True):
+        row = [f"{100 * frac:g}%", str(cap)] + [f"{100 * plain[w, cap]:.1f}" for w in ("optimal", "lru", "lhd")]
+        row += [f"{100 * r:.1f}" for f in FEATURES for r in cal[f, cap]]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
 def curves(path: Path, limit: int | None, fractions: list[float], policies: list[str],
@@ -134,12 +162,13 @@ def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tu
     port = _free_port()
     exe = Path(sys.executable).parent / "kvserver"
     gb = capacity_blocks * OBJECT_BYTES / (1 << 30)
+    token = secrets.token_hex(16)  # every op but ping needs one
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.Popen([str(exe), "start", "--port", str(port), "--l1-size-gb", repr(gb), "--http-port", "0",
                                  "--chunk-size", str(BLOCK_TOKENS), "--eviction-policy", policy,
-                                 "--log-level", "warning"], stdout=subprocess.DEVNULL, cwd=tmp)
+                                 "--api-token", token, "--log-level", "warning"], stdout=subprocess.DEVNULL, cwd=tmp)
         try:
-            with Client(f"tcp://127.0.0.1:{port}", timeout=5.0) as c:
+            with Client(f"tcp://127.0.0.1:{port}", timeout=5.0, token=token) as c:
                 for _ in range(100):
                     try:
                         c.ping()
@@ -179,10 +208,18 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the raw results as JSON")
     ap.add_argument("--server", action="store_true", help="confirm the simulation against a real kvserver")
     ap.add_argument("--server-fractions", default="0.02,0.1")
+    ap.add_argument("--bounds", default=None, metavar="FRACTIONS",
+                    help="instead of the table: lhd calibrated on the whole trace in advance, at these capacities")
+    ap.add_argument("--passes", type=int, default=2, help="calibrated replays per capacity (--bounds)")
     args = ap.parse_args()
     path = args.trace or default_trace()
     policies = [p for p in args.policies.split(",") if p]
     fractions = [float(f) for f in args.fractions.split(",")]
+    if args.bounds:
+        t0 = time.monotonic()
+        text = bounds(path, args.limit, [float(f) for f in args.bounds.split(",")], args.passes, args.jobs)
+        print(f"{path.name}: token hit rate, % ({time.monotonic() - t0:.0f} s)\n\n{text}")
+        return
     if args.server:
         trace = load_trace(path, args.limit)
         unique = unique_blocks(trace)

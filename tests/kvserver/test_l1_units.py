@@ -114,3 +114,56 @@ def test_maintained_counts_match_a_scan(l1):
         assert l1.count(State.READY) == sum(x.state is State.READY for x in es)
         assert l1.leased_objects() == sum(x.leases > 0 for x in es)
         assert l1.pinned_objects() == sum(x.pinned for x in es)
+
+
+class Recorder(LRUPolicy[ObjectKey]):
+    """LRU that writes down the optional lineage calls L1 makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, ObjectKey, ObjectKey | None]] = []
+
+    def on_reserve(self, key: ObjectKey, parent: ObjectKey | None) -> None:
+        self.calls.append(("reserve", key, parent))
+
+    def on_link(self, key: ObjectKey, parent: ObjectKey) -> None:
+        self.calls.append(("link", key, parent))
+
+    def on_remove(self, key: ObjectKey) -> None:
+        self.calls.append(("remove", key, None))
+        super().on_remove(key)
+
+
+def test_the_policy_learns_which_key_a_reservation_extends_and_forgets_unfinished_ones():
+    arena = Arena("kvserver-unit-test-l1-lineage", 4 * ALIGN)
+    try:
+        policy = Recorder()
+        l1 = L1Cache(arena, policy)
+        k0, k1 = key(0), key(1)
+        assert l1.reserve(k0, ALIGN) is not None
+        assert l1.reserve(k1, ALIGN, parent=k0.chunk_hash) is not None
+        assert policy.calls == [("reserve", k0, None), ("reserve", k1, k0)]  # the parent as a key of its lane
+        l1.abort_write(k1)
+        l1.quarantine_write(k0, until=1.0)
+        assert policy.calls[2:] == [("remove", k1, None), ("remove", k0, None)]
+        for i in (2, 3, 4):  # with k0's quarantined slot the arena is full of writes
+            assert l1.reserve(key(i), ALIGN) is not None
+        assert l1.reserve(key(9), ALIGN) is None
+        assert ("reserve", key(9), None) not in policy.calls  # a failed reservation is never announced
+    finally:
+        arena.close()
+
+
+def test_links_learnt_after_a_prefetch_reach_the_policy():
+    arena = Arena("kvserver-unit-test-l1-link", 4 * ALIGN)
+    try:
+        policy = Recorder()
+        l1 = L1Cache(arena, policy)
+        for i in (1, 2):  # loaded from L2: reserved without a parent, linked afterwards
+            l1.reserve(key(i), ALIGN)
+            l1.finish_write(key(i))
+        l1.link_chain("m", 1, "", [key(0).chunk_hash, key(1).chunk_hash, key(2).chunk_hash])
+        assert [c for c in policy.calls if c[0] == "link"] == [("link", key(1), key(0)), ("link", key(2), key(1))]
+        assert not l1.evictable(key(1)) and l1.evictable(key(2))  # L1 agrees: 2 extends 1
+    finally:
+        arena.close()

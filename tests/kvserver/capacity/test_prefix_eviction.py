@@ -8,7 +8,7 @@ import pytest
 from kvhelpers import lookup, payload, register, store, tiny_layout
 from kvprotocol import pack_tokens
 
-POLICIES = ["lru", "lfu", "arc", "s3fifo"]
+POLICIES = ["lru", "lfu", "arc", "s3fifo", "lhd"]
 LAYOUT = tiny_layout(layers=32, block_bytes=4096)  # 1 MiB objects
 ARENA = ["--l1-size-gb", str(8 / 1024)]  # 8 objects
 

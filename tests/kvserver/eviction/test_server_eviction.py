@@ -25,7 +25,7 @@ def present(c, ks, ids):
     return [i for i in ids if lookup(c, ks, prompt(i)) == 256]
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "arc", "s3fifo"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "arc", "s3fifo", "lhd"])
 def test_eviction_order_in_server(server_factory, policy):
     """0 and 1 are hit again (recent and frequent); 2 and 3 are the oldest one-hit objects."""
     srv = server_factory(*ARENA, "--eviction-policy", policy)
@@ -40,7 +40,7 @@ def test_eviction_order_in_server(server_factory, policy):
         assert c.call("describe").result["l1"]["evictions"] == 2
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "arc", "s3fifo"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "arc", "s3fifo", "lhd"])
 def test_leased_objects_are_never_evicted(server_factory, policy):
     srv = server_factory(*ARENA, "--eviction-policy", policy)
     with srv.client() as c:

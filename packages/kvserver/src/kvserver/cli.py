@@ -41,7 +41,7 @@ def main() -> None:
 @click.option("--ec-size-gb", default=1.0, show_default=True, type=float,
               help="Encoder-cache budget (its own shm segment, apart from L1).")
 @click.option("--chunk-size", default=DEFAULT_CHUNK_SIZE, show_default=True, type=int, help="Tokens per cached chunk.")
-@click.option("--eviction-policy", default="lru", show_default=True, type=click.Choice(sorted(POLICIES)))
+@click.option("--eviction-policy", default="lhd", show_default=True, type=click.Choice(sorted(POLICIES)))
 @click.option("--lease-ttl", default=30.0, show_default=True, type=float, help="Seconds a lease or reservation lives.")
 @click.option("--engine-ttl", default=600.0, show_default=True, type=float,
               help="Seconds without a keyed request after which an engine registration this server cannot "

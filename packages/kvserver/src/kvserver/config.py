@@ -24,7 +24,7 @@ class ServerConfig:
     l1_size_gb: float = 4.0
     ec_size_gb: float = 1.0  # the encoder cache's own budget (a second shm segment; see ec.py)
     chunk_size: int = DEFAULT_CHUNK_SIZE
-    eviction_policy: str = "lru"
+    eviction_policy: str = "lhd"
     lease_ttl: float = 30.0
     engine_ttl: float = 600.0  # seconds of keyspace silence before a registration nobody can check expires
     log_level: str = "info"

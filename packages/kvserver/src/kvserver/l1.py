@@ -109,7 +109,8 @@ class L1Cache:
         """Allocate a WRITING slot for a key that is not present; evicts as needed.
 
         `parent` is the hash of the chunk this one extends: linked before anything is evicted, so
-        the prefix being extended is never evicted to make room for its own continuation.
+        the prefix being extended is never evicted to make room for its own continuation. The policy
+        learns the same link (its object of the same rank and group) once the slot is held.
         """
         assert key not in self.entries
         if size > self.alloc.capacity:
@@ -132,6 +133,7 @@ class L1Cache:
         self.n_writing += 1
         tenant = tenant_of(key)
         self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + size
+        self.policy.on_reserve(key, None if parent is None else key._replace(chunk_hash=parent))
         return entry
 
     def evict_one(self, only: Callable[[ObjectKey], bool]) -> bool:
@@ -198,9 +200,13 @@ class L1Cache:
         return key is not None and self.evictable(key)
 
     def link_chain(self, model: str, world: int, salt: str, hashes: list[bytes]) -> None:
-        """Link each resident chunk of a prefix to the chunk before it (after an L2 prefetch)."""
+        """Link each resident chunk of a prefix to the chunk before it (after an L2 prefetch); the
+        policy learns the same links, object by object."""
         for i in range(1, len(hashes)):
-            self.prefix.link((model, world, salt, hashes[i]), (model, world, salt, hashes[i - 1]))
+            fam = (model, world, salt, hashes[i])
+            self.prefix.link(fam, (model, world, salt, hashes[i - 1]))
+            for key in self.prefix.members.get(fam, ()):
+                self.policy.on_link(key, key._replace(chunk_hash=hashes[i - 1]))
 
     def finish_write(self, key: ObjectKey) -> None:
         entry = self.entries[key]
@@ -212,6 +218,7 @@ class L1Cache:
     def abort_write(self, key: ObjectKey) -> None:
         entry = self.entries.get(key)
         if entry is not None and entry.state is State.WRITING:
+            self.policy.on_remove(key)  # it saw the reservation (on_reserve), never the insert
             self._drop(key)
 
     def quarantine_write(self, key: ObjectKey, until: float) -> None:
@@ -222,6 +229,7 @@ class L1Cache:
         entry = self.entries.get(key)
         if entry is None or entry.state is not State.WRITING:
             return
+        self.policy.on_remove(key)
         del self.entries[key]
         del self._at[entry.offset]
         self.prefix.remove(key)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -21,7 +21,7 @@ from typing import Any, cast
 from kvprotocol import ObjectKey
 
 from .arena import Arena
-from .eviction import make_policy
+from .eviction import EvictionPolicy, make_policy
 from .l1 import L1Cache
 
 BLOCK_TOKENS = 512
@@ -52,6 +52,11 @@ def unique_blocks(trace: Iterable[Request]) -> int:
     return len({b for r in trace for b in r.blocks})
 
 
+def block_of(key: ObjectKey) -> int:
+    """The trace hash id a simulated key stands for."""
+    return int.from_bytes(key.chunk_hash, "big")
+
+
 def _key(block: int) -> ObjectKey:
     return ObjectKey("trace", "0" * 16, 1, 0, 0, "", block.to_bytes(32, "big"))
 
@@ -63,11 +68,19 @@ class _SimArena:
         self.capacity = capacity
 
 
-def simulate(trace: list[Request], policy: str, capacity_blocks: int, inherit: bool = False) -> float:
-    """Token hit rate of the server's own L1 code (lookup, touch, store, commit order as cache.py)."""
-    l1 = L1Cache(cast(Arena, _SimArena(capacity_blocks * OBJECT_BYTES)), make_policy(policy))
+def simulate(trace: list[Request], policy: str | EvictionPolicy[ObjectKey], capacity_blocks: int,
+             inherit: bool = False, on_request: Callable[[int, Request], None] | None = None) -> float:
+    """Token hit rate of the server's own L1 code (lookup, touch, store, commit order as cache.py).
+
+    `policy`: a name, or a policy object (tracebounds.py's calibrated ones); `on_request(i, request)`
+    runs before each request is replayed.
+    """
+    policy = make_policy(policy) if isinstance(policy, str) else policy
+    l1 = L1Cache(cast(Arena, _SimArena(capacity_blocks * OBJECT_BYTES)), policy)
     hit_tokens = total = 0
-    for req in trace:
+    for i, req in enumerate(trace):
+        if on_request is not None:
+            on_request(i, req)
         total += req.input_tokens
         keys = [_key(b) for b in req.blocks]
         hit = 0

@@ -5,12 +5,13 @@ from typing import Any
 from .arc import ARCPolicy
 from .base import EvictionPolicy
 from .lfu import LFUPolicy
+from .lhd import LHDPolicy
 from .lru import LRUPolicy
 from .s3fifo import S3FIFOPolicy
 from .slru import SLRUPolicy
 
 POLICIES: dict[str, type[EvictionPolicy[Any]]] = {
-    p.name: p for p in (LRUPolicy, LFUPolicy, ARCPolicy, S3FIFOPolicy, SLRUPolicy)
+    p.name: p for p in (LRUPolicy, LFUPolicy, ARCPolicy, S3FIFOPolicy, SLRUPolicy, LHDPolicy)
 }
 
 
@@ -22,5 +23,5 @@ def make_policy(name: str) -> EvictionPolicy[Any]:
         raise ValueError(f"unknown eviction policy {name!r}; choose from {sorted(POLICIES)}") from None
 
 
-__all__ = ["ARCPolicy", "EvictionPolicy", "LFUPolicy", "LRUPolicy", "POLICIES", "S3FIFOPolicy", "SLRUPolicy",
-           "make_policy"]
+__all__ = ["ARCPolicy", "EvictionPolicy", "LFUPolicy", "LHDPolicy", "LRUPolicy", "POLICIES", "S3FIFOPolicy",
+           "SLRUPolicy", "make_policy"]
