@@ -301,9 +301,10 @@ def main() -> int:
                       console=console) as progress:
             bar = progress.add_task("starting", total=total)
             rounds: list[dict[str, Any]] = []
-            for _ in range(args.repeats):
+            for rnd in range(args.repeats):
                 rounds.append({})
-                for (c, router), label in zip(runs, labels, strict=True):
+                order = list(zip(runs, labels, strict=True))
+                for (c, router), label in order[::-1] if rnd % 2 else order:  # A B, B A, ...: no order bias
                     fresh = {n: build_workload(n, scale, args.trace) for n in names}  # sessions are consumed
                     w = run_config(c, router, model, fresh, args, tmp, progress, bar)
                     results["configs"].setdefault(label, w)

@@ -1,6 +1,7 @@
 """Repeated rounds of the serving benchmark: every configuration runs once per round, on fresh
-engines, rounds in turn (A B A B ...), so slow drifts of a shared host's load hit every configuration
-alike. Each round's figures are divided by the no-connector configuration's of the same round; the
+engines, rounds in turn and in alternating order (A B, B A, ...), so that slow drifts of a shared
+host's load, and whatever the first or the second configuration of a round suffers, hit every
+configuration alike. Each round's figures are divided by the no-connector configuration's of the same round; the
 report gives the median of those ratios and their range. Why: one run of a 10 s workload on a shared
 2-core host moves by more than the few percent a connector costs when nothing is reused."""
 

@@ -11,14 +11,7 @@ from kvserver.eviction import LRUPolicy, make_policy
 from kvserver.eviction.density import HitDensity, density_curve, hazard
 from kvserver.eviction.lhd import LEVELS, REFRESH, SPANS, LHDPolicy, default_class
 
-ALL = lambda _k: True  # noqa: E731
-
-
-def drain(policy, evictable=ALL):
-    out = []
-    while (k := policy.pop_victim(evictable)) is not None:
-        out.append(k)
-    return out
+from policy_helpers import ALL, drain
 
 
 def brute_density(h: list[float]) -> list[float]:

@@ -6,14 +6,7 @@ import pytest
 
 from kvserver.eviction import POLICIES, ARCPolicy, LFUPolicy, LRUPolicy, S3FIFOPolicy, make_policy
 
-ALL = lambda _k: True  # noqa: E731
-
-
-def drain(policy, evictable=ALL):
-    out = []
-    while (k := policy.pop_victim(evictable)) is not None:
-        out.append(k)
-    return out
+from policy_helpers import ALL, drain
 
 
 def test_lru_evicts_least_recently_used():
