@@ -121,7 +121,10 @@ def test_server_absent_at_start_then_back(model_dir: Path, kvserver_factory: Ser
     assert down.connector_stats["lookup_errors"] + down.connector_stats["skipped_server_down"] >= 1
     assert down.connector_stats["saved_chunks"] == 0
     assert up.requests[0].token_ids == reference.batches[1].requests[0].token_ids
-    assert up.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 512
+    # Saves are asynchronous: stored_tokens counts what the server confirmed by the time the request
+    # finished (the first save after a reconnect may still be on its way); the batch's counters and
+    # the server's, read after the engine's background work ended, count all of it.
+    assert up.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] in (0, 256, 512)
     assert up.connector_stats is not None
     assert up.connector_stats["lookups"] >= 1 and up.connector_stats["saved_chunks"] == 2
     assert described["counters"]["stored_objects"] == 2 and described["counters"]["lookups"] >= 1
