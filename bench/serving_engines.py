@@ -189,7 +189,10 @@ def start(config: str, model: Path, n_engines: int, max_model_len: int, workdir:
     dep = Deployment(config, engines, workdir=workdir)
     try:
         if CONFIGS[config][0] == "KVServerConnector":
+            # --prefault: the run measures a server whose L1 pages exist, as a long-running one's do (a
+            # fresh server's first fill otherwise costs the engines a page fault per 4 KiB written)
             args = [a.format(work=workdir) for a in SERVER_ARGS.get(config, ["--l1-size-gb", str(kvserver_gb)])]
+            args.append("--prefault")
             if topology == "per-engine":
                 dep.coordinator = Coordinator(workdir / "coordinator.log")
                 for i in range(n_engines):

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import secrets
+import threading
 
 from kvprotocol._shm import HEADER_BYTES, NONCE_BYTES, SHM_DIR, ShmMapping
+
+log = logging.getLogger("kvserver.arena")
 
 __all__ = ["HEADER_BYTES", "SHM_DIR", "Arena", "ArenaBusy", "ArenaLock", "ShmTooSmall", "arena_name",
            "check_free_space"]
@@ -113,7 +117,8 @@ class Arena:
     `capacity` bytes for objects lie above the header page, so the segment is HEADER_BYTES larger.
     """
 
-    def __init__(self, name: str, capacity: int) -> None:
+    def __init__(self, name: str, capacity: int, prefault: bool = False) -> None:
+        """`prefault`: allocate every page of the segment now, on a thread of its own (see _prefault)."""
         if capacity <= 0:
             raise ValueError("arena capacity must be positive")
         self.name = name
@@ -127,6 +132,35 @@ class Arena:
         self._map = ShmMapping(name, size, create=True)
         self._map.write_header(self.nonce)
         self.view = memoryview(self._map.mm)
+        self._stop = threading.Event()
+        self.prefaulted = threading.Event()  # set once every page is allocated (or prefaulting gave up)
+        if prefault:
+            threading.Thread(target=self._prefault, name=f"prefault-{name}", daemon=True).start()
+
+    def _prefault(self) -> None:
+        """Allocate the segment's pages (fallocate: zeroed tmpfs pages, no mapping touched).
+
+        Why: a sparse segment gets each page at its first write, and on the engine's side that first
+        write is a page fault that allocates and zeroes it: 1 GB/s here against 12 GB/s into a page
+        that exists. With the pages allocated up front an engine's first write into one only maps
+        it. Runs beside serving (the syscall releases the GIL), in 64 MiB steps so close() stops it.
+        """
+        step = 64 << 20
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except OSError:
+            self.prefaulted.set()
+            return
+        try:
+            for start in range(0, self.size, step):
+                if self._stop.is_set():
+                    break
+                os.posix_fallocate(fd, start, min(step, self.size - start))
+        except OSError as exc:  # /dev/shm filled up meanwhile: pages come at first write, as without it
+            log.warning("arena %s: prefault stopped: %s", self.name, exc)
+        finally:
+            os.close(fd)
+            self.prefaulted.set()
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         self.view[offset : offset + len(data)] = data
@@ -136,6 +170,7 @@ class Arena:
 
     def close(self) -> None:
         """Unmap and remove the segment; safe to call twice."""
+        self._stop.set()
         try:
             self.view.release()
         except (BufferError, ValueError):

@@ -40,6 +40,9 @@ def main() -> None:
 @click.option("--l1-size-gb", default=4.0, show_default=True, type=float, help="Shared-memory L1 size.")
 @click.option("--ec-size-gb", default=1.0, show_default=True, type=float,
               help="Encoder-cache budget (its own shm segment, apart from L1).")
+@click.option("--prefault/--no-prefault", default=False, show_default=True,
+              help="Allocate the arenas' shared memory at start, in the background (about 0.3 s per GiB), "
+                   "so engines' first writes into L1 do not each fault in a fresh page.")
 @click.option("--chunk-size", default=DEFAULT_CHUNK_SIZE, show_default=True, type=int, help="Tokens per cached chunk.")
 @click.option("--eviction-policy", default="lhd", show_default=True, type=click.Choice(sorted(POLICIES)))
 @click.option("--lease-ttl", default=30.0, show_default=True, type=float, help="Seconds a lease or reservation lives.")

@@ -23,6 +23,7 @@ class ServerConfig:
     port: int = DEFAULT_PORT
     l1_size_gb: float = 4.0
     ec_size_gb: float = 1.0  # the encoder cache's own budget (a second shm segment; see ec.py)
+    prefault: bool = False  # allocate the arenas' pages at start (in the background), not at first write
     chunk_size: int = DEFAULT_CHUNK_SIZE
     eviction_policy: str = "lhd"
     lease_ttl: float = 30.0

@@ -81,11 +81,11 @@ class KVServer:
                 raise RuntimeError(f"cannot bind {config.zmq_url}: {exc}") from None
             self.auth.publish(config.port)  # only once the port is ours
             check_free_space(name, config.l1_bytes + HEADER_BYTES)
-            self.arena = Arena(name, config.l1_bytes)
+            self.arena = Arena(name, config.l1_bytes, prefault=config.prefault)
             self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
             # the encoder cache: its own segment and budget, never evicted by KV (ec.py)
             check_ec_space(ec_arena_name(name), config.ec_bytes + HEADER_BYTES)
-            self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes)
+            self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes, prefault=config.prefault)
             self.ec = ECCache(self.ec_arena, config.lease_ttl)
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl, self.auth.tenants)
             self.cache.engine_table.ttl = config.engine_ttl
