@@ -48,7 +48,11 @@ def test_failed_load_under_async_scheduling_saves_nothing_computed_over_it(
         extra_spec={"force_async_scheduling": True, "connector_stats": True})
     assert failing.async_scheduling, "the engine did not run with async scheduling"
     seed, r = failing.requests
-    assert seed.kv_transfer_params["kvserver"]["stored_tokens"] == 512
+    # stored_tokens counts the saves confirmed when the request finished (asynchronous saves may still
+    # be on their way); the batch's counters, read after the engine's background work ended, count all
+    assert seed.kv_transfer_params["kvserver"]["stored_tokens"] in (0, 256, 512)
+    assert failing.batches[0].connector_stats is not None
+    assert failing.batches[0].connector_stats["saved_chunks"] == 2
     assert r.kv_transfer_params["kvserver"]["load_failed"] is True
     assert r.token_ids == want
     stats = failing.batches[1].connector_stats

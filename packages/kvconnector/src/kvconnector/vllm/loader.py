@@ -11,7 +11,7 @@ Results are handed back to the engine thread, which alone touches vLLM-facing st
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +111,11 @@ class BackgroundLoader:
         for job, f in list(self._jobs):
             if isinstance(job, SaveJob):
                 f.result()
+
+    def wait_any(self, timeout: float) -> None:
+        """Block until some job ended or `timeout` passed (an idle engine's step yields to the copies)."""
+        if self._jobs:
+            wait([f for _, f in self._jobs], timeout, return_when=FIRST_COMPLETED)
 
     def take_done(self) -> list[tuple[Any, Any]]:
         done = [(job, f.result()) for job, f in self._jobs if f.done()]
