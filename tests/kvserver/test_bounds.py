@@ -16,7 +16,7 @@ import msgpack
 import pytest
 import zmq
 
-from kvhelpers import register, tiny_layout, sid
+from kvhelpers import payload, register, sid, store, tiny_layout
 from kvprotocol import MAX_KEYS, PROTOCOL_VERSION, Client, pack_tokens, resolve_token
 
 GENEROUS_S = 1.0
@@ -144,8 +144,10 @@ def test_sessions_and_stores_are_capped(server_factory) -> None:
     with srv.client() as c:
         ks, _ = register(c)
         wire = ks.to_wire()
+        # Sessions are the leases of lookups that hit (a miss leaves none), so the prefix is stored.
+        store(c, ks, [1] * 256, lambda ch, g: payload(ch, tiny_layout().object_bytes))
         for i in range(MAX_SESSIONS):
-            c.call("lookup", keyspace=wire, tokens=pack_tokens([i] * 256), session=sid(f"s{i}"))
+            c.call("lookup", keyspace=wire, tokens=pack_tokens([1] * 256), session=sid(f"s{i}"))
         reply, _ = hostile(srv.url, [req("lookup", auth, keyspace=wire, tokens=pack_tokens([1] * 256),
                                          session=sid("one-too-many"))], "session past the cap")
         assert _code(reply) == "TOO_MANY"

@@ -174,3 +174,19 @@ def test_late_writer_cannot_reach_a_reused_slot(server_factory):
         assert [s["status"] for s in reply["slots"]] == ["reserved", "reserved"]
         assert lookup(c, ks, others) == 4 * 256  # the freed quarantine made room, nothing was evicted
         arena.close()
+
+
+def test_a_lookup_that_hits_nothing_leaves_no_session_to_release(server):
+    """An engine's scheduler releases a session only when its lookup hit: a miss must leave nothing
+    behind (a live session would count against the session caps until its TTL)."""
+    with server.client() as c:
+        ks, _ = register(c)
+        store(c, ks, TOKENS, lambda ch, g: payload(ch, tiny_layout().object_bytes))
+        assert lookup(c, ks, TOKENS, session="hit") == 512
+        assert c.call("describe").result["sessions"] == 1
+        other = list(range(5000, 5600))
+        assert lookup(c, ks, other, session="miss") == 0
+        assert c.call("describe").result["sessions"] == 1  # only the hit's
+        assert lookup(c, ks, other, session="hit") == 0  # a repeated lookup that now misses
+        assert c.call("describe").result["sessions"] == 0
+        assert c.call("describe").result["l1"]["leased"] == 0

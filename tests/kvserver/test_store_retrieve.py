@@ -94,9 +94,13 @@ def test_salt_isolates_and_retrieve_needs_a_lease(server):
         assert lookup(c, ks, TOKENS, salt="tenant-a") == 1024
         assert lookup(c, ks, TOKENS, salt="tenant-b") == 0
         assert lookup(c, ks, TOKENS) == 0
-        lookup(c, ks, TOKENS, salt="tenant-b", session=sid("b"))
+        assert lookup(c, ks, TOKENS, salt="tenant-b", session=sid("b")) == 0  # a miss leases nothing
         with pytest.raises(ServerError) as err:
             retrieve(c, "b", 0, 1)
+        assert err.value.code == "UNKNOWN_SESSION"
+        assert lookup(c, ks, TOKENS[:512], salt="tenant-a", session=sid("a")) == 512
+        with pytest.raises(ServerError) as err:
+            retrieve(c, "a", 2, 3)  # stored, but past what this session's lookup leased
         assert err.value.code == "NOT_LEASED"
         with pytest.raises(ServerError) as err:
             retrieve(c, "never-looked-up", 0, 1)

@@ -192,13 +192,15 @@ def test_quota_evicts_the_tenants_own_objects_first_then_refuses(tenancy):
 def test_session_and_store_caps_are_per_tenant(tenancy):
     _, _, c, ks, _, _ = tenancy
     carol, alice = c["carol"], c["alice"]
-    assert lookup(carol, ks, T1, session=sid("s1")) == 0
-    assert lookup(carol, ks, T1, session=sid("s2")) == 0
-    assert lookup(carol, ks, T1, session=sid("s1")) == 0  # an existing session is no new one
+    for who in (carol, alice):  # sessions hold the leases of lookups that hit: a miss leaves none
+        store(who, ks, T1[:256], lambda ch, g: payload(ch, OBJ))
+    assert lookup(carol, ks, T1, session=sid("s1")) == 256
+    assert lookup(carol, ks, T1, session=sid("s2")) == 256
+    assert lookup(carol, ks, T1, session=sid("s1")) == 256  # an existing session is no new one
     assert code_of(lambda: lookup(carol, ks, T1, session=sid("s3"))) == "TOO_MANY"
-    assert lookup(alice, ks, T1, session=sid("s3")) == 0  # other tenants are not affected
+    assert lookup(alice, ks, T1, session=sid("s3")) == 256  # other tenants are not affected
     carol.call("end_session", session=sid("s1"))
-    assert lookup(carol, ks, T1, session=sid("s3")) == 0
+    assert lookup(carol, ks, T1, session=sid("s3")) == 256
     held = store(carol, ks, list(range(50_000, 50_512)), lambda ch, g: b"", commit=False)
     assert code_of(lambda: store(carol, ks, list(range(60_000, 60_512)), lambda ch, g: b"",
                                  commit=False)) == "TOO_MANY"

@@ -3,6 +3,7 @@ later" (None); once the chunks are in L1, it reports the hit and vLLM loads it."
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -39,4 +40,38 @@ def test_lookup_is_none_while_l2_prefetches_then_the_hit(model_dir: Path, kvserv
     assert stats is not None
     assert stats["lookups_pending"] >= 1  # vLLM was told to ask again, at least once
     assert r.connector_loaded_tokens == 512 and r.kv_transfer_params["kvserver"]["l2_tokens"] == 512
+    assert r.token_ids == reference.batches[0].requests[0].token_ids
+
+
+def test_a_late_lookup_answer_defers_the_request_not_the_engine(model_dir: Path, kvserver_factory: ServerFactory,
+                                                                reference: EngineRun, tmp_path: Path) -> None:
+    """The scheduler waits at most lookup_wait_s for a lookup's answer. With the server stopped
+    (SIGSTOP) when a request arrives, the connector answers "ask again later" (None) instead of
+    holding vLLM's step loop; once the server runs again, the answer arrives and the hit is loaded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = kvserver_factory()
+    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    gate = tmp_path / "go"
+    assert server.proc is not None
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(run_engine, model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS,
+                             kv_transfer_config=kv_config(server.url, timeout_s=30.0),
+                             extra_spec={"gates": {"0": str(gate)}, "connector_stats": True})
+        waiting = Path(str(gate) + ".waiting")
+        while not waiting.exists():  # the engine is up (registered, calibrated) and waits at the gate
+            assert not future.done(), future.result()
+            time.sleep(0.1)
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            gate.touch()
+            time.sleep(1.5)  # the lookup is sent and not answered: vLLM is told to ask again, step after step
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        run = future.result()
+    r = run.requests[0]
+    stats = run.batches[0].connector_stats
+    assert stats is not None
+    assert stats["lookups_deferred"] >= 1 and stats["lookups"] == 1 and stats["lookup_errors"] == 0
+    assert r.connector_loaded_tokens == 512
     assert r.token_ids == reference.batches[0].requests[0].token_ids

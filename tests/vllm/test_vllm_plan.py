@@ -62,8 +62,11 @@ def test_model_key_is_a_valid_model_name(name: str, want: str) -> None:
 def test_config_defaults_and_errors() -> None:
     cfg = config.parse_config({})
     assert cfg.kvserver_url == "tcp://127.0.0.1:5555" and cfg.mode == "auto" and cfg.chunk_size == 256
+    assert cfg.async_loads and cfg.async_saves and cfg.plan_loads and cfg.lookup_wait_s == 0.002
     assert config.parse_config({"mode": "tcp", "timeout_s": 2, "save_policy": "all"}).timeout_s == 2
+    assert config.parse_config({"lookup_wait_s": 0}).lookup_wait_s == 0
     for bad in ({"mdoe": "tcp"}, {"mode": "udp"}, {"save_policy": "sometimes"}, {"timeout_s": 0},
+                {"lookup_wait_s": -0.1}, {"lookup_wait_s": 2}, {"lookup_wait_s": "1"},
                 {"kvserver_url": "http://x"}, {"chunk_size": "256"}, {"debug_fail_load_chunks": [-1]}):
         with pytest.raises(ValueError):
             config.parse_config(bad)

@@ -108,14 +108,21 @@ class DataPlane:
         """(hit tokens, whether an L2 prefetch still runs (only with wait=False), whether a producer is
         still writing the chunk the hit stops at); with a session, lease the hit objects of every rank
         (or of `rank` only) to it."""
+        req = self.lookup_request(tokens, salt, session, extra, rank, wait)
+        return self.lookup_answer(cast(rp.LookupReply, self.link.send(req, deadline)[0]))
+
+    def lookup_request(self, tokens: np.ndarray, salt: str, session: str | None, extra: ExtraKeys = (),
+                       rank: int | None = None, wait: bool = True) -> rq.Lookup:
         link = self.link
-        req = rq.Lookup(keyspace=link.keyspace_wire, tokens=pack_tokens(tokens), salt=salt,
-                        extra=extra_pairs(extra, tokens.shape[0] // link.unit),
-                        session=session, rank=rank if session is not None else None, wait=wait)
-        result = cast(rp.LookupReply, link.send(req, deadline)[0])
-        if result.chunk_size != link.unit:
+        return rq.Lookup(keyspace=link.keyspace_wire, tokens=pack_tokens(tokens), salt=salt,
+                         extra=extra_pairs(extra, tokens.shape[0] // link.unit),
+                         session=session, rank=rank if session is not None else None, wait=wait)
+
+    def lookup_answer(self, result: rp.LookupReply) -> tuple[int, bool, bool]:
+        """(hit tokens, pending, inflight) of a lookup reply; a server of another chunk size is an error."""
+        if result.chunk_size != self.link.unit:
             raise ServerError(ErrorCode.LAYOUT_MISMATCH, f"server chunk_size {result.chunk_size} "
-                                                         f"!= layout chunk_size {link.unit}")
+                                                         f"!= layout chunk_size {self.link.unit}")
         return result.hit_tokens, bool(result.pending), bool(result.inflight)
 
     # -- load ---------------------------------------------------------------------------------------

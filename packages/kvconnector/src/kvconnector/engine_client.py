@@ -14,16 +14,16 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-import numpy as np
 import zmq
-from kvprotocol import (ErrorCode, ExtraKeys, KVProtocolError, LayoutDescriptor, ServerError, validate_model,
-                        validate_salt)
+from kvprotocol import (ErrorCode, ExtraKeys, KVProtocolError, LayoutDescriptor, Pipeline, RequestTimeout,
+                        ServerError, validate_model, validate_salt)
+from kvprotocol import replies as rp
 from kvprotocol import requests as rq
 
 from ._dataplane import ChecksumMismatch, DataPlane, Prompt
+from ._results import LoadResult, LookupResult, SaveResult, as_tables, as_tokens
 from ._link import Deadline, EngineLink
 from .engine_kv import Copier, EngineKV, HostCopier
 
@@ -31,35 +31,6 @@ log = logging.getLogger("kvconnector.engine_client")
 
 COPY_BACKENDS = ("auto", "host", "torch")
 _REREGISTER = (ErrorCode.LAYOUT_MISMATCH, ErrorCode.UNKNOWN_ENGINE)
-
-
-@dataclass(frozen=True, slots=True)
-class LookupResult:
-    hit_tokens: int
-    error: str | None = None
-    pending: bool = False  # wait=False only: an L2 prefetch runs; ask again later for a bigger hit
-    inflight: bool = False  # a producer's reservation is writing the chunk the hit stops at (docs/pd.md)
-
-
-@dataclass(frozen=True, slots=True)
-class LoadResult:
-    ok: bool
-    loaded_tokens: int
-    failed_block_ids: list[int] = field(default_factory=list)
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SaveResult:
-    ok: bool
-    saved_chunks: int
-    error: str | None = None
-    cached_chunks: int = 0  # chunks of the range now cached, written by this call or already present
-    # The server had no room for some chunk (NO_SPACE): the cache is full, the server is fine. What
-    # fitted is stored (saved_chunks); callers must not treat this as a server failure.
-    no_space: bool = False
-    # A whole-request reservation does not fit now (RETRY_LATER): nothing was stored; save again later.
-    retry_later: bool = False
 
 
 class _Warner:
@@ -90,34 +61,6 @@ def _kind(exc: BaseException) -> str:
     if isinstance(exc, zmq.ZMQError):
         return "zmq"
     return "internal"
-
-
-def as_tokens(tokens: Any) -> np.ndarray:
-    """Token ids from a list, numpy array or torch tensor, as a 1-D integer array."""
-    if hasattr(tokens, "detach"):
-        tokens = tokens.detach().cpu().numpy()
-    arr = np.asarray(tokens)
-    if arr.ndim != 1:
-        raise ValueError("tokens must be one-dimensional")
-    if arr.size == 0:
-        return arr.astype(np.int64)
-    if arr.dtype.kind not in "iu":
-        raise ValueError(f"token ids must be integers, got {arr.dtype}")
-    return arr
-
-
-def as_tables(block_ids: Any, groups: int) -> list[np.ndarray]:
-    """One block table per group: a flat list serves every group, a nested one is per group."""
-    if hasattr(block_ids, "detach"):
-        block_ids = block_ids.detach().cpu().numpy()
-    nested = (isinstance(block_ids, np.ndarray) and block_ids.ndim == 2) or (
-        not isinstance(block_ids, np.ndarray) and len(block_ids) > 0
-        and isinstance(block_ids[0], (list, tuple, np.ndarray)))
-    tables = [np.asarray(t, dtype=np.int64).reshape(-1) for t in block_ids] if nested \
-        else [np.asarray(block_ids, dtype=np.int64).reshape(-1)] * groups
-    if len(tables) != groups:
-        raise ValueError(f"{len(tables)} block tables for {groups} object groups")
-    return tables
 
 
 def _layer_list(kv: Any) -> Any:
@@ -158,6 +101,7 @@ class EngineClient:
         self._lock = threading.RLock()
         self._warner = _Warner(warn_interval)
         self._closed = False
+        self._pipe: Pipeline | None = None  # lookup_submit / release_nowait, created on first use
         self.verify_failures = 0  # loads failed because an object's bytes did not match its checksum
         self.verify_failed_objects = 0
 
@@ -317,6 +261,67 @@ class EngineClient:
             except Exception as exc:
                 return LookupResult(0, self._failed("lookup", exc))
 
+    # -- scheduler side, never blocking longer than asked (a kvprotocol Pipeline of its own) -------------
+    def lookup_submit(self, tokens: Any, salt: str = "", session: str | None = None, extra: ExtraKeys = (),
+                      wait: bool = True) -> int | LookupResult:
+        """Send a lookup and return at once: its id for `lookup_result`, or a LookupResult carrying the
+        error when it could not even be sent. Same answer as `lookup`; requests of this client's
+        pipeline (lookups, `release_nowait`) reach the server in the order they were sent."""
+        with self._lock:
+            try:
+                self._deadline()
+                validate_salt(salt)
+                req = self._plane.lookup_request(as_tokens(tokens), salt, session, extra, wait=wait)
+                return self._pipeline().submit(req)
+            except Exception as exc:
+                return LookupResult(0, self._failed("lookup", exc))
+
+    def lookup_result(self, rid: int, wait_s: float = 0.0) -> LookupResult | None:
+        """The answer to lookup `rid` once it arrived (waiting at most `wait_s`), None before."""
+        with self._lock:
+            try:
+                got = self._pipeline().result(rid, wait_s)
+                if got is None:
+                    return None
+                hit, pending, inflight = self._plane.lookup_answer(cast(rp.LookupReply, got[0]))
+                return LookupResult(hit, None, pending, inflight)
+            except Exception as exc:
+                if isinstance(exc, ServerError) and exc.code == ErrorCode.UNAUTHORIZED:
+                    self._reset_pipeline()  # the next one reads the token again (a restarted server's)
+                return LookupResult(0, self._failed("lookup", exc))
+
+    def lookup_forget(self, rid: int) -> None:
+        """Nobody will take lookup `rid`'s answer: drop it when it comes."""
+        with self._lock:
+            self._pipeline().forget(rid)
+
+    def lookup_abandon(self, rid: int) -> LookupResult:
+        """Give up on lookup `rid` (no answer in time). The next lookup starts on a fresh socket with
+        the token read again (the server may be a restarted one, as the blocking client does after a
+        timeout); whatever a late-processed lookup leased expires with the server's lease TTL.
+        Returns the timeout as an error."""
+        with self._lock:
+            self._reset_pipeline()
+        return LookupResult(0, self._failed("lookup", RequestTimeout("lookup: no reply within the timeout")))
+
+    def release_nowait(self, session: str) -> None:
+        """`release(session)` without waiting for the answer (ordered after this client's lookups)."""
+        with self._lock:
+            try:
+                self._pipeline().submit(rq.Release(session=session), want_reply=False)
+            except Exception as exc:
+                self._failed("release", exc)
+
+    def _reset_pipeline(self) -> None:
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
+
+    def _pipeline(self) -> Pipeline:
+        if self._pipe is None:
+            self._pipe = Pipeline(self._link.server.url, self._link.server.token)
+        return self._pipe
+
     def release(self, session: str, rank: int | None = None) -> None:
         """Return the session's leases: of every rank (the scheduler, for a hit it will not load), or
         of one rank (a worker that will not load its part); a no-op for unknown sessions; never raises."""
@@ -345,6 +350,7 @@ class EngineClient:
             if self._closed:
                 return
             self._closed = True
+            self._reset_pipeline()
             try:
                 self._plane.close()
             except Exception as exc:

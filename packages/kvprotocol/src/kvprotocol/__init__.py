@@ -6,6 +6,7 @@ Never imports torch: it runs on hosts with no GPU.
 from ._backoff import Backoff
 from ._defaults import DEFAULT_CHUNK_SIZE, DEFAULT_HTTP_PORT, DEFAULT_PORT, DEFAULT_URL
 from ._client import DEFAULT_TIMEOUT, AsyncClient, Client, Reply
+from ._pipeline import Pipeline
 from ._credentials import (SERVER_KEY_ENV, STATE_DIR_ENV, TOKEN_ENV, TOKEN_FILE_ENV, CredentialError,
                            resolve_server_key, resolve_token)
 from ._errors import ErrorCode, KVProtocolError, RequestTimeout, ServerError, ValidationError
@@ -28,7 +29,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_TIMEOUT", "DTYPES", "LAYOUT_TAGS", "MAX_TOKENS", "PROTOCOL_VERSION", "SCHEMA", "ZERO_HASH",
-    "AsyncClient", "Client", "bearer_matches", "bearer_refusal", "exposure_refusal", "listen_socket", "is_loopback",
+    "AsyncClient", "Client", "Pipeline", "bearer_matches", "bearer_refusal", "exposure_refusal", "listen_socket",
+    "is_loopback",
     "tokens_equal", "ErrorCode", "KVProtocolError", "KeySpace", "LayoutDescriptor", "ObjectKey",
     "Reply", "RequestTimeout", "ServerError", "ValidationError", "chunk_hashes", "pack_tokens",
     "unpack_tokens", "validate_model", "validate_request", "validate_salt",

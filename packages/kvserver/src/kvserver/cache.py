@@ -84,7 +84,9 @@ class CacheService(WritePath):
             if self.reservations.inflight(refs, hit):  # "ask again later": nothing is leased for it
                 out["inflight"] = True
                 return out
-        if session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
+        if session is not None and hit == 0 and rank is None:
+            self.leases.drop(session)  # nothing to lease: no session is left for the client to release
+        elif session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
             self.leases.take(session, ks, salt, hashes, hit, rank, keys_of)
         return out
 

@@ -38,6 +38,9 @@ class ConnectorConfig:
     token_file       read that credential from this file instead (a mounted secret)
     retry_after_s    after a failed server call, skip the server this long (doubling up to 30 s) so a
                      dead server costs one timeout, not one per request
+    lookup_wait_s    how long vLLM's scheduler waits for a lookup's answer (default 0.002): a later answer
+                     is collected when vLLM asks again at its next step ("ask again later", None), so a
+                     slow round trip delays that request, never the engine's other requests
     wait_for_l2      False (default): a lookup never waits for the server's L2 prefetch; while one runs
                      the connector tells vLLM "ask again later" (None) and reports the hit once it is
                      in L1. True: the lookup blocks up to the server's --l2-prefetch-timeout
@@ -77,6 +80,7 @@ class ConnectorConfig:
     api_token: str | None = dataclasses.field(default=None, repr=False)  # never in a log line
     token_file: str | None = None
     wait_for_l2: bool = False
+    lookup_wait_s: float = 0.002
     async_loads: bool = True
     plan_loads: bool = True
     async_saves: bool = True
@@ -121,7 +125,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "debug_fail_load_chunks": (list, tuple), "debug_fail_plan_loads": (bool,), "wait_for_l2": (bool,),
     "async_loads": (bool,), "plan_loads": (bool,), "async_saves": (bool,), "debug_load_delay_s": (int, float),
     "debug_save_delay_s": (int, float), "reserve": (bool, type(None)), "reserve_wait_s": (int, float),
-    "inflight_wait_s": (int, float),
+    "inflight_wait_s": (int, float), "lookup_wait_s": (int, float),
 }
 
 
@@ -155,6 +159,8 @@ def parse_config(extra: Mapping[str, Any] | None, environ: Mapping[str, str] | N
         raise ValueError(f"KVServerConnector: save_policy must be one of {SAVE_POLICIES}, got {cfg.save_policy!r}")
     if not (0 <= cfg.reserve_wait_s <= 600 and 0 <= cfg.inflight_wait_s <= 600):
         raise ValueError("KVServerConnector: reserve_wait_s and inflight_wait_s must be in [0, 600]")
+    if not 0 <= cfg.lookup_wait_s <= 1:
+        raise ValueError("KVServerConnector: lookup_wait_s must be in [0, 1]")
     if not 0 < cfg.timeout_s <= 600:
         raise ValueError("KVServerConnector: timeout_s must be in (0, 600]")
     if not 0 <= cfg.retry_after_s <= 600:

@@ -19,6 +19,7 @@ from .breaker import Breaker
 from .config import ConnectorConfig
 from .costs import CostModel
 from .extra_keys import AdapterDigests, request_keys
+from .._results import LookupResult
 from .log import log
 from .metadata import KVServerConnectorMetadata, LoadJob, SaveJob
 from .stats import KVServerConnectorStats
@@ -45,6 +46,8 @@ class _Req:
     cacheable: bool = True  # False: never looked up nor saved (prompt embeddings, unknown adapter, ...)
     epoch: int = 0  # failed loads the scheduler has heard of (SaveJob.epoch)
     pending_since: float | None = None  # monotonic time of the first "L2 prefetch pending" answer
+    lookup_rid: int | None = None  # a lookup sent whose answer has not been taken yet
+    lookup_sent: float = 0.0  # monotonic time it was sent
     l1_hit: int | None = None  # the L1 hit before the server's L2 prefetch (tokens); None: no prefetch
 
 
@@ -82,31 +85,30 @@ class SchedulerSide:
         if not self.breaker.allow():
             self.stats.add("skipped_server_down")
             return 0, False
-        tokens = list(request.all_token_ids[:n])
-        self.stats.add("lookups")
         try:
-            res = self.client.lookup(tokens, salt=st.salt, session=st.session, extra=self._extra(st, n),
-                                     wait=self.cfg.wait_for_l2)
+            res = self._lookup(st, request, n)
         except Exception as exc:  # noqa: BLE001 - the engine must never fail because of the cache
-            res = None
-            err: str | None = f"{type(exc).__name__}: {exc}"
-        else:
-            err = res.error
+            st.lookup_rid = None
+            res = LookupResult(0, f"{type(exc).__name__}: {exc}")
+        if res is None:
+            self.stats.add("lookups_deferred")  # the answer is on its way: vLLM asks again next step
+            return None, False
+        err = res.error
         if err is not None:
             self._failed("lookup", err)
             self.stats.add("lookup_errors")
             return 0, False
         self.breaker.succeeded()
-        st.leased = True
-        hit = int(res.hit_tokens) if res is not None else 0
+        hit = int(res.hit_tokens)
+        st.leased = hit > 0  # a lookup that hits nothing leaves no session: one round trip fewer per miss
         hit = min(plan.floor_to(hit, self.chunk), plan.floor_to(n, self.chunk))
-        if res is not None and getattr(res, "inflight", False) and self._may_wait(st, self.cfg.inflight_wait_s):
+        if res.inflight and self._may_wait(st, self.cfg.inflight_wait_s):
             # A producer is still writing this prefix (PD disaggregation): ask again later rather
             # than recompute what is about to arrive; after inflight_wait_s, recompute.
             self._release(st)
             self.stats.add("lookups_inflight")
             return None, False
-        if res is not None and getattr(res, "pending", False) and self._may_wait(st):
+        if res.pending and self._may_wait(st):
             # The server prefetches the rest from L2: never block the scheduler on it. vLLM skips the
             # request this step and asks again; the leases taken now are given back at once.
             st.l1_hit = hit if st.l1_hit is None else min(st.l1_hit, hit)
@@ -127,6 +129,30 @@ class SchedulerSide:
         if ext == 0:
             self._release(st)
         return ext, self.cfg.async_loads and ext > 0
+
+    def _lookup(self, st: _Req, request: Any, n: int) -> LookupResult | None:
+        """The server's answer to this request's lookup (a LookupResult), or None while it is on its way.
+
+        Sent once; each call waits at most lookup_wait_s for it, so the scheduler (and with it every
+        running request of the engine) never stands still for a slow round trip. An answer that does
+        not come within timeout_s is an error: the request is recomputed."""
+        now = time.monotonic()
+        if st.lookup_rid is None:
+            self.stats.add("lookups")
+            sent = self.client.lookup_submit(list(request.all_token_ids[:n]), salt=st.salt, session=st.session,
+                                             extra=self._extra(st, n), wait=self.cfg.wait_for_l2)
+            if isinstance(sent, LookupResult):
+                return sent  # it could not even be sent: the error
+            st.lookup_rid, st.lookup_sent = sent, now
+        t0 = time.perf_counter()
+        res = self.client.lookup_result(st.lookup_rid, self.cfg.lookup_wait_s)
+        self.stats.add("scheduler_wait_s", time.perf_counter() - t0)
+        if res is None and now - st.lookup_sent < self.cfg.timeout_s:
+            return None
+        if res is None:
+            res = self.client.lookup_abandon(st.lookup_rid)
+        st.lookup_rid = None
+        return res
 
     def hit_sources(self, request: Any, num_external_tokens: int) -> dict[str, int]:
         """Split the external tokens by tier: "l1" (in the server's memory when first asked) and
@@ -230,6 +256,9 @@ class SchedulerSide:
         st = self.reqs.pop(request.request_id, None)
         if st is None:
             return None
+        if st.lookup_rid is not None and self.client is not None:  # aborted while its lookup was on its way
+            self.client.lookup_forget(st.lookup_rid)
+            st.leased = True  # what that lookup leases is released right after it
         self._release(st)
         return {"kvserver": {"hit_tokens": st.hit_tokens, "loaded_tokens": st.loaded_tokens,
                              "l2_tokens": min(st.l2_tokens, st.loaded_tokens),
@@ -340,10 +369,7 @@ class SchedulerSide:
         if not st.leased or self.client is None:
             return
         st.leased = False
-        try:
-            self.client.release(st.session)
-        except Exception as exc:  # noqa: BLE001
-            log.debug("KVServerConnector: release failed: %s", exc)
+        self.client.release_nowait(st.session)  # ordered after the lookups; the answer is not awaited
 
     def _failed(self, op: str, err: str) -> None:
         log.warning("KVServerConnector: %s failed (%s); recomputing, retrying the server later", op, err)
