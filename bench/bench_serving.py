@@ -4,7 +4,7 @@ and without a shared KV cache, on a multi-round chat, a Mooncake trace replay, a
 Run with the .venv-vllm interpreter (scripts/make-vllm-env.sh builds it; `uv sync` builds kvserver):
 
     .venv-vllm/bin/python bench/bench_serving.py            # full run, about 10 minutes on 2 cores
-    .venv-vllm/bin/python bench/bench_serving.py --quick    # smaller workloads, three configurations
+    .venv-vllm/bin/python bench/bench_serving.py --quick    # smaller workloads, none and kvserver only
     .venv-vllm/bin/python bench/bench_serving.py --smoke    # KVServerConnector only, a handful of requests
     .venv-vllm/bin/python bench/bench_serving.py --quick --configs kvserver --workloads chat \
         --topology per-engine --routers rr,kv,kvscore   # KV-aware routing vs round robin, a kvserver per engine
@@ -57,7 +57,7 @@ SCALES: dict[str, dict[str, Any]] = {
                           stagger_s=1.0),
              "trace": dict(conversations=24, block_tokens=32, duration_s=45.0, max_prompt=2048, max_tokens=24),
              "noreuse": dict(requests=48, prompt_tokens=768, max_tokens=24, concurrency=4)},
-    "quick": {"configs": "none,example,kvserver", "workloads": "chat,trace,noreuse",
+    "quick": {"configs": "none,kvserver", "workloads": "chat,trace,noreuse",
               "chat": dict(users=4, rounds=3, system_tokens=768, user_tokens=128, max_tokens=16, think_s=1.0,
                            stagger_s=0.5),
               "trace": dict(conversations=6, block_tokens=32, duration_s=15.0, max_prompt=1536, max_tokens=16),
@@ -246,7 +246,7 @@ def report(results: dict[str, Any], console: Console) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="smaller workloads, none/example/kvserver")
+    mode.add_argument("--quick", action="store_true", help="smaller workloads, none and kvserver")
     mode.add_argument("--smoke", action="store_true", help="KVServerConnector on a tiny chat (the test's mode)")
     ap.add_argument("--configs", default=None, help=f"comma list of {','.join(eng.CONFIGS)}")
     ap.add_argument("--workloads", default=None, help="comma list of chat,trace,noreuse")
