@@ -12,7 +12,7 @@ import pytest
 from kvprotocol import Client
 from kvserver.arena import HEADER_BYTES
 from kvserver_proc import ServerFactory
-from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_TURN1, kv_config
+from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_TURN1, confirmed, kv_config
 from vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
@@ -67,9 +67,9 @@ def test_server_killed_between_engines(model_dir: Path, kvserver_factory: Server
     server = kvserver_factory()
     kv = kv_config(server.url, timeout_s=1.0)
     a = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_GEN)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
-    assert a.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 512
+    assert confirmed(a.requests[0].kv_transfer_params, 512)
     # save_policy "prompt" (the default) stores only chunks made of prompt tokens
-    assert a.requests[1].kv_transfer_params["kvserver"]["stored_tokens"] == 256
+    assert confirmed(a.requests[1].kv_transfer_params, 256)
     server.kill()
     b = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_LONG[:600])]], max_tokens=MAX_TOKENS,
                    kv_transfer_config=kv)
@@ -143,7 +143,7 @@ def test_roles_producer_saves_only_consumer_loads_only(model_dir: Path, kvserver
                    kv_transfer_config=producer, llm_kwargs={"enable_prefix_caching": False})
     want = reference.batches[0].requests[0].token_ids
     first, second = a.requests
-    assert first.kv_transfer_params["kvserver"]["stored_tokens"] == 512
+    assert confirmed(first.kv_transfer_params, 512)
     assert second.kv_transfer_params["kvserver"]["hit_tokens"] == 0  # a producer never looks up
     assert second.connector_loaded_tokens == 0 and second.token_ids == want
     consumer = {**kv_config(server.url), "kv_role": "kv_consumer"}

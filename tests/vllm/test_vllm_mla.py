@@ -14,7 +14,7 @@ from kvprotocol import Client
 from kvserver_proc import ServerFactory
 from test_vllm_tp import TP, _remove_vllm_dist_segments, tp_env  # noqa: F401 - the fixture cleans up TP runs
 from tiny_model import random_prompt
-from vllm_cases import kv_config
+from vllm_cases import confirmed, kv_config
 from vllm_harness import VLLM_PYTHON, build_variant, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
@@ -48,7 +48,7 @@ def test_mla_prefix_reuse_matches_recompute(mla_dir: Path, kvserver_factory: Ser
     for run in (a, b):
         assert [r.token_ids for r in run.requests] == [r.token_ids for r in ref.requests]
     assert [r.connector_loaded_tokens for r in a.requests] == [0, 0]
-    assert [r.kv_transfer_params["kvserver"]["stored_tokens"] for r in a.requests] == [512, 512]
+    assert all(confirmed(r.kv_transfer_params, 512) for r in a.requests)
     # B takes both chunks of each prompt from the server (600 and 530 tokens hold 2 chunks of 256)
     assert [r.connector_loaded_tokens for r in b.requests] == [512, 512]
 
@@ -63,7 +63,7 @@ def test_mla_tp2_ranks_share_one_object_per_chunk(mla_dir: Path, kvserver_factor
     server = kvserver_factory()
     a = run_engine(mla_dir, [[prompt(P1)]], max_tokens=8, kv_transfer_config=kv_config(server.url), llm_kwargs=MLA_TP,
                    env=env)
-    assert a.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 512
+    assert confirmed(a.requests[0].kv_transfer_params, 512)
     with Client(server.url) as c:
         d = c.call("describe").result
     assert d["l1"]["objects"] == 2  # 2 chunks x 1 shared object, where a per-rank layout keeps 4

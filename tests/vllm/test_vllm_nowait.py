@@ -43,8 +43,8 @@ def test_lookup_is_none_while_l2_prefetches_then_the_hit(model_dir: Path, kvserv
     assert r.token_ids == reference.batches[0].requests[0].token_ids
 
 
-def test_a_late_lookup_answer_defers_the_request_not_the_engine(model_dir: Path, kvserver_factory: ServerFactory,
-                                                                reference: EngineRun, tmp_path: Path) -> None:
+def test_a_late_lookup_answer_defers_the_request(model_dir: Path, kvserver_factory: ServerFactory,
+                                                   reference: EngineRun, tmp_path: Path) -> None:
     """The scheduler waits at most lookup_wait_s for a lookup's answer. With the server stopped
     (SIGSTOP) when a request arrives, the connector answers "ask again later" (None) instead of
     holding vLLM's step loop; once the server runs again, the answer arrives and the hit is loaded."""

@@ -17,6 +17,16 @@ P_GEN = random_prompt(506, seed=15)
 MAX_TOKENS = 8
 
 
+def confirmed(kv_params: dict[str, Any], planned: int) -> bool:
+    """Whether a request's `stored_tokens` fits a store of `planned` tokens.
+
+    It counts what the server had confirmed when the request finished. Saves are asynchronous by
+    default and may still be on their way then (MAX_TOKENS decode steps are a few milliseconds), so
+    it is at most `planned`; the runner drains the engine's background work after each batch, and
+    the tests prove the whole store by a later load or by the server's counters."""
+    return 0 <= int(kv_params["kvserver"]["stored_tokens"]) <= planned
+
+
 def kv_config(url: str, policy: str = "recompute", **extra: Any) -> dict[str, Any]:
     """The connector's defaults (async loads and saves), except the load planner: with the tiny model
     a load and a recompute of a chunk both take milliseconds, so which one the planner measures
