@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from kvserver.eviction import LRUPolicy, make_policy
+from kvserver.eviction import POLICIES, LRUPolicy, make_policy
+from kvserver.eviction import lhd
 from kvserver.eviction.density import HitDensity, density_curve, hazard
 from kvserver.eviction.lhd import LEVELS, REFRESH, SPANS, LHDPolicy, default_class
 
@@ -259,3 +260,39 @@ def test_until_its_first_refresh_it_evicts_exactly_like_lru():
             arena.close()
     assert len(orders["lru"]) > 100
     assert orders["lhd"] == orders["lru"]
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_lookups_accesses_in_one_call_are_the_single_accesses(name, monkeypatch):
+    """A lookup touches its hits with one on_access_many (lhd's inlined loop); the order it leaves
+    must be exactly that of one on_access per key, across lhd's refreshes and changes of age unit
+    (made frequent here: a change mid-lookup replaces the wait counts the loop holds)."""
+    monkeypatch.setattr(lhd, "MAX_GROUPS", 6)
+    batched, single = make_policy(name), make_policy(name)
+    rng = random.Random(7)
+    convs: list[list[str]] = []
+    victims: dict[str, list[str]] = {"batched": [], "single": []}
+    for r in range(4 * REFRESH):
+        if convs and rng.random() < 0.6:  # read a conversation, tail first, and extend it
+            conv = rng.choice(convs[-40:])
+            hit = conv[: rng.randint(1, len(conv))]
+            batched.on_access_many(hit[::-1])
+            for k in reversed(hit):
+                single.on_access(k)
+            new = [f"k{r}"]
+            parent = hit[-1]
+            conv[len(hit):] = new
+        else:
+            new, parent = [f"k{r}a", f"k{r}b"], None
+            convs.append(new[:])
+        for p in (batched, single):
+            chain(p, new, parent)
+        for label, p in (("batched", batched), ("single", single)):
+            while len(p) > 48:
+                victims[label].append(p.pop_victim(ALL))
+    assert len(victims["batched"]) > 2 * REFRESH
+    assert victims["batched"] == victims["single"]
+    assert drain(batched) == drain(single)
+    if name == "lhd":
+        assert batched.est.shift > 0 and batched.est.density == single.est.density  # it did refresh
+        assert batched.waiting() == single.waiting()

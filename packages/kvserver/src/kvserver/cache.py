@@ -71,10 +71,8 @@ class CacheService(WritePath):
         if plan is not None:  # per-group geometry: the objects this hit needs (groups.py)
             keys_of = plan.touch_hit(salt, hashes, hit, self.l1.touch, self.on_hit)
         else:
-            touch = self.l1.touch
-            for keys in reversed(chunk_keys):  # tail first: a prefix's head ends up the most recently used
-                for key in keys:
-                    touch(key)
+            # tail first: a prefix's head ends up the most recently used
+            self.l1.touch_many([key for keys in reversed(chunk_keys) for key in keys])
             if self.on_hit and hit:
                 hit_keys = [k for keys in chunk_keys for k in keys]
                 for hook in self.on_hit:

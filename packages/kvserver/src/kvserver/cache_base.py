@@ -18,7 +18,7 @@ from kvprotocol._requests import KeysRequest
 from .errors import OutOfRange, TooLarge, TooMany
 from .engines import Engine, EngineTable
 from .groups import GroupBook
-from .l1 import L1Cache
+from .l1 import L1Cache, State
 from .l2.background import BackgroundPrefetches
 from .leases import Leases
 from .sessions import SessionTable, StoreTxn
@@ -85,14 +85,18 @@ class CacheBase:
         With `hit_keys` (a keyspace without a geometry), the keys of chunks 0..k-1 are appended to it,
         one list per chunk, so a lookup touches them without building them again.
         """
-        ready = self.l1.ready  # the hot path of every lookup: plain loops, no generators
         plan = self.groups.plan(ks)
         if plan is not None:
-            return plan.hit(salt, hashes, ready)
+            return plan.hit(salt, hashes, self.l1.ready)
+        # the hot path of every lookup: plain loops over locals, no generators; l1.ready inlined
+        entries, ready, new = self.l1.entries.get, State.READY, tuple.__new__
+        model, world, groups = ks
+        parts = [(model, fp, world, rank, g, salt) for rank in range(world) for g, fp in enumerate(groups)]
         for i, h in enumerate(hashes):
-            keys = self._chunk_keys(ks, salt, h)
+            keys = [new(ObjectKey, (*p, h)) for p in parts]  # see ObjectKey: built in C
             for key in keys:
-                if ready(key) is None:
+                e = entries(key)
+                if e is None or e.state is not ready:
                     return i
             if hit_keys is not None:
                 hit_keys.append(keys)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from kvprotocol import ObjectKey
@@ -266,6 +266,10 @@ class L1Cache:
 
     def touch(self, key: ObjectKey) -> None:
         self.policy.on_access(key)
+
+    def touch_many(self, keys: Sequence[ObjectKey]) -> None:
+        """Touch each key in order: one call per lookup, not per object (the policy's fast loop)."""
+        self.policy.on_access_many(keys)
 
     def set_pinned(self, key: ObjectKey, pinned: bool) -> bool:
         entry = self.ready(key)

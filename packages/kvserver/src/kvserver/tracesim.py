@@ -88,8 +88,7 @@ def simulate(trace: list[Request], policy: str | EvictionPolicy[ObjectKey], capa
             if l1.ready(k) is None:
                 break
             hit += 1
-        for k in reversed(keys[:hit]):
-            l1.touch(k)
+        l1.touch_many(keys[:hit][::-1])  # as cache.py's lookup: tail first, one call
         hit_tokens += hit * BLOCK_TOKENS
         written = _store_missing(l1, keys, req.blocks, hit)
         if inherit and hit >= 2:
@@ -197,8 +196,7 @@ def l2_admission(trace: list[Request], policy: str, capacity_blocks: int, mode: 
             hit += 1
         if hit:
             writes += write(adm.on_hit(keys[:hit]))
-        for k in reversed(keys[:hit]):
-            l1.touch(k)
+        l1.touch_many(keys[:hit][::-1])  # as cache.py's lookup: tail first, one call
         served = hit
         while served < len(keys) and req.blocks[served] in l2:
             served += 1  # loaded from L2 into L1 below, like a prefetch

@@ -14,7 +14,7 @@ for keys it does not hold.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -37,6 +37,12 @@ class EvictionPolicy(ABC, Generic[K]):
     @abstractmethod
     def on_access(self, key: K) -> None:
         """A key was hit by a lookup."""
+
+    def on_access_many(self, keys: Sequence[K]) -> None:
+        """`on_access` of each key in order (one lookup's hits, tail first). A policy may override it
+        with a faster loop; the result must be exactly that of the single calls."""
+        for key in keys:
+            self.on_access(key)
 
     @abstractmethod
     def on_remove(self, key: K) -> None:

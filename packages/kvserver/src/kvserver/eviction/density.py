@@ -51,7 +51,7 @@ class HitDensity:
     def reuse(self, cls: int, age: int) -> None:
         """An object of the class was asked for again `age` ticks after its last access (a hit, or a
         ghost's)."""
-        self.reuses[cls][self.bin(age >> self.shift)] += 1.0
+        self.reuses[cls][min(age >> self.shift, self.ages - 1)] += 1.0  # bin(), inlined: every hit
         self.octaves[min(63, age.bit_length())] += 1.0
 
     def censor(self, cls: int, age: int) -> None:

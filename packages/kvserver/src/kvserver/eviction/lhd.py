@@ -30,7 +30,7 @@ of the age unit regroups every key and ghost, and comes a few times in a cache's
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic
 
 from .base import EvictionPolicy, Evictable, K
@@ -48,9 +48,12 @@ GHOSTS = 4  # evicted keys remembered, per key the cache holds (at most)
 Classify = Callable[[K, int, int], int]  # (key, level, span) -> class index
 
 
+_SPAN_CLASS = [min(SPANS - 1, max(0, bits - 2)) for bits in range(65)]  # by the span's bit length
+
+
 def default_class(level: int, span: int) -> int:
     """Class index of a chain read `level` times whose longest chain is `span` chunks."""
-    return (min(level, LEVELS) - 1) * SPANS + min(SPANS - 1, max(0, span.bit_length() - 2))
+    return (min(level, LEVELS) - 1) * SPANS + _SPAN_CLASS[span.bit_length()]
 
 
 class _Node(Generic[K]):
@@ -135,22 +138,51 @@ class LHDPolicy(EvictionPolicy[K]):
         self._start(node)
 
     def on_access(self, key: K) -> None:
-        node = self._nodes.get(key)
-        if node is None or not node.ready:
-            return
-        self._write_carry.clear()
-        self._end_wait(node.cls, node.last)
-        self.est.reuse(node.cls, self._age(node.last))
-        carried = self._read_carry.pop(key, None)
-        if carried is None:  # the deepest key this lookup read
-            node.level = min(node.level + 1, MAX_LEVEL)
-        else:
-            node.level = max(node.level, carried[0])
-            node.span = max(node.span, carried[1])
-        if node.parent is not None:
-            self._read_carry[node.parent.key] = (node.level, node.span)
-        self._leaves.discard(key)
-        self._start(node)
+        self.on_access_many((key,))
+
+    def on_access_many(self, keys: Sequence[K]) -> None:
+        """Each key's access in turn. One loop over locals, with `_start` inlined: a lookup touches
+        every chunk it hit, so this is the policy's share of every lookup (4x less than one call per
+        key, measured with bench/profile_server.py)."""
+        nodes, carry, leaves, est, classify = self._nodes, self._read_carry, self._leaves, self.est, self._classify
+        waits = self._waits  # replaced by _regroup: read again after a refresh
+        for key in keys:
+            node = nodes.get(key)
+            if node is None or not node.ready:
+                continue
+            self._write_carry.clear()
+            now, cls, last = self._now, node.cls, node.last
+            wid = (cls, last >> est.shift)  # its wait ends: a reuse at its age
+            left = waits[wid] - 1
+            if left:
+                waits[wid] = left
+            else:
+                del waits[wid]
+            est.reuse(cls, now - last)
+            carried = carry.pop(key, None)
+            if carried is None:  # the deepest key this lookup read
+                node.level = min(node.level + 1, MAX_LEVEL)
+            else:
+                node.level = max(node.level, carried[0])
+                node.span = max(node.span, carried[1])
+            if node.parent is not None:
+                carry[node.parent.key] = (node.level, node.span)
+            # _start: it waits for its next access from now
+            node.last = now
+            node.cls = cls = (default_class(node.level, node.span) if classify is None
+                              else classify(key, node.level, node.span))
+            wid = (cls, now >> est.shift)
+            waits[wid] = waits.get(wid, 0) + 1
+            if node.children == 0:  # only leaves are candidates (_adopt takes a parent out)
+                leaves.discard(key)
+                leaves.add(key, cls, now)
+            self._now = now = now + 1
+            if now >= self._next_refresh:
+                self._refresh()
+                waits = self._waits
+            elif leaves.groups > MAX_GROUPS and est.coarsen():
+                self._regroup()
+                waits = self._waits
 
     def on_remove(self, key: K) -> None:
         node = self._nodes.get(key)
