@@ -181,10 +181,13 @@ def run_config(config: str, router: str, model: Path, workloads: dict[str, wl.Wo
         for name, w in workloads.items():
             progress.update(bar, description=f"[{label}] {name}")
             time.sleep(1.0)  # let the last step's stats reach /metrics
-            before = scrape(urls)
+            before, cpu0 = scrape(urls), dep.cpu_seconds()
             records, wall, lookup_s = asyncio.run(_routed(make, w, lambda: progress.advance(bar)))
+            cpu = {k: v - cpu0[k] for k, v in dep.cpu_seconds().items()}  # before the 1 s of idle polling
             time.sleep(1.0)
             out["workloads"][name] = summarise(records, wall, delta(scrape(urls), before))
+            out["workloads"][name]["cpu_s"] = cpu
+            out["workloads"][name]["cpu_ms_per_req"] = 1000 * sum(cpu.values()) / max(1, len(records))
             out["workloads"][name]["routing"] = routing(records, lookup_s)
             out["workloads"][name]["loadavg_1m"] = os.getloadavg()[0]  # other load on the host skews timings
         if config == "example":
@@ -212,14 +215,17 @@ def report(results: dict[str, Any], console: Console) -> None:
         base = results["configs"].get("none", {}).get("workloads", {}).get(name) if "none" in configs else None
         console.print(f"\n### {name} ({results['workload_sizes'][name]} requests)\n")
         console.print("| configuration | TTFT p50 s | p90 s | p99 s | ITL p99 ms | req/s | req/s vs none "
-                      "| TTFT p50 vs none | host load (1 min) |")
-        console.print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+                      "| TTFT p50 vs none | CPU ms/req (kvserver's) | CPU vs none | host load (1 min) |")
+        console.print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for c in configs:
             r = results["configs"][c]["workloads"][name]
+            cpu = r.get("cpu_ms_per_req", 0.0)
+            mine = 1000 * r.get("cpu_s", {}).get("kvserver", 0.0) / max(1, r["requests"])
             console.print(f"| {c} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['ttft_p99_s']:.3f} | "
                           f"{1000 * r['itl_p99_s']:.1f} | {r['req_per_s']:.3f} | "
                           f"{_ratio(r['req_per_s'], base and base['req_per_s'])} | "
-                          f"{_ratio(r['ttft_p50_s'], base and base['ttft_p50_s'])} | {r.get('loadavg_1m', 0):.1f} |")
+                          f"{_ratio(r['ttft_p50_s'], base and base['ttft_p50_s'])} | {cpu:.0f} ({mine:.0f}) | "
+                          f"{_ratio(cpu, base and base.get('cpu_ms_per_req'))} | {r.get('loadavg_1m', 0):.1f} |")
         console.print("\n| configuration | prompt tokens | vLLM prefix cache | kvserver L1 | kvserver L2 "
                       "| other connector | recomputed | sums exactly |")
         console.print("|---|---:|---:|---:|---:|---:|---:|---|")

@@ -154,6 +154,7 @@ WANTED = {
     ("vllm:kvserver_saved_chunks_total", None): "kvserver_saved_chunks",
     ("vllm:kvserver_load_errors_total", None): "kvserver_load_errors",
     ("vllm:kvserver_scheduler_wait_seconds_total", None): "kvserver_scheduler_wait_s",
+    ("vllm:kvserver_idle_waits_total", None): "kvserver_idle_waits",
 }
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil  # the CPU each configuration uses (a dependency of vLLM, so in .venv-vllm)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "vllm"))
 
@@ -143,6 +145,29 @@ class Deployment:
     coordinator: Coordinator | None = None
     started_s: float = 0.0
     workdir: Path = field(default_factory=Path)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) used so far by the engines (each API server with its engine-core
+        and other children) and by the kvservers. Why: on a shared 2-core host, wall-clock throughput
+        moves by more than a connector costs; the CPU a request takes moves much less (the whole run
+        is CPU-bound here, so CPU per request is what bounds throughput)."""
+        def used(pid: int) -> float:
+            try:
+                root = psutil.Process(pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                return 0.0
+            total = 0.0
+            for p in procs:
+                try:
+                    t = p.cpu_times()
+                except psutil.Error:  # ended between the listing and the reading
+                    continue
+                total += t.user + t.system
+            return total
+
+        return {"engines": sum(used(e.proc.pid) for e in self.engines),
+                "kvserver": sum(used(k.proc.pid) for k in self.kvservers if k.proc is not None)}
 
     def stop(self) -> None:
         for e in self.engines:

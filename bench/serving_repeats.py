@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-FIGURES = ("req_per_s", "ttft_p50_s", "ttft_p90_s", "itl_p99_s")
+FIGURES = ("req_per_s", "ttft_p50_s", "ttft_p90_s", "itl_p99_s", "cpu_ms_per_req")
 
 
 def compact(config_result: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -44,8 +44,8 @@ def report(rounds: list[dict[str, Any]], labels: list[str], workloads: list[str]
     for name in workloads:
         out.print(f"\n#### {name}\n")
         out.print("| configuration | req/s | req/s vs none | TTFT p50 s | TTFT p50 vs none | TTFT p90 vs none "
-                  "| ITL p99 vs none | rounds |")
-        out.print("|---|---:|---:|---:|---:|---:|---:|---:|")
+                  "| ITL p99 vs none | CPU ms/req | CPU vs none | rounds |")
+        out.print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for label in labels:
             got = [r[label][name] for r in rounds if name in r.get(label, {})]
             out.print(f"| {label} | {span([g['req_per_s'] for g in got], '.3f')} | "
@@ -53,4 +53,6 @@ def report(rounds: list[dict[str, Any]], labels: list[str], workloads: list[str]
                       f"{span([g['ttft_p50_s'] for g in got], '.3f')} | "
                       f"{span(ratios(rounds, label, name, 'ttft_p50_s'), '.2f')} | "
                       f"{span(ratios(rounds, label, name, 'ttft_p90_s'), '.2f')} | "
-                      f"{span(ratios(rounds, label, name, 'itl_p99_s'), '.2f')} | {len(got)} |")
+                      f"{span(ratios(rounds, label, name, 'itl_p99_s'), '.2f')} | "
+                      f"{span([g.get('cpu_ms_per_req', 0.0) for g in got], '.0f')} | "
+                      f"{span(ratios(rounds, label, name, 'cpu_ms_per_req'), '.3f')} | {len(got)} |")

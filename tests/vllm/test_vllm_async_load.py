@@ -76,6 +76,10 @@ def test_async_save_keeps_blocks_until_stored(model_dir: Path, kvserver_factory:
                        extra_spec={"connector_stats": True})
     assert first.requests[0].token_ids == reference.batches[0].requests[0].token_ids
     assert first.requests[1].token_ids == reference.batches[1].requests[0].token_ids
+    # Meanwhile vLLM stepped with nothing to compute (P_TURN1 waits for blocks, P_LONG for its save):
+    # such steps wait for the save (up to 2 ms each) instead of stepping again at once
+    stats = first.batches[1].connector_stats
+    assert stats is not None and stats["idle_waits"] >= 1, stats
     run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
     r = run.requests[0]
     assert r.connector_loaded_tokens == 512

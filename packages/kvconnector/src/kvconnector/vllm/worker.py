@@ -23,7 +23,7 @@ from .log import log
 from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob, SaveJob
 from .stats import KVServerConnectorStats
 
-IDLE_WAIT_S = 0.002  # how long a step with nothing scheduled waits for a background load to end
+IDLE_WAIT_S = 0.002  # how long a step with nothing scheduled waits for a background load or save to end
 
 
 class WorkerSide:
@@ -176,12 +176,16 @@ class WorkerSide:
         """(sent, received): finished requests whose background saves all ended (vLLM frees their
         blocks now), and requests whose background load ended (ok or failed: failures are in the
         failed blocks vLLM collects right after this call). Counts forward steps run during loads."""
-        if self.loader is not None and self.loader.loads_in_flight():
+        if self.loader is not None and self.loader.in_flight():
             if scheduled_tokens:
-                self.stats.add("steps_during_loads")
+                if self.loader.loads_in_flight():
+                    self.stats.add("steps_during_loads")
             else:
-                # Nothing to compute: vLLM steps again at once to poll, and that loop holds the GIL the
-                # loader thread needs (a 3 ms load took 90 ms beside it). Waiting here yields it.
+                # Nothing to compute, yet vLLM steps again at once: to poll a load, or because a finished
+                # request holds its blocks until its saves end. That loop spins a core (on 2 cores, the
+                # other engine's) and holds the GIL the copy threads need: a 3 ms load took 90 ms beside
+                # it. Waiting here yields both; it ends as soon as a copy does.
+                self.stats.add("idle_waits")
                 self.loader.wait_any(IDLE_WAIT_S)
         bs = self.layout.block_size if self.layout else 1
         for job, outcome in self.loader.take_done() if self.loader is not None else ():
