@@ -142,8 +142,8 @@ class LHDPolicy(EvictionPolicy[K]):
 
     def on_access_many(self, keys: Sequence[K]) -> None:
         """Each key's access in turn. One loop over locals, with `_start` inlined: a lookup touches
-        every chunk it hit, so this is the policy's share of every lookup (4x less than one call per
-        key, measured with bench/profile_server.py)."""
+        every chunk it hit, so this is the policy's share of every lookup (16 keys: 33 us, against 55 us
+        for one call per key through `_start`)."""
         nodes, carry, leaves, est, classify = self._nodes, self._read_carry, self._leaves, self.est, self._classify
         waits = self._waits  # replaced by _regroup: read again after a refresh
         for key in keys:
