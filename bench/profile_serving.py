@@ -13,6 +13,7 @@ with a kvconnector frame on the stack, and the kvserver's CPU time next to the e
 
   .venv-vllm/bin/python bench/profile_serving.py                      # kvserver, noreuse
   .venv-vllm/bin/python bench/profile_serving.py --config kvserver-sync --workload chat
+  .venv-vllm/bin/python bench/profile_serving.py --keep prof/   # and keep the raw stacks
 
 py-spy comes with the workspace's dev tools (`uv sync` puts it in .venv/bin); it needs to be
 allowed to read other processes' memory (root, or ptrace_scope 0).
@@ -83,6 +84,8 @@ def main() -> int:
     ap.add_argument("--workload", default="noreuse", choices=("chat", "trace", "noreuse"))
     ap.add_argument("--scale", default="full", choices=sorted(bs.SCALES))
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second and process")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy py-spy's raw stacks here (one <name>.txt per process, flamegraph.pl's input)")
     args = ap.parse_args()
     spy = py_spy()
     with tempfile.TemporaryDirectory(prefix="kvserver-profile-") as tmp:
@@ -108,6 +111,11 @@ def main() -> int:
         finally:
             dep.stop()
         report(args, procs, work, records, wall, cpu, idle_waits)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for pid, name in procs:
+                if (work / f"{pid}.txt").exists():
+                    shutil.copy(work / f"{pid}.txt", args.keep / f"{name.replace(' ', '-')}.txt")
     return 0
 
 

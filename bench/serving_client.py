@@ -155,6 +155,8 @@ WANTED = {
     ("vllm:kvserver_load_errors_total", None): "kvserver_load_errors",
     ("vllm:kvserver_scheduler_wait_seconds_total", None): "kvserver_scheduler_wait_s",
     ("vllm:kvserver_idle_waits_total", None): "kvserver_idle_waits",
+    ("vllm:kvserver_save_seconds_total", None): "kvserver_save_s",
+    ("vllm:kvserver_saves_total", None): "kvserver_saves",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -99,3 +100,15 @@ def retrieve(c: Client, session: str, start: int, end: int, *, rank: int = 0, mo
         key = (obj.chunk, obj.group)
         out[key] = arena.read(obj.offset, obj.size) if mode == "shm" else bytes(frames[i])
     return out
+
+
+def mapped_rss(address: int) -> int:
+    """Bytes of this process's mapping that starts at `address` present in its page tables (smaps Rss)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        start = line.split("-", 1)[0]
+        if " " in line and all(c in "0123456789abcdef" for c in start) and int(start, 16) == address:
+            for field in lines[i + 1:]:
+                if field.startswith("Rss:"):
+                    return int(field.split()[1]) * 1024
+    raise AssertionError(f"no mapping at {address:#x}")

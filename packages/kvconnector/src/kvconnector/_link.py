@@ -161,7 +161,7 @@ class EngineLink:
     """Registration and data-plane mode of one engine rank; the arena mapping in shm mode."""
 
     def __init__(self, url: str, model: str, world_size: int, rank: int, layouts: Sequence[LayoutDescriptor],
-                 mode: str, backoff: float, token: str | None = None) -> None:
+                 mode: str, backoff: float, token: str | None = None, populate: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.server = ServerLink(url, backoff, token)
@@ -176,6 +176,7 @@ class EngineLink:
         self.local = is_local_url(url)
         self.registration: Registration | None = None
         self.arena: ArenaMap | None = None
+        self.populate = populate  # fill a new mapping's page tables in the background (ShmMapping.populate)
 
     def send(self, req: Request, deadline: Deadline, frames: Sequence[Any] = ()) -> tuple[Reply_, list[memoryview]]:
         return self.server.send(req, deadline, frames)
@@ -231,6 +232,8 @@ class EngineLink:
             assert reg is not None
             arena = ArenaMap(reg.arena_name, reg.arena_size)
             if reg.arena_nonce and arena.nonce() == reg.arena_nonce:
+                if self.populate:
+                    arena.populate_in_background()  # first copies through it do not fault (kvprotocol._shm)
                 return arena
             arena.close()
             if attempt == 0:

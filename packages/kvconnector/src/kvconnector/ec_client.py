@@ -97,6 +97,7 @@ class ECClient:
             if seg.nonce() != arena.get("nonce"):
                 seg.close()
                 return None
+            seg.populate_in_background()  # first copies through it do not fault (kvprotocol._shm)
             self._seg = seg
         return seg
 

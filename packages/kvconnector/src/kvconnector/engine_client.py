@@ -73,7 +73,7 @@ class EngineClient:
     def __init__(self, url: str, model: str, world_size: int, rank: int, layouts: Sequence[LayoutDescriptor],
                  mode: str = "auto", timeout: float = 5.0, *, backoff: float | None = None,
                  copy_backend: str = "auto", num_threads: int = 0, warn_interval: float = 30.0,
-                 token: str | None = None) -> None:
+                 token: str | None = None, populate_arena: bool = True) -> None:
         """Configuration errors raise ValueError here (at engine start), never later.
 
         `token`: the credential (a tenant's token picks the tenant's namespace, quota and caps); None
@@ -96,7 +96,7 @@ class EngineClient:
         self.copy_backend = copy_backend
         self.num_threads = num_threads
         self._link = EngineLink(url, model, world_size, rank, layouts, mode,
-                                min(1.0, timeout) if backoff is None else backoff, token)
+                                min(1.0, timeout) if backoff is None else backoff, token, populate_arena)
         self._plane = DataPlane(self._link)
         self._lock = threading.RLock()
         self._warner = _Warner(warn_interval)

@@ -12,14 +12,22 @@ Torch- and numpy-free: callers that want an array view make one over `mm`.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
 HEADER_BYTES = 4096  # one page: magic + nonce; objects live above it
 MAGIC = b"KVSARENA"
 NONCE_BYTES = 16
+POPULATE_STEP = 64 << 20  # populate() works in steps this size: close() waits for one step at most
+_MADV_POPULATE_READ = 22  # Linux >= 5.14 (Python 3.11's mmap module does not name it)
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
 
 
 def shm_exists(name: str) -> bool:
@@ -28,6 +36,25 @@ def shm_exists(name: str) -> bool:
         return (SHM_DIR / name).is_file()
     except OSError:
         return False
+
+
+def _extents(fd: int, size: int, whole: bool) -> Iterator[tuple[int, int]]:
+    """[start, end) ranges of the file below `size` that hold pages: all of it, or its written data."""
+    if whole:
+        yield 0, size
+        return
+    offset = 0
+    while offset < size:
+        try:
+            data = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data past offset
+                return
+            raise
+        if data >= size:
+            return
+        offset = min(os.lseek(fd, data, os.SEEK_HOLE), size)
+        yield data, offset
 
 
 class ShmMapping:
@@ -67,6 +94,7 @@ class ShmMapping:
         anchor = ctypes.c_char.from_buffer(self._mm)
         self.address = ctypes.addressof(anchor)
         del anchor  # no buffer stays exported: close() can unmap
+        self._lock = threading.Lock()  # populate() never touches the range once close() unmapped it
 
     @property
     def mm(self) -> mmap.mmap:
@@ -97,9 +125,50 @@ class ShmMapping:
                 or offset + size > self.size:
             raise ValueError(f"object [{offset}, +{size}) lies outside the {self.size}-byte arena")
 
+    def populate(self) -> int:
+        """Fill this mapping's page tables for every page the arena file already has; returns the bytes.
+
+        Why: the first copy into or out of each page of a fresh mapping takes a page fault; on this
+        project's VM a first-touch copy ran at 2.1 GB/s writing and 5.6 GB/s reading against
+        10.5-12 GB/s once mapped, and populating 1 GiB took 0.09 s. An engine runs this on a thread
+        of its own right after mapping (`populate_in_background`). Populating a hole would allocate
+        it, so a sparse arena stays sparse: a fully allocated file (the server's --prefault) is
+        populated whole, any other only where it was written (lseek SEEK_DATA, which on tmpfs skips
+        allocated but unwritten pages too). Stops quietly at the first error (a kernel before 5.14:
+        EINVAL) or once closed.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return 0
+        done = 0
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != self.identity:
+                return 0  # the name leads to another arena now: its extents say nothing of ours
+            for start, end in _extents(fd, self.size, st.st_blocks * 512 >= self.size):
+                for step in range(start, end, POPULATE_STEP):
+                    length = min(POPULATE_STEP, end - step)
+                    with self._lock:
+                        if self._mm is None or _libc.madvise(self.address + step, length, _MADV_POPULATE_READ):
+                            return done
+                    done += length
+        except OSError:
+            return done
+        finally:
+            os.close(fd)
+        return done
+
+    def populate_in_background(self) -> threading.Thread:
+        """`populate` on a daemon thread (madvise releases the GIL through ctypes)."""
+        thread = threading.Thread(target=self.populate, name=f"populate-{self.name}", daemon=True)
+        thread.start()
+        return thread
+
     def close(self) -> None:
         """Unmap; if a view is still exported (a frame in flight, a CUDA copier's tensor), leave it to the GC."""
-        mm, self._mm = self._mm, None
+        with self._lock:
+            mm, self._mm = self._mm, None
         if mm is not None:
             try:
                 mm.close()

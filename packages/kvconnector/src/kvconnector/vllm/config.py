@@ -57,6 +57,11 @@ class ConnectorConfig:
     reserve          True: a producer's prompt saves book the whole request on the server at its first
                      store (whole-request reservation, docs/pd.md); a save told RETRY_LATER is retried
                      for up to reserve_wait_s. Default: on for kv_role "kv_producer" (see apply_role)
+    populate_arena   True (default): right after mapping the server's shm arena, fill the mapping's page
+                     tables on a background thread (the pages the server already allocated, e.g. with
+                     --prefault), so the first save or load through each page does not page-fault
+                     (4-5x slower here); costs about 0.1 s of that thread and 2 MiB of page tables per
+                     GiB of arena. False: pages are mapped at their first copy
     reserve_wait_s   how long a producer's save retries a reservation the server cannot admit yet
     inflight_wait_s  how long a lookup that finds its prefix still being written by a producer (reply
                      `inflight`) asks vLLM to ask again later before it recomputes instead
@@ -86,6 +91,7 @@ class ConnectorConfig:
     async_saves: bool = True
     reserve: bool | None = None  # None: as the role says (apply_role)
     reserve_wait_s: float = 10.0
+    populate_arena: bool = True
     inflight_wait_s: float = 10.0
     debug_load_delay_s: float = 0.0
     debug_save_delay_s: float = 0.0
@@ -125,7 +131,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "debug_fail_load_chunks": (list, tuple), "debug_fail_plan_loads": (bool,), "wait_for_l2": (bool,),
     "async_loads": (bool,), "plan_loads": (bool,), "async_saves": (bool,), "debug_load_delay_s": (int, float),
     "debug_save_delay_s": (int, float), "reserve": (bool, type(None)), "reserve_wait_s": (int, float),
-    "inflight_wait_s": (int, float), "lookup_wait_s": (int, float),
+    "inflight_wait_s": (int, float), "lookup_wait_s": (int, float), "populate_arena": (bool,),
 }
 
 

@@ -226,4 +226,4 @@ def _make_client(cfg: ConnectorConfig, model: str, world: int, rank: int, layout
     from ..engine_client import EngineClient
 
     return EngineClient(cfg.kvserver_url, model, world, rank, [layout], mode=cfg.mode, timeout=cfg.timeout_s,
-                        token=cfg.token())
+                        token=cfg.token(), populate_arena=cfg.populate_arena)
