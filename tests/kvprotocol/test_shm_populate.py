@@ -29,12 +29,19 @@ def arena_file() -> Iterator[Path]:
     path.unlink(missing_ok=True)
 
 
+def server_arena(path: Path, size: int, allocate: tuple[int, int] | None) -> ShmMapping:
+    """The server's side: a new arena file, with [offset, offset + length) allocated (fallocate)."""
+    owner = ShmMapping(path.name, size, create=True)
+    if allocate is not None:
+        fd = os.open(path, os.O_RDWR)
+        os.posix_fallocate(fd, *allocate)
+        os.close(fd)
+    return owner
+
+
 def test_populate_maps_every_allocated_page(arena_file: Path) -> None:
     size = 2 * POPULATE_STEP + 3 * MIB  # more than one step, and a partial last one
-    owner = ShmMapping(arena_file.name, size, create=True)
-    fd = os.open(arena_file, os.O_RDWR)
-    os.posix_fallocate(fd, 0, size)  # what the server's --prefault does
-    os.close(fd)
+    owner = server_arena(arena_file, size, (0, size))  # what the server's --prefault does
     engine = ShmMapping(arena_file.name, size)
     try:
         assert mapped_rss(engine.address) < size // 16  # a fresh mapping: nothing mapped yet
@@ -47,9 +54,9 @@ def test_populate_maps_every_allocated_page(arena_file: Path) -> None:
 
 def test_populate_leaves_holes_unallocated(arena_file: Path) -> None:
     size = 32 * MIB
-    owner = ShmMapping(arena_file.name, size, create=True)
+    owner = server_arena(arena_file, size, None)
     fd = os.open(arena_file, os.O_RDWR)
-    os.pwrite(fd, b"\x01" * MIB, 8 * MIB)  # one allocated extent in the middle of a sparse file
+    os.pwrite(fd, b"\x01" * MIB, 8 * MIB)  # one written extent in the middle of a sparse file
     os.close(fd)
     before = allocated(arena_file)
     engine = ShmMapping(arena_file.name, size)
@@ -65,10 +72,7 @@ def test_populate_leaves_holes_unallocated(arena_file: Path) -> None:
 
 def test_populate_after_close_or_a_replaced_file_does_nothing(arena_file: Path) -> None:
     size = 4 * MIB
-    owner = ShmMapping(arena_file.name, size, create=True)
-    fd = os.open(arena_file, os.O_RDWR)
-    os.posix_fallocate(fd, 0, size)
-    os.close(fd)
+    owner = server_arena(arena_file, size, (0, size))
     closed = ShmMapping(arena_file.name, size)
     closed.close()
     assert closed.populate() == 0  # never touches an unmapped range
