@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -112,3 +114,15 @@ def mapped_rss(address: int) -> int:
                 if field.startswith("Rss:"):
                     return int(field.split()[1]) * 1024
     raise AssertionError(f"no mapping at {address:#x}")
+
+
+def wait_allocated(path: Path, timeout: float = 30.0) -> int:
+    """Wait until every byte of the file at `path` is allocated (a server prefaults on a thread of its
+    own); returns its size."""
+    size = os.stat(path).st_size
+    deadline = time.monotonic() + timeout
+    while os.stat(path).st_blocks * 512 < size:
+        assert time.monotonic() < deadline, f"{path}: {os.stat(path).st_blocks * 512} of {size} bytes " \
+                                            f"allocated after {timeout:.0f} s"
+        time.sleep(0.05)
+    return size

@@ -4,7 +4,6 @@ started with --prefault, the engine's whole mapping becomes resident without one
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -12,25 +11,15 @@ import pytest
 
 from engine_kv_helpers import Geometry
 from kvconnector.engine_client import EngineClient
-from kvhelpers import mapped_rss
+from kvhelpers import mapped_rss, wait_allocated
 
 GEO = Geometry("vllm_cpu")
 
 
-def prefaulted(port: int) -> tuple[int, float]:
-    """Wait until the server's arena is allocated (it prefaults on a thread of its own); its size and a deadline."""
-    seg = Path(f"/dev/shm/kvserver-{port}")
-    size = os.stat(seg).st_size
-    deadline = time.monotonic() + 30
-    while os.stat(seg).st_blocks * 512 < size:
-        assert time.monotonic() < deadline, "the server did not prefault its arena within 30 s"
-        time.sleep(0.05)
-    return size, deadline
-
-
 def test_an_engine_populates_a_prefaulted_arena(server_factory) -> None:
     srv = server_factory("--l1-size-gb", "0.1", "--chunk-size", "64", "--prefault")
-    size, deadline = prefaulted(srv.port)
+    size = wait_allocated(Path(f"/dev/shm/kvserver-{srv.port}"))
+    deadline = time.monotonic() + 30
     with EngineClient(srv.url, "populate/model", 1, 0, [GEO.layout()], mode="shm") as engine:
         assert engine.register(GEO.random_kv(8, seed=1))
         arena = engine._link.arena
@@ -42,7 +31,7 @@ def test_an_engine_populates_a_prefaulted_arena(server_factory) -> None:
 
 def test_populate_arena_false_leaves_pages_to_their_first_copy(server_factory) -> None:
     srv = server_factory("--l1-size-gb", "0.1", "--chunk-size", "64", "--prefault")
-    size, _ = prefaulted(srv.port)
+    size = wait_allocated(Path(f"/dev/shm/kvserver-{srv.port}"))
     with EngineClient(srv.url, "populate/model", 1, 0, [GEO.layout()], mode="shm", populate_arena=False) as engine:
         assert engine.register(GEO.random_kv(8, seed=1))
         arena = engine._link.arena

@@ -75,12 +75,15 @@ def test_populate_after_close_or_a_replaced_file_does_nothing(arena_file: Path) 
     owner = server_arena(arena_file, size, (0, size))
     closed = ShmMapping(arena_file.name, size)
     closed.close()
-    assert closed.populate() == 0  # never touches an unmapped range
+    assert closed.populate() == 0  # closed: nothing populated, and no error
 
     stale = ShmMapping(arena_file.name, size)
     owner.close()
     arena_file.unlink()  # a restarted server: the name now leads to another (sparse) file
-    replacement = ShmMapping(arena_file.name, size, create=True)
+    replacement = server_arena(arena_file, size, None)
+    fd = os.open(arena_file, os.O_RDWR)
+    os.pwrite(fd, b"\x01" * MIB, 0)  # with data of its own, which says nothing of the stale mapping's pages
+    os.close(fd)
     try:
         assert stale.populate() == 0
         assert allocated(arena_file) < size  # the other file's holes stay holes

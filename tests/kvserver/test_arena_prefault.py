@@ -4,8 +4,9 @@ it already serves; without it the segments stay sparse until engines write into 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
+
+from kvhelpers import wait_allocated
 
 
 def allocated(path: Path) -> int:
@@ -16,12 +17,8 @@ def test_prefault_allocates_the_whole_arena_while_serving(server_factory) -> Non
     srv = server_factory("--l1-size-gb", "0.1", "--ec-size-gb", "0.01", "--prefault")
     with srv.client() as c:
         assert c.call("ping").result is not None  # serving while (or after) it allocates
-    deadline = time.monotonic() + 30
     for seg in (Path(f"/dev/shm/kvserver-{srv.port}"), Path(f"/dev/shm/kvserver-{srv.port}-ec")):
-        size = os.stat(seg).st_size  # each segment prefaults on a thread of its own: wait for both
-        while allocated(seg) < size:
-            assert time.monotonic() < deadline, f"{seg}: {allocated(seg)} of {size} bytes allocated after 30 s"
-            time.sleep(0.05)
+        wait_allocated(seg)  # each segment prefaults on a thread of its own: wait for both
 
 
 def test_without_prefault_the_arena_stays_sparse(server_factory) -> None:

@@ -38,11 +38,8 @@ def shm_exists(name: str) -> bool:
         return False
 
 
-def _extents(fd: int, size: int, whole: bool) -> Iterator[tuple[int, int]]:
-    """[start, end) ranges of the file below `size` that hold pages: all of it, or its written data."""
-    if whole:
-        yield 0, size
-        return
+def _written(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """[start, end) ranges of the file below `size` that hold written data (lseek SEEK_DATA/SEEK_HOLE)."""
     offset = 0
     while offset < size:
         try:
@@ -146,7 +143,8 @@ class ShmMapping:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != self.identity:
                 return 0  # the name leads to another arena now: its extents say nothing of ours
-            for start, end in _extents(fd, self.size, st.st_blocks * 512 >= self.size):
+            full = st.st_blocks * 512 >= self.size
+            for start, end in [(0, self.size)] if full else _written(fd, self.size):
                 for step in range(start, end, POPULATE_STEP):
                     length = min(POPULATE_STEP, end - step)
                     with self._lock:

@@ -59,9 +59,10 @@ class ConnectorConfig:
                      for up to reserve_wait_s. Default: on for kv_role "kv_producer" (see apply_role)
     populate_arena   True (default): right after mapping the server's shm arena, fill the mapping's page
                      tables on a background thread (the pages the server already allocated, e.g. with
-                     --prefault), so the first save or load through each page does not page-fault
-                     (4-5x slower here); costs about 0.1 s of that thread and 2 MiB of page tables per
-                     GiB of arena. False: pages are mapped at their first copy
+                     --prefault), so the first save or load through each page does not page-fault (a
+                     first write ran at 17-22% of a warm copy's speed here, bench/bench_populate.py);
+                     costs about 0.1 s of that thread and 2 MiB of page tables per GiB of arena.
+                     False: pages are mapped at their first copy
     reserve_wait_s   how long a producer's save retries a reservation the server cannot admit yet
     inflight_wait_s  how long a lookup that finds its prefix still being written by a producer (reply
                      `inflight`) asks vLLM to ask again later before it recomputes instead
