@@ -79,8 +79,20 @@ def stages(c: Client, lookup: rq.Lookup, n: int) -> None:
     }
     from kvprotocol import chunk_hashes
 
+    from kvserver.eviction.lhd import LHDPolicy
+    from kvserver.hash_memo import HashMemo
+
     toks = np.arange(4096, dtype=np.uint32)
     rows["chunk hashes 4096 tokens"] = timed(lambda: chunk_hashes(toks, CHUNK), n)
+    memo, packed = HashMemo(), pack_tokens(toks)
+    memo.hashes("", packed, CHUNK)
+    rows["chunk hashes 4096, memo hit"] = timed(lambda: memo.hashes("", packed, CHUNK), n)
+    policy, chain = LHDPolicy[int](), list(range(16))  # a 16-chunk prefix, as the lookup's touches see it
+    for key, parent in zip(chain, [None, *chain[:-1]]):
+        policy.on_reserve(key, parent)
+    for key in reversed(chain):
+        policy.on_insert(key)
+    rows["lhd touches, 16 keys (after reply)"] = timed(lambda: policy.on_access_many(chain[::-1]), n)
     for name, us in rows.items():
         print(f"{name:<32} {us:8.1f} us")
 

@@ -58,3 +58,32 @@ def test_token_packing_is_checked():
         pack_tokens([1 << 32])
     with pytest.raises(ValueError):
         unpack_tokens(b"\x00" * 5)
+
+
+@pytest.mark.parametrize("start", [0, 1, 3, 4, 9])
+def test_a_chain_continued_from_a_known_hash_is_the_tail_of_the_whole_chain(start):
+    tokens = [(i * 2654435761) % (1 << 32) for i in range(4 * 256 + 17)]
+    extra = [(1, b"\x01" * 32), (3, b"\x02" * 32)]
+    whole = chunk_hashes(tokens, 256, extra)
+    prev = whole[start - 1] if 0 < start <= len(whole) else ZERO_HASH  # 9: past the last chunk, nothing
+    assert chunk_hashes(pack_tokens(tokens), 256, extra, start=start, prev=prev) == whole[start:]
+    assert chunk_hashes(np.array(tokens, dtype=np.int64), 256, extra, start=start, prev=prev) == whole[start:]
+    with pytest.raises(ValueError):
+        chunk_hashes(tokens, 256, start=-1)
+    with pytest.raises(ValueError):
+        chunk_hashes(tokens, 256, start=1, prev=b"short")
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", ">u4", "int32", "int64", "uint64"])
+def test_numpy_tokens_of_any_integer_dtype_pack_like_a_list(dtype):
+    tokens = [0, 1, 255]
+    assert pack_tokens(np.array(tokens, dtype=dtype)) == pack_tokens(tokens)
+
+
+@pytest.mark.parametrize("bad", [np.array([-1], dtype=np.int64), np.array([1 << 32], dtype=np.uint64),
+                                 np.array([1 << 32], dtype=np.int64), np.zeros((2, 2), dtype=np.uint32)])
+def test_numpy_tokens_out_of_range_or_not_one_dimensional_are_refused(bad):
+    with pytest.raises(ValueError):
+        pack_tokens(bad)
+    with pytest.raises(ValueError):
+        chunk_hashes(bad, 1)

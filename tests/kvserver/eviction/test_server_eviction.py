@@ -75,3 +75,29 @@ def test_pinned_objects_survive_and_clear_spares_leases(server_factory):
         removed = c.call("clear").result["removed"]
         assert removed == 7
         assert present(c, ks, range(16)) == [15]
+
+
+def test_requests_in_one_burst_see_the_touches_of_those_before_them(server_factory):
+    """A lookup's touches run after its reply (after_reply.py), yet before the server reads the next
+    request: a store sent right behind lookups, in the same burst, evicts what they did not touch."""
+    import asyncio
+
+    from kvprotocol import AsyncClient
+
+    srv = server_factory(*ARENA, "--eviction-policy", "lru")
+    with srv.client() as c:
+        ks, _ = register(c, layouts=[LAYOUT])
+        fill(c, ks, range(8))  # 0 is the least recently used
+
+    async def burst() -> list[dict]:
+        async with AsyncClient(srv.url, token=srv.token, server_key=srv.server_key) as ac:
+            calls = [ac.call("lookup", keyspace=ks.to_wire(), tokens=pack_tokens(prompt(i))) for i in (0, 1)]
+            calls.append(ac.call("store", keyspace=ks.to_wire(), tokens=pack_tokens(prompt(8)), rank=0, mode="tcp"))
+            return [r.result for r in await asyncio.gather(*calls)]
+
+    hits0, hits1, reply = asyncio.run(burst())
+    assert hits0["hit_tokens"] == hits1["hit_tokens"] == 256
+    assert [s["status"] for s in reply["slots"]] == ["reserved"]
+    with srv.client() as c:
+        c.call("abort", store_id=reply["store_id"])
+        assert present(c, ks, range(8)) == [0, 1, 3, 4, 5, 6, 7]  # 2 went: 0 and 1 had just been read

@@ -17,6 +17,7 @@ from serverproc import ServerProc, free_port
 
 REQUIRED = (
     "kvserver_lookup_requests_total", "kvserver_lookup_tokens_total", "kvserver_lookup_hit_tokens_total",
+    "kvserver_hash_chunks_total", "kvserver_hash_memo_hit_chunks_total",
     "kvserver_store_bytes_total", "kvserver_retrieve_bytes_total", "kvserver_request_duration_seconds_bucket",
     "kvserver_request_duration_seconds_count", "kvserver_request_duration_seconds_sum", "kvserver_tier_used_bytes",
     "kvserver_l1_capacity_bytes", "kvserver_objects", "kvserver_evictions_total", "kvserver_leases_active",

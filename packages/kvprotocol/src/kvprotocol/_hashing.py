@@ -34,12 +34,8 @@ def _u32_array(tokens: Any) -> array[int]:
 
         tokens = numpy.asarray(tokens)
     if _is_ndarray(tokens):
-        if tokens.ndim != 1:
-            raise ValueError("tokens must be one-dimensional")
-        if tokens.size and (tokens.min() < 0 or tokens.max() > 0xFFFFFFFF):
-            raise ValueError("token ids must fit in uint32")
         out = array(_U32)
-        out.frombytes(tokens.astype("=u4", copy=False).tobytes())
+        out.frombytes(_ndarray_u32(tokens, "=u4"))
         return out
     try:
         return array(_U32, tokens)
@@ -49,8 +45,22 @@ def _u32_array(tokens: Any) -> array[int]:
         raise ValueError("tokens must be a one-dimensional sequence of integers") from None
 
 
+def _ndarray_u32(tokens: Any, dtype: str) -> bytes:
+    """A 1-D numpy array's token ids as uint32 bytes of `dtype` (its byte order); ValueError when one
+    does not fit. An unsigned array of at most 4-byte items cannot hold one that does not fit: no
+    range pass over it (a 4096-token prompt: 4 of its 7 us)."""
+    if tokens.ndim != 1:
+        raise ValueError("tokens must be one-dimensional")
+    kind, size = tokens.dtype.kind, tokens.dtype.itemsize
+    if tokens.size and not (kind in "ub" and size <= 4) and (tokens.min() < 0 or tokens.max() > 0xFFFFFFFF):
+        raise ValueError("token ids must fit in uint32")
+    return tokens.astype(dtype, copy=False).tobytes()
+
+
 def pack_tokens(tokens: Sequence[int] | Any) -> bytes:
     """Pack token ids (a sequence of ints or a 1-D numpy array) as little-endian uint32 bytes (the wire form)."""
+    if _is_ndarray(tokens):  # numpy converts and orders the bytes itself: one copy
+        return _ndarray_u32(tokens, "<u4")
     arr = _u32_array(tokens)
     if not _LITTLE:
         arr = array(_U32, arr)
@@ -119,7 +129,7 @@ def check_extra(extra: Iterable[tuple[int, bytes]], num_chunks: int | None = Non
 
 
 def chunk_hashes(tokens: Sequence[int] | bytes | Any, chunk_size: int,
-                 extra: ExtraKeys = ()) -> list[bytes]:
+                 extra: ExtraKeys = (), *, start: int = 0, prev: bytes = ZERO_HASH) -> list[bytes]:
     """32-byte rolling hashes of every full chunk.
 
     h_{-1} = 32 zero bytes; h_i = BLAKE3(h_{i-1} || tokens[iC:(i+1)C] as big-endian uint32 [|| x_i]),
@@ -127,16 +137,30 @@ def chunk_hashes(tokens: Sequence[int] | bytes | Any, chunk_size: int,
     of those tokens: a LoRA adapter, multimodal items; see docs/protocol.md). Chunks without one hash
     exactly as before, so plain requests keep their keys. The partial tail is not hashed (only full
     chunks are cached); an extra key beyond the last full chunk raises IndexError.
+
+    With `start` and `prev` (h_{start-1}, known already), only the hashes of chunks start.. are
+    computed and returned: the chain continued, e.g. after a memo of its head (kvserver).
     """
     if chunk_size <= 0:
         raise ValueError("chunk_size must be positive")
+    if start < 0 or len(prev) != len(ZERO_HASH):
+        raise ValueError("start must be >= 0 and prev a 32-byte hash")
     n_full = token_count(tokens) // chunk_size
     extras = dict(check_extra(extra, n_full)) if extra else {}
-    big_endian = big_endian_tokens(tokens, n_full * chunk_size)
+    if start >= n_full:
+        return []
+    if start:
+        first = start * chunk_size
+        tokens = tokens[4 * first :] if isinstance(tokens, (bytes, bytearray, memoryview)) else tokens[first:]
+    big_endian = memoryview(big_endian_tokens(tokens, (n_full - start) * chunk_size))
     step = chunk_size * 4
     out: list[bytes] = []
-    prev = ZERO_HASH
-    for i in range(n_full):
-        prev = blake3(prev + big_endian[i * step : (i + 1) * step] + extras.get(i, b"")).digest()
+    for i in range(n_full - start):
+        h = blake3(prev)
+        h.update(big_endian[i * step : (i + 1) * step])
+        digest = extras.get(start + i)
+        if digest is not None:
+            h.update(digest)
+        prev = h.digest()
         out.append(prev)
     return out

@@ -48,7 +48,7 @@ class CacheService(WritePath):
     # -- lookup / query --------------------------------------------------------------------------
     def lookup(self, f: Lookup, who: Identity = ADMIN, hashes: list[bytes] | None = None) -> dict[str, Any]:
         ks, salt = f.keyspace.key(), who.salt(f.salt)
-        hashes = self._hashes(f, self._per_chunk(f)) if hashes is None else hashes
+        hashes = self._hashes(f, self._per_chunk(f), who) if hashes is None else hashes
         session = None if f.session is None else who.scope(f.session)
         if session is not None:
             self._admit_session(session, len(hashes) * (1 + self._per_chunk(f)), who)
@@ -69,14 +69,10 @@ class CacheService(WritePath):
                "chunk_size": self.chunk_size}
         plan, keys_of = self.groups.plan(ks), None
         if plan is not None:  # per-group geometry: the objects this hit needs (groups.py)
-            keys_of = plan.touch_hit(salt, hashes, hit, self.l1.touch, self.on_hit)
-        else:
-            # tail first: a prefix's head ends up the most recently used
-            self.l1.touch_many([key for keys in reversed(chunk_keys) for key in keys])
-            if self.on_hit and hit:
-                hit_keys = [k for keys in chunk_keys for k in keys]
-                for hook in self.on_hit:
-                    hook(hit_keys)
+            keys_of = plan.lease_keys(salt, hashes, hit)
+            self.defer(lambda: plan.touch_hit(salt, hashes, hit, self.l1.touch, self.on_hit))
+        elif chunk_keys:
+            self.defer(lambda: self._touch_hit(chunk_keys))
         if self.reservations.live and hit < len(hashes):
             refs = [(ks[0], ks[1], salt, h) for h in hashes[: hit + 1]]
             if self.reservations.inflight(refs, hit):  # "ask again later": nothing is leased for it
@@ -88,13 +84,21 @@ class CacheService(WritePath):
             self.leases.take(session, ks, salt, hashes, hit, rank, keys_of)
         return out
 
+    def _touch_hit(self, chunk_keys: list[list[ObjectKey]]) -> None:
+        """A plain lookup's bookkeeping, after its reply: recency and the hit hooks (L2 admission)."""
+        self.l1.touch_many([key for keys in reversed(chunk_keys) for key in keys])  # tail first: head most recent
+        if self.on_hit:
+            hit_keys = [k for keys in chunk_keys for k in keys]
+            for hook in self.on_hit:
+                hook(hit_keys)
+
     async def lookup_l2(self, f: Lookup, who: Identity = ADMIN) -> dict[str, Any]:
         """lookup, after loading what L2 holds of the missing prefix into L1 (a bounded wait).
 
         The answer counts only what is in L1 when the wait ends; see l2/prefetch.py.
         """
         ks, salt = f.keyspace.key(), who.salt(f.salt)
-        hashes = self._hashes(f, self._per_chunk(f))
+        hashes = self._hashes(f, self._per_chunk(f), who)
         if f.session is not None:
             self._admit_session(who.scope(f.session), len(hashes) * (1 + self._per_chunk(f)), who)
         hit = self._prefix_hits(ks, salt, hashes)
@@ -123,7 +127,7 @@ class CacheService(WritePath):
 
     def _query_keys(self, f: KeysRequest, who: Identity) -> tuple[list[bytes], list[list[ObjectKey]]]:
         ks, salt = f.keyspace.key(), who.salt(f.salt)
-        hashes = self._hashes(f, self._per_chunk(f))
+        hashes = self._hashes(f, self._per_chunk(f), who)
         return hashes, [self._chunk_keys(ks, salt, h, c) for c, h in enumerate(hashes)]
 
     def query(self, f: Query, who: Identity = ADMIN) -> dict[str, Any]:
@@ -164,7 +168,7 @@ class CacheService(WritePath):
     def set_pinned(self, f: KeysRequest, pinned: bool, who: Identity = ADMIN) -> dict[str, Any]:
         ks, salt = f.keyspace.key(), who.salt(f.salt)
         changed = 0
-        for c, h in enumerate(self._hashes(f, self._per_chunk(f))):
+        for c, h in enumerate(self._hashes(f, self._per_chunk(f), who)):
             for key in self._chunk_keys(ks, salt, h, c):
                 changed += self.l1.set_pinned(key, pinned)
         return {"objects": changed}

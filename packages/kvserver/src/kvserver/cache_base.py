@@ -12,12 +12,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kvprotocol import MAX_KEYS, KeySpace, ObjectKey, chunk_hashes
+from kvprotocol import MAX_KEYS, KeySpace, ObjectKey
 from kvprotocol._requests import KeysRequest
 
+from .after_reply import Defer, run_now
 from .errors import OutOfRange, TooLarge, TooMany
 from .engines import Engine, EngineTable
 from .groups import GroupBook
+from .hash_memo import HashMemo
 from .l1 import L1Cache, State
 from .l2.background import BackgroundPrefetches
 from .leases import Leases
@@ -57,6 +59,8 @@ class CacheBase:
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
         self.background = BackgroundPrefetches()  # prefetches of lookups that did not wait
         self.reservations = ReservationBook(l1, lease_ttl)  # whole-request admission (kv_producer stores)
+        self.hash_memo = HashMemo()  # chunk hashes computed lately (the same prompt's lookup, then its saves)
+        self.defer: Defer = run_now  # what a reply need not wait for (the server: after it; after_reply.py)
 
     @property
     def engines(self) -> dict[str, Engine]:
@@ -102,8 +106,9 @@ class CacheBase:
                 hit_keys.append(keys)
         return len(hashes)
 
-    def _hashes(self, f: KeysRequest, per_chunk: int) -> list[bytes]:
-        """The request's chunk hashes, its per-chunk extra keys folded in (kvprotocol's one definition).
+    def _hashes(self, f: KeysRequest, per_chunk: int, who: Identity) -> list[bytes]:
+        """The request's chunk hashes, its per-chunk extra keys folded in (kvprotocol's one definition,
+        remembered per key-space salt: hash_memo.py).
 
         Runs before a handler changes anything: a request naming more than MAX_KEYS objects is
         TOO_LARGE before any hashing, and an extra key beyond the last full chunk is OUT_OF_RANGE.
@@ -113,7 +118,7 @@ class CacheBase:
             raise TooLarge(f"{chunks} chunks x {per_chunk} objects each is over "
                            f"{MAX_KEYS} objects per request")
         try:
-            return chunk_hashes(f.tokens, self.chunk_size, f.extra or ())
+            return self.hash_memo.hashes(who.salt(f.salt), f.tokens, self.chunk_size, f.extra or ())
         except IndexError as exc:
             raise OutOfRange(str(exc)) from None
 

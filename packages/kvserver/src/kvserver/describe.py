@@ -42,6 +42,7 @@ def describe_server(server: KVServer) -> dict[str, Any]:
         "sessions": len(c.table.sessions),
         "stores_in_flight": len(c.table.stores),
         "counters": vars(c.counters),
+        "hash_memo": c.hash_memo.describe(),
         "reservations": c.reservations.describe(),
         "tenants": server.cache.ledger.usage(None),
         "ec": server.ec.describe(),

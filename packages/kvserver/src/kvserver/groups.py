@@ -61,15 +61,17 @@ class KeyPlan:
         return out
 
     def touch_hit(self, salt: str, hashes: list[bytes], hit: int, touch: Callable[[ObjectKey], object],
-                  on_hit: list[Callable[[list[ObjectKey]], None]]) -> Callable[[int], list[ObjectKey]]:
-        """A lookup's bookkeeping: touch what the hit needs (tail first), tell the hooks, and return
-        the function that names one rank's objects for its leases."""
+                  on_hit: list[Callable[[list[ObjectKey]], None]]) -> None:
+        """A lookup's bookkeeping: touch what the hit needs (tail first) and tell the hooks."""
         keys = [k for _, _, k in self.needed(salt, hashes, hit, None)]
         for key in reversed(keys):
             touch(key)
         if on_hit and hit:
             for hook in on_hit:
                 hook(keys)
+
+    def lease_keys(self, salt: str, hashes: list[bytes], hit: int) -> Callable[[int], list[ObjectKey]]:
+        """The function that names one rank's objects of a hit, for its leases."""
         return lambda rank: [k for _, _, k in self.needed(salt, hashes, hit, rank)]
 
     def stored(self, rank: int, salt: str, hashes: list[bytes], start: int) -> list[tuple[int, int, ObjectKey]]:

@@ -34,7 +34,7 @@ class WritePath(CacheBase):
             if fp not in self.object_sizes:
                 raise LayoutMismatch(f"layout {fp} is not registered by any engine")
             sizes.append(self.object_sizes[fp])
-        hashes = self._hashes(f, len(ks[2]))
+        hashes = self._hashes(f, len(ks[2]), who)
         if len(self.table.stores) >= MAX_STORES:
             self.expire()
         if len(self.table.stores) >= MAX_STORES:

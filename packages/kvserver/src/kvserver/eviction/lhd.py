@@ -141,37 +141,50 @@ class LHDPolicy(EvictionPolicy[K]):
         self.on_access_many((key,))
 
     def on_access_many(self, keys: Sequence[K]) -> None:
-        """Each key's access in turn. One loop over locals, with `_start` inlined: a lookup touches
-        every chunk it hit, so this is the policy's share of every lookup (16 keys: 33 us, against 55 us
-        for one call per key through `_start`)."""
+        """Each key's access in turn. One loop over locals, with `_start`, `default_class` and
+        `HitDensity.reuse` inlined: a lookup touches every chunk it hit, so this is the policy's share
+        of every lookup (16 keys: 20 us, against 31 us with those calls and 55 us for one call per key)."""
         nodes, carry, leaves, est, classify = self._nodes, self._read_carry, self._leaves, self.est, self._classify
-        waits = self._waits  # replaced by _regroup: read again after a refresh
+        waits, shift = self._waits, est.shift  # replaced by a refresh or a regroup: read again after one
+        reuses, octaves, last_bin = est.reuses, est.octaves, est.ages - 1
+        span_class = _SPAN_CLASS
         for key in keys:
             node = nodes.get(key)
             if node is None or not node.ready:
                 continue
             self._write_carry.clear()
             now, cls, last = self._now, node.cls, node.last
-            wid = (cls, last >> est.shift)  # its wait ends: a reuse at its age
+            wid = (cls, last >> shift)  # its wait ends: a reuse at its age
             left = waits[wid] - 1
             if left:
                 waits[wid] = left
             else:
                 del waits[wid]
-            est.reuse(cls, now - last)
+            age = now - last  # est.reuse(cls, age):
+            b = age >> shift
+            reuses[cls][b if b < last_bin else last_bin] += 1.0
+            b = age.bit_length()
+            octaves[b if b < 63 else 63] += 1.0
             carried = carry.pop(key, None)
             if carried is None:  # the deepest key this lookup read
-                node.level = min(node.level + 1, MAX_LEVEL)
+                level = node.level + 1
+                node.level = level if level < MAX_LEVEL else MAX_LEVEL
             else:
-                node.level = max(node.level, carried[0])
-                node.span = max(node.span, carried[1])
+                if carried[0] > node.level:
+                    node.level = carried[0]
+                if carried[1] > node.span:
+                    node.span = carried[1]
+            level, span = node.level, node.span
             if node.parent is not None:
-                carry[node.parent.key] = (node.level, node.span)
+                carry[node.parent.key] = (level, span)
             # _start: it waits for its next access from now
             node.last = now
-            node.cls = cls = (default_class(node.level, node.span) if classify is None
-                              else classify(key, node.level, node.span))
-            wid = (cls, now >> est.shift)
+            if classify is None:  # default_class(level, span)
+                cls = ((level if level < LEVELS else LEVELS) - 1) * SPANS + span_class[span.bit_length()]
+            else:
+                cls = classify(key, level, span)
+            node.cls = cls
+            wid = (cls, now >> shift)
             waits[wid] = waits.get(wid, 0) + 1
             if node.children == 0:  # only leaves are candidates (_adopt takes a parent out)
                 leaves.discard(key)
@@ -179,10 +192,10 @@ class LHDPolicy(EvictionPolicy[K]):
             self._now = now = now + 1
             if now >= self._next_refresh:
                 self._refresh()
-                waits = self._waits
+                waits, shift = self._waits, est.shift
             elif leaves.groups > MAX_GROUPS and est.coarsen():
                 self._regroup()
-                waits = self._waits
+                waits, shift = self._waits, est.shift
 
     def on_remove(self, key: K) -> None:
         node = self._nodes.get(key)

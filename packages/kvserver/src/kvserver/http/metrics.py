@@ -139,6 +139,11 @@ class ServerCollector(Collector):
                                   "copy finished (the copy was discarded).", value=c["broken_reads"])
         yield GaugeMetricFamily("kvserver_quarantined_bytes", "L1 bytes of abandoned write slots held back for "
                                 "one lease TTL.", value=l1["quarantined_bytes"])
+        memo = d["hash_memo"]
+        yield CounterMetricFamily("kvserver_hash_chunks", "Chunk hashes requests needed (every full chunk of "
+                                  "every request that names tokens).", value=memo["hits"] + memo["misses"])
+        yield CounterMetricFamily("kvserver_hash_memo_hit_chunks", "Chunk hashes the memo of recently hashed "
+                                  "chunks answered (not hashed again).", value=memo["hits"])
         errors = CounterMetricFamily("kvserver_errors", "Error replies, by error code.", labels=["code"])
         # Every code from zero, so rate() and alerts see a series before the first error of a kind.
         for code in sorted({*map(str, ErrorCode), *d["errors"]}):
