@@ -206,8 +206,10 @@ def main() -> None:
     print(f"medians of {args.runs} run(s)")
     print(f"ping: p50 {p['p50_ms']:.3f} ms  p99 {p['p99_ms']:.3f} ms | raw pyzmq ROUTER/DEALER p50 "  # type: ignore[index]
           f"{p['raw_p50_ms']:.3f} ms ({p['ratio']:.2f}x)")  # type: ignore[index]
-    for row in results["lookup"]:  # type: ignore[union-attr]
-        print(f"lookup {row['tokens']:>6.0f} tokens: p50 {row['p50_ms']:.3f} ms  p99 {row['p99_ms']:.3f} ms")
+    for i, row in enumerate(results["lookup"]):  # type: ignore[arg-type]
+        each = sorted(r["lookup"][i]["p50_ms"] for r in runs)  # the spread between fresh servers
+        print(f"lookup {row['tokens']:>6.0f} tokens: p50 {row['p50_ms']:.3f} ms  p99 {row['p99_ms']:.3f} ms"
+              f"  (p50 of each run: {', '.join(f'{v:.3f}' for v in each)})")
     for row in results["transfer"]:  # type: ignore[union-attr]
         print(f"{row['mode']}: {row['bytes'] / 2**20:.0f} MiB  memcpy baseline {row['memcpy_gbps']:.2f} GB/s | "
               f"store {row['store_gbps']:.2f} GB/s ({row['store_ratio']:.0%}) | "

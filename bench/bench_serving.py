@@ -60,7 +60,7 @@ SCALES: dict[str, dict[str, Any]] = {
     "quick": {"configs": "none,kvserver", "workloads": "chat,trace,noreuse",
               "chat": dict(users=4, rounds=3, system_tokens=768, user_tokens=128, max_tokens=16, think_s=1.0,
                            stagger_s=0.5),
-              "trace": dict(conversations=6, block_tokens=32, duration_s=15.0, max_prompt=1536, max_tokens=16),
+              "trace": dict(conversations=6, block_tokens=32, duration_s=10.0, max_prompt=1536, max_tokens=16),
               "noreuse": dict(requests=12, prompt_tokens=512, max_tokens=16, concurrency=4)},
     "smoke": {"configs": "kvserver", "workloads": "chat",
               # one user: round k runs on engine k mod 2, so engine 1 must load what engine 0 stored
