@@ -52,3 +52,40 @@ def test_client_recovers_when_the_server_comes_back(server_factory):
                 break
             except RequestTimeout:
                 assert time.monotonic() < deadline
+
+
+def test_a_late_reply_is_dropped_and_multipart_replies_arrive_whole():
+    """A peer (a plain ROUTER, not a kvserver) answers the first request only after the client gave up
+    on it, then the second at once with a data frame: the client skips the stale reply by its id and
+    returns the second's result and frames."""
+    import threading
+
+    import msgpack
+    import zmq
+
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    rids: list[int] = []
+
+    def peer() -> None:
+        first = router.recv_multipart()
+        second = router.recv_multipart()  # sent once the first timed out
+        for ident, header, extra in ((first[0], first[1], []), (second[0], second[1], [b"payload"])):
+            rid = msgpack.unpackb(header)["id"]
+            rids.append(rid)
+            router.send_multipart([ident, msgpack.packb({"v": 1, "id": rid, "ok": True, "result": {"rid": rid}}),
+                                   *extra])
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    try:
+        with Client(f"tcp://127.0.0.1:{port}", timeout=0.3, token="t") as c:
+            with pytest.raises(RequestTimeout):
+                c.call("ping")
+            reply = c.call("ping", timeout=5)
+            thread.join(5)
+            first, second = rids  # the stale reply (the first id) came first on the socket
+            assert first != second and reply.result == {"rid": second}
+            assert [bytes(f) for f in reply.frames] == [b"payload"]
+    finally:
+        router.close(linger=0)

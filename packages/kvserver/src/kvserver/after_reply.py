@@ -1,6 +1,6 @@
 """Work a request causes that its reply does not depend on, run once the reply is on its way.
 
-Why: a 4096-token lookup's recency updates (the eviction policy's touches of 16 keys, about 33 us,
+Why: a 4096-token lookup's recency updates (the eviction policy's touches of 16 keys, 13-33 us,
 and the L2 admission hook) and every request's latency observers change nothing the reply says, yet
 they sat between the request and its answer. The server queues them here and runs them right after
 the reply is handed to ZMQ, and always before it reads the next request, so every request still
