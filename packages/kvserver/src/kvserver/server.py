@@ -12,14 +12,14 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
 
 import kvprotocol
 from kvprotocol import ValidationError
-from kvprotocol._messages import MAX_HEADER_BYTES, decode_request, error_reply, ok_reply, pack
+from kvprotocol._messages import MAX_HEADER_BYTES, decode_request, error_reply, ok_reply
 from kvprotocol._requests import Request
 
 from .after_reply import AfterReply
@@ -36,6 +36,7 @@ from .l1 import L1Cache
 from .l2 import build_tier_manager
 from .latency import LatencyBuckets
 from .tenants import ADMIN, Identity
+from .zmq_loop import Answer, ZmqLoop
 
 if TYPE_CHECKING:
     from .http.service import HttpService
@@ -43,14 +44,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
-Answer = tuple[dict[str, Any], list[Any]]  # a reply header map and its data frames
-BATCH = 64  # requests answered per wake-up before other tasks get a turn
 Handler = Callable[[Any, list[memoryview], Identity], Result | Awaitable[Result]]
 OPERATOR_OPS = frozenset({"query", "pin", "unpin"})  # an operator's look at a keyspace, not engine traffic
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
 ADMIN_OPS = frozenset({"clear", "ec_clear"})  # touch every tenant's objects: the server's own token only
-# the serve loop's socket options and flags as plain ints: pyzmq's enums cost ~1 us per operation
-_EVENTS, _POLLIN, _NOBLOCK, _MORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
 
 
 def max_frame_bytes(arena_size: int) -> int:
@@ -97,12 +94,10 @@ class KVServer:
         except BaseException:
             self.close()
             raise
-        self._answering: set[asyncio.Future[None]] = set()  # requests whose handler waits (see _serve_loop)
-        # the same socket, used without asyncio futures (see _serve_loop)
-        self._io: zmq.Socket[bytes] = zmq.Socket.shadow(self._sock.underlying)
-        self._kick: Callable[[], None] = lambda: None
         self._after = AfterReply()  # what a reply need not wait for: run after it, before the next request
         self.cache.defer = self._after.defer
+        # the same socket, used without asyncio futures (zmq_loop.py)
+        self._zmq = ZmqLoop(zmq.Socket.shadow(self._sock.underlying), self._begin, self._after)
         self.errors: dict[str, int] = {}
         self.op_counts: dict[str, int] = {}
         self.observers: list[Callable[[str, float, str | None], None]] = []  # (op, seconds, error code)
@@ -281,74 +276,6 @@ class KVServer:
         for observer in self.observers:
             observer(op, elapsed, code)
 
-    async def _serve_loop(self) -> None:
-        """Answer requests from a reader callback on the socket's file descriptor.
-
-        Why not `await recv_multipart()`: pyzmq's asyncio socket makes futures and re-registers the
-        descriptor for every receive and send, which cost more than the rest of a ping (profiled:
-        bench/profile_server.py). Here the descriptor stays registered; each wake-up drains up to
-        BATCH requests with non-blocking receives, answers the ones whose handlers do not wait inline
-        and runs the others (an L2 lookup) as tasks. Replies are sent without blocking: a ROUTER never
-        blocks on send (it drops at the high-water mark, as before).
-        """
-        loop = asyncio.get_running_loop()
-        sock = self._io
-        fd = cast(int, sock.getsockopt(zmq.FD))
-
-        def on_readable() -> None:
-            for _ in range(BATCH):
-                if not cast(int, sock.get(_EVENTS)) & _POLLIN:  # also re-arms the edge-triggered fd
-                    return
-                try:  # frame by frame: recv_multipart asks RCVMORE of the socket, Frame.more is free
-                    frame = sock.recv(_NOBLOCK, copy=False)
-                    parts = [frame]
-                    while frame.more:
-                        frame = sock.recv(_NOBLOCK, copy=False)
-                        parts.append(frame)
-                except zmq.Again:
-                    return
-                self._take(parts)
-            loop.call_soon(on_readable)  # more queued: let the other tasks (HTTP, expiry) run first
-
-        def kick() -> None:
-            loop.call_soon(on_readable)
-
-        self._kick = kick
-        loop.add_reader(fd, on_readable)
-        loop.call_soon(on_readable)
-        try:
-            await loop.create_future()  # runs until cancelled (serve() stops it)
-        finally:
-            loop.remove_reader(fd)
-
-    def _take(self, parts: list[zmq.Frame]) -> None:
-        if len(parts) < 2:
-            return  # a bare identity frame: nothing to answer to
-        identity, header = parts[0], parts[1]
-        out = self._begin(header.bytes, [memoryview(p.buffer) for p in parts[2:]])
-        if isinstance(out, tuple):
-            self._reply(identity, *out)
-            self._after.run()
-        else:  # a handler that waits (L2): others are answered meanwhile
-            task = asyncio.ensure_future(self._reply_later(identity, out))
-            self._answering.add(task)
-            task.add_done_callback(self._answering.discard)
-
-    async def _reply_later(self, identity: zmq.Frame, pending: Awaitable[Answer]) -> None:
-        reply, data = await pending
-        self._reply(identity, reply, data)
-        self._after.run()
-        self._kick()  # a send outside the reader callback may have taken the descriptor's wake-up
-
-    def _reply(self, identity: zmq.Frame, reply: dict[str, Any], data: list[Any]) -> None:
-        send, frames = self._io.send, [identity, pack(reply), *data]
-        try:  # not send_multipart: its type checks and enum flags cost as much as a ping's handler
-            for frame in frames[:-1]:
-                send(frame, _MORE, copy=False)
-            send(frames[-1], _NOBLOCK, copy=False)
-        except zmq.ZMQError as exc:
-            log.warning("could not send reply: %s", exc)
-
     async def _expiry_loop(self) -> None:
         interval = max(0.05, min(1.0, self.config.lease_ttl / 4))
         swept = time.monotonic()
@@ -368,7 +295,7 @@ class KVServer:
             await self.l2.start()
         if self.kv_events is not None:
             self.kv_events.start()
-        tasks = [asyncio.create_task(self._serve_loop(), name="zmq"),
+        tasks = [asyncio.create_task(self._zmq.run(), name="zmq"),
                  asyncio.create_task(self._expiry_loop(), name="expiry")]
         http = self.http
         http_task = asyncio.create_task(http.serve(), name="http") if http is not None else None
@@ -389,9 +316,9 @@ class KVServer:
                 await fleet.close()
             if http is not None and http_task is not None:
                 await http.shutdown(http_task)
-            for t in [*tasks, *self._answering]:
+            for t in [*tasks, *self._zmq.answering]:
                 t.cancel()
-            await asyncio.gather(*tasks, *self._answering, return_exceptions=True)
+            await asyncio.gather(*tasks, *self._zmq.answering, return_exceptions=True)
             if self.l2 is not None:
                 await self.l2.stop()  # flushes the write-behind queue (bounded) before the arena goes
             if self.kv_events is not None:
