@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 import os
 from pathlib import Path
 
@@ -52,6 +53,25 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
 @pytest.fixture
 def server(server_factory: ServerFactory) -> ServerProc:
     return server_factory("--l1-size-gb", "0.25", "--lease-ttl", "30")
+
+
+ENGINE_SCOPE = "tests/vllm/"
+"""Under xdist (`-n 3`, pyproject.toml) every test under tests/vllm runs on one worker: they share that
+worker's engine zygote, tiny model and reference run, and two engines at once would only split the
+same 2 cores. The other workers share the rest, one test at a time."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's loadscope scheduling with one scope for the engine tests and one per test elsewhere.
+    Scopes go out largest first, so the worker that takes the suite's long pole starts at once.
+    (Not `--dist loadgroup`: its xdist_group marks rename node ids, which pytest 9.2 ignores.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EngineScopeScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return ENGINE_SCOPE if nodeid.startswith(ENGINE_SCOPE) else nodeid
+
+    return EngineScopeScheduling(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -15,7 +15,8 @@ import pytest
 
 from kvserver_proc import KVServer, ServerFactory
 from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT
-from vllm_harness import SHARED_CACHE_ENV, VLLM_PYTHON, EngineRun, build_model, next_turn, prompt, run_engine
+from vllm_harness import (SHARED_CACHE_ENV, VLLM_PYTHON, EngineRun, build_model, next_turn, prompt, run_engine,
+                          use_engine_zygote)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,6 +47,15 @@ def shared_vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         os.environ.pop(SHARED_CACHE_ENV, None)
     else:
         os.environ[SHARED_CACHE_ENV] = before
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine_zygote(shared_vllm_cache: Path) -> Iterator[None]:
+    """Engines of the session fork from one parent that imported torch and vLLM once
+    (vllm_harness.EngineZygote); it starts with the first engine, so tests that run none pay nothing."""
+    use_engine_zygote(True)
+    yield
+    use_engine_zygote(False)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ The encoder runs are counted inside the engine (each output vLLM's model runner 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 from kvprotocol import Client
 from kvserver_proc import ServerFactory
 from vllm_cases import MAX_TOKENS, kv_config
+from test_vllm_tp import _remove_vllm_dist_segments  # noqa: F401 - autouse: cleans up after the TP run
 from vllm_harness import build_vlm, run_engine
 
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.timeout(1200)]  # several engines, ~20-140 s each
@@ -85,16 +85,6 @@ def test_second_engine_skips_the_encoder_and_images_never_share(vlm_dir: Path,
     assert e4.requests[0].token_ids == want_a
 
 
-@pytest.fixture
-def _vllm_dist_segments() -> Iterator[None]:
-    """TP workers that exit slowly leave /dev/shm/vllm_dist_* behind: remove the ones this test made."""
-    before = set(Path("/dev/shm").glob("vllm_dist_*"))
-    yield
-    for seg in set(Path("/dev/shm").glob("vllm_dist_*")) - before:
-        seg.unlink(missing_ok=True)
-
-
-@pytest.mark.usefixtures("_vllm_dist_segments")
 def test_tp2_ranks_store_once_and_both_load(vlm_dir: Path, kvserver_factory: ServerFactory, tmp_path: Path) -> None:
     """TP ranks compute bit-identical encoder outputs: rank 0 stores one object, every rank loads it,
     and the engine that loaded gives the tokens of the engine that encoded."""

@@ -3,6 +3,8 @@ its own objects, gives back only its own leases, and the output matches a TP=2 r
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from vllm_harness import prompt, run_engine
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.timeout(1200)]  # two TP=2 engines, minutes each on 2 cores
 
 TP = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+_RPC_DIRS: list[Path] = []  # tp_env's folders, removed after each test
 
 
 @pytest.fixture(autouse=True)
@@ -25,11 +28,19 @@ def _remove_vllm_dist_segments() -> Iterator[None]:
     yield
     for seg in set(Path("/dev/shm").glob("vllm_dist_*")) - before:
         seg.unlink(missing_ok=True)
+    while _RPC_DIRS:
+        shutil.rmtree(_RPC_DIRS.pop(), ignore_errors=True)
 
 
 def tp_env(tmp_path: Path) -> dict[str, str]:
-    rpc = tmp_path / "rpc"
-    rpc.mkdir(exist_ok=True)
+    # vLLM binds ipc:// sockets under this folder, and a Unix socket path has at most 107 bytes: an
+    # xdist worker's tmp_path is too long for it, so the folder is short, in /tmp, and leaves with the
+    # test's tmp_path (a link there names it)
+    rpc = Path(tempfile.mkdtemp(prefix="kv-rpc-"))
+    link = tmp_path / "rpc"
+    if not link.is_symlink():
+        link.symlink_to(rpc)
+    _RPC_DIRS.append(rpc)
     return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "TORCH_COMPILE_DISABLE": "1",
             "VLLM_RPC_BASE_PATH": str(rpc)}
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = Path(os.environ.get("KV_VLLM_VENV", REPO_ROOT / ".venv-vllm"))
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 RUNNER = Path(__file__).resolve().parent / "engine_runner.py"
+ZYGOTE = Path(__file__).resolve().parent / "engine_zygote.py"
 
 
 @dataclass(frozen=True)
@@ -172,17 +176,19 @@ def run_engine(
         spec_path, result_path = work / "spec.json", work / "result.json"
         result_path.unlink(missing_ok=True)
         spec_path.write_text(json.dumps(spec))
-        python = str(VLLM_PYTHON) if VLLM_PYTHON.exists() else sys.executable
+        run_env = engine_env(work / "vllm-cache", env)
         t0 = time.perf_counter()
-        proc = subprocess.run(
-            [python, str(RUNNER), str(spec_path), str(result_path)],
-            env=engine_env(work / "vllm-cache", env), cwd=work, capture_output=True, text=True,
-            timeout=timeout,
-        )
+        zygote = _ZYGOTE.get(run_env)
+        if zygote is not None:
+            returncode, log = zygote.run(spec_path, result_path, work, run_env, timeout)
+        else:
+            python = str(VLLM_PYTHON) if VLLM_PYTHON.exists() else sys.executable
+            proc = subprocess.run([python, str(RUNNER), str(spec_path), str(result_path)], env=run_env, cwd=work,
+                                  capture_output=True, text=True, timeout=timeout)
+            returncode, log = proc.returncode, proc.stdout + proc.stderr
         total = time.perf_counter() - t0
-        log = proc.stdout + proc.stderr
-        if proc.returncode != 0 or not result_path.exists():
-            raise EngineRunError(f"engine exited with {proc.returncode}:\n{log[-6000:]}")
+        if returncode != 0 or not result_path.exists():
+            raise EngineRunError(f"engine exited with {returncode}:\n{log[-6000:]}")
         raw = json.loads(result_path.read_text())
         out = [
             BatchResult(b["wall_s"], [RequestResult(**r) for r in b["requests"]], b.get("connector_stats"),
@@ -194,3 +200,133 @@ def run_engine(
     finally:
         if tmp_ctx is not None:
             tmp_ctx.cleanup()
+
+
+# Keys whose value a warm engine parent may differ in from the engine it forks: read only when an
+# engine is built, never while torch or vLLM import. Any other difference (OMP_NUM_THREADS, say, which
+# the OpenMP runtime reads when torch loads it) gets a fresh interpreter, as every engine did before.
+_LATE_READ_ENV = ("VLLM_RPC_BASE_PATH", "VLLM_CACHE_ROOT")
+_LATE_READ_PREFIXES = ("KVSERVER_", "PYTEST_")  # PYTEST_CURRENT_TEST names each test: one zygote, not one per test
+
+
+class EngineZygote:
+    """A running engine_zygote.py: engines forked from a parent that already imported torch and vLLM.
+
+    Each engine is still a process of its own (its global state is born and dies with it); what it
+    skips is the interpreter start and the imports, about 10 s of 2 cores per engine.
+    """
+
+    def __init__(self, base_env: dict[str, str]) -> None:
+        self.base_env = dict(base_env)
+        self._dir = tempfile.TemporaryDirectory(prefix="kv-zygote-")
+        self.socket_path = str(Path(self._dir.name) / "zygote.sock")
+        self._log = open(Path(self._dir.name) / "zygote.log", "w+b")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen([str(VLLM_PYTHON), str(ZYGOTE), self.socket_path], env=self.base_env,
+                                     stdout=subprocess.PIPE, stderr=self._log, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        assert self.proc.stdout is not None
+        line = _readline_within(self.proc.stdout, timeout)
+        if line.strip() != b"ready":
+            self._log.seek(0)
+            raise EngineRunError(f"engine zygote did not start ({self.proc.poll()}): {self._log.read()[-3000:]!r}")
+
+    def run(self, spec: Path, result: Path, cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+        """Run engine_runner on `spec` in a forked child; its stdout and stderr are the returned log."""
+        log_path = cwd / "engine.log"
+        request = {"spec": str(spec), "result": str(result), "log": str(log_path), "cwd": str(cwd), "env": env}
+        deadline = time.monotonic() + timeout
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(self.socket_path)
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            reader = conn.makefile("rb")
+            rc: int | None = None
+            while rc is None:
+                conn.settimeout(max(0.01, deadline - time.monotonic()))
+                try:
+                    line = reader.readline()
+                except TimeoutError:  # closing the connection makes the parent kill the engine
+                    raise subprocess.TimeoutExpired(str(spec), timeout) from None
+                if not line:
+                    raise EngineRunError(f"engine zygote went away (exit {self.proc.poll()})")
+                rc = json.loads(line).get("rc")
+        log = log_path.read_text(errors="replace") if log_path.exists() else ""
+        return rc, log
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self._log.close()
+        self._dir.cleanup()
+
+
+def _readline_within(stream: Any, timeout: float) -> bytes:
+    out: list[bytes] = []
+    reader = threading.Thread(target=lambda: out.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return out[0] if out else b""
+
+
+def _import_time_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in env.items()
+                        if k not in _LATE_READ_ENV and not k.startswith(_LATE_READ_PREFIXES)))
+
+
+class _ZygoteHolder:
+    """The session's engine zygotes, one per environment that torch and vLLM could read while they
+    import (tensor-parallel tests run with OMP_NUM_THREADS=1, say), each started at the first engine
+    that needs it. tests/vllm/conftest.py enables them; benchmarks, whose engines' start is part of
+    what they measure, do not."""
+
+    MAX_ZYGOTES = 3  # past that, an engine starts in a fresh interpreter
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._lock = threading.Lock()
+        self._zygotes: dict[tuple[tuple[str, str], ...], EngineZygote] = {}
+        self._registered = False
+
+    def get(self, env: dict[str, str]) -> EngineZygote | None:
+        if not self.enabled or not VLLM_PYTHON.exists():
+            return None
+        key = _import_time_env(env)
+        with self._lock:
+            zygote = self._zygotes.get(key)
+            if zygote is None:
+                if len(self._zygotes) >= self.MAX_ZYGOTES:
+                    return None
+                if self._zygotes:  # say why another parent starts, so a per-test variable cannot hide here
+                    first = dict(next(iter(self._zygotes)))
+                    changed = sorted(k for k, v in key if first.get(k) != v) + sorted(set(first) - dict(key).keys())
+                    print(f"vllm_harness: another engine zygote for {changed}", file=sys.stderr)
+                zygote = EngineZygote(env)
+                try:
+                    zygote.wait_ready()
+                except EngineRunError:
+                    zygote.stop()
+                    raise
+                self._zygotes[key] = zygote
+                if not self._registered:
+                    atexit.register(self.stop)
+                    self._registered = True
+        if zygote.proc.poll() is not None:
+            raise EngineRunError(f"engine zygote exited with {zygote.proc.returncode}")
+        return zygote
+
+    def stop(self) -> None:
+        with self._lock:
+            for zygote in self._zygotes.values():
+                zygote.stop()
+            self._zygotes.clear()
+
+
+_ZYGOTE = _ZygoteHolder()
+
+
+def use_engine_zygote(enabled: bool = True) -> None:
+    """Fork engines from one warm parent (the test suite) or start each in a fresh interpreter."""
+    _ZYGOTE.enabled = enabled
+    if not enabled:
+        _ZYGOTE.stop()
