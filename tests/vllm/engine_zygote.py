@@ -122,10 +122,11 @@ def _serve(path: str) -> None:
                     running.pop(pid, None)
                     sel.unregister(sock)
                     sock.close()
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    for kill in (os.killpg, os.kill):  # its group; itself, should it not have run setsid yet
+                        try:
+                            kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
                     try:
                         os.waitpid(pid, 0)
                     except ChildProcessError:

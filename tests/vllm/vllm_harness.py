@@ -315,6 +315,11 @@ class _ZygoteHolder:
             raise EngineRunError(f"engine zygote exited with {zygote.proc.returncode}")
         return zygote
 
+    def pids(self) -> list[int]:
+        """The running zygotes' process ids."""
+        with self._lock:
+            return [z.proc.pid for z in self._zygotes.values() if z.proc.poll() is None]
+
     def stop(self) -> None:
         with self._lock:
             for zygote in self._zygotes.values():
@@ -323,6 +328,11 @@ class _ZygoteHolder:
 
 
 _ZYGOTE = _ZygoteHolder()
+
+
+def engine_zygote_pids() -> list[int]:
+    """The process ids of the session's running engine zygotes (none until an engine used one)."""
+    return _ZYGOTE.pids()
 
 
 def use_engine_zygote(enabled: bool = True) -> None:
