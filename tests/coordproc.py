@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -58,8 +59,26 @@ class CoordinatorProc(ManagedProcess):
         raise RuntimeError(f"coordinator did not answer within {timeout}s: {self.log()}")
 
 
+    @property
+    def token(self) -> str | None:
+        """The coordinator's token: configured in its env, else the one it generated into its default file."""
+        from kvprotocol._credentials import default_token
+
+        return self.env.get("KVSERVER_API_TOKEN") or default_token(self.url)
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
     def get(self, path: str, **kw: Any) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=10, **kw)
+        headers = {**self.auth, **kw.pop("headers", {})}
+        kw.setdefault("timeout", 10)
+        return httpx.get(self.url + path, headers=headers, **kw)
+
+    def post(self, path: str, **kw: Any) -> httpx.Response:
+        headers = {**self.auth, **kw.pop("headers", {})}
+        kw.setdefault("timeout", 10)
+        return httpx.post(self.url + path, headers=headers, **kw)
 
     def instances(self) -> list[dict[str, Any]]:
         return list(self.get("/v1/instances").json()["instances"])
@@ -69,14 +88,27 @@ CoordinatorFactory = Callable[..., CoordinatorProc]
 
 
 @pytest.fixture
-def coordinator_factory(tmp_path: Path) -> Iterator[CoordinatorFactory]:
-    """Start coordinators: `coordinator_factory("--instance-timeout", "1")`; all stopped afterwards."""
+def fleet_token(monkeypatch: pytest.MonkeyPatch) -> str:
+    """One fleet token for the test: the coordinator's API and instance token, and (through the
+    environment) the token of every server and client the test starts, as an operator deploys a fleet."""
+    token = f"fleet-{secrets.token_hex(8)}"
+    monkeypatch.setenv("KVSERVER_API_TOKEN", token)
+    return token
+
+
+@pytest.fixture
+def coordinator_factory(tmp_path: Path, fleet_token: str) -> Iterator[CoordinatorFactory]:
+    """Start coordinators: `coordinator_factory("--instance-timeout", "1")`; all stopped afterwards.
+
+    Without `env`, a coordinator gets the test's fleet token; `env={}` starts one with none (it
+    then generates its own)."""
     started: list[CoordinatorProc] = []
 
     def make(*args: str, port: int | None = None, env: dict[str, str] | None = None,
              start: bool = True) -> CoordinatorProc:
+        env = {"KVSERVER_API_TOKEN": fleet_token} if env is None else env
         proc = CoordinatorProc(port or free_port(), list(args), tmp_path / f"coordinator-{len(started)}.log",
-                               env=env or {})
+                               env=env)
         started.append(proc)
         return proc.start() if start else proc
 

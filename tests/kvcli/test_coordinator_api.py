@@ -20,7 +20,7 @@ TOKEN = "fleet-tok-81c2d0"
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProc]:
-    """One default coordinator for the tests that only need one; each leaves it empty."""
+    """One default coordinator (it generates its token) for the tests that only need one; each leaves it empty."""
     coord = CoordinatorProc(free_port(), [], tmp_path_factory.mktemp("coord") / "shared.log").start()
     yield coord
     coord.stop()
@@ -41,7 +41,7 @@ def registration(port: int = 5555, **extra: object) -> dict[str, object]:
 
 def test_register_heartbeat_list_deregister(shared: CoordinatorProc) -> None:
     coord, before = shared, metrics(shared)
-    with httpx.Client(base_url=coord.url, timeout=5) as h:
+    with httpx.Client(base_url=coord.url, timeout=5, headers=coord.auth) as h:
         reg = h.post("/v1/instances", json=registration(models=["llama"]))
         assert reg.status_code == 201
         iid = reg.json()["instance_id"]
@@ -69,7 +69,7 @@ def test_register_heartbeat_list_deregister(shared: CoordinatorProc) -> None:
 
 def test_same_server_registering_again_replaces_its_entry(shared: CoordinatorProc) -> None:
     coord = shared
-    with httpx.Client(base_url=coord.url, timeout=5) as h:
+    with httpx.Client(base_url=coord.url, timeout=5, headers=coord.auth) as h:
         first = h.post("/v1/instances", json=registration()).json()["instance_id"]
         second = h.post("/v1/instances", json=registration()).json()["instance_id"]
         other = h.post("/v1/instances", json=registration(port=6000)).json()["instance_id"]
@@ -81,7 +81,7 @@ def test_same_server_registering_again_replaces_its_entry(shared: CoordinatorPro
 
 def test_silent_instances_turn_late_then_time_out(coordinator_factory) -> None:
     coord = coordinator_factory("--instance-timeout", "3")  # late after 1 s, dropped after 3 s
-    with httpx.Client(base_url=coord.url, timeout=5) as h:
+    with httpx.Client(base_url=coord.url, timeout=5, headers=coord.auth) as h:
         h.post("/v1/instances", json=registration(heartbeat_interval=0.1))
         wait_for(lambda: [i for i in coord.instances() if i["liveness"] == "late"], what="liveness late")
         wait_for(lambda: coord.instances() == [], what="instance dropped")
@@ -91,7 +91,7 @@ def test_silent_instances_turn_late_then_time_out(coordinator_factory) -> None:
 
 def test_fleet_gauges_sum_heartbeated_usage(shared: CoordinatorProc) -> None:
     coord = shared
-    with httpx.Client(base_url=coord.url, timeout=5) as h:
+    with httpx.Client(base_url=coord.url, timeout=5, headers=coord.auth) as h:
         ids = []
         for port, used in ((5555, 100), (6000, 250)):
             ids.append(h.post("/v1/instances", json=registration(port=port)).json()["instance_id"])
@@ -110,7 +110,7 @@ def test_bad_bodies_get_4xx_and_change_nothing(shared: CoordinatorProc) -> None:
     coord = shared
     json_headers = {"content-type": "application/json"}
     lookup = {"model": "m", "world_size": 1, "groups": ["0123456789abcdef"], "tokens": [1]}
-    with httpx.Client(base_url=coord.url, timeout=5) as h:
+    with httpx.Client(base_url=coord.url, timeout=5, headers=coord.auth) as h:
         assert h.post("/v1/fleet/lookup", json=lookup).status_code == 200  # the valid body the cases change
         iid = h.post("/v1/instances", json=registration()).json()["instance_id"]
         cases = [
@@ -141,7 +141,7 @@ def test_bad_bodies_get_4xx_and_change_nothing(shared: CoordinatorProc) -> None:
             assert resp.json()["error"]["code"] == code and resp.json()["error"]["message"]
     [inst] = coord.instances()
     assert inst["id"] == iid and inst["heartbeats"] == 0
-    assert httpx.delete(f"{coord.url}/v1/instances/{iid}").status_code == 200
+    assert httpx.delete(f"{coord.url}/v1/instances/{iid}", headers=coord.auth).status_code == 200
 
 
 def test_token_guards_membership_changes(coordinator_factory) -> None:
@@ -150,7 +150,12 @@ def test_token_guards_membership_changes(coordinator_factory) -> None:
         missing = h.post("/v1/instances", json=registration())
         assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
         assert h.post("/v1/instances", json=registration(), headers={"Authorization": "Bearer nope"}).status_code == 403
-        assert coord.instances() == []  # read-only endpoints are open on loopback
+        for path in ("/v1/instances", "/v1/fleet/status", "/v1/fleet/index"):  # reads need it too, even on loopback
+            assert h.get(path).status_code == 401, path
+        assert h.post("/v1/fleet/lookup", json={"model": "m", "world_size": 1, "groups": ["0123456789abcdef"],
+                                                "tokens": [1]}).status_code == 401
+        assert h.get("/metrics").status_code == 200  # aggregates only: a local Prometheus needs no setup
+        assert coord.instances() == []
         auth = {"Authorization": f"Bearer {TOKEN}"}
         iid = h.post("/v1/instances", json=registration(), headers=auth).json()["instance_id"]
         assert h.put(f"/v1/instances/{iid}/heartbeat", json={}).status_code == 401
@@ -162,7 +167,7 @@ def test_token_guards_membership_changes(coordinator_factory) -> None:
 
 
 def test_off_loopback_reads_need_the_token_too(coordinator_factory) -> None:
-    coord = coordinator_factory("--host", "0.0.0.0", "--api-token", TOKEN)
+    coord = coordinator_factory("--host", "0.0.0.0", "--api-token", TOKEN, env={})
     assert coord.get("/healthz").status_code == 200
     assert coord.get("/v1/instances").status_code == 401
     assert coord.get("/metrics").status_code == 401
@@ -175,7 +180,7 @@ def test_non_loopback_bind_without_token_is_refused(coordinator_factory) -> None
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env)
     assert done.returncode == 2
     assert "refusing to listen on non-loopback address 0.0.0.0" in done.stderr and "--insecure" in done.stderr
-    coord = coordinator_factory("--host", "0.0.0.0", "--insecure")
+    coord = coordinator_factory("--host", "0.0.0.0", "--insecure", env={})
     assert coord.get("/v1/instances").status_code == 200
 
 

@@ -84,7 +84,7 @@ def test_fleet_lookup_and_status_with_an_instance_killed(server_factory, coordin
             if srv is a:
                 store(c, ks, only_a, fill)
     assert ks is not None
-    with httpx.Client(base_url=coord.url, timeout=10) as h:
+    with httpx.Client(base_url=coord.url, timeout=10, headers=coord.auth) as h:
         hint = h.post("/v1/fleet/lookup", json=keys_body(ks, shared)).json()
         assert hint["best"]["instance_id"] == ids[b.url] and hint["best"]["zmq_url"] == b.url
         assert hint["prefix_tokens"] == hint["best"]["prefix_tokens"] == 3 * CHUNK

@@ -49,7 +49,7 @@ def test_fleet_token_goes_only_to_trusted_hosts(server_factory, coordinator_fact
 def test_coordinator_reads_its_token_from_a_file(coordinator_factory, tmp_path) -> None:
     path = tmp_path / "fleet-token"
     path.write_text(TOKEN + "\n")
-    coord = coordinator_factory("--api-token-file", str(path))
+    coord = coordinator_factory("--api-token-file", str(path), env={})
     body = {"zmq_url": "tcp://127.0.0.1:1", "http_url": None, "l1_capacity_bytes": 1, "version": "0",
             "heartbeat_interval": 1.0}
     assert httpx.post(f"{coord.url}/v1/instances", json=body, timeout=5).status_code == 401

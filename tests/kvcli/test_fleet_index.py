@@ -39,7 +39,7 @@ def index(coord: CoordinatorProc) -> dict[str, Any]:
 
 
 def lookup(coord: CoordinatorProc, body: dict[str, Any]) -> dict[str, Any]:
-    return dict(httpx.post(f"{coord.url}/v1/fleet/lookup", json=body, timeout=10).json())
+    return dict(httpx.post(f"{coord.url}/v1/fleet/lookup", json=body, timeout=10, headers=coord.auth).json())
 
 
 def fanout_queries(coord: CoordinatorProc) -> float:

@@ -46,6 +46,7 @@ def sims(zctx: zmq.Context) -> Iterator[list[SimInstance]]:
 class Coord:
     def __init__(self, proc: CoordinatorProc, token: str | None = None) -> None:
         self.proc = proc
+        token = token or proc.token
         self.http = httpx.Client(base_url=proc.url, timeout=10, trust_env=False,
                                  headers={"Authorization": f"Bearer {token}"} if token else {})
 

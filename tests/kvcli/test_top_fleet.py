@@ -3,6 +3,7 @@ dashboard fed by the coordinator's fleet status."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -21,8 +22,13 @@ from test_top_pilot import SIZE, cells, traffic, until
 KVCLI = str(Path(sys.executable).parent / "kvcli")
 
 
+def auth_for(coordinator: str) -> dict[str, str]:
+    """The test's fleet token (the coordinator and every server share it through the environment)."""
+    return {"Authorization": f"Bearer {os.environ['KVSERVER_API_TOKEN']}"}
+
+
 @pytest.fixture
-def coordinator(tmp_path: Path) -> Iterator[str]:
+def coordinator(tmp_path: Path, fleet_token: str) -> Iterator[str]:
     port = free_port()
     log = open(tmp_path / "coordinator.log", "wb")
     proc = subprocess.Popen([KVCLI, "coordinator", "--port", str(port), "--instance-timeout", "3"],
@@ -32,7 +38,7 @@ def coordinator(tmp_path: Path) -> Iterator[str]:
     while True:
         assert proc.poll() is None, (tmp_path / "coordinator.log").read_text()
         try:
-            if httpx.get(f"{url}/v1/instances", timeout=0.5).status_code == 200:
+            if httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
@@ -48,7 +54,7 @@ def fleet_of(server_factory, coordinator: str, n: int) -> list:
     servers = [server_factory("--l1-size-gb", "0.05", "--coordinator", coordinator, "--heartbeat-interval", "0.2",
                               http=True) for _ in range(n)]
     deadline = time.monotonic() + 15
-    while len(httpx.get(f"{coordinator}/v1/instances").json()["instances"]) < n:
+    while len(httpx.get(f"{coordinator}/v1/instances", headers=auth_for(coordinator)).json()["instances"]) < n:
         assert time.monotonic() < deadline, "servers did not register"
         time.sleep(0.05)
     return servers

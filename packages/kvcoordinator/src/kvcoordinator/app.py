@@ -1,8 +1,8 @@
 """The coordinator app factory: membership, fleet status, fleet lookup and metrics.
 
 Endpoints are `async def` (one event loop, no locks around the registry). The fan-out client is
-created in the app's lifespan; it presents credentials only to instances it trusts (see
-credentials.py), so one fleet token serves both directions without leaking to a registrant's URL.
+created in the app's lifespan; it presents the explicitly configured instance token only to
+instances it trusts (see credentials.py), never a credential derived from a registrant's URL.
 """
 
 from __future__ import annotations
@@ -44,14 +44,15 @@ class CoordinatorSettings:
     fanout_timeout: float = 2.0
     api_token: str | None = None
     insecure: bool = False
-    trusted_hosts: tuple[str, ...] = ()  # non-loopback instance hosts the fleet token may be sent to
+    trusted_hosts: tuple[str, ...] = ()  # non-loopback instance hosts the instance token may be sent to
+    instance_token: str | None = None  # presented to instances (explicitly configured only)
 
 
 def create_app(settings: CoordinatorSettings, registry: Registry | None = None) -> FastAPI:
     registry = registry or Registry(settings.instance_timeout)
     metrics = CoordinatorMetrics(registry, kvprotocol.__version__)
     guard = Guard(settings.host, settings.api_token)
-    creds = InstanceCredentials(settings.api_token, settings.trusted_hosts)
+    creds = InstanceCredentials(settings.instance_token, settings.trusted_hosts)
     clients: dict[str, httpx.AsyncClient] = {}
     feeds: dict[str, EventFeeds] = {}  # the KV-events feeds of the prefix index, while running
 
@@ -155,12 +156,12 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
             out["memory_bytes"] = feed.index.memory_bytes()
         return out
 
-    @app.get("/metrics", tags=["metrics"], dependencies=read, response_class=Response)
+    @app.get("/metrics", tags=["metrics"], dependencies=[Depends(guard.metrics)], response_class=Response)
     async def prometheus(request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         return Response(encoder(metrics.registry), headers={"Content-Type": content_type})
 
-    app.add_middleware(LookupFastPath, answer=answer_lookup, token=guard.read_token)
+    app.add_middleware(LookupFastPath, answer=answer_lookup, token=guard.token)
     app.add_middleware(BodyLimit, max_body=MAX_BODY_BYTES)  # the outer one: lookups are capped too
     app.state.registry = registry
     app.state.feeds = feeds  # {"index": EventFeeds} while running (bench/bench_fleet_lookup.py reads it)

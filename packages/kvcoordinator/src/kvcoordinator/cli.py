@@ -33,10 +33,14 @@ def fail(reason: str) -> NoReturn:
 @click.option("--fanout-timeout", default=2.0, show_default=True, type=click.FloatRange(0.05, 60),
               help="Seconds to wait for each instance in fleet status and fleet lookup.")
 @click.option("--api-token", envvar="KVSERVER_API_TOKEN", show_envvar=True, default=None,
-              help="Bearer token for membership changes (and every endpoint off loopback); "
-                   "also sent to trusted instances (loopback ones and --trust-host).")
+              help="Bearer token every endpoint but /healthz needs (and /metrics off loopback); without "
+                   "one a token is generated into <state dir>/token-<port> (0600). A configured token is "
+                   "also the fleet token sent to trusted instances (same-user loopback ones, --trust-host).")
 @click.option("--api-token-file", envvar="KVSERVER_API_TOKEN_FILE", show_envvar=True, default=None,
               type=click.Path(dir_okay=False), metavar="PATH", help="Read the API token from this file.")
+@click.option("--instance-token-file", default=None, type=click.Path(dir_okay=False), metavar="PATH",
+              help="Token presented to instances (fleet status, fan-out, KV-events feeds), e.g. a server's "
+                   "token file; default: the configured --api-token, else none.")
 @click.option("--trust-host", "trusted_hosts", multiple=True, metavar="HOST",
               help="Non-loopback instance host the fleet token may be sent to (repeatable); instances "
                    "elsewhere are asked without credentials.")
@@ -44,7 +48,8 @@ def fail(reason: str) -> NoReturn:
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def command(host: str, port: int, instance_timeout: float, fanout_timeout: float, api_token: str | None,
-            api_token_file: str | None, trusted_hosts: tuple[str, ...], insecure: bool, log_level: str) -> None:
+            api_token_file: str | None, instance_token_file: str | None, trusted_hosts: tuple[str, ...],
+            insecure: bool, log_level: str) -> None:
     """Run the fleet coordinator: soft-state membership, fleet status and fleet lookup over HTTP."""
     from pathlib import Path
 
@@ -65,6 +70,12 @@ def command(host: str, port: int, instance_timeout: float, fanout_timeout: float
             fail(f"--api-token-file: {exc}")
     if api_token is not None and any(ch.isspace() for ch in api_token):
         fail("--api-token must contain no whitespace")
+    instance_token = api_token
+    if instance_token_file:
+        try:
+            instance_token = read_private(Path(instance_token_file), strict=False)
+        except CredentialError as exc:
+            fail(f"--instance-token-file: {exc}")
     problem = exposure_problem(host, api_token, insecure)
     if problem:
         click.echo(f"kvcoordinator: {problem}", err=True)
@@ -73,21 +84,31 @@ def command(host: str, port: int, instance_timeout: float, fanout_timeout: float
     if log_level != "debug":  # one INFO line per fan-out request would drown the log
         logging.getLogger("httpx").setLevel(logging.WARNING)
     if insecure and api_token is None:
-        logging.getLogger("kvcoordinator").warning(
-            "--insecure: membership endpoints accept unauthenticated requests")
+        logging.getLogger("kvcoordinator").warning("--insecure: every endpoint accepts unauthenticated requests")
     try:
         sock = listen_socket(host, port, backlog=512)
     except OSError as exc:
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    token_note = ""
+    if api_token is None and not insecure:  # authenticated by default, like kvserver
+        from kvprotocol._credentials import load_or_new_token, publish_token, token_path
+
+        bound = sock.getsockname()[1]
+        try:
+            api_token = load_or_new_token(bound)
+            publish_token([bound], api_token)
+        except (CredentialError, OSError) as exc:
+            fail(f"cannot write the generated token: {exc}")
+        token_note = f" token={token_path(bound)}"
     import uvicorn  # heavy imports only once the socket is ours
 
     from .app import CoordinatorSettings, create_app
 
     settings = CoordinatorSettings(host, sock.getsockname()[1], instance_timeout, fanout_timeout, api_token,
-                                   insecure, tuple(trusted_hosts))
+                                   insecure, tuple(trusted_hosts), instance_token)
     config = uvicorn.Config(create_app(settings), log_config=None, log_level=log_level,
                             access_log=log_level == "debug", server_header=False, timeout_graceful_shutdown=3)
-    click.echo(f"kvcoordinator ready: http://{host}:{settings.port} instance-timeout={instance_timeout:g}s")
+    click.echo(f"kvcoordinator ready: http://{host}:{settings.port} instance-timeout={instance_timeout:g}s{token_note}")
     sys.stdout.flush()
     asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
 

@@ -1,18 +1,17 @@
-"""Which credentials the coordinator's fan-out presents to an instance, given its registered http_url.
+"""Which credential the coordinator presents to an instance, given its registered http_url.
 
-A registrant chooses its http_url, so the coordinator never sends its token to just any address:
-only to loopback instances (when no socket of another OS user listens on that port) and to hosts
-the operator trusts (`--trust-host`). A loopback instance of this user with no fleet token gets its
-own generated token from its default 0600 file (per-instance credentials, zero configuration).
+A registrant chooses its http_url, so the coordinator never derives a credential from it (no
+default token file for "its" port): it presents only the instance token it was given explicitly,
+and only to loopback instances whose listening socket belongs to this OS user (every address the
+host resolves to, matched exactly) and to hosts the operator trusts (`--trust-host`).
 """
 
 from __future__ import annotations
 
-import os
 from urllib.parse import urlparse
 
 from kvprotocol import is_loopback
-from kvprotocol._credentials import default_token, listener_uid
+from kvprotocol._credentials import listener_is_ours
 
 
 class InstanceCredentials:
@@ -20,14 +19,18 @@ class InstanceCredentials:
         self.token = token
         self.trusted = {h.lower() for h in trusted_hosts}
 
-    def headers_for(self, http_url: str) -> dict[str, str]:
+    def token_for(self, http_url: str) -> str | None:
+        """The instance token, if this URL may receive it; None: ask anonymously."""
+        if not self.token:
+            return None
         parsed = urlparse(http_url)
         host = (parsed.hostname or "").lower()
-        token: str | None = None
-        if is_loopback(host):
-            owner = listener_uid(parsed.port) if parsed.port else None
-            if owner is None or owner == os.getuid():
-                token = self.token or default_token(http_url)
-        elif host in self.trusted:
-            token = self.token
+        if host in self.trusted:
+            return self.token
+        if is_loopback(host) and parsed.port and listener_is_ours(host, parsed.port):
+            return self.token
+        return None
+
+    def headers_for(self, http_url: str) -> dict[str, str]:
+        token = self.token_for(http_url)
         return {"Authorization": f"Bearer {token}"} if token else {}

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterable
 
 MASK64 = (1 << 64) - 1
+MAX_KEYS_PER_SLOT = 1 << 23  # one instance's claims; past it new keys are ignored (lookups fall back to fan-out)
 
 
 def model_tag(model: str) -> int:
@@ -38,7 +39,9 @@ def low64(block_hash: bytes | int) -> int:
 class PrefixIndex:
     """Chunk key -> owning instance slots, plus each slot's keys. Single-threaded (the event loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_per_slot: int = MAX_KEYS_PER_SLOT) -> None:
+        self.max_per_slot = max_per_slot
+        self.overflow = 0  # keys ignored because their instance was at its cap
         self._owners: dict[int, int] = {}
         self._held: dict[int, dict[int, None]] = {}
         self._tags: dict[str, int] = {}
@@ -61,6 +64,9 @@ class PrefixIndex:
         owners, bit = self._owners, 1 << slot
         for k in keys:
             if k in held:
+                continue
+            if len(held) >= self.max_per_slot:
+                self.overflow += 1
                 continue
             held[k] = None
             o = owners.get(k)

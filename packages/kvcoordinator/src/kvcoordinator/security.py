@@ -1,7 +1,9 @@
 """Bind and token rules of the coordinator, the same as kvserver's.
 
-A non-loopback bind needs a token (or an explicit --insecure). Read-only endpoints are open while
-listening on loopback; mutating ones (membership changes) need the token whenever one is set.
+A non-loopback bind needs a token (or an explicit --insecure); on loopback a token is generated
+when none is configured, as for kvserver. Every endpoint but /healthz needs it (a fleet lookup or
+status answered with the coordinator's own credentials must not serve a stranger); /metrics
+(aggregates only) is open on loopback so a local Prometheus needs no setup.
 The primitives live in kvprotocol, shared with kvserver.
 """
 
@@ -24,10 +26,13 @@ def check_bearer(authorization: str | None, token: str | None) -> None:
 class Guard:
     def __init__(self, host: str, token: str | None) -> None:
         self.token = token
-        self.read_token = None if is_loopback(host) else token
+        self.metrics_token = None if is_loopback(host) else token
 
     async def read(self, request: Request) -> None:  # async: a sync dependency costs a threadpool hop
-        check_bearer(request.headers.get("authorization"), self.read_token)
+        check_bearer(request.headers.get("authorization"), self.token)
+
+    async def metrics(self, request: Request) -> None:
+        check_bearer(request.headers.get("authorization"), self.metrics_token)
 
     async def write(self, request: Request) -> None:
         check_bearer(request.headers.get("authorization"), self.token)

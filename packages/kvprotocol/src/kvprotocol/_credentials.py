@@ -8,14 +8,15 @@ server's CURVE key pair lives next to it (`curve-<port>.key`, `curve-<port>.pub`
 
 Lookup order of a client's token: explicit argument > $KVSERVER_API_TOKEN > the file named by
 $KVSERVER_API_TOKEN_FILE > the deprecated $KVCLI_TOKEN / $KVCLI_COORDINATOR_API_TOKEN > the default
-file for the URL's port (loopback URLs only, and never when
-another OS user owns the socket listening on that port).
+file for the URL's port (loopback URLs only, and never when a socket of another OS user listens
+on an address that URL may reach: every address its host resolves to, matched exactly).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import socket
 import stat
 import warnings
 from pathlib import Path
@@ -123,24 +124,75 @@ def publish_token(ports: list[int], token: str) -> None:
         write_private(path, token)
 
 
-def listener_uid(port: int) -> int | None:
-    """The uid owning the TCP socket listening on `port` (Linux /proc), or None if unknown."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+def _proc_listeners() -> list[tuple[int, bytes, int, int]] | None:
+    """(family, packed address, port, uid) of every listening TCP socket (Linux /proc), None if unreadable."""
+    found: list[tuple[int, bytes, int, int]] = []
+    readable = False
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
         try:
             with open(table) as fh:
+                readable = True
                 next(fh)
                 for line in fh:
                     cols = line.split()
-                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
-                        return int(cols[7])
+                    if cols[3] != "0A":  # 0A = LISTEN
+                        continue
+                    addr_hex, port_hex = cols[1].rsplit(":", 1)
+                    raw = bytes.fromhex(addr_hex)  # the kernel prints each 32-bit word in host order
+                    packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                    found.append((family, packed, int(port_hex, 16), int(cols[7])))
         except (OSError, ValueError, IndexError, StopIteration):
             continue
-    return None
+    return found if readable else None
+
+
+_ANY4, _ANY6 = bytes(4), bytes(16)
+_MAPPED = bytes(10) + b"\xff\xff"
+
+
+def _accepts(listener: tuple[int, bytes, int, int], family: int, packed: bytes) -> bool:
+    """Whether a listening socket can accept a connection to (family, address): the same address,
+    its family's wildcard, or for IPv4 an IPv6 wildcard or v4-mapped socket (dual stack)."""
+    lfam, laddr, _, _ = listener
+    if lfam == family:
+        return laddr == packed or laddr == (_ANY4 if family == socket.AF_INET else _ANY6)
+    return family == socket.AF_INET and lfam == socket.AF_INET6 and laddr in (_ANY6, _MAPPED + packed)
+
+
+def listener_uids(host: str, port: int) -> set[int] | None:
+    """The uids owning the sockets a connection to host:port may reach: for every address the host
+    resolves to, the listener on that exact address (or a wildcard accepting it). None: /proc is
+    unreadable or the host does not resolve (unknown, not "nobody")."""
+    listeners = _proc_listeners()
+    if listeners is None:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    owners: set[int] = set()
+    for family, _, _, _, sockaddr in infos:
+        if family not in (socket.AF_INET, socket.AF_INET6):
+            continue
+        packed = socket.inet_pton(family, str(sockaddr[0]).split("%", 1)[0])
+        owners.update(uid for lst in listeners if lst[2] == port and _accepts(lst, family, packed)
+                      for uid in (lst[3],))
+    return owners
+
+
+def listener_is_ours(host: str, port: int) -> bool:
+    """True unless a socket of another OS user may receive a connection to host:port.
+
+    Nobody listening counts as ours (the connection fails; nothing is sent). Every resolved address
+    is checked, so `localhost` answering ::1 and 127.0.0.1 is safe only if both are ours.
+    """
+    owners = listener_uids(host, port)
+    return owners is None or owners <= {os.getuid()}
 
 
 def default_token(url: str) -> str | None:
-    """The default token file for a loopback URL's port, if this user can read it and a listener of
-    another user does not sit on that port (a squatter must never receive it)."""
+    """The default token file for a loopback URL's port, if this user can read it and no listener of
+    another user may receive a connection to that URL (a squatter must never receive it)."""
     parsed = urlparse(url)
     if not parsed.hostname or not is_loopback(parsed.hostname) or parsed.port is None:
         return None
@@ -150,8 +202,7 @@ def default_token(url: str) -> str | None:
             return None
     except OSError:  # e.g. another user's state directory: not ours to read
         return None
-    owner = listener_uid(parsed.port)
-    if owner is not None and owner != os.getuid():
+    if not listener_is_ours(parsed.hostname, parsed.port):
         return None
     try:
         return read_private(path)

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 import kvprotocol
+from kvprotocol._credentials import default_token
 
 from .backend import AdminBackend
 
@@ -66,11 +67,16 @@ class FleetAgent:
         self.instance_id: str | None = None
         self.registrations = 0
         self._outage = False
-        headers = {"Authorization": f"Bearer {cfg.api_token}"} if cfg.api_token else {}
         if cfg.log_level != "debug":  # one INFO line per heartbeat would drown the log
             logging.getLogger("httpx").setLevel(logging.WARNING)
         # proxies from the environment are ignored: the coordinator sits on the cluster network
-        self._client = httpx.AsyncClient(timeout=REQUEST_TIMEOUT, headers=headers, trust_env=False)
+        self._client = httpx.AsyncClient(timeout=REQUEST_TIMEOUT, trust_env=False)
+
+    def headers(self) -> dict[str, str]:
+        """The configured token (the fleet token), else the coordinator's own generated token from its
+        default file (a same-user coordinator on loopback), read afresh so a later start is found."""
+        token = self.server.config.api_token or default_token(self.base)
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def registration(self) -> dict[str, Any]:
         cfg = self.server.config
@@ -84,7 +90,8 @@ class FleetAgent:
         return out
 
     async def _register(self) -> None:
-        reply = await self._client.post(f"{self.base}/v1/instances", json=self.registration())
+        reply = await self._client.post(f"{self.base}/v1/instances", json=self.registration(),
+                                       headers=self.headers())
         reply.raise_for_status()
         self.instance_id = str(reply.json()["instance_id"])
         self.registrations += 1
@@ -96,7 +103,7 @@ class FleetAgent:
             await self._register()
             return
         reply = await self._client.put(f"{self.base}/v1/instances/{self.instance_id}/heartbeat",
-                                       json=self.server.fleet_stats())
+                                       json=self.server.fleet_stats(), headers=self.headers())
         if reply.status_code == 404:
             log.info("coordinator forgot instance %s (restarted or timed out); registering again", self.instance_id)
             self.instance_id = None
@@ -123,7 +130,8 @@ class FleetAgent:
         """Deregister (best effort, short timeout) and close the client."""
         if self.instance_id is not None:
             try:
-                await self._client.delete(f"{self.base}/v1/instances/{self.instance_id}", timeout=1.0)
+                await self._client.delete(f"{self.base}/v1/instances/{self.instance_id}", timeout=1.0,
+                                          headers=self.headers())
             except httpx.HTTPError as exc:
                 log.info("could not deregister from coordinator: %s", exc)
         await self._client.aclose()
