@@ -38,6 +38,7 @@ from .tenants import ADMIN, Identity, TenantBook
 ECKey = tuple[str, str, str, str]  # (tenant, model, space, item): key[0] owns the object
 MAX_EC_STORES = 1024  # reservations in flight, all tenants together
 MAX_EC_LEASES = 1 << 16  # live read leases, all tenants together
+SWEEP_INTERVAL = 0.05  # seconds between expiry sweeps a refusal at a cap may trigger
 
 
 def ec_arena_name(arena_name: str) -> str:
@@ -114,6 +115,7 @@ class ECCache:
         self.leases: dict[str, ECLease] = {}
         self._quarantine: deque[tuple[float, int, str, int]] = deque()  # (until, offset, tenant, size)
         self.tenants = ECTenants(arena.capacity, tenants, (MAX_EC_STORES, MAX_EC_LEASES))
+        self._swept = 0.0  # when expire() last ran
         self.counters = ECCounters()
         self.ready_bytes = 0  # kept incrementally: describe() and /metrics never scan the index
 
@@ -155,7 +157,7 @@ class ECCache:
         readers = f.readers or 0
         usage, cap = self.tenants.of(who.tenant), self.tenants.limits(who.tenant)[2]
         if readers and (len(self.leases) + len(f.items) > MAX_EC_LEASES or usage.leases + len(f.items) > cap):
-            self.expire()
+            self._sweep()
         out: list[dict[str, Any] | None] = []
         c = self.counters
         c.lookups += 1
@@ -198,7 +200,7 @@ class ECCache:
             return {"status": "present" if existing.ready else "writing"}
         usage, cap = self.tenants.of(who.tenant), self.tenants.limits(who.tenant)[1]
         if len(self.stores) >= MAX_EC_STORES or usage.stores >= cap:
-            self.expire()
+            self._sweep()
         if usage.stores >= cap:
             usage.refused_stores += 1
             raise TooMany(f"tenant {who.tenant!r} has {cap} EC stores in flight; commit or abort some first")
@@ -320,7 +322,7 @@ class ECCache:
             return {"found": True, **self._describe(e, None)}, [bytes(self.arena.read(e.offset, e.size))]
         usage, cap = self.tenants.of(who.tenant), self.tenants.limits(who.tenant)[2]
         if len(self.leases) >= MAX_EC_LEASES or usage.leases >= cap:
-            self.expire()
+            self._sweep()
         if usage.leases >= cap:
             usage.refused_leases += 1
             raise TooMany(f"tenant {who.tenant!r} holds {cap} EC leases; release some first")
@@ -347,8 +349,16 @@ class ECCache:
             e.leases -= 1
 
     # -- housekeeping --------------------------------------------------------------------------
+    def _sweep(self) -> None:
+        """Expire before refusing at a cap, at most every SWEEP_INTERVAL: a tenant that sits at its cap
+        cannot make every one of its requests scan all leases and stores (the expiry loop runs anyway)."""
+        now = time.monotonic()
+        if now - self._swept >= SWEEP_INTERVAL:
+            self.expire(now)
+
     def expire(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        self._swept = now
         for sid in [s for s, t in self.stores.items() if t.expires <= now]:
             self._expire_store(sid)
             self.counters.expired_stores += 1
