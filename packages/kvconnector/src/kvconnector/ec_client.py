@@ -49,11 +49,11 @@ class ECClient:
     """One engine's EC channel: key (model, space), mode, and a lazily mapped EC segment."""
 
     def __init__(self, url: str, model: str, space: str, mode: str = "auto", timeout: float = 5.0,
-                 retry_after_s: float = 2.0) -> None:
+                 retry_after_s: float = 2.0, token: str | None = None) -> None:
         if mode not in ("auto", "shm", "tcp"):
             raise ValueError(f"mode must be auto, shm or tcp, not {mode!r}")
         self.url, self.model, self.space, self.mode = url, model, space, mode
-        self._client = Client(url, timeout=timeout)
+        self._client = Client(url, timeout=timeout, token=token)  # None: $KVSERVER_API_TOKEN, the token file
         self._breaker = Breaker(retry_after_s)
         self._seg: ArenaMap | None = None
         self._shm_ok = mode != "tcp"
@@ -179,7 +179,7 @@ class ECClient:
         self.stats.loaded_bytes += int(data.nbytes)
         return data, str(desc["dtype"]), [int(x) for x in desc["shape"]]
 
-    def release(self, lease: int) -> None:
+    def release(self, lease: str) -> None:
         self._call("ec_release", lambda c: c.ec_release(lease=lease))
 
     def close(self) -> None:

@@ -76,6 +76,12 @@ def _store_id(v: Any) -> str:
     return v
 
 
+def _lease_id(v: Any) -> str:
+    if not isinstance(v, str) or not re.match(r"^[A-Za-z0-9_-]{1,64}$", v):
+        raise ValidationError(ErrorCode.BAD_FIELD, "lease must be the string ec_lookup / ec_retrieve handed out")
+    return v
+
+
 _REQ, _OPT = True, False
 _KEY = {"model": (validate_model, _REQ), "space": (validate_fingerprint, _REQ)}
 
@@ -89,7 +95,7 @@ EC_OPS: dict[str, dict[str, tuple[Callable[[Any], Any], bool]]] = {
     "ec_commit": {"store_id": (_store_id, _REQ), "checksum": (_uint(U64_MAX), _REQ)},
     "ec_abort": {"store_id": (_store_id, _REQ)},
     "ec_retrieve": {**_KEY, "item": (validate_item, _REQ), "mode": (_mode, _OPT)},
-    "ec_release": {"lease": (_uint(U64_MAX), _REQ)},
+    "ec_release": {"lease": (_lease_id, _REQ)},
     "ec_clear": {},
 }
 EC_DATA_OPS = frozenset({"ec_commit"})  # tcp mode: the object's bytes ride as one extra frame

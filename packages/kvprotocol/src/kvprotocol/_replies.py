@@ -172,7 +172,7 @@ class ECRetrieveReply(Reply_):
     shape: list[int] | None = None
     checksum: int | None = None
     offset: int | None = None
-    lease: int | None = None
+    lease: str | None = None
     arena: ArenaInfo | None = None
 
 

@@ -264,6 +264,7 @@ MAX_EC_ITEMS = 256
 MAX_EC_BYTES = 1 << 34
 ECItem = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._:@+=/-]{1,256}$")]
 ECSize = Annotated[int, Meta(ge=0, le=MAX_EC_BYTES)]
+ECLeaseId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
 def _u64(value: int, what: str) -> None:
@@ -309,10 +310,7 @@ class ECRetrieve(Request, tag="ec_retrieve", kw_only=True):
 
 
 class ECRelease(Request, tag="ec_release", kw_only=True):
-    lease: Annotated[int, Meta(ge=0)]
-
-    def __post_init__(self) -> None:
-        _u64(self.lease, "lease")
+    lease: ECLeaseId  # as ec_lookup / ec_retrieve handed it out: 128 random bits, owned by its tenant
 
 
 class ECClear(Request, tag="ec_clear"):

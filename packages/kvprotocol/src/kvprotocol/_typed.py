@@ -130,7 +130,7 @@ class TypedOps:
             timeout: float | None = None) -> tuple[ECRetrieveReply, list[memoryview]]:
         return self._op(rq.ECRetrieve(model=model, space=space, item=item, mode=mode), (), timeout, True)
 
-    def ec_release(self, *, lease: int, timeout: float | None = None) -> ECReleaseReply:
+    def ec_release(self, *, lease: str, timeout: float | None = None) -> ECReleaseReply:
         return self._op(rq.ECRelease(lease=lease), (), timeout, False)
 
     def ec_clear(self, *, timeout: float | None = None) -> ClearReply:

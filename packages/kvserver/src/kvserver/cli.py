@@ -159,18 +159,27 @@ _file_opt = click.option("--tenants-file", default=None, type=click.Path(dir_oka
 @click.option("--l1-quota-gb", type=click.FloatRange(min=0), default=None, help="L1 bytes this tenant may hold.")
 @click.option("--max-sessions", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
 @click.option("--max-stores", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
+@click.option("--ec-quota-gb", type=click.FloatRange(min=0), default=None,
+              help="Encoder-cache bytes this tenant may hold (default: half the server's EC segment).")
+@click.option("--ec-max-stores", type=click.IntRange(1, 1 << 20), default=256, show_default=True,
+              help="EC stores in flight (the server holds at most 1024 in all).")
+@click.option("--ec-max-leases", type=click.IntRange(1, 1 << 20), default=1 << 14, show_default=True,
+              help="Live EC read leases (the server holds at most 65536 in all).")
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None,
               help="Write the new token into this 0600 file instead of printing it.")
 def tenant_add(name: str, port: int, tenants_file: str | None, l1_quota_gb: float | None, max_sessions: int,
-               max_stores: int, token_file: str | None) -> None:
+               max_stores: int, ec_quota_gb: float | None, ec_max_stores: int, ec_max_leases: int,
+               token_file: str | None) -> None:
     """Add a tenant (or give it a new token); prints its token once: only a digest is stored."""
     from kvprotocol._credentials import write_private
 
     from . import tenants
 
     quota = None if l1_quota_gb is None else int(l1_quota_gb * (1 << 30))
+    ec_quota = None if ec_quota_gb is None else int(ec_quota_gb * (1 << 30))
     try:
-        token = tenants.add(_tenants_file(port, tenants_file), name, quota, max_sessions, max_stores)
+        token = tenants.add(_tenants_file(port, tenants_file), name, quota, max_sessions, max_stores, ec_quota,
+                            ec_max_stores, ec_max_leases)
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     if token_file:
@@ -201,7 +210,9 @@ def tenant_list(port: int, tenants_file: str | None) -> None:
 
     for t in tenants.load(_tenants_file(port, tenants_file)).values():
         quota = "-" if t.l1_quota_bytes is None else f"{t.l1_quota_bytes / (1 << 30):.3f} GiB"
-        click.echo(f"{t.name}\tl1_quota={quota}\tmax_sessions={t.max_sessions}\tmax_stores={t.max_stores}")
+        ec_quota = "1/2 of the EC segment" if t.ec_quota_bytes is None else f"{t.ec_quota_bytes / (1 << 30):.3f} GiB"
+        click.echo(f"{t.name}\tl1_quota={quota}\tmax_sessions={t.max_sessions}\tmax_stores={t.max_stores}"
+                   f"\tec_quota={ec_quota}\tec_max_stores={t.ec_max_stores}\tec_max_leases={t.ec_max_leases}")
 
 
 async def _run(config: ServerConfig) -> int:

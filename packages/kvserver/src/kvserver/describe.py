@@ -44,7 +44,7 @@ def describe_server(server: KVServer) -> dict[str, Any]:
         "counters": vars(c.counters),
         "hash_memo": c.hash_memo.describe(),
         "reservations": c.reservations.describe(),
-        "tenants": server.cache.ledger.usage(None),
+        "tenants": tenant_rows(server, None),
         "ec": server.ec.describe(),
         "blend": server.blend.describe(),  # CacheBlend hits are not prefix hits: never summed with counters
         "errors": dict(server.errors),
@@ -69,4 +69,16 @@ def describe_tenant(server: KVServer, who: Identity) -> dict[str, Any]:
     """What a tenant's token may see of describe: the server's identity and its own tenant only."""
     return {"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION,
             "uptime_s": round(time.time() - server.started, 3), "chunk_size": server.config.chunk_size,
-            "tenant": who.tenant, "tenants": server.cache.ledger.usage(who.tenant)}
+            "tenant": who.tenant, "tenants": tenant_rows(server, who.tenant)}
+
+
+def tenant_rows(server: KVServer, only: str | None) -> dict[str, dict[str, Any]]:
+    """Per-tenant usage: the KV ledger's row (ledger.py) and the encoder cache's `ec_*` fields (ec_tenants.py)."""
+    rows = server.cache.ledger.usage(only)
+    if only is None:  # tenants active only in the encoder cache get a row too
+        for name in server.ec.tenants.usage.keys() - rows.keys():
+            rows[name] = server.cache.ledger.usage(name)[name]
+        rows = dict(sorted(rows.items()))
+    for name, row in rows.items():
+        row.update(server.ec.tenants.describe(name))
+    return rows

@@ -7,15 +7,18 @@ could be audited. So EC has its own shared-memory segment (`<arena>-ec`, its own
 counters. The segment has the L1 arena's header (magic + instance nonce), so an engine that maps a
 stale segment sees a different nonce and misses.
 
-Keys are (model, space, item): see kvprotocol/_ec_messages.py. An object is WRITING (reserved,
-invisible) until its commit, then READY. Reads in shm mode hold a lease (eviction skips leased
-objects) until `ec_release` or the lease TTL; reservations that outlive the TTL are quarantined
-like L1's, so a late writer can only scribble on memory nobody reads.
+Keys are (tenant, model, space, item): the client names (model, space, item) (see
+kvprotocol/_ec_messages.py) and the server puts it under the tenant its token is, so one tenant's
+item X and another's are different objects (no tenant reads, or pre-empts the store of, another's
+item). An object is WRITING (reserved, invisible) until its commit, then READY. Reads in shm mode
+hold a lease (eviction skips leased objects) until `ec_release` or the lease TTL; lease and store
+ids are 128 random bits and belong to the tenant that got them (another tenant's id is unknown).
+Reservations that outlive the TTL are quarantined like L1's, so a late writer can only scribble on
+memory nobody reads. Per-tenant quota, fair share and caps: ec_tenants.py.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import secrets
 import time
@@ -29,10 +32,13 @@ from kvprotocol.kvsum import kvsum64
 from .errors import BadField, OutOfRange, TooMany, UnknownStore
 from .arena import HEADER_BYTES, SHM_DIR, Arena
 from .ec_alloc import FirstFitAllocator
+from .ec_tenants import ECTenants
+from .tenants import ADMIN, Identity, TenantBook
 
-ECKey = tuple[str, str, str]  # (model, space, item)
-MAX_EC_STORES = 1024  # reservations in flight
-MAX_EC_LEASES = 1 << 16  # live read leases
+ECKey = tuple[str, str, str, str]  # (tenant, model, space, item): key[0] owns the object
+MAX_EC_STORES = 1024  # reservations in flight, all tenants together
+MAX_EC_LEASES = 1 << 16  # live read leases, all tenants together
+SWEEP_INTERVAL = 0.05  # seconds between expiry sweeps a refusal at a cap may trigger
 
 
 def ec_arena_name(arena_name: str) -> str:
@@ -99,28 +105,29 @@ class ECCounters:
 class ECCache:
     """The EC namespace: index, allocator, leases and counters over its own segment."""
 
-    def __init__(self, arena: Arena, lease_ttl: float) -> None:
+    def __init__(self, arena: Arena, lease_ttl: float, tenants: TenantBook | None = None) -> None:
         self.arena = arena
         self.lease_ttl = lease_ttl
         self.alloc = FirstFitAllocator(arena.capacity, base=HEADER_BYTES)
         self.entries: dict[ECKey, ECEntry] = {}
-        self.lru: OrderedDict[ECKey, None] = OrderedDict()  # READY objects, least recently used first
+        self.lru: dict[str, OrderedDict[ECKey, None]] = {}  # per tenant: READY objects, least recent first
         self.stores: dict[str, ECStoreTxn] = {}
-        self.leases: dict[int, ECLease] = {}
-        self._lease_ids = itertools.count(secrets.randbits(32) + 1)
-        self._quarantine: deque[tuple[float, int]] = deque()  # (until, offset)
+        self.leases: dict[str, ECLease] = {}
+        self._quarantine: deque[tuple[float, int, str, int]] = deque()  # (until, offset, tenant, size)
+        self.tenants = ECTenants(arena.capacity, tenants, (MAX_EC_STORES, MAX_EC_LEASES))
+        self._swept = 0.0  # when expire() last ran
         self.counters = ECCounters()
         self.ready_bytes = 0  # kept incrementally: describe() and /metrics never scan the index
 
     # -- wire ----------------------------------------------------------------------------------
     def handlers(self) -> dict[str, Any]:
         return {
-            "ec_lookup": lambda r, fr, w: (self.lookup(r), []),
-            "ec_store": lambda r, fr, w: (self.store(r), []),
-            "ec_commit": lambda r, fr, w: (self.commit(r.store_id, fr, r.checksum), []),
-            "ec_abort": lambda r, fr, w: (self.abort(r.store_id), []),
-            "ec_retrieve": lambda r, fr, w: self.retrieve(r),
-            "ec_release": lambda r, fr, w: (self.release(r.lease), []),
+            "ec_lookup": lambda r, fr, w: (self.lookup(r, w), []),
+            "ec_store": lambda r, fr, w: (self.store(r, w), []),
+            "ec_commit": lambda r, fr, w: (self.commit(r.store_id, fr, r.checksum, w), []),
+            "ec_abort": lambda r, fr, w: (self.abort(r.store_id, w), []),
+            "ec_retrieve": lambda r, fr, w: self.retrieve(r, w),
+            "ec_release": lambda r, fr, w: (self.release(r.lease, w), []),
             "ec_clear": lambda r, fr, w: (self.clear(), []),
         }
 
@@ -128,10 +135,16 @@ class ECCache:
         return {"name": self.arena.name, "size": self.arena.size, "nonce": self.arena.nonce}
 
     @staticmethod
-    def _key(r: ECLookup | ECStore | ECRetrieve, item: str) -> ECKey:
-        return (r.model, r.space, item)
+    def _key(r: ECLookup | ECStore | ECRetrieve, item: str, who: Identity) -> ECKey:
+        return (who.tenant, r.model, r.space, item)
 
-    def _describe(self, e: ECEntry, lease: int | None) -> dict[str, Any]:
+    def _lru(self, tenant: str) -> OrderedDict[ECKey, None]:
+        lru = self.lru.get(tenant)
+        if lru is None:
+            lru = self.lru[tenant] = OrderedDict()
+        return lru
+
+    def _describe(self, e: ECEntry, lease: str | None) -> dict[str, Any]:
         out: dict[str, Any] = {"size": e.size, "dtype": e.dtype, "shape": e.shape, "checksum": e.checksum,
                                "offset": e.offset}
         if lease is not None:
@@ -139,16 +152,18 @@ class ECCache:
         return out
 
     # -- lookup --------------------------------------------------------------------------------
-    def lookup(self, f: ECLookup) -> dict[str, Any]:
+    def lookup(self, f: ECLookup, who: Identity = ADMIN) -> dict[str, Any]:
         """One answer per item: null (miss) or its descriptor; with readers, each hit leased."""
         readers = f.readers or 0
-        if readers and len(self.leases) + len(f.items) > MAX_EC_LEASES:
-            self.expire()
+        usage, cap = self.tenants.of(who.tenant), self.tenants.limits(who.tenant)[2]
+        if readers and (len(self.leases) + len(f.items) > MAX_EC_LEASES or usage.leases + len(f.items) > cap):
+            self._sweep()
         out: list[dict[str, Any] | None] = []
         c = self.counters
         c.lookups += 1
+        lru = self._lru(who.tenant)
         for item in f.items:
-            key = self._key(f, item)
+            key = self._key(f, item, who)
             e = self.entries.get(key)
             if e is None or not e.ready:
                 c.misses += 1
@@ -156,40 +171,48 @@ class ECCache:
                 continue
             lease = None
             if readers:
-                if len(self.leases) >= MAX_EC_LEASES:  # cannot protect it until the read: call it a miss
+                if len(self.leases) >= MAX_EC_LEASES or usage.leases >= cap:  # cannot protect it: a miss
+                    usage.refused_leases += 1
                     c.misses += 1
                     out.append(None)
                     continue
                 lease = self._lease(key, e, readers)
             c.hits += 1
-            self.lru.move_to_end(key)
+            lru.move_to_end(key)
             out.append(self._describe(e, lease))
         return {"items": out, "arena": self.arena_info()}
 
-    def _lease(self, key: ECKey, e: ECEntry, readers: int) -> int:
-        lease = next(self._lease_ids)
+    def _lease(self, key: ECKey, e: ECEntry, readers: int) -> str:
+        lease = secrets.token_urlsafe(16)  # 128 random bits: not guessable, and owned by key[0]
         self.leases[lease] = ECLease(key, readers, time.monotonic() + self.lease_ttl)
         e.leases += 1
+        self.tenants.of(key[0]).leases += 1
         return lease
 
     # -- store ---------------------------------------------------------------------------------
-    def store(self, f: ECStore) -> dict[str, Any]:
-        key, size, mode = self._key(f, f.item), f.size, f.mode
+    def store(self, f: ECStore, who: Identity = ADMIN) -> dict[str, Any]:
+        key, size, mode = self._key(f, f.item, who), f.size, f.mode
         if size == 0:
             raise OutOfRange("an encoder output has at least one byte")
         existing = self.entries.get(key)
-        if existing is not None:
+        if existing is not None:  # the tenant's own object: another tenant's item X is another key
             self.counters.deduplicated += 1
             return {"status": "present" if existing.ready else "writing"}
-        if len(self.stores) >= MAX_EC_STORES:
-            self.expire()
+        usage, cap = self.tenants.of(who.tenant), self.tenants.limits(who.tenant)[1]
+        if len(self.stores) >= MAX_EC_STORES or usage.stores >= cap:
+            self._sweep()
+        if usage.stores >= cap:
+            usage.refused_stores += 1
+            raise TooMany(f"tenant {who.tenant!r} has {cap} EC stores in flight; commit or abort some first")
         if len(self.stores) >= MAX_EC_STORES:
             raise TooMany(f"{MAX_EC_STORES} EC stores are in flight; commit or abort some first")
-        offset = self._reserve(size)
+        offset = self._reserve(size, who.tenant)
         if offset is None:
             self.counters.no_space += 1
             return {"status": "no_space"}
         self.entries[key] = ECEntry(offset, size, f.dtype, list(f.shape))
+        usage.used_bytes += size
+        usage.stores += 1
         store_id = secrets.token_hex(16)
         self.stores[store_id] = ECStoreTxn(key, mode, time.monotonic() + self.lease_ttl)
         reply: dict[str, Any] = {"status": "reserved", "store_id": store_id, "size": size}
@@ -198,23 +221,53 @@ class ECCache:
             reply["arena"] = self.arena_info()
         return reply
 
-    def _reserve(self, size: int) -> int | None:
-        """Allocate, evicting least recently used unleased objects of this namespace as needed."""
-        if size > self.alloc.capacity:
+    def _reserve(self, size: int, tenant: str) -> int | None:
+        """Allocate within the tenant's quota (evicting its own LRU unleased objects), then within the
+        segment (evicting objects of tenants over their fair share, then its own); see ec_tenants.py."""
+        usage, quota = self.tenants.of(tenant), self.tenants.limits(tenant)[0]
+        if size > self.alloc.capacity or (quota is not None and size > quota):
+            usage.quota_refusals += quota is not None and size > quota
             return None
+        while quota is not None and usage.used_bytes + size > quota:
+            if not self._evict_lru(tenant):
+                usage.quota_refusals += 1
+                return None
+            usage.quota_evictions += 1
         offset = self.alloc.alloc(size)
         while offset is None:
-            victim = next((k for k in self.lru if self.entries[k].leases == 0), None)
-            if victim is None:
+            if not self._evict_for(tenant):
                 return None
-            e = self._drop(victim)
-            self.counters.evictions += 1
-            self.counters.evicted_bytes += e.size
             offset = self.alloc.alloc(size)
         return offset
 
-    def commit(self, store_id: str, frames: list[memoryview], checksum: int) -> dict[str, Any]:
+    def _evict_for(self, tenant: str) -> bool:
+        """Evict one object to make room in the segment for a store of `tenant`."""
+        for other in self.tenants.over_fair_share(tenant):
+            if self._evict_lru(other):
+                self.tenants.of(other).fair_share_evictions += 1
+                return True
+        return self._evict_lru(tenant)
+
+    def _evict_lru(self, tenant: str) -> bool:
+        """Evict the tenant's least recently used unleased object; False when it has none."""
+        victim = next((k for k in self.lru.get(tenant, ()) if self.entries[k].leases == 0), None)
+        if victim is None:
+            return False
+        e = self._drop(victim)
+        self.counters.evictions += 1
+        self.counters.evicted_bytes += e.size
+        return True
+
+    def _owned_store(self, store_id: str, who: Identity) -> ECStoreTxn:
+        """The caller's own store; another tenant's id is unknown, the same answer as one never made."""
         txn = self.stores.get(store_id)
+        if txn is None or txn.key[0] != who.tenant:
+            raise UnknownStore(f"unknown or expired EC store {store_id}")
+        return txn
+
+    def commit(self, store_id: str, frames: list[memoryview], checksum: int,
+               who: Identity = ADMIN) -> dict[str, Any]:
+        txn = self._owned_store(store_id, who) if store_id in self.stores else None
         if txn is None or txn.expires <= time.monotonic():
             if txn is not None:
                 self._expire_store(store_id)
@@ -230,29 +283,32 @@ class ECCache:
         elif frames:
             raise BadField("ec_commit in shm mode takes no data frames")
         del self.stores[store_id]
+        self.tenants.of(txn.key[0]).stores -= 1
         e.ready, e.checksum = True, checksum
-        self.lru[txn.key] = None
+        self._lru(txn.key[0])[txn.key] = None
         self.ready_bytes += e.size
         self.counters.stores += 1
         self.counters.stored_bytes += e.size
         return {"committed": True}
 
-    def abort(self, store_id: str) -> dict[str, Any]:
-        if store_id not in self.stores:
-            raise UnknownStore(f"unknown or expired EC store {store_id}")
+    def abort(self, store_id: str, who: Identity = ADMIN) -> dict[str, Any]:
+        self._owned_store(store_id, who)
         self._expire_store(store_id)
         return {"aborted": True}
 
     def _expire_store(self, store_id: str) -> None:
-        """Drop a reservation; its slot stays allocated one more TTL (a late writer may still copy)."""
+        """Drop a reservation; its slot stays allocated one more TTL (a late writer may still copy),
+        charged to its tenant until then (else reserve-and-abort would fill the segment past any quota)."""
         txn = self.stores.pop(store_id)
+        tenant = txn.key[0]
+        self.tenants.of(tenant).stores -= 1
         e = self.entries.pop(txn.key)
-        self._quarantine.append((time.monotonic() + self.lease_ttl, e.offset))
+        self._quarantine.append((time.monotonic() + self.lease_ttl, e.offset, tenant, e.size))
 
     # -- retrieve ------------------------------------------------------------------------------
-    def retrieve(self, f: ECRetrieve) -> tuple[dict[str, Any], list[Any]]:
+    def retrieve(self, f: ECRetrieve, who: Identity = ADMIN) -> tuple[dict[str, Any], list[Any]]:
         """tcp: the bytes as one frame (a copy); shm: the offset, leased for one reader."""
-        key, mode = self._key(f, f.item), f.mode
+        key, mode = self._key(f, f.item, who), f.mode
         e = self.entries.get(key)
         c = self.counters
         if e is None or not e.ready:
@@ -261,34 +317,48 @@ class ECCache:
         c.hits += 1
         c.retrieves += 1
         c.retrieved_bytes += e.size
-        self.lru.move_to_end(key)
+        self._lru(who.tenant).move_to_end(key)
         if mode == "tcp":
             return {"found": True, **self._describe(e, None)}, [bytes(self.arena.read(e.offset, e.size))]
-        if len(self.leases) >= MAX_EC_LEASES:
-            self.expire()
+        usage, cap = self.tenants.of(who.tenant), self.tenants.limits(who.tenant)[2]
+        if len(self.leases) >= MAX_EC_LEASES or usage.leases >= cap:
+            self._sweep()
+        if usage.leases >= cap:
+            usage.refused_leases += 1
+            raise TooMany(f"tenant {who.tenant!r} holds {cap} EC leases; release some first")
         if len(self.leases) >= MAX_EC_LEASES:
             raise TooMany(f"{MAX_EC_LEASES} EC leases are live; release some first")
         return {"found": True, **self._describe(e, self._lease(key, e, 1)), "arena": self.arena_info()}, []
 
-    def release(self, lease_id: int) -> dict[str, Any]:
-        """One reader is done; the lease ends when all its readers are (or at its TTL)."""
+    def release(self, lease_id: str, who: Identity = ADMIN) -> dict[str, Any]:
+        """One reader is done; the lease ends when all its readers are (or at its TTL). Another
+        tenant's lease id is unknown: it releases nothing, the same answer as an id never handed out."""
         lease = self.leases.get(lease_id)
-        if lease is None:
+        if lease is None or lease.key[0] != who.tenant:
             return {"released": False}
         lease.readers -= 1
         if lease.readers <= 0:
             self._end_lease(lease_id)
         return {"released": True}
 
-    def _end_lease(self, lease_id: int) -> None:
+    def _end_lease(self, lease_id: str) -> None:
         lease = self.leases.pop(lease_id)
+        self.tenants.of(lease.key[0]).leases -= 1
         e = self.entries.get(lease.key)
         if e is not None and e.leases > 0:
             e.leases -= 1
 
     # -- housekeeping --------------------------------------------------------------------------
+    def _sweep(self) -> None:
+        """Expire before refusing at a cap, at most every SWEEP_INTERVAL: a tenant that sits at its cap
+        cannot make every one of its requests scan all leases and stores (the expiry loop runs anyway)."""
+        now = time.monotonic()
+        if now - self._swept >= SWEEP_INTERVAL:
+            self.expire(now)
+
     def expire(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        self._swept = now
         for sid in [s for s, t in self.stores.items() if t.expires <= now]:
             self._expire_store(sid)
             self.counters.expired_stores += 1
@@ -296,7 +366,9 @@ class ECCache:
             self._end_lease(lid)
             self.counters.expired_leases += 1
         while self._quarantine and self._quarantine[0][0] <= now:
-            self.alloc.free(self._quarantine.popleft()[1])
+            _, offset, tenant, size = self._quarantine.popleft()
+            self.alloc.free(offset)
+            self.tenants.of(tenant).used_bytes -= size
 
     def clear(self) -> dict[str, Any]:
         """Remove every ready, unleased object."""
@@ -308,13 +380,14 @@ class ECCache:
     def _drop(self, key: ECKey) -> ECEntry:
         e = self.entries.pop(key)
         if e.ready:
-            self.lru.pop(key, None)
+            self._lru(key[0]).pop(key, None)
             self.ready_bytes -= e.size
         self.alloc.free(e.offset)
+        self.tenants.of(key[0]).used_bytes -= e.size
         return e
 
     def describe(self) -> dict[str, Any]:
-        ready = len(self.lru)
+        ready = sum(len(lru) for lru in self.lru.values())
         return {
             "capacity_bytes": self.arena.capacity,
             "used_bytes": self.alloc.used_bytes,

@@ -86,7 +86,7 @@ class KVServer:
             # the encoder cache: its own segment and budget, never evicted by KV (ec.py)
             check_ec_space(ec_arena_name(name), config.ec_bytes + HEADER_BYTES)
             self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes, prefault=config.prefault)
-            self.ec = ECCache(self.ec_arena, config.lease_ttl)
+            self.ec = ECCache(self.ec_arena, config.lease_ttl, self.auth.tenants)  # per tenant (ec_tenants.py)
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl, self.auth.tenants)
             self.cache.engine_table.ttl = config.engine_ttl
             self.blend = BlendService(self.cache)  # content-keyed chunks (CacheBlend), opt-in per request

@@ -10,7 +10,10 @@ everything from the credential, never from a field the client fills in:
 * handles: session ids live in the tenant's own namespace and stores record their owner, so an id
   of another tenant, guessed or replayed, is simply unknown (UNKNOWN_SESSION / UNKNOWN_STORE);
 * bounds: an L1 byte quota (stores evict the tenant's own objects first, then get `no_space`), and
-  caps on live sessions and store reservations (TOO_MANY).
+  caps on live sessions and store reservations (TOO_MANY);
+* the encoder cache likewise (ec.py, ec_tenants.py): items are keyed under the tenant, lease and
+  store ids are random and owned, and each tenant has an EC byte quota and caps on EC leases and
+  EC stores (defaults: a share of the server's EC segment and caps, so no single tenant takes it all).
 
 The server's own token is the `default` tenant with admin rights (clear, describe of everything).
 """
@@ -36,6 +39,9 @@ TENANT_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 MAX_TENANTS = 64  # tenant names become metric labels: a bounded set
 DEFAULT_MAX_SESSIONS = 1024
 DEFAULT_MAX_STORES = 1024
+DEFAULT_EC_MAX_STORES = 256  # a quarter of the server's 1024 EC stores in flight
+DEFAULT_EC_MAX_LEASES = 1 << 14  # a quarter of the server's 65536 live EC leases
+EC_QUOTA_SHARE = 2  # without its own EC quota a tenant may hold 1/2 of the EC segment
 RELOAD_INTERVAL = 1.0  # seconds between checks of the tenants file for changes
 
 
@@ -54,6 +60,9 @@ class Tenant:
     l1_quota_bytes: int | None = None  # None: no quota (the arena is the bound)
     max_sessions: int = DEFAULT_MAX_SESSIONS
     max_stores: int = DEFAULT_MAX_STORES
+    ec_quota_bytes: int | None = None  # None: 1/EC_QUOTA_SHARE of the server's EC segment
+    ec_max_stores: int = DEFAULT_EC_MAX_STORES
+    ec_max_leases: int = DEFAULT_EC_MAX_LEASES
 
     def __post_init__(self) -> None:
         if not TENANT_RE.match(self.name):
@@ -62,6 +71,10 @@ class Tenant:
             raise ValueError("l1_quota_bytes must be >= 0")
         if not (1 <= self.max_sessions <= 1 << 20 and 1 <= self.max_stores <= 1 << 20):
             raise ValueError("max_sessions and max_stores must be in [1, 2**20]")
+        if self.ec_quota_bytes is not None and self.ec_quota_bytes < 0:
+            raise ValueError("ec_quota_bytes must be >= 0")
+        if not (1 <= self.ec_max_stores <= 1 << 20 and 1 <= self.ec_max_leases <= 1 << 20):
+            raise ValueError("ec_max_stores and ec_max_leases must be in [1, 2**20]")
 
 
 @dataclass(frozen=True)
@@ -108,7 +121,8 @@ def save(path: Path, tenants: dict[str, Tenant]) -> None:
 
 
 def add(path: Path, name: str, l1_quota_bytes: int | None = None, max_sessions: int = DEFAULT_MAX_SESSIONS,
-        max_stores: int = DEFAULT_MAX_STORES) -> str:
+        max_stores: int = DEFAULT_MAX_STORES, ec_quota_bytes: int | None = None,
+        ec_max_stores: int = DEFAULT_EC_MAX_STORES, ec_max_leases: int = DEFAULT_EC_MAX_LEASES) -> str:
     """Add (or re-key) a tenant; returns its new token, which is shown once and never stored."""
     if name == DEFAULT:
         raise ValueError("'default' is the server token's tenant; choose another name")
@@ -116,7 +130,8 @@ def add(path: Path, name: str, l1_quota_bytes: int | None = None, max_sessions: 
     if name not in tenants and len(tenants) >= MAX_TENANTS:
         raise ValueError(f"at most {MAX_TENANTS} tenants")
     token = "kvt-" + secrets.token_urlsafe(32)
-    tenants[name] = Tenant(name, token_digest(token), l1_quota_bytes, max_sessions, max_stores)
+    tenants[name] = Tenant(name, token_digest(token), l1_quota_bytes, max_sessions, max_stores, ec_quota_bytes,
+                           ec_max_stores, ec_max_leases)
     save(path, tenants)
     return token
 
@@ -170,4 +185,6 @@ class TenantBook:
 
     def describe(self) -> dict[str, Any]:
         return {t.name: {"l1_quota_bytes": t.l1_quota_bytes, "max_sessions": t.max_sessions,
-                         "max_stores": t.max_stores} for t in self.tenants.values()}
+                         "max_stores": t.max_stores, "ec_quota_bytes": t.ec_quota_bytes,
+                         "ec_max_stores": t.ec_max_stores, "ec_max_leases": t.ec_max_leases}
+                for t in self.tenants.values()}

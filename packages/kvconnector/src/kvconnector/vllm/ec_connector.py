@@ -74,7 +74,7 @@ class KVServerECConnector(ECConnectorBase):
 
             self._rank = int(get_tensor_model_parallel_rank())
         self.client = ECClient(cfg.kvserver_url, model, space, mode=cfg.mode, timeout=cfg.timeout_s,
-                               retry_after_s=cfg.retry_after_s)
+                               retry_after_s=cfg.retry_after_s, token=cfg.token())
         self._promised: dict[str, tuple[float, dict[str, Any]]] = {}  # scheduler: mm_hash -> (when, leased desc)
         self._loads: list[ECLoad] = []
         self._stats = StatDelta()  # scheduler side: what vLLM's stat loggers get (ec_stats.py)
@@ -133,7 +133,7 @@ class KVServerECConnector(ECConnectorBase):
                 else:
                     encoder_cache[load.mm_hash] = tensor
             if "lease" in load.desc:
-                self.client.release(int(load.desc["lease"]))
+                self.client.release(str(load.desc["lease"]))
         if failed:
             self._encode_instead(failed)
 

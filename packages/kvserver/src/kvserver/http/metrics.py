@@ -190,6 +190,12 @@ _TENANT_SERIES = (  # describe key, metric name, kind, help; label `tenant` (ope
      "Object reservations refused at the tenant's L1 quota."),
     ("refused_sessions", "kvserver_tenant_refused_sessions", "counter", "Lookups refused at the session cap."),
     ("refused_stores", "kvserver_tenant_refused_stores", "counter", "Stores refused at the reservation cap."),
+    ("ec_used_bytes", "kvserver_tenant_ec_used_bytes", "gauge",
+     "Encoder-cache bytes a tenant holds (reserved, ready or quarantined)."),
+    ("ec_quota_bytes", "kvserver_tenant_ec_quota_bytes", "gauge", "A tenant's encoder-cache quota (absent: none)."),
+    ("ec_leases", "kvserver_tenant_ec_leases_active", "gauge", "Live encoder-cache read leases of a tenant."),
+    ("ec_fair_share_evictions", "kvserver_tenant_ec_fair_share_evictions", "counter",
+     "A tenant's EC objects evicted for another tenant while it held more than its fair share."),
 )
 
 
