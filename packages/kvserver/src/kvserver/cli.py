@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import sys
 import time
@@ -152,14 +153,22 @@ _file_opt = click.option("--tenants-file", default=None, type=click.Path(dir_oka
                          envvar="KVSERVER_TENANTS_FILE", help="Tenants file (default: per port, in the state dir).")
 
 
+def _finite(_ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A size in GiB must be a number (FloatRange lets nan through: nan compares false to both bounds)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a size in GiB (0 to {1 << 20})", param=param)
+    return value
+
+
 @tenant.command("add")
 @click.argument("name")
 @_port_opt
 @_file_opt
-@click.option("--l1-quota-gb", type=click.FloatRange(min=0), default=None, help="L1 bytes this tenant may hold.")
+@click.option("--l1-quota-gb", type=click.FloatRange(min=0, max=1 << 20), default=None, callback=_finite,
+              help="L1 bytes this tenant may hold.")
 @click.option("--max-sessions", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
 @click.option("--max-stores", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
-@click.option("--ec-quota-gb", type=click.FloatRange(min=0), default=None,
+@click.option("--ec-quota-gb", type=click.FloatRange(min=0, max=1 << 20), default=None, callback=_finite,
               help="Encoder-cache bytes this tenant may hold (default: half the server's EC segment).")
 @click.option("--ec-max-stores", type=click.IntRange(1, 1 << 20), default=256, show_default=True,
               help="EC stores in flight (the server holds at most 1024 in all).")

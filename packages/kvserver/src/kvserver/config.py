@@ -5,7 +5,10 @@ Precedence: command-line flag > environment variable > config file > default.
 
 from __future__ import annotations
 
+import math
 import tomllib
+import types
+import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -194,4 +197,36 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     unknown = set(out) - known
     if unknown:
         raise ValueError(f"unknown config keys in {path}: {sorted(unknown)}")
+    hints = typing.get_type_hints(ServerConfig)
+    for key, value in out.items():
+        if not _type_ok(value, hints[key]):
+            raise ValueError(f"config key {key!r} in {path}: {value!r} is not {_type_name(hints[key])}")
     return out
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    """Whether a TOML value has a field's type: exactly (true is not 1, 5555.5 is not a port)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arm) for arm in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    origin = typing.get_origin(hint)
+    if origin in (list, tuple):
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return isinstance(value, list) and all(_type_ok(v, args[0]) for v in value) if args else isinstance(value, list)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True  # a type this check does not model: the field's own validation decides
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint) if a is not type(None))
+    names = {bool: "a boolean", int: "an integer", float: "a finite number", str: "a string"}
+    return names.get(hint, f"a {getattr(hint, '__name__', hint)}")
