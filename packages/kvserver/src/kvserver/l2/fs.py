@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import threading
 import time
 import uuid
@@ -36,12 +37,32 @@ T = TypeVar("T")
 DIR_MODE, FILE_MODE = 0o700, 0o600
 
 
-def _private_dir(path: Path) -> None:
-    """mkdir 0700 (or tighten one of ours that is more open)."""
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    st = path.stat()
-    if st.st_uid == os.getuid() and st.st_mode & 0o077:
-        os.chmod(path, DIR_MODE)
+def _private_dir(path: Path, *, follow: bool = False) -> None:
+    """Create a 0700 directory, or check an existing one: ours, a directory, not a symlink (unless
+    `follow`: the root the operator named may be one), and not writable by others (another user
+    could have planted objects or links in it). Anything else refuses the tier, naming the path."""
+    try:
+        path.mkdir(mode=DIR_MODE)
+        created = True
+    except FileExistsError:
+        created = False
+    except OSError as exc:
+        raise L2Error(f"cannot create {path}: {exc.strerror or exc}") from exc
+    st = os.stat(path) if follow else os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise L2Error(f"{path} is not a directory (a symlink or a file): refusing the fs tier")
+    if st.st_uid != os.getuid():
+        raise L2Error(f"{path} belongs to uid {st.st_uid}, not to this user: refusing the fs tier "
+                      "(use a directory of your own)")
+    if st.st_mode & 0o022 and not created:
+        raise L2Error(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), so its "
+                      "contents cannot be trusted: check it and chmod 700 it, or use a fresh directory")
+    if stat.S_IMODE(st.st_mode) != DIR_MODE:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | (0 if follow else os.O_NOFOLLOW))
+        try:
+            os.fchmod(fd, DIR_MODE)
+        finally:
+            os.close(fd)
 
 
 class FsAdapter(L2Adapter):
@@ -57,21 +78,30 @@ class FsAdapter(L2Adapter):
         self.url = url or f"fs://{self.root}"
         self._objects = self.root / "objects"
         self._tmp = self.root / "tmp"
+        self._refused: L2Error | None = None
 
     def path_of(self, key: str) -> Path:
         digest = blake3(key.encode()).hexdigest()
         return self._objects / digest[:2] / digest[2:]
 
     async def start(self) -> None:
-        await self._run(self._prepare)
+        try:
+            await self._run(self._prepare)
+        except L2Error as exc:
+            if "refusing the fs tier" in str(exc) or "cannot be trusted" in str(exc):
+                self._refused = exc
+            raise
 
     def _prepare(self) -> None:
-        for path in (self.root, self._objects, self._tmp):
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.root, follow=True)
+        for path in (self._objects, self._tmp):
             _private_dir(path)
         cutoff = time.time() - STALE_TMP_S
         for entry in os.scandir(self._tmp):
-            try:
-                if entry.stat().st_mtime < cutoff:
+            try:  # only our own regular files: never follow a link out of the tier
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mtime < cutoff:
                     os.unlink(entry.path)
             except OSError:
                 pass  # another server removed or renamed it meanwhile
@@ -81,12 +111,14 @@ class FsAdapter(L2Adapter):
     def _rebuild_index(self) -> None:
         found = []
         for sub in os.scandir(self._objects):
-            if not sub.is_dir():
+            if not sub.is_dir(follow_symlinks=False):
                 continue
             for entry in os.scandir(sub.path):
                 try:
-                    st = entry.stat()
+                    st = entry.stat(follow_symlinks=False)
                 except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
                     continue
                 found.append((max(st.st_atime, st.st_mtime), Path(entry.path), st.st_size))
         found.sort(key=lambda f: f[0])
@@ -125,8 +157,9 @@ class FsAdapter(L2Adapter):
             path.unlink(missing_ok=True)
             self.evicted += 1
 
-    @staticmethod
-    async def _run(fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._refused is not None:  # an untrusted root stays refused: never retried into
+            raise self._refused
         try:
             return await asyncio.to_thread(fn, *args)
         except OSError as exc:
