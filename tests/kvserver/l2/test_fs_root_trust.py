@@ -57,7 +57,8 @@ def _l2_tiers(srv) -> list[dict]:  # type: ignore[no-untyped-def]
 def test_an_untrusted_fs_root_is_refused_and_nothing_outside_it_is_touched(server_factory, tmp_path, request,
                                                                            owner: str) -> None:
     _need_root()
-    shared = Path(tempfile.mkdtemp(prefix="kv-shared-", dir=_shared_parent()))  # outside pytest's 0700 tree: the stranger can reach it
+    # outside pytest's 0700 tree, so the stranger can reach it
+    shared = Path(tempfile.mkdtemp(prefix="kv-shared-", dir=_shared_parent()))
     os.chmod(shared, 0o1777)  # like /tmp
     request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
     victim, old = _victim_dir(tmp_path)
