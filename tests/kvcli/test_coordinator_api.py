@@ -126,6 +126,9 @@ def test_bad_bodies_get_4xx_and_change_nothing(shared: CoordinatorProc) -> None:
              422, "BAD_FIELD"),
             (h.post("/v1/fleet/lookup", content=b" " * (33 << 20), headers=json_headers), 413, "TOO_LARGE"),
             (h.post("/v1/fleet/lookup", content=b"{oops", headers=json_headers), 400, "BAD_JSON"),
+            (h.post("/v1/fleet/lookup", content=b"[" * 5000 + b"]" * 5000, headers=json_headers), 400, "BAD_JSON"),
+            (h.post("/v1/fleet/lookup", content=b'{"tokens": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+                    headers=json_headers), 400, "BAD_JSON"),
             (h.post("/v1/fleet/lookup", content=b'{"model": 1, "tokens": [1,', headers=json_headers), 400,
              "BAD_JSON"),  # a type error before a syntax error is still bad JSON
             *[(h.post("/v1/fleet/lookup", json={**lookup, **change}), 422, "BAD_FIELD") for change in (

@@ -92,6 +92,10 @@ def test_bad_requests_get_4xx_with_a_message_and_change_nothing(api: ServerProc)
         json_headers = {"content-type": "application/json"}
         _error(h.post("/v1/query", content=b"{not json", headers=json_headers), 400, "BAD_JSON")
         _error(h.post("/v1/pin", content=b"[1, 2", headers=json_headers), 400, "BAD_JSON")
+        deep = b"[" * 5000 + b"]" * 5000  # msgspec's depth guard raises RecursionError: a 400, not a 500
+        assert "nested too deeply" in _error(h.post("/v1/query", content=deep, headers=json_headers), 400,
+                                             "BAD_JSON")
+        _error(h.post("/v1/query", content=b'{"tokens": ' + deep + b"}", headers=json_headers), 400, "BAD_JSON")
         assert "tokens" in _error(h.post("/v1/query", json={k: v for k, v in good.items() if k != "tokens"}),
                                   422, "BAD_FIELD")
         _error(h.post("/v1/query", json={**good, "tokens": [1, -1]}), 422, "BAD_FIELD")

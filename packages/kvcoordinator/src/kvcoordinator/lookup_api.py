@@ -33,9 +33,13 @@ def decode_lookup(raw: bytes) -> LookupBody:
             msgspec.json.decode(raw)
         except msgspec.DecodeError:
             raise ApiError(400, "BAD_JSON", "request body is not valid JSON") from None
+        except RecursionError:
+            raise ApiError(400, "BAD_JSON", "request body is nested too deeply") from None
         raise ApiError(422, "BAD_FIELD", str(exc)) from None
     except msgspec.DecodeError:
         raise ApiError(400, "BAD_JSON", "request body is not valid JSON") from None
+    except RecursionError:  # msgspec's depth guard: thousands of nested arrays
+        raise ApiError(400, "BAD_JSON", "request body is nested too deeply") from None
     body.check()
     return body
 

@@ -22,6 +22,8 @@ def decode_keys(raw: bytes, cls: type[KeysRequest]) -> KeysRequest:
         parsed = msgspec.json.decode(raw)  # first: is it JSON at all (else a type error would hide that)
     except msgspec.DecodeError:
         raise ApiError(400, "BAD_JSON", "request body is not valid JSON") from None
+    except RecursionError:  # msgspec's depth guard: thousands of nested arrays
+        raise ApiError(400, "BAD_JSON", "request body is nested too deeply") from None
     try:
         body = msgspec.convert(parsed, KeysBody, strict=True)
     except msgspec.ValidationError as exc:
