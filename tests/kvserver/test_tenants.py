@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -227,3 +228,68 @@ def test_per_tenant_counters_move_exactly(tenancy):
     assert value(samples, "kvserver_tenant_lookup_hit_tokens_total", tenant="alice") == a1["lookup_hit_tokens"]
     assert value(samples, "kvserver_tenant_l1_used_bytes", tenant="alice") == OBJ
     assert value(samples, "kvserver_tenant_lookup_tokens_total", tenant="bob") == before["bob"]["lookup_tokens"]
+
+
+def test_a_malformed_tenants_file_keeps_the_last_good_table_and_is_reported_once(tenancy):
+    """A null entry (or a string quota) used to raise on every token check: INTERNAL once a second."""
+    srv, _, c, ks, _, tenants = tenancy
+    assert lookup(c["alice"], ks, T1) == 0
+    good = tenants.read_text()
+    for bad in ('{"version": 1, "tenants": {"alice": null}}', '{"version": 1, "tenants": {"alice": '
+                '{"token_sha256": "x", "l1_quota_bytes": "lots"}}}', '[1, 2]'):
+        before = srv.log().count("cannot use tenants file")
+        tenants.write_text(bad)
+        stamp = time.time() + 5 + len(bad)  # a new mtime per version, even on a coarse clock
+        os.utime(tenants, (stamp, stamp))
+        wait_for(lambda n=before: lookup(c["alice"], ks, T1) == 0 and srv.log().count("cannot use tenants file") > n,
+                 timeout=10, what="the bad file reported")  # token checks re-read the file
+        for _ in range(3):  # tenants known before keep working: no INTERNAL
+            assert lookup(c["alice"], ks, T1) == 0 and lookup(c["bob"], ks, T1) == 0
+    reported = srv.log().count("cannot use tenants file")
+    for _ in range(20):  # unknown tokens force re-checks of the (unchanged, bad) file
+        with pytest.raises(ServerError):
+            Client(srv.url, token="kvt-unknown", timeout=5).call("describe")
+    assert srv.log().count("cannot use tenants file") == reported  # once per bad version, not per check
+    tenants.write_text(good)
+    os.utime(tenants, (time.time() + 10, time.time() + 10))
+    assert lookup(c["carol"], ks, T1) == 0
+
+
+def test_a_tenants_file_another_user_can_write_is_not_trusted(server_factory, tmp_path):
+    tenants = tmp_path / "tenants.json"
+    token = add_tenant(tenants, "alice")
+    os.chmod(tenants, 0o666)
+    srv = server_factory("--l1-size-gb", "0.02", "--tenants-file", str(tenants))
+    with Client(srv.url, token=token, timeout=5) as alice:
+        assert code_of(lambda: alice.call("describe")) == "UNAUTHORIZED"
+    assert "writable by other users" in srv.log()
+    if os.getuid() == 0:  # a file of another user (mode 0644) is not trusted either
+        os.chmod(tenants, 0o644)
+        os.chown(tenants, 65534, 65534)
+        os.utime(tenants, (time.time() + 5, time.time() + 5))
+        wait_for(lambda: _probe(srv.url, token) and "belongs to uid 65534" in srv.log(), timeout=10,
+                 what="the foreign file refused")
+        with Client(srv.url, token=token, timeout=5) as alice:
+            assert code_of(lambda: alice.call("describe")) == "UNAUTHORIZED"
+    os.chown(tenants, os.getuid(), os.getgid())
+    os.chmod(tenants, 0o600)
+    os.utime(tenants, (time.time() + 10, time.time() + 10))
+    wait_for(lambda: _describes(srv.url, token), timeout=10, what="the fixed file trusted")
+
+
+def _probe(url: str, token: str) -> bool:
+    """One token check (it re-reads a changed tenants file); True whatever the answer."""
+    with Client(url, token=token, timeout=5) as c:
+        try:
+            c.call("describe")
+        except ServerError:
+            pass
+    return True
+
+
+def _describes(url: str, token: str) -> bool:
+    with Client(url, token=token, timeout=5) as c:
+        try:
+            return bool(c.call("describe").result)
+        except ServerError:
+            return False

@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import stat
 import re
 import secrets
 import time
@@ -105,12 +107,54 @@ def tenant_of_salt(salt: str) -> str:
     return DEFAULT
 
 
+_INT_FIELDS = ("max_sessions", "max_stores", "ec_max_stores", "ec_max_leases")
+_OPTIONAL_INT_FIELDS = ("l1_quota_bytes", "ec_quota_bytes")
+
+
+def check_trusted(path: Path) -> None:
+    """Refuse a tenants file another user could have written: it names who may read whose KV.
+
+    It must belong to this user (or root) and be writable by no one else; it may be readable (it
+    holds only token digests).
+    """
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.getuid(), 0):
+        raise ValueError(f"{path} is a symlink of uid {st.st_uid}")
+    st = os.stat(path)
+    if st.st_uid not in (os.getuid(), 0):
+        raise ValueError(f"{path} belongs to uid {st.st_uid}, not to this user: not trusted")
+    if st.st_mode & 0o022:
+        raise ValueError(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): not trusted "
+                         "(chmod 600 it)")
+
+
+def _tenant(name: Any, entry: Any) -> Tenant:
+    """One entry of the file, checked field by field (a null entry or a string quota is an error)."""
+    if not isinstance(name, str) or not isinstance(entry, dict):
+        raise ValueError(f"tenant {name!r}: an entry must be an object of limits")
+    fields_ = {k: v for k, v in entry.items() if k != "name"}
+    unknown = set(fields_) - {"token_sha256", *_INT_FIELDS, *_OPTIONAL_INT_FIELDS}
+    if unknown:
+        raise ValueError(f"tenant {name!r}: unknown fields {sorted(unknown)}")
+    if not isinstance(fields_.get("token_sha256", ""), str):
+        raise ValueError(f"tenant {name!r}: token_sha256 must be a string")
+    for key in (*_INT_FIELDS, *_OPTIONAL_INT_FIELDS):
+        value = fields_.get(key)
+        if value is None and key in _OPTIONAL_INT_FIELDS:
+            continue
+        if key in fields_ and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"tenant {name!r}: {key} must be an integer")
+    return Tenant(name=name, **fields_)
+
+
 def load(path: Path) -> dict[str, Tenant]:
     if not path.exists():
         return {}
+    check_trusted(path)
     data = json.loads(path.read_text())
-    return {name: Tenant(name=name, **{k: v for k, v in entry.items() if k != "name"})
-            for name, entry in dict(data.get("tenants", {})).items()}
+    if not isinstance(data, dict) or not isinstance(data.get("tenants", {}), dict):
+        raise ValueError(f"{path}: expected {{\"tenants\": {{name: limits}}}}")
+    return {name: _tenant(name, entry) for name, entry in data.get("tenants", {}).items()}
 
 
 def save(path: Path, tenants: dict[str, Tenant]) -> None:
@@ -153,6 +197,7 @@ class TenantBook:
     _by_digest: dict[str, Tenant] = field(default_factory=dict)
     _mtime: float = -1.0
     _checked: float = 0.0
+    _failed_mtime: float = -2.0
 
     def __post_init__(self) -> None:
         self.reload()
@@ -160,13 +205,19 @@ class TenantBook:
     def reload(self) -> None:
         try:
             mtime = self.path.stat().st_mtime if self.path.exists() else 0.0
-            if mtime == self._mtime:
-                return
-            tenants = load(self.path)
-        except (OSError, ValueError, TypeError) as exc:
+        except OSError as exc:
             log.warning("cannot read tenants file %s: %s (keeping the tenants known before)", self.path, exc)
             return
+        if mtime in (self._mtime, self._failed_mtime):
+            return  # unchanged (a bad file is reported once, not on every check)
+        try:
+            tenants = load(self.path)
+        except (OSError, ValueError, TypeError) as exc:
+            self._failed_mtime = mtime
+            log.warning("cannot use tenants file %s: %s (keeping the tenants known before)", self.path, exc)
+            return
         self._mtime = mtime
+        self._failed_mtime = -2.0
         self.tenants = dict(list(tenants.items())[:MAX_TENANTS])
         self._by_digest = {t.token_sha256: t for t in self.tenants.values()}
 
