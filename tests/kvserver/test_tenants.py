@@ -293,3 +293,25 @@ def _describes(url: str, token: str) -> bool:
             return bool(c.call("describe").result)
         except ServerError:
             return False
+
+
+def test_store_and_abort_in_a_loop_stays_within_the_tenants_quota(tenancy):
+    """#34 finding 5: aborted shm stores are quarantined (the writer may still be copying); their
+    bytes stay charged to the tenant until freed, so the loop hits carol's own quota (3 objects)
+    instead of filling the arena, and alice keeps storing."""
+    _, admin, c, ks, _, _ = tenancy
+    carol = c["carol"]
+    statuses: list[str] = []
+    for i in range(12):  # each chunk is a new key: 12 objects, 4x carol's quota
+        toks = list(range(60_000 + i * 256, 60_000 + (i + 1) * 256))
+        reply = store(carol, ks, toks, lambda ch, g: payload(ch, OBJ), mode="shm", commit=False)
+        statuses += [s["status"] for s in reply["slots"]]
+        if reply.get("store_id"):
+            carol.call("abort", store_id=reply["store_id"])
+    assert statuses[:3] == ["reserved"] * 3 and set(statuses[3:]) == {"no_space"}, statuses
+    described = admin.call("describe").result
+    row = described["tenants"]["carol"]
+    assert row["l1_used_bytes"] == 3 * OBJ and row["quota_refusals"] >= 9  # the quarantine is hers
+    assert described["l1"]["quarantined_bytes"] == 3 * OBJ
+    reply = store(c["alice"], ks, T1, lambda ch, g: payload(ch, OBJ))  # the bystander still stores
+    assert [s["status"] for s in reply["slots"]] == ["reserved", "reserved"] and lookup(c["alice"], ks, T1) == 512

@@ -64,7 +64,8 @@ class L1Cache:
         self.n_writing = 0
         self.n_leased = 0
         self.n_pinned = 0
-        self._quarantine: deque[tuple[float, int, int]] = deque()  # (until, offset, size), in `until` order
+        # (until, offset, size, tenant), in `until` order; the bytes stay charged to the tenant until freed
+        self._quarantine: deque[tuple[float, int, int, str]] = deque()
         self.quarantined_bytes = 0
         self.on_evict: list[Callable[[ObjectKey], None]] = []
         self.on_clear: list[Callable[[ObjectKey], None]] = []  # each object `clear` removes
@@ -234,17 +235,18 @@ class L1Cache:
         del self._at[entry.offset]
         self.prefix.remove(key)
         self.n_writing -= 1
-        self._uncharge(key, entry.size)
-        self._quarantine.append((until, entry.offset, entry.size))
+        # still charged: a tenant looping store-and-abort must hit its own quota, not fill the arena
+        self._quarantine.append((until, entry.offset, entry.size, tenant_of(key)))
         self.quarantined_bytes += entry.size
 
     def drain_quarantine(self, now: float) -> int:
         """Free the quarantined slots whose time is up; returns how many."""
         freed = 0
         while self._quarantine and self._quarantine[0][0] <= now:
-            _, offset, size = self._quarantine.popleft()
+            _, offset, size, tenant = self._quarantine.popleft()
             self.alloc.free(offset)
             self.quarantined_bytes -= size
+            self._uncharge_tenant(tenant, size)
             freed += 1
         return freed
 
@@ -309,7 +311,9 @@ class L1Cache:
         self._uncharge(key, entry.size)
 
     def _uncharge(self, key: ObjectKey, size: int) -> None:
-        tenant = tenant_of(key)
+        self._uncharge_tenant(tenant_of(key), size)
+
+    def _uncharge_tenant(self, tenant: str, size: int) -> None:
         left = self.tenant_bytes.get(tenant, 0) - size
         if left > 0:
             self.tenant_bytes[tenant] = left
