@@ -28,7 +28,9 @@ import argparse
 import base64
 import json
 import multiprocessing as mp
+import os
 import random
+import secrets
 import statistics
 import sys
 import tempfile
@@ -78,7 +80,7 @@ def worker(k: int, first: int, count: int, per_instance: int, coord: str, rate: 
             sim = SimInstance(ctx, f"sim{i}", CHUNK)
             sim.preload(MODEL, rng.integers(1, 2**63, size=per_instance, dtype=np.uint64))
             sim.preload(MODEL, np.array(prompts[i % PROMPTS][: 1 + i % PROMPT_CHUNKS], dtype=np.uint64))
-            reply = sim.register(http, coord)
+            reply = sim.register(http, coord, os.environ["KVSERVER_API_TOKEN"])  # spawned: inherits the env
             reply.raise_for_status()
             sims.append(sim)
     ready.release()
@@ -108,7 +110,8 @@ def worker(k: int, first: int, count: int, per_instance: int, coord: str, rate: 
 def lookups(url: str, n: int, body: dict[str, Any], warmup: int = 20) -> tuple[list[float], dict[str, Any]]:
     content = json.dumps(body).encode()
     out, last = [], {}
-    with httpx.Client(trust_env=False, timeout=120, headers={"content-type": "application/json"}) as c:
+    headers = {"content-type": "application/json", "authorization": f"Bearer {os.environ['KVSERVER_API_TOKEN']}"}
+    with httpx.Client(trust_env=False, timeout=120, headers=headers) as c:
         for _ in range(warmup):
             c.post(url, content=content).raise_for_status()
         for _ in range(n):
@@ -159,8 +162,10 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
+    os.environ["KVSERVER_API_TOKEN"] = secrets.token_urlsafe(24)  # the fleet's one token: every process here
     coord = CoordinatorProc(free_port(), ["--instance-timeout", "3600", "--fanout-timeout", "30"],
-                            tmp / "coordinator.log").start()
+                            tmp / "coordinator.log",
+                            env={"KVSERVER_API_TOKEN": os.environ["KVSERVER_API_TOKEN"]}).start()
     base_rss = rss(coord.proc.pid)  # type: ignore[union-attr]
     server = ServerProc(free_port(), ["--coordinator", coord.url, "--heartbeat-interval", "5", "--chunk-size",
                                       str(CHUNK), "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"],
@@ -187,10 +192,11 @@ def main() -> None:
         for _ in procs:
             ready.acquire()
         feeds = len(procs) and args.instances + 1
-        state = wait_for(lambda: (s := httpx.get(index_url, timeout=60).json())["synced"] == feeds and s,
+        state = wait_for(lambda: (s := httpx.get(index_url, headers=coord.auth, timeout=60).json())["synced"] == feeds
+                         and s,
                          timeout=1800, interval=1.0, what="every feed in sync")
         figures["load_s"] = round(time.perf_counter() - t0, 1)
-        mem = httpx.get(index_url, params={"memory": "true"}, timeout=600).json()
+        mem = httpx.get(index_url, headers=coord.auth, params={"memory": "true"}, timeout=600).json()
         figures["chunks"] = mem["chunks"]
         figures["index_bytes_per_chunk"] = round(mem["memory_bytes"] / max(1, mem["chunks"]), 1)
         figures["rss_bytes_per_chunk"] = round((rss(coord.proc.pid) - base_rss) / max(1, mem["chunks"]), 1)  # type: ignore[union-attr]
@@ -202,7 +208,7 @@ def main() -> None:
         figures["lookup_idle_p50_over_healthz"] = statistics.median(idle) / statistics.median(health)
         figures["lookup_answer"] = {k: answer[k] for k in ("prefix_tokens", "indexed", "fanned_out")}
         packed = {**body, "tokens": base64.b64encode(pack_tokens(body["tokens"])).decode()}
-        if httpx.post(f"{coord.url}/v1/fleet/lookup", json=packed, timeout=60).status_code == 200:
+        if httpx.post(f"{coord.url}/v1/fleet/lookup", json=packed, timeout=60, headers=coord.auth).status_code == 200:
             compact, same = lookups(f"{coord.url}/v1/fleet/lookup", args.lookups, packed)  # tokens as base64
             figures["lookup_packed_p50_ms"], figures["lookup_packed_p99_ms"] = (statistics.median(compact),
                                                                                 pct(compact, 0.99))
@@ -212,12 +218,12 @@ def main() -> None:
         if args.fanout_baseline:  # the old way, every instance asked
             fan, _ = lookups(f"{coord.url}/v1/fleet/lookup", 5, {**body, "mode": "fanout"}, warmup=1)
             figures["lookup_fanout_p50_ms"] = round(statistics.median(fan), 2)
-        before = httpx.get(index_url, timeout=60).json()
+        before = httpx.get(index_url, headers=coord.auth, timeout=60).json()
         go.set()
         time.sleep(3.0)  # reach the steady rate
         t1 = time.perf_counter()
         loaded, _ = lookups(f"{coord.url}/v1/fleet/lookup", args.lookups, body)
-        after = httpx.get(index_url, timeout=60).json()
+        after = httpx.get(index_url, headers=coord.auth, timeout=60).json()
         elapsed = time.perf_counter() - t1
         figures["lookup_loaded_p50_ms"], figures["lookup_loaded_p99_ms"] = statistics.median(loaded), pct(loaded, 0.99)
         figures["events_applied_per_s"] = round((after["events"] - before["events"]) / (elapsed + 3.0), 0)

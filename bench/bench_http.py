@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import subprocess
 import sys
@@ -78,14 +79,15 @@ def main() -> None:
     bare_port = free_port()
     bare = subprocess.Popen([sys.executable, "-c", BARE_APP, str(bare_port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
-    coord = CoordinatorProc(free_port(), [], tmp / "coordinator.log").start()
+    fleet = {"KVSERVER_API_TOKEN": secrets.token_urlsafe(24)}  # one token: coordinator and server
+    coord = CoordinatorProc(free_port(), [], tmp / "coordinator.log", env=fleet).start()
     events = ["--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"]
     server = ServerProc(free_port(), ["--coordinator", coord.url, "--heartbeat-interval", "1", *events],
-                        tmp / "kvserver.log", http_port=free_port()).start()
+                        tmp / "kvserver.log", http_port=free_port(), env=fleet).start()
     try:
         bare_url = f"http://127.0.0.1:{bare_port}"
         wait_for(lambda: _up(bare_url), what="bare app")
-        wait_for(lambda: httpx.get(f"{coord.url}/v1/fleet/index").json()["synced"] == 1, what="index in sync")
+        wait_for(lambda: coord.get("/v1/fleet/index").json()["synced"] == 1, what="index in sync")
         query = {"model": "bench", "world_size": 1, "groups": ["0123456789abcdef"], "tokens": list(range(4096))}
         rows: list[tuple[str, list[float]]] = []
         with httpx.Client(trust_env=False, timeout=10) as c:
@@ -96,7 +98,7 @@ def main() -> None:
                          timed(c, "POST", f"{server.http_url}/v1/query", args.n, query,
                                resolve_token(server.token, server.http_url))))
             rows.append(("coordinator    POST /v1/fleet/lookup 4096 tok",
-                         timed(c, "POST", f"{coord.url}/v1/fleet/lookup", args.n, query)))
+                         timed(c, "POST", f"{coord.url}/v1/fleet/lookup", args.n, query, coord.token)))
         base = statistics.median(rows[0][1])
         print(f"{'what':46s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50 / bare healthz':>19s}")
         for name, xs in rows:

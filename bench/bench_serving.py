@@ -181,8 +181,9 @@ def router_factory(router: str, dep: eng.Deployment, decode_tokens: int) -> Call
     coord, model = dep.coordinator, dep.coordinator.key_model(len(dep.kvservers))
     kvservers = [k.url for k in dep.kvservers]
     if router == "kvscore":
-        return lambda: KvScoreRouter(urls, coord.url, kvservers, model, decode_tokens=decode_tokens)
-    return lambda: KvRouter(urls, coord.url, kvservers, model)
+        return lambda: KvScoreRouter(urls, coord.url, kvservers, model, decode_tokens=decode_tokens,
+                                     token=coord.token)
+    return lambda: KvRouter(urls, coord.url, kvservers, model, token=coord.token)
 
 
 def run_config(config: str, router: str, model: Path, workloads: dict[str, wl.Workload],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -53,13 +54,20 @@ COORDINATOR_BIN = KVSERVER_BIN.parent / "kvcoordinator"
 
 
 class Coordinator:
-    """A kvcoordinator process on a free loopback port (no token: loopback only)."""
+    """A kvcoordinator process on a free loopback port, with a fleet token its kvservers share (the
+    coordinator presents only a token it is given to instances, never one it finds)."""
 
     def __init__(self, log_path: Path) -> None:
         self.port = free_port()
         self.log_path = log_path
+        self.token = secrets.token_urlsafe(24)
+        self.token_file = log_path.with_name("fleet-token")
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.token)
         with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen([str(COORDINATOR_BIN), "--port", str(self.port), "--log-level", "warning"],
+            self.proc = subprocess.Popen([str(COORDINATOR_BIN), "--port", str(self.port), "--log-level", "warning",
+                                          "--api-token-file", str(self.token_file)],
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
         while not _ready(self.url, "/healthz"):
@@ -73,7 +81,9 @@ class Coordinator:
         return f"http://127.0.0.1:{self.port}"
 
     def instances(self) -> list[dict[str, Any]]:
-        with urllib.request.urlopen(self.url + "/v1/instances", timeout=5) as r:
+        request = urllib.request.Request(self.url + "/v1/instances",
+                                         headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(request, timeout=5) as r:
             return list(json.loads(r.read())["instances"])
 
     def key_model(self, n_instances: int, timeout: float = 30.0) -> str:
@@ -102,7 +112,8 @@ class Coordinator:
 
 def _fleet_args(coordinator: Coordinator) -> list[str]:
     """A per-engine kvserver's extra flags: register, heartbeat every second, publish KV events."""
-    return ["--coordinator", coordinator.url, "--heartbeat-interval", "1", "--http-port", str(free_port()),
+    return ["--coordinator", coordinator.url, "--api-token-file", str(coordinator.token_file),
+            "--heartbeat-interval", "1", "--http-port", str(free_port()),
             "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"]
 
 

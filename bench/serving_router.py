@@ -66,9 +66,10 @@ class KvRouter(RoundRobin):
     """
 
     def __init__(self, urls: list[str], coordinator_url: str, kvserver_urls: list[str], model: str,
-                 timeout_s: float = 0.05) -> None:
+                 timeout_s: float = 0.05, token: str | None = None) -> None:
         super().__init__(urls)
         self.coordinator_url = coordinator_url
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}  # the coordinator's token
         self.model = model
         self.timeout_s = timeout_s
         self.lookup_s: list[float] = []
@@ -81,7 +82,8 @@ class KvRouter(RoundRobin):
         body = {"model": self.model, "world_size": 1, "groups": LOOKUP_GROUPS,
                 "tokens": base64.b64encode(pack_tokens(prompt)).decode()}
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                               headers=self.headers)
         t0 = time.perf_counter()
         try:
             async with self._http.post(self.coordinator_url + "/v1/fleet/lookup", json=body) as resp:
@@ -124,8 +126,8 @@ class KvScoreRouter(KvRouter):
     """
 
     def __init__(self, urls: list[str], coordinator_url: str, kvserver_urls: list[str], model: str,
-                 timeout_s: float = 0.05, decode_tokens: int = 32) -> None:
-        super().__init__(urls, coordinator_url, kvserver_urls, model, timeout_s)
+                 timeout_s: float = 0.05, decode_tokens: int = 32, token: str | None = None) -> None:
+        super().__init__(urls, coordinator_url, kvserver_urls, model, timeout_s, token)
         self.scorer = Scorer(len(urls), decode_tokens=decode_tokens)
 
     async def pick(self, prompt: list[int], via: Via = "rr") -> Pick:
