@@ -175,8 +175,7 @@ def listener_uids(host: str, port: int) -> set[int] | None:
         if family not in (socket.AF_INET, socket.AF_INET6):
             continue
         packed = socket.inet_pton(family, str(sockaddr[0]).split("%", 1)[0])
-        owners.update(uid for lst in listeners if lst[2] == port and _accepts(lst, family, packed)
-                      for uid in (lst[3],))
+        owners.update(lst[3] for lst in listeners if lst[2] == port and _accepts(lst, family, packed))
     return owners
 
 

@@ -37,6 +37,10 @@ T = TypeVar("T")
 DIR_MODE, FILE_MODE = 0o700, 0o600
 
 
+class UntrustedRoot(L2Error):
+    """The tier's directory is not this user's alone: the tier stays refused (never retried into)."""
+
+
 def _private_dir(path: Path, *, follow: bool = False) -> None:
     """Create a 0700 directory, or check an existing one: ours, a directory, not a symlink (unless
     `follow`: the root the operator named may be one), and not writable by others (another user
@@ -50,12 +54,12 @@ def _private_dir(path: Path, *, follow: bool = False) -> None:
         raise L2Error(f"cannot create {path}: {exc.strerror or exc}") from exc
     st = os.stat(path) if follow else os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise L2Error(f"{path} is not a directory (a symlink or a file): refusing the fs tier")
+        raise UntrustedRoot(f"{path} is not a directory (a symlink or a file): refusing the fs tier")
     if st.st_uid != os.getuid():
-        raise L2Error(f"{path} belongs to uid {st.st_uid}, not to this user: refusing the fs tier "
+        raise UntrustedRoot(f"{path} belongs to uid {st.st_uid}, not to this user: refusing the fs tier "
                       "(use a directory of your own)")
     if st.st_mode & 0o022 and not created:
-        raise L2Error(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), so its "
+        raise UntrustedRoot(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), so its "
                       "contents cannot be trusted: check it and chmod 700 it, or use a fresh directory")
     if stat.S_IMODE(st.st_mode) != DIR_MODE:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | (0 if follow else os.O_NOFOLLOW))
@@ -87,9 +91,8 @@ class FsAdapter(L2Adapter):
     async def start(self) -> None:
         try:
             await self._run(self._prepare)
-        except L2Error as exc:
-            if "refusing the fs tier" in str(exc) or "cannot be trusted" in str(exc):
-                self._refused = exc
+        except UntrustedRoot as exc:
+            self._refused = exc
             raise
 
     def _prepare(self) -> None:
