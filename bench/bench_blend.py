@@ -44,8 +44,23 @@ def free_port() -> int:
 def start_server() -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     exe = Path(sys.executable).parent / "kvserver"
-    proc = subprocess.Popen([str(exe), "start", "--port", str(port), "--l1-size-gb", "0.5", "--http-port", "0",
-                             "--chunk-size", str(CHUNK), "--log-level", "warning"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            str(exe),
+            "start",
+            "--port",
+            str(port),
+            "--l1-size-gb",
+            "0.5",
+            "--http-port",
+            "0",
+            "--chunk-size",
+            str(CHUNK),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     url = f"tcp://127.0.0.1:{port}"
     with Client(url, timeout=0.5) as c:
         for _ in range(100):
@@ -111,12 +126,15 @@ def main() -> None:
         model = make_model().eval()
         print("model: Llama 8 layers x 128 hidden, random init (untrained)")
     cfg = model.config
-    codec = ChunkCodec(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
-                       CHUNK)
+    codec = ChunkCodec(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads, CHUNK
+    )
     rng = np.random.default_rng(args.seed)
     topics = Topic.all()[: args.topics]
-    corpus = {t: [topic.document(rng, int(rng.integers(256, 513))) for _ in range(args.docs_per_topic)]
-              for t, topic in enumerate(topics)}
+    corpus = {
+        t: [topic.document(rng, int(rng.integers(256, 513))) for _ in range(args.docs_per_topic)]
+        for t, topic in enumerate(topics)
+    }
     proc, url = start_server()
     rows: dict[str, list[tuple[float, float, float, float]]] = {}
     reuse_frac: list[float] = []
@@ -154,8 +172,10 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print(f"\nprompts: {args.prompts}, tokens reused from the blend index: "
-          f"{statistics.mean(reuse_frac) * 100:.1f}% of prompt tokens (mean); generated tokens compared: {args.gen}\n")
+    print(
+        f"\nprompts: {args.prompts}, tokens reused from the blend index: "
+        f"{statistics.mean(reuse_frac) * 100:.1f}% of prompt tokens (mean); generated tokens compared: {args.gen}\n"
+    )
     print("| method | prefill compute saved | prefill wall time vs full | top-1 agreement | KL(full ‖ method), nats |")
     print("|---|---|---|---|---|")
     print("| full recompute (reference) | 0% | 1.00 | 100% | 0 |")

@@ -80,8 +80,14 @@ def _mark_blocks(cache: torch.Tensor) -> None:
 
 
 def bench_block_size(block_size: int, args: argparse.Namespace) -> dict[str, Any]:
-    lay = layouts.vllm_cpu_layout(num_layers=args.layers, num_kv_heads=args.heads, head_dim=args.head_dim,
-                                  block_size=block_size, dtype=torch.float16, chunk_size=args.chunk_size)
+    lay = layouts.vllm_cpu_layout(
+        num_layers=args.layers,
+        num_kv_heads=args.heads,
+        head_dim=args.head_dim,
+        block_size=block_size,
+        dtype=torch.float16,
+        chunk_size=args.chunk_size,
+    )
     bpc, chunks = lay.blocks_per_chunk, args.chunks
     num_blocks = max(args.cache_blocks_factor * bpc * chunks, bpc * chunks)
     cache = torch.empty((lay.num_layers, num_blocks, *lay.block_shape), dtype=torch.float16)
@@ -118,12 +124,15 @@ def bench_block_size(block_size: int, args: argparse.Namespace) -> dict[str, Any
     baselines = {"gather": lambda: np.copyto(arena, cache_slice), "scatter": lambda: np.copyto(cache_slice, arena)}
     fresh_s = _fresh_memcpy_seconds(total, args.repeats)
     methods: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
-        "cpp": (lambda: copy.batch_copy(0, 0, gather_rows, args.threads),
-                lambda: copy.batch_copy(0, 0, scatter_rows, args.threads)),
-        "cpp-1thread": (lambda: copy.batch_copy(0, 0, gather_rows, 1),
-                        lambda: copy.batch_copy(0, 0, scatter_rows, 1)),
-        "numpy-fallback": (lambda: _copy_fallback.batch_copy(0, 0, gather_rows),
-                           lambda: _copy_fallback.batch_copy(0, 0, scatter_rows)),
+        "cpp": (
+            lambda: copy.batch_copy(0, 0, gather_rows, args.threads),
+            lambda: copy.batch_copy(0, 0, scatter_rows, args.threads),
+        ),
+        "cpp-1thread": (lambda: copy.batch_copy(0, 0, gather_rows, 1), lambda: copy.batch_copy(0, 0, scatter_rows, 1)),
+        "numpy-fallback": (
+            lambda: _copy_fallback.batch_copy(0, 0, gather_rows),
+            lambda: _copy_fallback.batch_copy(0, 0, scatter_rows),
+        ),
         "torch": (torch_gather, torch_scatter),
     }
     if copy.backend_name() != "cpp":
@@ -141,19 +150,40 @@ def bench_block_size(block_size: int, args: argparse.Namespace) -> dict[str, Any
     for name, (gather_fn, scatter_fn) in methods.items():
         for op, fn in (("gather", gather_fn), ("scatter", scatter_fn)):
             memcpy_s, s = _time_pair(baselines[op], fn, args.repeats)
-            rows.append({"block_size": block_size, "method": name, "op": op,
-                         "gbps": total / s / 1e9, "memcpy_gbps": total / memcpy_s / 1e9,
-                         "ratio": memcpy_s / s, "seconds": s})
+            rows.append(
+                {
+                    "block_size": block_size,
+                    "method": name,
+                    "op": op,
+                    "gbps": total / s / 1e9,
+                    "memcpy_gbps": total / memcpy_s / 1e9,
+                    "ratio": memcpy_s / s,
+                    "seconds": s,
+                }
+            )
     verify = _verify_rows(gather_rows, scatter_rows, addrs, lay.object_bytes, arena, args)
     seg_s = _time(lambda: block_rows(kv, addrs, save_moves(ids.reshape(-1), bpc, range(chunks)), True), args.repeats)
-    return {"verify": verify, "block_size": block_size, "bytes_per_run": total, "chunks": chunks,
-            "object_bytes": lay.object_bytes,
-            "segments": int(gather_rows.shape[0]), "segment_compute_us": seg_s * 1e6,
-            "memcpy_fresh_numpy_gbps": total / fresh_s / 1e9, "rows": rows}
+    return {
+        "verify": verify,
+        "block_size": block_size,
+        "bytes_per_run": total,
+        "chunks": chunks,
+        "object_bytes": lay.object_bytes,
+        "segments": int(gather_rows.shape[0]),
+        "segment_compute_us": seg_s * 1e6,
+        "memcpy_fresh_numpy_gbps": total / fresh_s / 1e9,
+        "rows": rows,
+    }
 
 
-def _verify_rows(gather_rows: np.ndarray, scatter_rows: np.ndarray, addrs: np.ndarray, object_bytes: int,
-                 arena: np.ndarray, args: argparse.Namespace) -> list[dict[str, Any]]:
+def _verify_rows(
+    gather_rows: np.ndarray,
+    scatter_rows: np.ndarray,
+    addrs: np.ndarray,
+    object_bytes: int,
+    arena: np.ndarray,
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
     """Verified (copy + checksum per object) vs unverified copy, per op and thread count."""
     if copy.backend_name() != "cpp":
         return []
@@ -168,11 +198,18 @@ def _verify_rows(gather_rows: np.ndarray, scatter_rows: np.ndarray, addrs: np.nd
             plain_s, verified_s = _time_pair(
                 lambda rows=rows, t=threads: copy.batch_copy(0, 0, rows, t),
                 lambda rows=rows, side=side, t=threads: copy.copy_checksum(0, 0, rows, objects, side, t),
-                args.repeats)
+                args.repeats,
+            )
             total = arena.nbytes
-            out.append({"op": op, "threads": threads or copy.default_threads(),
-                        "plain_gbps": total / plain_s / 1e9, "verified_gbps": total / verified_s / 1e9,
-                        "ratio": plain_s / verified_s})
+            out.append(
+                {
+                    "op": op,
+                    "threads": threads or copy.default_threads(),
+                    "plain_gbps": total / plain_s / 1e9,
+                    "verified_gbps": total / verified_s / 1e9,
+                    "ratio": plain_s / verified_s,
+                }
+            )
     return out
 
 
@@ -211,24 +248,38 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(bench_block_size(bs, args))
         else:
             results.append(bench_block_size(bs, args))
-    meta = {"backend": copy.backend_name(), "default_threads": copy.default_threads(), "loadavg": _loadavg(),
-            "torch_threads": torch.get_num_threads(), "layers": args.layers, "heads": args.heads,
-            "head_dim": args.head_dim, "dtype": "float16", "chunk_size": args.chunk_size}
+    meta = {
+        "backend": copy.backend_name(),
+        "default_threads": copy.default_threads(),
+        "loadavg": _loadavg(),
+        "torch_threads": torch.get_num_threads(),
+        "layers": args.layers,
+        "heads": args.heads,
+        "head_dim": args.head_dim,
+        "dtype": "float16",
+        "chunk_size": args.chunk_size,
+    }
     if args.json:
         json.dump({"meta": meta, "results": results}, sys.stdout, indent=2)
         print()
         return 0
-    print(f"backend={meta['backend']} default_threads={meta['default_threads']} torch_threads={meta['torch_threads']}"
-          f" loadavg={meta['loadavg']}"
-          f" | {args.layers} layers x {args.heads} kv heads x head_dim {args.head_dim}, fp16, vllm_cpu layout")
+    print(
+        f"backend={meta['backend']} default_threads={meta['default_threads']} torch_threads={meta['torch_threads']}"
+        f" loadavg={meta['loadavg']}"
+        f" | {args.layers} layers x {args.heads} kv heads x head_dim {args.head_dim}, fp16, vllm_cpu layout"
+    )
     for res in results:
-        title = (f"block_size={res['block_size']}: {res['chunks']} chunks x {res['object_bytes'] / 2**20:.0f} MiB"
-                 f" = {res['bytes_per_run'] / 2**20:.0f} MiB per run, {res['segments']} segments"
-                 f" (computed in {res['segment_compute_us']:.0f} us); memcpy between fresh numpy buffers"
-                 f" {res['memcpy_fresh_numpy_gbps']:.2f} GB/s")
+        title = (
+            f"block_size={res['block_size']}: {res['chunks']} chunks x {res['object_bytes'] / 2**20:.0f} MiB"
+            f" = {res['bytes_per_run'] / 2**20:.0f} MiB per run, {res['segments']} segments"
+            f" (computed in {res['segment_compute_us']:.0f} us); memcpy between fresh numpy buffers"
+            f" {res['memcpy_fresh_numpy_gbps']:.2f} GB/s"
+        )
         header = ("method", "op", "GB/s", "memcpy GB/s", "vs memcpy")
-        cells = [(r["method"], r["op"], f"{r['gbps']:.2f}", f"{r['memcpy_gbps']:.2f}", f"{r['ratio']:.0%}")
-                 for r in res["rows"]]
+        cells = [
+            (r["method"], r["op"], f"{r['gbps']:.2f}", f"{r['memcpy_gbps']:.2f}", f"{r['ratio']:.0%}")
+            for r in res["rows"]
+        ]
         if Console is not None:
             table = Table(title=title)
             for h in header:
@@ -241,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
             for c in (header, *cells):
                 print("  ".join(f"{v:>14}" for v in c))
         for v in res["verify"]:
-            print(f"  verified {v['op']:<7} threads={v['threads']}: {v['verified_gbps']:.2f} GB/s vs unverified "
-                  f"{v['plain_gbps']:.2f} GB/s -> ratio {v['ratio']:.2f}")
+            print(
+                f"  verified {v['op']:<7} threads={v['threads']}: {v['verified_gbps']:.2f} GB/s vs unverified "
+                f"{v['plain_gbps']:.2f} GB/s -> ratio {v['ratio']:.2f}"
+            )
     return 0
 
 

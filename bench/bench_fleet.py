@@ -65,8 +65,9 @@ def low64(tokens: list[int]) -> list[int]:
     return [int.from_bytes(h[-8:], "big") for h in chunk_hashes(tokens, CHUNK)]
 
 
-def worker(k: int, first: int, count: int, per_instance: int, coord: str, rate: float, ready: Any, go: Any,
-           stop: Any) -> None:
+def worker(
+    k: int, first: int, count: int, per_instance: int, coord: str, rate: float, ready: Any, go: Any, stop: Any
+) -> None:
     import zmq
 
     from siminstance import SimInstance
@@ -163,13 +164,28 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     os.environ["KVSERVER_API_TOKEN"] = secrets.token_urlsafe(24)  # the fleet's one token: every process here
-    coord = CoordinatorProc(free_port(), ["--instance-timeout", "3600", "--fanout-timeout", "30"],
-                            tmp / "coordinator.log",
-                            env={"KVSERVER_API_TOKEN": os.environ["KVSERVER_API_TOKEN"]}).start()
+    coord = CoordinatorProc(
+        free_port(),
+        ["--instance-timeout", "3600", "--fanout-timeout", "30"],
+        tmp / "coordinator.log",
+        env={"KVSERVER_API_TOKEN": os.environ["KVSERVER_API_TOKEN"]},
+    ).start()
     base_rss = rss(coord.proc.pid)  # type: ignore[union-attr]
-    server = ServerProc(free_port(), ["--coordinator", coord.url, "--heartbeat-interval", "5", "--chunk-size",
-                                      str(CHUNK), "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"],
-                        tmp / "kvserver.log", http_port=free_port()).start()
+    server = ServerProc(
+        free_port(),
+        [
+            "--coordinator",
+            coord.url,
+            "--heartbeat-interval",
+            "5",
+            "--chunk-size",
+            str(CHUNK),
+            "--kv-events-endpoint",
+            f"tcp://127.0.0.1:{free_port()}",
+        ],
+        tmp / "kvserver.log",
+        http_port=free_port(),
+    ).start()
     ctx = mp.get_context("spawn")
     ready, go, stop = ctx.Semaphore(0), ctx.Event(), ctx.Event()
     per = -(-args.instances // args.workers)
@@ -178,8 +194,13 @@ def main() -> None:
         first, count = k * per, min(per, args.instances - k * per)
         if count <= 0:
             break
-        procs.append(ctx.Process(target=worker, args=(k, first, count, args.chunks_per_instance, coord.url,
-                                                      args.rate / args.workers, ready, go, stop), daemon=True))
+        procs.append(
+            ctx.Process(
+                target=worker,
+                args=(k, first, count, args.chunks_per_instance, coord.url, args.rate / args.workers, ready, go, stop),
+                daemon=True,
+            )
+        )
         procs[-1].start()
     index_url = f"{coord.url}/v1/fleet/index"
     figures: dict[str, Any] = {"instances": args.instances + 1, "rate": args.rate}
@@ -192,9 +213,12 @@ def main() -> None:
         for _ in procs:
             ready.acquire()
         feeds = len(procs) and args.instances + 1
-        state = wait_for(lambda: (s := httpx.get(index_url, headers=coord.auth, timeout=60).json())["synced"] == feeds
-                         and s,
-                         timeout=1800, interval=1.0, what="every feed in sync")
+        state = wait_for(
+            lambda: (s := httpx.get(index_url, headers=coord.auth, timeout=60).json())["synced"] == feeds and s,
+            timeout=1800,
+            interval=1.0,
+            what="every feed in sync",
+        )
         figures["load_s"] = round(time.perf_counter() - t0, 1)
         mem = httpx.get(index_url, headers=coord.auth, params={"memory": "true"}, timeout=600).json()
         figures["chunks"] = mem["chunks"]
@@ -210,8 +234,10 @@ def main() -> None:
         packed = {**body, "tokens": base64.b64encode(pack_tokens(body["tokens"])).decode()}
         if httpx.post(f"{coord.url}/v1/fleet/lookup", json=packed, timeout=60, headers=coord.auth).status_code == 200:
             compact, same = lookups(f"{coord.url}/v1/fleet/lookup", args.lookups, packed)  # tokens as base64
-            figures["lookup_packed_p50_ms"], figures["lookup_packed_p99_ms"] = (statistics.median(compact),
-                                                                                pct(compact, 0.99))
+            figures["lookup_packed_p50_ms"], figures["lookup_packed_p99_ms"] = (
+                statistics.median(compact),
+                pct(compact, 0.99),
+            )
             figures["lookup_packed_same_answer"] = same == answer
         figures["lookup_holders"] = len(answer["instances"])
         report(figures)

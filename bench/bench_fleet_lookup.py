@@ -45,9 +45,19 @@ def fill(app: Any, n: int, per: int) -> None:
     prompts = [low64(prompt(p)) for p in range(8)]
     rng = np.random.default_rng(0)
     for i in range(n + 1):
-        inst = registry.register({"zmq_url": f"tcp://127.0.0.1:{10000 + i}", "http_url": f"http://127.0.0.1:{1 + i}",
-                                  "version": "bench", "l1_capacity_bytes": 1 << 30, "chunk_size": CHUNK,
-                                  "heartbeat_interval": 5.0, "models": [MODEL], "l1_used_bytes": i, "objects": 0})
+        inst = registry.register(
+            {
+                "zmq_url": f"tcp://127.0.0.1:{10000 + i}",
+                "http_url": f"http://127.0.0.1:{1 + i}",
+                "version": "bench",
+                "l1_capacity_bytes": 1 << 30,
+                "chunk_size": CHUNK,
+                "heartbeat_interval": 5.0,
+                "models": [MODEL],
+                "l1_used_bytes": i,
+                "objects": 0,
+            }
+        )
         slot = feeds._alloc()
         feed = Feed(inst, slot, "kv@bench@", None)  # no socket: nothing is read from events here
         feeds.feeds[inst.id], feeds.by_slot[slot] = feed, feed
@@ -59,11 +69,25 @@ def fill(app: Any, n: int, per: int) -> None:
 
 
 async def call(app: Any, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-             "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 9090), "state": {}}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 9090),
+        "state": {},
+    }
     sent, status, out = False, 0, []
 
     async def receive() -> dict[str, Any]:
@@ -90,15 +114,19 @@ async def main(args: argparse.Namespace) -> None:
     async with app.router.lifespan_context(app):
         fill(app, args.instances, args.chunks_per_instance)
         base = {"model": MODEL, "world_size": 1, "groups": ["0123456789abcdef"]}
-        cases = {"healthz": ("GET", "/healthz", b""),
-                 "lookup (list)": ("POST", "/v1/fleet/lookup", json.dumps({**base, "tokens": prompt(0)}).encode())}
+        cases = {
+            "healthz": ("GET", "/healthz", b""),
+            "lookup (list)": ("POST", "/v1/fleet/lookup", json.dumps({**base, "tokens": prompt(0)}).encode()),
+        }
         packed = json.dumps({**base, "tokens": base64.b64encode(pack_tokens(prompt(0))).decode()}).encode()
         if (await call(app, "POST", "/v1/fleet/lookup", packed))[0] == 200:
             cases["lookup (packed)"] = ("POST", "/v1/fleet/lookup", packed)
         status, answer = await call(app, *cases["lookup (list)"])
         got = json.loads(answer)
-        print(f"{args.instances + 1} instances; lookup: HTTP {status}, prefix {got['prefix_tokens']}, "
-              f"{len(got['instances'])} listed, {got['indexed']} indexed")
+        print(
+            f"{args.instances + 1} instances; lookup: HTTP {status}, prefix {got['prefix_tokens']}, "
+            f"{len(got['instances'])} listed, {got['indexed']} indexed"
+        )
         for name, case in cases.items():
             times = []
             for _ in range(args.calls):
@@ -106,8 +134,10 @@ async def main(args: argparse.Namespace) -> None:
                 await call(app, *case)
                 times.append((time.perf_counter() - t0) * 1e6)
             times.sort()
-            print(f"{name:16s} p50 {times[len(times) // 2]:8.1f} us   p90 {times[int(0.9 * len(times))]:8.1f} us"
-                  f"   min {times[0]:8.1f} us")
+            print(
+                f"{name:16s} p50 {times[len(times) // 2]:8.1f} us   p90 {times[int(0.9 * len(times))]:8.1f} us"
+                f"   min {times[0]:8.1f} us"
+            )
         feeds = app.state.feeds["index"]
         feeds.feeds.clear()  # socketless feeds: nothing for close() to do
         feeds.by_slot.clear()

@@ -50,8 +50,9 @@ BARE_APP = textwrap.dedent("""
 """)
 
 
-def timed(client: httpx.Client, method: str, url: str, n: int, body: object = None,
-          token: str | None = None) -> list[float]:
+def timed(
+    client: httpx.Client, method: str, url: str, n: int, body: object = None, token: str | None = None
+) -> list[float]:
     """Latency of n sequential requests; a JSON body is encoded once (the client's cost, not the server's)."""
     content = json.dumps(body).encode() if body is not None else None
     headers = {"content-type": "application/json"} if body is not None else {}
@@ -77,13 +78,19 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-http-"))
     bare_port = free_port()
-    bare = subprocess.Popen([sys.executable, "-c", BARE_APP, str(bare_port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT)
+    bare = subprocess.Popen(
+        [sys.executable, "-c", BARE_APP, str(bare_port)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
     fleet = {"KVSERVER_API_TOKEN": secrets.token_urlsafe(24)}  # one token: coordinator and server
     coord = CoordinatorProc(free_port(), [], tmp / "coordinator.log", env=fleet).start()
     events = ["--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"]
-    server = ServerProc(free_port(), ["--coordinator", coord.url, "--heartbeat-interval", "1", *events],
-                        tmp / "kvserver.log", http_port=free_port(), env=fleet).start()
+    server = ServerProc(
+        free_port(),
+        ["--coordinator", coord.url, "--heartbeat-interval", "1", *events],
+        tmp / "kvserver.log",
+        http_port=free_port(),
+        env=fleet,
+    ).start()
     try:
         bare_url = f"http://127.0.0.1:{bare_port}"
         wait_for(lambda: _up(bare_url), what="bare app")
@@ -94,11 +101,25 @@ def main() -> None:
             rows.append(("bare uvicorn   GET /healthz", timed(c, "GET", f"{bare_url}/healthz", args.n)))
             rows.append(("kvserver       GET /healthz", timed(c, "GET", f"{server.http_url}/healthz", args.n)))
             rows.append(("coordinator    GET /healthz", timed(c, "GET", f"{coord.url}/healthz", args.n)))
-            rows.append(("kvserver       POST /v1/query 4096 tok",
-                         timed(c, "POST", f"{server.http_url}/v1/query", args.n, query,
-                               resolve_token(server.token, server.http_url))))
-            rows.append(("coordinator    POST /v1/fleet/lookup 4096 tok",
-                         timed(c, "POST", f"{coord.url}/v1/fleet/lookup", args.n, query, coord.token)))
+            rows.append(
+                (
+                    "kvserver       POST /v1/query 4096 tok",
+                    timed(
+                        c,
+                        "POST",
+                        f"{server.http_url}/v1/query",
+                        args.n,
+                        query,
+                        resolve_token(server.token, server.http_url),
+                    ),
+                )
+            )
+            rows.append(
+                (
+                    "coordinator    POST /v1/fleet/lookup 4096 tok",
+                    timed(c, "POST", f"{coord.url}/v1/fleet/lookup", args.n, query, coord.token),
+                )
+            )
         base = statistics.median(rows[0][1])
         print(f"{'what':46s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50 / bare healthz':>19s}")
         for name, xs in rows:

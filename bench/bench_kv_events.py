@@ -85,9 +85,11 @@ def main() -> None:
             base = max(base, run(False, a.prompts, a.chunks, Path(tmp))[0])
             rate, n = run(True, a.prompts, a.chunks, Path(tmp))
             with_events = max(with_events, rate)
-    print(f"store+commit of {a.chunks} chunks, best of {a.rounds}: {base:.0f}/s without events, "
-          f"{with_events:.0f}/s with events (ratio {with_events / base:.2f}); {n} events received in the last "
-          f"round for {a.prompts} stores")
+    print(
+        f"store+commit of {a.chunks} chunks, best of {a.rounds}: {base:.0f}/s without events, "
+        f"{with_events:.0f}/s with events (ratio {with_events / base:.2f}); {n} events received in the last "
+        f"round for {a.prompts} stores"
+    )
 
 
 if __name__ == "__main__":

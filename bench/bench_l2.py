@@ -35,8 +35,13 @@ from rich.progress import Progress
 
 BATCH = 16  # objects per put/get call, as the write-behind writers batch
 AES = bytes(range(32))
-CHAINS = {"integrity": Serde(), "lz4": Serde("lz4"), "zstd": Serde("zstd"), "aes-gcm": Serde("none", AES),
-          "zstd+aes-gcm": Serde("zstd", AES)}
+CHAINS = {
+    "integrity": Serde(),
+    "lz4": Serde("lz4"),
+    "zstd": Serde("zstd"),
+    "aes-gcm": Serde("none", AES),
+    "zstd+aes-gcm": Serde("zstd", AES),
+}
 console = Console(stderr=True)
 
 
@@ -75,20 +80,59 @@ class Procs:
 
     def redis(self, *extra: str) -> int:
         port = free_port()
-        self.procs.append(subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.tmp), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    "redis-server",
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.tmp),
+                    *extra,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         wait_port(port)
         return port
 
     def cluster(self) -> int:
-        ports = [self.redis("--cluster-enabled", "yes", "--cluster-port", str(free_port()),
-                            "--cluster-config-file", str(self.tmp / f"nodes-{i}.conf")) for i in range(3)]
-        subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        ports = [
+            self.redis(
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                str(free_port()),
+                "--cluster-config-file",
+                str(self.tmp / f"nodes-{i}.conf"),
+            )
+            for i in range(3)
+        ]
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{p}" for p in ports],
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         for _ in range(300):
-            out = subprocess.run(["redis-cli", "-p", str(ports[0]), "cluster", "info"], capture_output=True,
-                                 text=True).stdout
+            out = subprocess.run(
+                ["redis-cli", "-p", str(ports[0]), "cluster", "info"], capture_output=True, text=True
+            ).stdout
             if "cluster_state:ok" in out:
                 break
             time.sleep(0.1)
@@ -98,8 +142,9 @@ class Procs:
         port = free_port()
         exe = Path(sys.executable).parent / "moto_server"
         log = open(self.tmp / "moto.log", "wb")
-        self.procs.append(subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)],
-                                           stdout=log, stderr=subprocess.STDOUT))
+        self.procs.append(
+            subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+        )
         wait_port(port)
         return f"http://127.0.0.1:{port}"
 
@@ -209,23 +254,46 @@ async def best_of(repeat: int, fn: Callable[[], Awaitable[Any]]) -> Any:
     return tuple(min(r[i] for r in runs) for i in range(len(runs[0])))
 
 
-async def bench_store(name: str, url: str, objs: list[bytes], chains: dict[str, Serde],
-                      baseline: Callable[[], Awaitable[tuple[float, float]]], progress: Progress,
-                      repeat: int) -> list[dict]:
+async def bench_store(
+    name: str,
+    url: str,
+    objs: list[bytes],
+    chains: dict[str, Serde],
+    baseline: Callable[[], Awaitable[tuple[float, float]]],
+    progress: Progress,
+    repeat: int,
+) -> list[dict]:
     total = sum(len(o) for o in objs)
     mbps = lambda s: total / s / 1e6
     base_put, base_get = await best_of(repeat, baseline)
-    rows = [{"store": name, "chain": "raw baseline", "put_MBps": mbps(base_put), "get_MBps": mbps(base_get),
-             "put_ratio": 1.0, "get_ratio": 1.0, "stored_ratio": 1.0}]
+    rows = [
+        {
+            "store": name,
+            "chain": "raw baseline",
+            "put_MBps": mbps(base_put),
+            "get_MBps": mbps(base_get),
+            "put_ratio": 1.0,
+            "get_ratio": 1.0,
+            "stored_ratio": 1.0,
+        }
+    ]
     adapter = make_adapter(url)
     await adapter.start()
     task = progress.add_task(name, total=len(chains))
     try:
         for chain_name, serde in chains.items():
             r = await best_of(repeat, lambda s=serde, c=chain_name: adapter_run(adapter, s, objs, c))
-            rows.append({"store": name, "chain": chain_name, "put_MBps": mbps(r["put_s"]),
-                         "get_MBps": mbps(r["get_s"]), "put_ratio": base_put / r["put_s"],
-                         "get_ratio": base_get / r["get_s"], "stored_ratio": r["stored_ratio"]})
+            rows.append(
+                {
+                    "store": name,
+                    "chain": chain_name,
+                    "put_MBps": mbps(r["put_s"]),
+                    "get_MBps": mbps(r["get_s"]),
+                    "put_ratio": base_put / r["put_s"],
+                    "get_ratio": base_get / r["get_s"],
+                    "stored_ratio": r["stored_ratio"],
+                }
+            )
             progress.advance(task)
     finally:
         await adapter.close()
@@ -240,40 +308,68 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with Progress(console=console, transient=True) as progress:
             fs_root = procs.tmp / "fs"
-            rows += await bench_store("fs", f"fs://{fs_root}/l2", objs, CHAINS,
-                                      lambda: asyncio.to_thread(raw_file, fs_root / "raw", objs), progress, args.repeat)
+            rows += await bench_store(
+                "fs",
+                f"fs://{fs_root}/l2",
+                objs,
+                CHAINS,
+                lambda: asyncio.to_thread(raw_file, fs_root / "raw", objs),
+                progress,
+                args.repeat,
+            )
             if shutil.which("redis-server"):
                 url = f"redis://127.0.0.1:{procs.redis()}/0"
-                rows += await bench_store("redis", url, objs, CHAINS, lambda: raw_redis(url, False, objs), progress,
-                                          args.repeat)
+                rows += await bench_store(
+                    "redis", url, objs, CHAINS, lambda: raw_redis(url, False, objs), progress, args.repeat
+                )
                 if shutil.which("redis-cli") and not args.quick:
                     seed = procs.cluster()
                     curl = f"redis+cluster://127.0.0.1:{seed}"
-                    rows += await bench_store("redis-cluster", curl, objs, {"integrity": CHAINS["integrity"]},
-                                              lambda: raw_redis(f"redis://127.0.0.1:{seed}", True, objs), progress,
-                                              args.repeat)
+                    rows += await bench_store(
+                        "redis-cluster",
+                        curl,
+                        objs,
+                        {"integrity": CHAINS["integrity"]},
+                        lambda: raw_redis(f"redis://127.0.0.1:{seed}", True, objs),
+                        progress,
+                        args.repeat,
+                    )
             else:
                 skipped.append("redis (no redis-server)")
             if (Path(sys.executable).parent / "moto_server").exists() and not args.quick:
-                for k, v in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                             "AWS_DEFAULT_REGION": "us-east-1"}.items():
+                for k, v in {
+                    "AWS_ACCESS_KEY_ID": "bench",
+                    "AWS_SECRET_ACCESS_KEY": "bench",
+                    "AWS_DEFAULT_REGION": "us-east-1",
+                }.items():
                     os.environ.setdefault(k, v)
                 endpoint = procs.moto()
                 import boto3
 
                 boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="bench")
                 few = objs[: max(BATCH, len(objs) // 4)]  # moto is slow; fewer objects
-                rows += await bench_store("s3 (moto)", f"s3://bench/l2?endpoint={endpoint}&region=us-east-1", few,
-                                          {"integrity": CHAINS["integrity"]},
-                                          lambda: asyncio.to_thread(raw_s3, endpoint, "bench", few), progress,
-                                          args.repeat)
+                rows += await bench_store(
+                    "s3 (moto)",
+                    f"s3://bench/l2?endpoint={endpoint}&region=us-east-1",
+                    few,
+                    {"integrity": CHAINS["integrity"]},
+                    lambda: asyncio.to_thread(raw_s3, endpoint, "bench", few),
+                    progress,
+                    args.repeat,
+                )
             else:
                 skipped.append("s3 (moto_server missing or --quick)")
     finally:
         procs.stop()
-    return {"objects": args.objects, "repeat": args.repeat, "object_bytes": args.object_kib << 10, "batch": BATCH,
-            "data": args.data,
-            "rows": rows, "skipped": skipped}
+    return {
+        "objects": args.objects,
+        "repeat": args.repeat,
+        "object_bytes": args.object_kib << 10,
+        "batch": BATCH,
+        "data": args.data,
+        "rows": rows,
+        "skipped": skipped,
+    }
 
 
 def main() -> None:
@@ -289,12 +385,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"{args.objects} objects x {args.object_kib} KiB ({args.data} data), batches of {BATCH}, "
-          f"best of {args.repeat}")
+    print(
+        f"{args.objects} objects x {args.object_kib} KiB ({args.data} data), batches of {BATCH}, best of {args.repeat}"
+    )
     print(f"{'store':<14}{'chain':<15}{'put MB/s':>10}{'x raw':>7}{'get MB/s':>10}{'x raw':>7}{'stored':>8}")
     for r in results["rows"]:
-        print(f"{r['store']:<14}{r['chain']:<15}{r['put_MBps']:>10.0f}{r['put_ratio']:>7.2f}"
-              f"{r['get_MBps']:>10.0f}{r['get_ratio']:>7.2f}{r['stored_ratio']:>8.2f}")
+        print(
+            f"{r['store']:<14}{r['chain']:<15}{r['put_MBps']:>10.0f}{r['put_ratio']:>7.2f}"
+            f"{r['get_MBps']:>10.0f}{r['get_ratio']:>7.2f}{r['stored_ratio']:>8.2f}"
+        )
     for s in results["skipped"]:
         print(f"skipped: {s}")
 

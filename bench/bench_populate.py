@@ -43,9 +43,14 @@ def one_run(arena: ShmMapping, buf: np.ndarray, populate: bool) -> dict[str, flo
         populated = m.populate() if populate else 0
         populate_s = time.perf_counter() - t0
         n, local = buf.nbytes, kvcopy.address_of(buf, writable=True)
-        out = {"populate_s": populate_s, "populated_bytes": populated,
-               "first_write": copy_gbps(local, m.address, n), "warm_write": copy_gbps(local, m.address, n),
-               "first_read": copy_gbps(m.address + n, local, n), "warm_read": copy_gbps(m.address + n, local, n)}
+        out = {
+            "populate_s": populate_s,
+            "populated_bytes": populated,
+            "first_write": copy_gbps(local, m.address, n),
+            "warm_write": copy_gbps(local, m.address, n),
+            "first_read": copy_gbps(m.address + n, local, n),
+            "warm_read": copy_gbps(m.address + n, local, n),
+        }
     finally:
         m.close()
     return out
@@ -64,23 +69,32 @@ def main() -> None:
         os.posix_fallocate(fd, 0, arena.size)  # what kvserver --prefault does
         os.close(fd)
         buf = np.random.default_rng(0).integers(0, 255, args.copy_mib * MIB, dtype=np.uint8)
-        runs = {name: [one_run(arena, buf, populate) for _ in range(args.runs)]
-                for name, populate in (("faulting", False), ("populated", True))}
+        runs = {
+            name: [one_run(arena, buf, populate) for _ in range(args.runs)]
+            for name, populate in (("faulting", False), ("populated", True))
+        }
     finally:
         arena.close()
         arena.path.unlink(missing_ok=True)
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     if args.json:
-        print(json.dumps({"arena_mib": args.arena_mib, "copy_mib": args.copy_mib, "runs": args.runs,
-                          "medians": med}, indent=2))
+        print(
+            json.dumps(
+                {"arena_mib": args.arena_mib, "copy_mib": args.copy_mib, "runs": args.runs, "medians": med}, indent=2
+            )
+        )
         return
-    print(f"{args.copy_mib} MiB copies through a fresh mapping of an allocated {args.arena_mib} MiB arena, "
-          f"medians of {args.runs} runs, one copy thread")
+    print(
+        f"{args.copy_mib} MiB copies through a fresh mapping of an allocated {args.arena_mib} MiB arena, "
+        f"medians of {args.runs} runs, one copy thread"
+    )
     for name, m in med.items():
         extra = f" (populate took {1000 * m['populate_s']:.0f} ms)" if m["populated_bytes"] else ""
-        print(f"{name:>9}: first write {m['first_write']:.2f} GB/s ({m['first_write'] / m['warm_write']:.0%} "
-              f"of warm {m['warm_write']:.2f}), first read {m['first_read']:.2f} GB/s "
-              f"({m['first_read'] / m['warm_read']:.0%} of warm {m['warm_read']:.2f}){extra}")
+        print(
+            f"{name:>9}: first write {m['first_write']:.2f} GB/s ({m['first_write'] / m['warm_write']:.0%} "
+            f"of warm {m['warm_write']:.2f}), first read {m['first_read']:.2f} GB/s "
+            f"({m['first_read'] / m['warm_read']:.0%} of warm {m['warm_read']:.2f}){extra}"
+        )
 
 
 if __name__ == "__main__":

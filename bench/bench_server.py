@@ -43,12 +43,26 @@ def free_port() -> int:
 KVSERVER = str(Path(sys.executable).parent / "kvserver")  # --kvserver: another build (a before/after comparison)
 
 
-def start_server(l1_gb: float, *, command: list[str] | None = None,
-                 http_port: int = 0) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    l1_gb: float, *, command: list[str] | None = None, http_port: int = 0
+) -> tuple[subprocess.Popen[bytes], str]:
     """A real kvserver on a free loopback port; `command` replaces the executable (e.g. under cProfile)."""
     port = free_port()
-    proc = subprocess.Popen([*(command or [KVSERVER]), "start", "--port", str(port), "--l1-size-gb", str(l1_gb),
-                             "--http-port", str(http_port), "--log-level", "warning"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            *(command or [KVSERVER]),
+            "start",
+            "--port",
+            str(port),
+            "--l1-size-gb",
+            str(l1_gb),
+            "--http-port",
+            str(http_port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     url = f"tcp://127.0.0.1:{port}"
     with Client(url, timeout=0.5) as c:
         for _ in range(200):
@@ -102,8 +116,12 @@ def bench_ping(url: str, iters: int) -> dict[str, float]:
             t0 = time.perf_counter()
             c.ping()
             lat.append(time.perf_counter() - t0)
-    return {"raw_p50_ms": pct(raw, 50) * 1e3, "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3,
-            "ratio": pct(lat, 50) / pct(raw, 50)}
+    return {
+        "raw_p50_ms": pct(raw, 50) * 1e3,
+        "p50_ms": pct(lat, 50) * 1e3,
+        "p99_ms": pct(lat, 99) * 1e3,
+        "ratio": pct(lat, 50) / pct(raw, 50),
+    }
 
 
 def bench_lookup(c: Client, ks: KeySpace, layout: LayoutDescriptor, n_tokens: int, iters: int) -> dict[str, float]:
@@ -111,8 +129,11 @@ def bench_lookup(c: Client, ks: KeySpace, layout: LayoutDescriptor, n_tokens: in
     packed = pack_tokens(tokens)
     # make every chunk present (tcp store of zero bytes) so the lookup walks the whole prefix
     zero = bytes(layout.object_bytes)
-    flows.store_and_commit(c.send, rq.Store(keyspace=ks.wire(), tokens=packed, rank=0, mode="tcp"),
-                           lambda _r, slots: ([zero] * len(slots), [kvsum64(zero)] * len(slots)))
+    flows.store_and_commit(
+        c.send,
+        rq.Store(keyspace=ks.wire(), tokens=packed, rank=0, mode="tcp"),
+        lambda _r, slots: ([zero] * len(slots), [kvsum64(zero)] * len(slots)),
+    )
     lat, wire = [], ks.wire()  # built once, as an engine does (kvconnector's EngineLink.keyspace_wire)
     for _ in range(iters):
         t0 = time.perf_counter()
@@ -122,8 +143,9 @@ def bench_lookup(c: Client, ks: KeySpace, layout: LayoutDescriptor, n_tokens: in
     return {"tokens": n_tokens, "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3}
 
 
-def bench_transfer(c: Client, ks: KeySpace, layout: LayoutDescriptor, arena: np.ndarray | None, mode: str,
-                   chunks: int, iters: int) -> dict[str, float]:
+def bench_transfer(
+    c: Client, ks: KeySpace, layout: LayoutDescriptor, arena: np.ndarray | None, mode: str, chunks: int, iters: int
+) -> dict[str, float]:
     size = layout.object_bytes
     src = np.random.default_rng(0).integers(0, 255, size * chunks, dtype=np.uint8)
     dst = np.zeros_like(src)
@@ -136,6 +158,7 @@ def bench_transfer(c: Client, ks: KeySpace, layout: LayoutDescriptor, arena: np.
         t0 = time.perf_counter()
         np.copyto(dst, src)
         copy_t.append(time.perf_counter() - t0)
+
         def fill(_reply: object, slots: list) -> tuple[list, list[int]]:
             if mode == "tcp":
                 frames = [src[s.chunk * size : (s.chunk + 1) * size] for s in slots]
@@ -165,17 +188,27 @@ def bench_transfer(c: Client, ks: KeySpace, layout: LayoutDescriptor, arena: np.
         t0 = time.perf_counter()
         session = Client.new_session()
         c.lookup(keyspace=ks.wire(), tokens=tokens, session=session, rank=0)
-        flows.read_leased(send, rq.Retrieve(session=session, rank=0, start_chunk=0, end_chunk=chunks, mode=mode),
-                          copy, prove=mode == "shm")
+        flows.read_leased(
+            send,
+            rq.Retrieve(session=session, rank=0, start_chunk=0, end_chunk=chunks, mode=mode),
+            copy,
+            prove=mode == "shm",
+        )
         retrieve_t.append(time.perf_counter() - t0)
         assert np.array_equal(dst, src)
         c.clear()
     nbytes = size * chunks
     gbps = lambda ts: nbytes / statistics.median(ts) / 1e9  # noqa: E731
     base = gbps(copy_t)
-    return {"mode": mode, "bytes": nbytes, "memcpy_gbps": base, "store_gbps": gbps(store_t),
-            "retrieve_gbps": gbps(retrieve_t), "store_ratio": gbps(store_t) / base,
-            "retrieve_ratio": gbps(retrieve_t) / base}
+    return {
+        "mode": mode,
+        "bytes": nbytes,
+        "memcpy_gbps": base,
+        "store_gbps": gbps(store_t),
+        "retrieve_gbps": gbps(retrieve_t),
+        "store_ratio": gbps(store_t) / base,
+        "retrieve_ratio": gbps(retrieve_t) / base,
+    }
 
 
 def main() -> None:
@@ -194,26 +227,39 @@ def main() -> None:
     results: dict[str, object] = {
         "runs": args.runs,
         "ping": {k: med([r["ping"] for r in runs], k) for k in runs[0]["ping"]},
-        "lookup": [{k: med([r["lookup"][i] for r in runs], k) for k in runs[0]["lookup"][i]}
-                   for i in range(len(runs[0]["lookup"]))],
-        "transfer": [{k: (runs[0]["transfer"][i][k] if k == "mode" else med([r["transfer"][i] for r in runs], k))
-                      for k in runs[0]["transfer"][i]} for i in range(len(runs[0]["transfer"]))],
+        "lookup": [
+            {k: med([r["lookup"][i] for r in runs], k) for k in runs[0]["lookup"][i]}
+            for i in range(len(runs[0]["lookup"]))
+        ],
+        "transfer": [
+            {
+                k: (runs[0]["transfer"][i][k] if k == "mode" else med([r["transfer"][i] for r in runs], k))
+                for k in runs[0]["transfer"][i]
+            }
+            for i in range(len(runs[0]["transfer"]))
+        ],
     }
     if args.json:
         print(json.dumps(results, indent=2))
         return
     p = results["ping"]
     print(f"medians of {args.runs} run(s)")
-    print(f"ping: p50 {p['p50_ms']:.3f} ms  p99 {p['p99_ms']:.3f} ms | raw pyzmq ROUTER/DEALER p50 "  # type: ignore[index]
-          f"{p['raw_p50_ms']:.3f} ms ({p['ratio']:.2f}x)")  # type: ignore[index]
+    print(
+        f"ping: p50 {p['p50_ms']:.3f} ms  p99 {p['p99_ms']:.3f} ms | raw pyzmq ROUTER/DEALER p50 "  # type: ignore[index]
+        f"{p['raw_p50_ms']:.3f} ms ({p['ratio']:.2f}x)"
+    )  # type: ignore[index]
     for i, row in enumerate(results["lookup"]):  # type: ignore[arg-type]
         each = sorted(r["lookup"][i]["p50_ms"] for r in runs)  # the spread between fresh servers
-        print(f"lookup {row['tokens']:>6.0f} tokens: p50 {row['p50_ms']:.3f} ms  p99 {row['p99_ms']:.3f} ms"
-              f"  (p50 of each run: {', '.join(f'{v:.3f}' for v in each)})")
+        print(
+            f"lookup {row['tokens']:>6.0f} tokens: p50 {row['p50_ms']:.3f} ms  p99 {row['p99_ms']:.3f} ms"
+            f"  (p50 of each run: {', '.join(f'{v:.3f}' for v in each)})"
+        )
     for row in results["transfer"]:  # type: ignore[union-attr]
-        print(f"{row['mode']}: {row['bytes'] / 2**20:.0f} MiB  memcpy baseline {row['memcpy_gbps']:.2f} GB/s | "
-              f"store {row['store_gbps']:.2f} GB/s ({row['store_ratio']:.0%}) | "
-              f"retrieve {row['retrieve_gbps']:.2f} GB/s ({row['retrieve_ratio']:.0%})")
+        print(
+            f"{row['mode']}: {row['bytes'] / 2**20:.0f} MiB  memcpy baseline {row['memcpy_gbps']:.2f} GB/s | "
+            f"store {row['store_gbps']:.2f} GB/s ({row['store_ratio']:.0%}) | "
+            f"retrieve {row['retrieve_gbps']:.2f} GB/s ({row['retrieve_ratio']:.0%})"
+        )
 
 
 def one_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -235,8 +281,9 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
             c.register_engine(model="bench", world_size=1, rank=0, groups=[rq.LayoutW(**small.to_wire())])
             ks_small = KeySpace.from_layouts("bench", 1, [small])
             results["lookup"] = [bench_lookup(c, ks_small, small, n, args.lookup_iters) for n in (4096, 32768)]
-            results["transfer"] = [bench_transfer(c, ks, layout, arena, m, args.chunks, args.iters)
-                                   for m in ("shm", "tcp")]
+            results["transfer"] = [
+                bench_transfer(c, ks, layout, arena, m, args.chunks, args.iters) for m in ("shm", "tcp")
+            ]
             del arena
             mm.close()
     finally:

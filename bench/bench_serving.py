@@ -48,26 +48,38 @@ import serving_repeats  # noqa: E402
 from serving_router import ROUTERS, KvRouter, KvScoreRouter, RoundRobin  # noqa: E402
 from vllm_harness import SHARED_CACHE_ENV, build_model  # noqa: E402
 
-MODEL = {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1408,
-         "vocab_size": wl.VOCAB}
+MODEL = {
+    "num_layers": 4,
+    "hidden_size": 512,
+    "num_heads": 8,
+    "num_kv_heads": 4,
+    "intermediate_size": 1408,
+    "vocab_size": wl.VOCAB,
+}
 MAX_MODEL_LEN = 4096
 SCALES: dict[str, dict[str, Any]] = {
-    "full": {"configs": "none,example,kvserver,kvserver-sync", "workloads": "chat,trace,noreuse",
-             "chat": dict(users=8, rounds=4, system_tokens=1024, user_tokens=192, max_tokens=24, think_s=2.0,
-                          stagger_s=1.0),
-             "trace": dict(conversations=24, block_tokens=32, duration_s=45.0, max_prompt=2048, max_tokens=24),
-             "noreuse": dict(requests=48, prompt_tokens=768, max_tokens=24, concurrency=4)},
-    "quick": {"configs": "none,kvserver", "workloads": "chat,trace,noreuse",
-              "chat": dict(users=4, rounds=3, system_tokens=768, user_tokens=128, max_tokens=16, think_s=1.0,
-                           stagger_s=0.5),
-              "trace": dict(conversations=6, block_tokens=32, duration_s=10.0, max_prompt=1536, max_tokens=16),
-              "noreuse": dict(requests=12, prompt_tokens=512, max_tokens=16, concurrency=4)},
-    "smoke": {"configs": "kvserver", "workloads": "chat",
-              # one user: round k runs on engine k mod 2, so engine 1 must load what engine 0 stored
-              "chat": dict(users=1, rounds=4, system_tokens=512, user_tokens=64, max_tokens=8, think_s=0.3,
-                           stagger_s=0.0),
-              "trace": dict(conversations=2, block_tokens=32, duration_s=5.0, max_prompt=1024, max_tokens=8),
-              "noreuse": dict(requests=4, prompt_tokens=256, max_tokens=8, concurrency=2)},
+    "full": {
+        "configs": "none,example,kvserver,kvserver-sync",
+        "workloads": "chat,trace,noreuse",
+        "chat": dict(users=8, rounds=4, system_tokens=1024, user_tokens=192, max_tokens=24, think_s=2.0, stagger_s=1.0),
+        "trace": dict(conversations=24, block_tokens=32, duration_s=45.0, max_prompt=2048, max_tokens=24),
+        "noreuse": dict(requests=48, prompt_tokens=768, max_tokens=24, concurrency=4),
+    },
+    "quick": {
+        "configs": "none,kvserver",
+        "workloads": "chat,trace,noreuse",
+        "chat": dict(users=4, rounds=3, system_tokens=768, user_tokens=128, max_tokens=16, think_s=1.0, stagger_s=0.5),
+        "trace": dict(conversations=6, block_tokens=32, duration_s=10.0, max_prompt=1536, max_tokens=16),
+        "noreuse": dict(requests=12, prompt_tokens=512, max_tokens=16, concurrency=4),
+    },
+    "smoke": {
+        "configs": "kvserver",
+        "workloads": "chat",
+        # one user: round k runs on engine k mod 2, so engine 1 must load what engine 0 stored
+        "chat": dict(users=1, rounds=4, system_tokens=512, user_tokens=64, max_tokens=8, think_s=0.3, stagger_s=0.0),
+        "trace": dict(conversations=2, block_tokens=32, duration_s=5.0, max_prompt=1024, max_tokens=8),
+        "noreuse": dict(requests=4, prompt_tokens=256, max_tokens=8, concurrency=2),
+    },
 }
 
 
@@ -109,12 +121,16 @@ def routing(records: list[RequestRecord], lookup_s: list[float]) -> dict[str, An
     landed on the engine that served its previous turn (where its history is cached)."""
     last = {(r.session, r.turn): r.engine for r in records}
     later = [r for r in records if r.turn > 0]
-    return {"via": {v: sum(1 for r in records if r.via == v) for v in sorted({r.via for r in records})},
-            "later_turns": len(later),
-            "later_turns_same_engine": sum(1 for r in later if last.get((r.session, r.turn - 1)) == r.engine),
-            "kv_routed_same_engine": all(last.get((r.session, r.turn - 1), r.engine) == r.engine
-                                         for r in later if r.via == "kv"),
-            "lookup_ms_p50": 1000 * pct(lookup_s, 50), "lookup_ms_p99": 1000 * pct(lookup_s, 99)}
+    return {
+        "via": {v: sum(1 for r in records if r.via == v) for v in sorted({r.via for r in records})},
+        "later_turns": len(later),
+        "later_turns_same_engine": sum(1 for r in later if last.get((r.session, r.turn - 1)) == r.engine),
+        "kv_routed_same_engine": all(
+            last.get((r.session, r.turn - 1), r.engine) == r.engine for r in later if r.via == "kv"
+        ),
+        "lookup_ms_p50": 1000 * pct(lookup_s, 50),
+        "lookup_ms_p99": 1000 * pct(lookup_s, 99),
+    }
 
 
 def summarise(records: list[RequestRecord], wall: float, m: dict[str, float]) -> dict[str, Any]:
@@ -123,12 +139,17 @@ def summarise(records: list[RequestRecord], wall: float, m: dict[str, float]) ->
     src = token_sources(records, m)
     parts = src["prefix_cache"] + src["kvserver_l1"] + src["kvserver_l2"] + src["other_external"] + src["recomputed"]
     return {
-        "requests": len(records), "wall_s": wall,
-        "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90), "ttft_p99_s": pct(ttft, 99),
-        "itl_p99_s": pct(itl, 99), "itl_p50_s": pct(itl, 50),
+        "requests": len(records),
+        "wall_s": wall,
+        "ttft_p50_s": pct(ttft, 50),
+        "ttft_p90_s": pct(ttft, 90),
+        "ttft_p99_s": pct(ttft, 99),
+        "itl_p99_s": pct(itl, 99),
+        "itl_p50_s": pct(itl, 50),
         "req_per_s": len(records) / wall if wall > 0 else float("nan"),
         "out_tok_per_s": sum(r.output_tokens for r in records) / wall if wall > 0 else float("nan"),
-        "sources": src, "sources_sum_ok": parts == src["prompt"],
+        "sources": src,
+        "sources_sum_ok": parts == src["prompt"],
         "cached_matches_metrics": src["cached_per_request"] == src["prompt"] - src["recomputed"],
         "kvserver": {k: m[k] for k in m if k.startswith("kvserver_")},
         "per_engine_requests": [sum(1 for r in records if r.engine == e) for e in sorted({r.engine for r in records})],
@@ -156,13 +177,15 @@ def settled(urls: list[str], poll_s: float = 0.2, timeout_s: float = 5.0) -> dic
 def warm_up(urls: list[str]) -> None:
     """One short request per engine (first-call costs stay out of the measurement); unique tokens."""
     rng = random.Random(99)
-    w = wl.Workload("warmup", [wl.Session(0.0, [wl.Turn(wl.tokens(128, rng), 4, extend=False)])
-                               for _ in urls], concurrency=1)
+    w = wl.Workload(
+        "warmup", [wl.Session(0.0, [wl.Turn(wl.tokens(128, rng), 4, extend=False)]) for _ in urls], concurrency=1
+    )
     asyncio.run(run_workload(RoundRobin(urls), w, lambda: None))
 
 
-async def _routed(make: Callable[[], RoundRobin], w: wl.Workload,
-                  tick: Callable[[], None]) -> tuple[list[RequestRecord], float, list[float]]:
+async def _routed(
+    make: Callable[[], RoundRobin], w: wl.Workload, tick: Callable[[], None]
+) -> tuple[list[RequestRecord], float, list[float]]:
     """One workload through a fresh router (made inside the event loop, which its HTTP session needs)."""
     router = make()
     try:
@@ -181,17 +204,25 @@ def router_factory(router: str, dep: eng.Deployment, decode_tokens: int) -> Call
     coord, model = dep.coordinator, dep.coordinator.key_model(len(dep.kvservers))
     kvservers = [k.url for k in dep.kvservers]
     if router == "kvscore":
-        return lambda: KvScoreRouter(urls, coord.url, kvservers, model, decode_tokens=decode_tokens,
-                                     token=coord.token)
+        return lambda: KvScoreRouter(urls, coord.url, kvservers, model, decode_tokens=decode_tokens, token=coord.token)
     return lambda: KvRouter(urls, coord.url, kvservers, model, token=coord.token)
 
 
-def run_config(config: str, router: str, model: Path, workloads: dict[str, wl.Workload],
-               args: argparse.Namespace, work: Path, progress: Progress, bar: Any) -> dict[str, Any]:
+def run_config(
+    config: str,
+    router: str,
+    model: Path,
+    workloads: dict[str, wl.Workload],
+    args: argparse.Namespace,
+    work: Path,
+    progress: Progress,
+    bar: Any,
+) -> dict[str, Any]:
     label = config if router == "rr" else f"{config}+{router}"
     progress.update(bar, description=f"[{label}] starting {args.engines} engines")
-    dep = eng.start(config, model, args.engines, MAX_MODEL_LEN, work / label, kvserver_gb=args.kvserver_gb,
-                    topology=args.topology)
+    dep = eng.start(
+        config, model, args.engines, MAX_MODEL_LEN, work / label, kvserver_gb=args.kvserver_gb, topology=args.topology
+    )
     out: dict[str, Any] = {"startup_s": dep.started_s, "router": router, "workloads": {}}
     try:
         urls = [e.url for e in dep.engines]
@@ -231,39 +262,52 @@ def report(results: dict[str, Any], console: Console) -> None:
     for name in results["workloads"]:
         base = results["configs"].get("none", {}).get("workloads", {}).get(name) if "none" in configs else None
         console.print(f"\n### {name} ({results['workload_sizes'][name]} requests)\n")
-        console.print("| configuration | TTFT p50 s | p90 s | p99 s | ITL p99 ms | req/s | req/s vs none "
-                      "| TTFT p50 vs none | CPU ms/req (kvserver's) | CPU vs none | host load (1 min) |")
+        console.print(
+            "| configuration | TTFT p50 s | p90 s | p99 s | ITL p99 ms | req/s | req/s vs none "
+            "| TTFT p50 vs none | CPU ms/req (kvserver's) | CPU vs none | host load (1 min) |"
+        )
         console.print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for c in configs:
             r = results["configs"][c]["workloads"][name]
             cpu = r.get("cpu_ms_per_req", 0.0)
             mine = 1000 * r.get("cpu_s", {}).get("kvserver", 0.0) / max(1, r["requests"])
-            console.print(f"| {c} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['ttft_p99_s']:.3f} | "
-                          f"{1000 * r['itl_p99_s']:.1f} | {r['req_per_s']:.3f} | "
-                          f"{_ratio(r['req_per_s'], base and base['req_per_s'])} | "
-                          f"{_ratio(r['ttft_p50_s'], base and base['ttft_p50_s'])} | {cpu:.0f} ({mine:.0f}) | "
-                          f"{_ratio(cpu, base and base.get('cpu_ms_per_req'))} | {r.get('loadavg_1m', 0):.1f} |")
-        console.print("\n| configuration | prompt tokens | vLLM prefix cache | kvserver L1 | kvserver L2 "
-                      "| other connector | recomputed | sums exactly |")
+            console.print(
+                f"| {c} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['ttft_p99_s']:.3f} | "
+                f"{1000 * r['itl_p99_s']:.1f} | {r['req_per_s']:.3f} | "
+                f"{_ratio(r['req_per_s'], base and base['req_per_s'])} | "
+                f"{_ratio(r['ttft_p50_s'], base and base['ttft_p50_s'])} | {cpu:.0f} ({mine:.0f}) | "
+                f"{_ratio(cpu, base and base.get('cpu_ms_per_req'))} | {r.get('loadavg_1m', 0):.1f} |"
+            )
+        console.print(
+            "\n| configuration | prompt tokens | vLLM prefix cache | kvserver L1 | kvserver L2 "
+            "| other connector | recomputed | sums exactly |"
+        )
         console.print("|---|---:|---:|---:|---:|---:|---:|---|")
         for c in configs:
             r = results["configs"][c]["workloads"][name]
             s = r["sources"]
             p = max(1, s["prompt"])
-            cells = [f"{s[k]} ({100 * s[k] / p:.0f}%)" for k in
-                     ("prefix_cache", "kvserver_l1", "kvserver_l2", "other_external", "recomputed")]
-            console.print(f"| {c} | {s['prompt']} | " + " | ".join(cells) +
-                          f" | {'yes' if r['sources_sum_ok'] else 'NO'} |")
+            cells = [
+                f"{s[k]} ({100 * s[k] / p:.0f}%)"
+                for k in ("prefix_cache", "kvserver_l1", "kvserver_l2", "other_external", "recomputed")
+            ]
+            console.print(
+                f"| {c} | {s['prompt']} | " + " | ".join(cells) + f" | {'yes' if r['sources_sum_ok'] else 'NO'} |"
+            )
         routed = [c for c in configs if results["configs"][c]["router"] != "rr"]
         if routed:
-            console.print("\n| configuration | routed by coordinator | fell back: no hit | fell back: error/timeout "
-                          "| later turns on their previous engine | lookup p50 ms | p99 ms |")
+            console.print(
+                "\n| configuration | routed by coordinator | fell back: no hit | fell back: error/timeout "
+                "| later turns on their previous engine | lookup p50 ms | p99 ms |"
+            )
             console.print("|---|---:|---:|---:|---:|---:|---:|")
         for c in routed:
             g = results["configs"][c]["workloads"][name]["routing"]
-            console.print(f"| {c} | {g['via'].get('kv', 0)} | {g['via'].get('kv-miss', 0)} | "
-                          f"{g['via'].get('kv-error', 0)} | {g['later_turns_same_engine']}/{g['later_turns']} | "
-                          f"{g['lookup_ms_p50']:.1f} | {g['lookup_ms_p99']:.1f} |")
+            console.print(
+                f"| {c} | {g['via'].get('kv', 0)} | {g['via'].get('kv-miss', 0)} | "
+                f"{g['via'].get('kv-error', 0)} | {g['later_turns_same_engine']}/{g['later_turns']} | "
+                f"{g['lookup_ms_p50']:.1f} | {g['lookup_ms_p99']:.1f} |"
+            )
 
 
 def main() -> int:
@@ -274,21 +318,37 @@ def main() -> int:
     ap.add_argument("--configs", default=None, help=f"comma list of {','.join(eng.CONFIGS)}")
     ap.add_argument("--workloads", default=None, help="comma list of chat,trace,noreuse")
     ap.add_argument("--engines", type=int, default=2)
-    ap.add_argument("--routers", default="rr", help="comma list of rr (round robin), kv (the coordinator's best "
-                    "instance), kvscore (its hint weighed against load; kv and kvscore need --topology "
-                    "per-engine); each runs every configuration on fresh engines")
-    ap.add_argument("--kv-decode-tokens", type=int, default=32,
-                    help="kvscore: a decoding request on an engine delays a new prefill there by this many tokens")
-    ap.add_argument("--topology", choices=eng.TOPOLOGIES, default="shared",
-                    help="KVServerConnector configurations: one kvserver for all engines, or one per engine "
-                         "registered with a coordinator")
+    ap.add_argument(
+        "--routers",
+        default="rr",
+        help="comma list of rr (round robin), kv (the coordinator's best "
+        "instance), kvscore (its hint weighed against load; kv and kvscore need --topology "
+        "per-engine); each runs every configuration on fresh engines",
+    )
+    ap.add_argument(
+        "--kv-decode-tokens",
+        type=int,
+        default=32,
+        help="kvscore: a decoding request on an engine delays a new prefill there by this many tokens",
+    )
+    ap.add_argument(
+        "--topology",
+        choices=eng.TOPOLOGIES,
+        default="shared",
+        help="KVServerConnector configurations: one kvserver for all engines, or one per engine "
+        "registered with a coordinator",
+    )
     ap.add_argument("--kvserver-gb", type=float, default=1.0, help="kvserver L1 size")
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake-format trace (default: the shared one)")
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse/build the bench model here")
     ap.add_argument("--json", type=Path, default=None, help="also write all results here")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="run every configuration this many times, in alternating rounds on fresh engines; "
-                         "the report adds each figure's median ratio against none (the tables show round 1)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run every configuration this many times, in alternating rounds on fresh engines; "
+        "the report adds each figure's median ratio against none (the tables show round 1)",
+    )
     args = ap.parse_args()
     scale_name = "smoke" if args.smoke else "quick" if args.quick else "full"
     scale = SCALES[scale_name]
@@ -299,8 +359,9 @@ def main() -> int:
     routers = args.routers.split(",")
     if set(routers) - set(ROUTERS):
         ap.error(f"unknown routers {sorted(set(routers) - set(ROUTERS))}")
-    if set(routers) & {"kv", "kvscore"} and (args.topology != "per-engine"
-                            or any(eng.CONFIGS[c][0] != "KVServerConnector" for c in configs)):
+    if set(routers) & {"kv", "kvscore"} and (
+        args.topology != "per-engine" or any(eng.CONFIGS[c][0] != "KVServerConnector" for c in configs)
+    ):
         ap.error("--routers kv/kvscore need --topology per-engine and only KVServerConnector configurations")
     runs = [(c, r) for c in configs for r in routers]
     labels = [c if r == "rr" else f"{c}+{r}" for c, r in runs]
@@ -309,10 +370,17 @@ def main() -> int:
     console = Console(stderr=True)
     out = Console(width=250, soft_wrap=True, highlight=False)
     t_all = time.perf_counter()
-    results: dict[str, Any] = {"mode": scale_name, "engines": args.engines, "model": MODEL, "configs": {},
-                               "topology": args.topology, "routers": routers,
-                               "workloads": names, "workload_sizes": {n: w.n_requests for n, w in workloads.items()},
-                               "scale": {n: scale[n] for n in names}}
+    results: dict[str, Any] = {
+        "mode": scale_name,
+        "engines": args.engines,
+        "model": MODEL,
+        "configs": {},
+        "topology": args.topology,
+        "routers": routers,
+        "workloads": names,
+        "workload_sizes": {n: w.n_requests for n, w in workloads.items()},
+        "scale": {n: scale[n] for n in names},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp_s:
         tmp = Path(tmp_s)
         # one VLLM_CACHE_ROOT for every engine of the run: vLLM inspects the model class once, not
@@ -320,8 +388,9 @@ def main() -> int:
         os.environ.setdefault(SHARED_CACHE_ENV, str(tmp / "vllm-cache"))
         model = build_model(args.model_dir or tmp / "model", MODEL)
         total = args.repeats * len(runs) * sum(w.n_requests for w in workloads.values())
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as progress:
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as progress:
             bar = progress.add_task("starting", total=total)
             rounds: list[dict[str, Any]] = []
             for rnd in range(args.repeats):
@@ -334,14 +403,20 @@ def main() -> int:
                     rounds[-1][label] = serving_repeats.compact(w)
                     if "error" in w:
                         continue
-                    console.log(f"{label}: engines up in {w['startup_s']:.0f}s; " + ", ".join(
-                        f"{n} {r['req_per_s']:.2f} req/s TTFT p50 {r['ttft_p50_s']:.3f}s"
-                        for n, r in w["workloads"].items()))
+                    console.log(
+                        f"{label}: engines up in {w['startup_s']:.0f}s; "
+                        + ", ".join(
+                            f"{n} {r['req_per_s']:.2f} req/s TTFT p50 {r['ttft_p50_s']:.3f}s"
+                            for n, r in w["workloads"].items()
+                        )
+                    )
             results["rounds"] = rounds
     results["total_s"] = time.perf_counter() - t_all
-    out.print(f"\nbench_serving --{scale_name}: {args.engines} engines, routers {args.routers}, "
-              f"topology {args.topology}, model {MODEL}, "
-              f"total {results['total_s']:.0f}s")
+    out.print(
+        f"\nbench_serving --{scale_name}: {args.engines} engines, routers {args.routers}, "
+        f"topology {args.topology}, model {MODEL}, "
+        f"total {results['total_s']:.0f}s"
+    )
     report(results, out)
     if args.repeats > 1:
         serving_repeats.report(results["rounds"], labels, names, out)
@@ -349,8 +424,10 @@ def main() -> int:
     if "none" in ok and "noreuse" in names:
         for c in ok:
             r = serving_repeats.ratios(results["rounds"], c, "noreuse", "req_per_s")
-            out.print(f"no-reuse throughput {c} / none: {serving_repeats.span(r, '.3f')}"
-                      + (f" (median of {len(r)} rounds)" if len(r) > 1 else ""))
+            out.print(
+                f"no-reuse throughput {c} / none: {serving_repeats.span(r, '.3f')}"
+                + (f" (median of {len(r)} rounds)" if len(r) > 1 else "")
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     bad = [(c, n) for c in labels for n, r in results["configs"][c]["workloads"].items() if not r["sources_sum_ok"]]

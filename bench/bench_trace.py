@@ -30,8 +30,16 @@ from pathlib import Path
 
 from kvserver.eviction import POLICIES
 from kvserver.tracebounds import FEATURES, calibrated
-from kvserver.tracesim import (BLOCK_TOKENS, OBJECT_BYTES, Request, belady, load_trace, plain_lru, simulate,
-                               unique_blocks)
+from kvserver.tracesim import (
+    BLOCK_TOKENS,
+    OBJECT_BYTES,
+    Request,
+    belady,
+    load_trace,
+    plain_lru,
+    simulate,
+    unique_blocks,
+)
 
 NAME = "mooncake_conversation_trace.jsonl"
 FRACTIONS = [0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0]
@@ -85,8 +93,9 @@ def bounds(path: Path, limit: int | None, fractions: list[float], passes: int, j
     return "\n".join(lines)
 
 
-def curves(path: Path, limit: int | None, fractions: list[float], policies: list[str],
-           jobs: int) -> tuple[int, dict[str, dict[float, float]]]:
+def curves(
+    path: Path, limit: int | None, fractions: list[float], policies: list[str], jobs: int
+) -> tuple[int, dict[str, dict[float, float]]]:
     trace = load_trace(path, limit)
     unique = unique_blocks(trace)
     caps = {f: max(1, round(unique * f)) for f in fractions}
@@ -101,8 +110,10 @@ def curves(path: Path, limit: int | None, fractions: list[float], policies: list
 
 def table(unique: int, res: dict[str, dict[float, float]], fractions: list[float]) -> str:
     names = list(res)
-    lines = ["| capacity (% of unique blocks) | blocks | " + " | ".join(names) + " |",
-             "|---:|---:|" + "---:|" * len(names)]
+    lines = [
+        "| capacity (% of unique blocks) | blocks | " + " | ".join(names) + " |",
+        "|---:|---:|" + "---:|" * len(names),
+    ]
     for f in fractions:
         row = [f"{100 * f:g}%", str(max(1, round(unique * f)))]
         row += [f"{100 * res[n][f]:.1f}" for n in names]
@@ -127,8 +138,14 @@ def plot(res: dict[str, dict[float, float]], fractions: list[float], out: Path, 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for name, series in res.items():
         style = {"optimal": dict(color="black", linestyle="--"), "plain-lru": dict(color="grey", linestyle=":")}
-        ax.plot([100 * f for f in fractions], [100 * series[f] for f in fractions], marker="o", markersize=3,
-                label=name, **style.get(name, {}))
+        ax.plot(
+            [100 * f for f in fractions],
+            [100 * series[f] for f in fractions],
+            marker="o",
+            markersize=3,
+            label=name,
+            **style.get(name, {}),
+        )
     ax.set_xscale("log")
     ax.set_xlabel("L1 capacity, % of the trace's unique 512-token blocks (log)")
     ax.set_ylabel("token hit rate, %")
@@ -164,9 +181,28 @@ def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tu
     gb = capacity_blocks * OBJECT_BYTES / (1 << 30)
     token = secrets.token_hex(16)  # every op but ping needs one
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.Popen([str(exe), "start", "--port", str(port), "--l1-size-gb", repr(gb), "--http-port", "0",
-                                 "--chunk-size", str(BLOCK_TOKENS), "--eviction-policy", policy,
-                                 "--api-token", token, "--log-level", "warning"], stdout=subprocess.DEVNULL, cwd=tmp)
+        proc = subprocess.Popen(
+            [
+                str(exe),
+                "start",
+                "--port",
+                str(port),
+                "--l1-size-gb",
+                repr(gb),
+                "--http-port",
+                "0",
+                "--chunk-size",
+                str(BLOCK_TOKENS),
+                "--eviction-policy",
+                policy,
+                "--api-token",
+                token,
+                "--log-level",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            cwd=tmp,
+        )
         try:
             with Client(f"tcp://127.0.0.1:{port}", timeout=5.0, token=token) as c:
                 for _ in range(100):
@@ -189,8 +225,9 @@ def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tu
                     if hit == len(req.blocks):
                         continue
                     req_store = rq.Store(keyspace=ks, tokens=toks, rank=0, mode="tcp", start_chunk=hit)
-                    flows.store_and_commit(c.send, req_store,
-                                           lambda _r, slots: ([zero] * len(slots), [zero_sum] * len(slots)))
+                    flows.store_and_commit(
+                        c.send, req_store, lambda _r, slots: ([zero] * len(slots), [zero_sum] * len(slots))
+                    )
         finally:
             proc.terminate()
             proc.wait(10)
@@ -208,8 +245,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the raw results as JSON")
     ap.add_argument("--server", action="store_true", help="confirm the simulation against a real kvserver")
     ap.add_argument("--server-fractions", default="0.02,0.1")
-    ap.add_argument("--bounds", default=None, metavar="FRACTIONS",
-                    help="instead of the table: lhd calibrated on the whole trace in advance, at these capacities")
+    ap.add_argument(
+        "--bounds",
+        default=None,
+        metavar="FRACTIONS",
+        help="instead of the table: lhd calibrated on the whole trace in advance, at these capacities",
+    )
     ap.add_argument("--passes", type=int, default=2, help="calibrated replays per capacity (--bounds)")
     args = ap.parse_args()
     path = args.trace or default_trace()
@@ -233,13 +274,16 @@ def main() -> None:
         return
     t0 = time.monotonic()
     unique, res = curves(path, args.limit, fractions, policies, args.jobs)
-    print(f"{path.name}: {unique} unique full blocks; token hit rate, % of all input tokens "
-          f"({time.monotonic() - t0:.0f} s)\n")
+    print(
+        f"{path.name}: {unique} unique full blocks; token hit rate, % of all input tokens "
+        f"({time.monotonic() - t0:.0f} s)\n"
+    )
     print(table(unique, res, fractions))
     f = half_point(res, fractions)
-    print(f"\nplain LRU first reaches half of optimal at {100 * f:g}% capacity: optimal {100 * res['optimal'][f]:.1f}, "
-          f"plain LRU {100 * res['plain-lru'][f]:.1f}, " +
-          ", ".join(f"{p} {100 * res[p][f]:.1f}" for p in policies))
+    print(
+        f"\nplain LRU first reaches half of optimal at {100 * f:g}% capacity: optimal {100 * res['optimal'][f]:.1f}, "
+        f"plain LRU {100 * res['plain-lru'][f]:.1f}, " + ", ".join(f"{p} {100 * res[p][f]:.1f}" for p in policies)
+    )
     if args.json:
         args.json.write_text(json.dumps({"unique_blocks": unique, "results": res}, indent=1))
     if args.png:

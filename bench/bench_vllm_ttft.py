@@ -41,39 +41,64 @@ BLOCK_SIZE = 64
 CONFIGS = ("none", "example", "offload", "kvserver")
 
 
-def _ttft_engine(model: Path, prompts: list[list[int]], kv: dict[str, Any] | None, max_len: int,
-                 env: dict[str, str] | None = None, llm_kwargs: dict[str, Any] | None = None) -> EngineRun:
+def _ttft_engine(
+    model: Path,
+    prompts: list[list[int]],
+    kv: dict[str, Any] | None,
+    max_len: int,
+    env: dict[str, str] | None = None,
+    llm_kwargs: dict[str, Any] | None = None,
+) -> EngineRun:
     """One engine: a short warm-up request, then each prompt in its own generate call (max_tokens=1)."""
     warm = random_prompt(64, seed=999)
     batches = [[prompt(warm)]] + [[prompt(p)] for p in prompts]
-    return run_engine(model, batches, max_tokens=1, block_size=BLOCK_SIZE, max_model_len=max_len,
-                      kv_transfer_config=kv, env=env, llm_kwargs=llm_kwargs, timeout=1200)
+    return run_engine(
+        model,
+        batches,
+        max_tokens=1,
+        block_size=BLOCK_SIZE,
+        max_model_len=max_len,
+        kv_transfer_config=kv,
+        env=env,
+        llm_kwargs=llm_kwargs,
+        timeout=1200,
+    )
 
 
 def bench_none(model: Path, p: list[int], max_len: int) -> dict[str, Any]:
     run = _ttft_engine(model, [p, p], None, max_len)
     b = run.batches
-    return {"recompute_s": b[1].wall_s, "prefix_cache_s": b[2].wall_s,
-            "prefix_cached_tokens": b[2].requests[0].num_cached_tokens, "init_s": run.init_s,
-            "tokens": [b[1].requests[0].token_ids, b[2].requests[0].token_ids]}
+    return {
+        "recompute_s": b[1].wall_s,
+        "prefix_cache_s": b[2].wall_s,
+        "prefix_cached_tokens": b[2].requests[0].num_cached_tokens,
+        "init_s": run.init_s,
+        "tokens": [b[1].requests[0].token_ids, b[2].requests[0].token_ids],
+    }
 
 
 def bench_example(model: Path, p: list[int], max_len: int, tmp: Path) -> dict[str, Any]:
     store = tmp / "example-connector"
     store.mkdir(parents=True)
-    kv = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-          "kv_connector_extra_config": {"shared_storage_path": str(store)}}
+    kv = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(store)},
+    }
     a = _ttft_engine(model, [p], kv, max_len)
     b = _ttft_engine(model, [p], kv, max_len)
     disk = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
-    return {"store_s": a.batches[1].wall_s, "hit_s": b.batches[1].wall_s,
-            "hit_cached_tokens": b.batches[1].requests[0].num_cached_tokens, "disk_bytes": disk,
-            "tokens": [a.batches[1].requests[0].token_ids, b.batches[1].requests[0].token_ids]}
+    return {
+        "store_s": a.batches[1].wall_s,
+        "hit_s": b.batches[1].wall_s,
+        "hit_cached_tokens": b.batches[1].requests[0].num_cached_tokens,
+        "disk_bytes": disk,
+        "tokens": [a.batches[1].requests[0].token_ids, b.batches[1].requests[0].token_ids],
+    }
 
 
 def _last_error(log: str) -> str:
-    lines = [ln.split("]: ", 1)[-1].strip() for ln in log.splitlines()
-             if "Error:" in ln or "Exception:" in ln]
+    lines = [ln.split("]: ", 1)[-1].strip() for ln in log.splitlines() if "Error:" in ln or "Exception:" in ln]
     return lines[-1] if lines else log.strip().splitlines()[-1]
 
 
@@ -81,8 +106,7 @@ def bench_offload(model: Path, p: list[int], max_len: int) -> dict[str, Any]:
     """vLLM's two CPU-offloading connectors; on the CPU backend both refuse to start (GPU only)."""
     out: dict[str, Any] = {}
     for name in ("OffloadingConnector", "SimpleCPUOffloadConnector"):
-        kv = {"kv_connector": name, "kv_role": "kv_both",
-              "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30}}
+        kv = {"kv_connector": name, "kv_role": "kv_both", "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30}}
         try:
             run = _ttft_engine(model, [p, p], kv, max_len)
         except EngineRunError as exc:
@@ -95,21 +119,30 @@ def bench_offload(model: Path, p: list[int], max_len: int) -> dict[str, Any]:
 def bench_kvserver(model: Path, p: list[int], max_len: int, tmp: Path) -> dict[str, Any]:
     if not KVSERVER_BIN.exists():
         return {"skipped": f"{KVSERVER_BIN} missing (run `uv sync`)"}
-    probe = subprocess.run([str(VLLM_PYTHON), "-c", "import kvconnector.vllm.connector"], capture_output=True,
-                           text=True)
+    probe = subprocess.run(
+        [str(VLLM_PYTHON), "-c", "import kvconnector.vllm.connector"], capture_output=True, text=True
+    )
     if probe.returncode != 0:
         return {"skipped": f"kvconnector.vllm not importable: {probe.stderr.strip().splitlines()[-1:]}"}
     server = KVServer(tmp / "kvserver.log", "--l1-size-gb", "2").start()
     try:
-        kv = {"kv_connector": "KVServerConnector", "kv_connector_module_path": "kvconnector.vllm",
-              "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-              "kv_connector_extra_config": {"kvserver_url": server.url, "mode": "auto"}}
+        kv = {
+            "kv_connector": "KVServerConnector",
+            "kv_connector_module_path": "kvconnector.vllm",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"kvserver_url": server.url, "mode": "auto"},
+        }
         a = _ttft_engine(model, [p], kv, max_len)
         b = _ttft_engine(model, [p], kv, max_len)
         rb = b.batches[1].requests[0]
-        return {"store_s": a.batches[1].wall_s, "hit_s": b.batches[1].wall_s,
-                "hit_cached_tokens": rb.num_cached_tokens, "loaded_tokens": rb.connector_loaded_tokens,
-                "tokens": [a.batches[1].requests[0].token_ids, rb.token_ids]}
+        return {
+            "store_s": a.batches[1].wall_s,
+            "hit_s": b.batches[1].wall_s,
+            "hit_cached_tokens": rb.num_cached_tokens,
+            "loaded_tokens": rb.connector_loaded_tokens,
+            "tokens": [a.batches[1].requests[0].token_ids, rb.token_ids],
+        }
     finally:
         server.stop()
 
@@ -120,8 +153,9 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse/build the bench model here")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run every configuration this many times; the table shows medians")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="run every configuration this many times; the table shows medians"
+    )
     args = ap.parse_args()
     configs = [c for c in args.configs.split(",") if c]
     unknown = set(configs) - set(CONFIGS)
@@ -132,8 +166,11 @@ def main() -> int:
         tmp = Path(tmp_s)
         t = time.perf_counter()
         model = build_llama(args.model_dir or tmp / "model", BENCH)
-        print(f"model: {BENCH} ({BENCH.kv_bytes_per_token_fp32 // 1024} KiB KV/token), "
-              f"built in {time.perf_counter() - t:.1f}s", flush=True)
+        print(
+            f"model: {BENCH} ({BENCH.kv_bytes_per_token_fp32 // 1024} KiB KV/token), "
+            f"built in {time.perf_counter() - t:.1f}s",
+            flush=True,
+        )
         p = random_prompt(args.prompt_len, seed=7, vocab_size=BENCH.vocab_size)
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
         for rep in range(args.repeat):
@@ -176,8 +213,13 @@ def _report(results: dict[str, Any], n: int) -> None:
     if "example" in results:
         r = results["example"]
         rows.append(("ExampleConnector store (engine A)", r["store_s"], ""))
-        rows.append(("ExampleConnector hit (new engine B)", r["hit_s"],
-                     f"cached {r['hit_cached_tokens']}, {r['disk_bytes'] / 2**20:.0f} MiB on disk"))
+        rows.append(
+            (
+                "ExampleConnector hit (new engine B)",
+                r["hit_s"],
+                f"cached {r['hit_cached_tokens']}, {r['disk_bytes'] / 2**20:.0f} MiB on disk",
+            )
+        )
     for name, r in results.get("offload", {}).items():
         if r["runs"]:
             rows.append((f"{name} (same engine, 2nd)", r["second_s"], ""))
@@ -189,8 +231,13 @@ def _report(results: dict[str, Any], n: int) -> None:
             rows.append(("KVServerConnector", None, "skipped: " + r["skipped"][:150]))
         else:
             rows.append(("KVServerConnector store (engine A)", r["store_s"], ""))
-            rows.append(("KVServerConnector hit (new engine B)", r["hit_s"],
-                         f"cached {r['hit_cached_tokens']}, loaded {r['loaded_tokens']}"))
+            rows.append(
+                (
+                    "KVServerConnector hit (new engine B)",
+                    r["hit_s"],
+                    f"cached {r['hit_cached_tokens']}, loaded {r['loaded_tokens']}",
+                )
+            )
     print(f"\nTTFT, {n}-token prompt, fp32 Llama {BENCH.num_layers}x{BENCH.hidden_size} on CPU")
     print(f"{'configuration':<42} {'TTFT s':>8} {'vs recompute':>13}  note")
     for name, secs, note in rows:

@@ -29,9 +29,17 @@ def make_model(layers: int = 8, seed: int = 0) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                      rope_theta=10000.0, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(cfg).float()
 
 
@@ -76,8 +84,9 @@ def training_sequence(rng: np.random.Generator, length: int, topics: list[Topic]
     return seq[:length]
 
 
-def train(model: torch.nn.Module, steps: int, seq_len: int = 512, batch: int = 6, seed: int = 1,
-          log_every: int = 25) -> list[tuple[int, float]]:
+def train(
+    model: torch.nn.Module, steps: int, seq_len: int = 512, batch: int = 6, seed: int = 1, log_every: int = 25
+) -> list[tuple[int, float]]:
     """A few hundred AdamW steps; returns (step, loss) points."""
     rng = np.random.default_rng(seed)
     topics = Topic.all()

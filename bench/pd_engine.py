@@ -24,10 +24,17 @@ def main() -> None:
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams
 
-    kwargs: dict[str, Any] = dict(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True,
-                                  distributed_executor_backend="uni", max_model_len=spec.get("max_model_len", 2048),
-                                  block_size=spec.get("block_size", 32), dtype="float32", seed=0,
-                                  disable_log_stats=False)
+    kwargs: dict[str, Any] = dict(
+        model=spec["model"],
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        distributed_executor_backend="uni",
+        max_model_len=spec.get("max_model_len", 2048),
+        block_size=spec.get("block_size", 32),
+        dtype="float32",
+        seed=0,
+        disable_log_stats=False,
+    )
     if spec.get("kv_transfer_config"):
         kwargs["kv_transfer_config"] = spec["kv_transfer_config"]
     llm = LLM(**kwargs)
@@ -59,8 +66,14 @@ def main() -> None:
         outs = llm.generate([{"prompt_token_ids": p} for p in req["prompts"]], params, use_tqdm=False)
         wall = time.perf_counter() - t
         drain(llm)  # the producer's background saves end (and are counted) before the answer
-        reqs = [{"token_ids": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens,
-                 "ttft_s": float(getattr(o.metrics, "first_token_latency", 0.0) or 0.0)} for o in outs]
+        reqs = [
+            {
+                "token_ids": list(o.outputs[0].token_ids),
+                "num_cached_tokens": o.num_cached_tokens,
+                "ttft_s": float(getattr(o.metrics, "first_token_latency", 0.0) or 0.0),
+            }
+            for o in outs
+        ]
         out.write(json.dumps({"wall_s": wall, "requests": reqs}) + "\n")
         out.flush()
 

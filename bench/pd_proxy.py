@@ -32,21 +32,39 @@ ENGINE_SCRIPT = Path(__file__).resolve().parent / "pd_engine.py"
 
 def kv_config(url: str, role: str, chunk_size: int = 256, **extra: Any) -> dict[str, Any]:
     """kv_transfer_config of one engine of the pair (role: kv_producer, kv_consumer or kv_both)."""
-    return {"kv_connector": "KVServerConnector", "kv_connector_module_path": "kvconnector.vllm", "kv_role": role,
-            "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"kvserver_url": url, "chunk_size": chunk_size, **extra}}
+    return {
+        "kv_connector": "KVServerConnector",
+        "kv_connector_module_path": "kvconnector.vllm",
+        "kv_role": role,
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"kvserver_url": url, "chunk_size": chunk_size, **extra},
+    }
 
 
 class Engine:
     """One pd_engine.py process; generate() sends a batch and waits for its answer."""
 
-    def __init__(self, python: Path | str, model: Path, kv: dict[str, Any] | None, env: dict[str, str],
-                 log_path: Path, block_size: int = 32, max_model_len: int = 2048, timeout: float = 600) -> None:
-        spec = {"model": str(model), "block_size": block_size, "max_model_len": max_model_len,
-                "kv_transfer_config": kv}
+    def __init__(
+        self,
+        python: Path | str,
+        model: Path,
+        kv: dict[str, Any] | None,
+        env: dict[str, str],
+        log_path: Path,
+        block_size: int = 32,
+        max_model_len: int = 2048,
+        timeout: float = 600,
+    ) -> None:
+        spec = {"model": str(model), "block_size": block_size, "max_model_len": max_model_len, "kv_transfer_config": kv}
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen([str(python), str(ENGINE_SCRIPT), json.dumps(spec)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [str(python), str(ENGINE_SCRIPT), json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=env,
+        )
         self.timeout = timeout
         self.init_s = float(self._read()["init_s"])
 
@@ -81,8 +99,9 @@ class Engine:
         self._log.close()
 
 
-def run_pd(prefill: Engine, decode: Engine, prompts: list[list[int]], max_tokens: int,
-           micro_batch: int = 0) -> dict[str, Any]:
+def run_pd(
+    prefill: Engine, decode: Engine, prompts: list[list[int]], max_tokens: int, micro_batch: int = 0
+) -> dict[str, Any]:
     """Every request through prefill (max_tokens=1) and then decode; micro-batches pipeline the two.
 
     A request's TTFT: from the batch's start until its prefill answered, plus the decode engine's
@@ -119,15 +138,27 @@ def run_single(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dic
 
 def summary(run: dict[str, Any], max_tokens: int) -> dict[str, float]:
     ttft = [r["ttft_s"] for r in run["requests"]]
-    return {"ttft_mean_s": statistics.mean(ttft), "ttft_p50_s": statistics.median(ttft),
-            "wall_s": run["wall_s"], "tokens_per_s": len(ttft) * max_tokens / run["wall_s"]}
+    return {
+        "ttft_mean_s": statistics.mean(ttft),
+        "ttft_p50_s": statistics.median(ttft),
+        "wall_s": run["wall_s"],
+        "tokens_per_s": len(ttft) * max_tokens / run["wall_s"],
+    }
 
 
 def engine_env(cache_root: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                "VLLM_CACHE_ROOT": str(cache_root), "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1", "PYTHONHASHSEED": "0"})
+    env.update(
+        {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_CACHE_ROOT": str(cache_root),
+            "VLLM_NO_USAGE_STATS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONHASHSEED": "0",
+        }
+    )
     env.pop("VIRTUAL_ENV", None)
     return env
 
@@ -164,11 +195,15 @@ def main() -> None:
             pd = run_pd(prefill, decode, prompts, args.max_tokens, args.micro_batch)
             same = all(a["token_ids"] == b["token_ids"] for a, b in zip(base["requests"], pd["requests"]))
             rows = {"single engine": summary(base, args.max_tokens), "prefill+decode": summary(pd, args.max_tokens)}
-            print(f"{args.requests} requests x {args.prompt_len} prompt tokens, {args.max_tokens} generated, "
-                  f"micro-batch {args.micro_batch}; tokens identical: {same}")
+            print(
+                f"{args.requests} requests x {args.prompt_len} prompt tokens, {args.max_tokens} generated, "
+                f"micro-batch {args.micro_batch}; tokens identical: {same}"
+            )
             for name, row in rows.items():
-                print(f"  {name:15s} TTFT mean {row['ttft_mean_s']:.3f} s  p50 {row['ttft_p50_s']:.3f} s  "
-                      f"wall {row['wall_s']:.2f} s  {row['tokens_per_s']:.1f} tok/s")
+                print(
+                    f"  {name:15s} TTFT mean {row['ttft_mean_s']:.3f} s  p50 {row['ttft_p50_s']:.3f} s  "
+                    f"wall {row['wall_s']:.2f} s  {row['tokens_per_s']:.1f} tok/s"
+                )
             print("  decode engine connector:", {k: v for k, v in decode.stats().items() if v})
             print("  decode num_cached_tokens:", sorted({r["num_cached_tokens"] for r in pd["requests"]}))
         finally:

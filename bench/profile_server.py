@@ -33,8 +33,11 @@ LAYOUT = LayoutDescriptor("vllm_cpu", "float16", 2, 32, 1024, CHUNK, (512,))
 
 
 def start(profile_to: str | None, http: bool) -> tuple[subprocess.Popen[bytes], str]:
-    head = [sys.executable, "-m", "cProfile", "-o", profile_to, "-m", "kvserver"] if profile_to else \
-        [sys.executable, "-m", "kvserver"]
+    head = (
+        [sys.executable, "-m", "cProfile", "-o", profile_to, "-m", "kvserver"]
+        if profile_to
+        else [sys.executable, "-m", "kvserver"]
+    )
     return start_server(1.0, command=head, http_port=free_port() if http else 0)
 
 
@@ -43,8 +46,11 @@ def prepare(c: Client, n_tokens: int) -> rq.Lookup:
     ks = KeySpace.from_layouts("prof", 1, [LAYOUT]).wire()
     tokens = pack_tokens(np.arange(n_tokens, dtype=np.uint32))
     zero = bytes(LAYOUT.object_bytes)
-    flows.store_and_commit(c.send, rq.Store(keyspace=ks, tokens=tokens, rank=0, mode="tcp"),
-                           lambda _r, slots: ([zero] * len(slots), [kvsum64(zero)] * len(slots)))
+    flows.store_and_commit(
+        c.send,
+        rq.Store(keyspace=ks, tokens=tokens, rank=0, mode="tcp"),
+        lambda _r, slots: ([zero] * len(slots), [kvsum64(zero)] * len(slots)),
+    )
     return rq.Lookup(keyspace=ks, tokens=tokens)
 
 
@@ -113,8 +119,10 @@ def main() -> None:
                 if args.stages:
                     stages(c, lookup, args.n)
                 else:
-                    print(f"ping p50 {timed(lambda: c.ping(), args.n):.1f} us, lookup 4096 p50 "
-                          f"{timed(lambda: c.send(lookup), args.n):.1f} us (under cProfile: slower than real)")
+                    print(
+                        f"ping p50 {timed(lambda: c.ping(), args.n):.1f} us, lookup 4096 p50 "
+                        f"{timed(lambda: c.send(lookup), args.n):.1f} us (under cProfile: slower than real)"
+                    )
         finally:
             proc.terminate()
             proc.wait()

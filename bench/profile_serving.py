@@ -84,8 +84,12 @@ def main() -> int:
     ap.add_argument("--workload", default="noreuse", choices=("chat", "trace", "noreuse"))
     ap.add_argument("--scale", default="full", choices=sorted(bs.SCALES))
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second and process")
-    ap.add_argument("--keep", type=Path, default=None,
-                    help="copy py-spy's raw stacks here (one <name>.txt per process, flamegraph.pl's input)")
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="copy py-spy's raw stacks here (one <name>.txt per process, flamegraph.pl's input)",
+    )
     args = ap.parse_args()
     spy = py_spy()
     with tempfile.TemporaryDirectory(prefix="kvserver-profile-") as tmp:
@@ -96,9 +100,26 @@ def main() -> int:
             urls = [e.url for e in dep.engines]
             bs.warm_up(urls)
             procs = engine_processes(dep)
-            spies = [subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--nonblocking",
-                                       "-r", str(args.rate), "-o", str(work / f"{pid}.txt")],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid, _ in procs]
+            spies = [
+                subprocess.Popen(
+                    [
+                        spy,
+                        "record",
+                        "--pid",
+                        str(pid),
+                        "--format",
+                        "raw",
+                        "--nonblocking",
+                        "-r",
+                        str(args.rate),
+                        "-o",
+                        str(work / f"{pid}.txt"),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for pid, _ in procs
+            ]
             workload = bs.build_workload(args.workload, bs.SCALES[args.scale], None)
             cpu0, before = dep.cpu_seconds(), scrape(urls)
             records, wall = asyncio.run(run_workload(RoundRobin(urls), workload, lambda: None))
@@ -119,14 +140,25 @@ def main() -> int:
     return 0
 
 
-def report(args: argparse.Namespace, procs: list[tuple[int, str]], work: Path, records: list[Any],
-           wall: float, cpu: dict[str, float], idle_waits: float) -> None:
+def report(
+    args: argparse.Namespace,
+    procs: list[tuple[int, str]],
+    work: Path,
+    records: list[Any],
+    wall: float,
+    cpu: dict[str, float],
+    idle_waits: float,
+) -> None:
     server_share = 100 * cpu["kvserver"] / max(1e-9, cpu["engines"])
-    print(f"{args.config}, {args.workload} ({len(records)} requests in {wall:.1f} s); CPU s: engines "
-          f"{cpu['engines']:.2f}, kvserver {cpu['kvserver']:.2f} ({server_share:.2f}% of the engines')")
+    print(
+        f"{args.config}, {args.workload} ({len(records)} requests in {wall:.1f} s); CPU s: engines "
+        f"{cpu['engines']:.2f}, kvserver {cpu['kvserver']:.2f} ({server_share:.2f}% of the engines')"
+    )
     # steps vLLM ran only to poll the connector's background copies run in vLLM's code, not ours
-    print(f"steps with nothing to compute that waited for a background copy: {idle_waits:.0f} "
-          f"({idle_waits / max(1, len(records)):.1f} per request)\n")
+    print(
+        f"steps with nothing to compute that waited for a background copy: {idle_waits:.0f} "
+        f"({idle_waits / max(1, len(records)):.1f} per request)\n"
+    )
     print("| process | on-CPU samples | in kvconnector | share |")
     print("|---|---:|---:|---:|")
     total = ours = 0

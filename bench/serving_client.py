@@ -42,8 +42,9 @@ class RequestFailed(RuntimeError):
     pass
 
 
-async def _complete(http: aiohttp.ClientSession, router: RoundRobin, prompt: list[int], max_tokens: int,
-                    t_origin: float) -> tuple[RequestRecord, list[int]]:
+async def _complete(
+    http: aiohttp.ClientSession, router: RoundRobin, prompt: list[int], max_tokens: int, t_origin: float
+) -> tuple[RequestRecord, list[int]]:
     pick = await router.pick(prompt)
     out: list[int] = []
     try:
@@ -52,13 +53,27 @@ async def _complete(http: aiohttp.ClientSession, router: RoundRobin, prompt: lis
         router.finished(pick, prompt + out)
 
 
-async def _send(http: aiohttp.ClientSession, router: RoundRobin, pick: Pick, prompt: list[int], max_tokens: int,
-                t_origin: float, out: list[int]) -> tuple[RequestRecord, list[int]]:
+async def _send(
+    http: aiohttp.ClientSession,
+    router: RoundRobin,
+    pick: Pick,
+    prompt: list[int],
+    max_tokens: int,
+    t_origin: float,
+    out: list[int],
+) -> tuple[RequestRecord, list[int]]:
     """Streams one completion from the picked engine; generated tokens are appended to `out`."""
     engine, url = pick.engine, pick.url
-    body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-            "return_token_ids": True}
+    body = {
+        "model": "bench",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
     t0 = time.perf_counter()
     first: float | None = None
     last = t0
@@ -91,13 +106,29 @@ async def _send(http: aiohttp.ClientSession, router: RoundRobin, pick: Pick, pro
         raise RequestFailed(f"engine {engine}: stream ended without tokens or usage")
     details = usage.get("prompt_tokens_details") or {}
     assert isinstance(details, dict)
-    rec = RequestRecord(engine, int(usage["prompt_tokens"]), int(details.get("cached_tokens") or 0),  # type: ignore[call-overload]
-                        len(out), t0 - t_origin, first - t0, last - t0, itl, pick.via)
+    rec = RequestRecord(
+        engine,
+        int(usage["prompt_tokens"]),
+        int(details.get("cached_tokens") or 0),  # type: ignore[call-overload]
+        len(out),
+        t0 - t_origin,
+        first - t0,
+        last - t0,
+        itl,
+        pick.via,
+    )
     return rec, out
 
 
-async def _session(http: aiohttp.ClientSession, router: RoundRobin, s: Session, sid: int, t_origin: float,
-                   records: list[RequestRecord], tick: Callable[[], None]) -> None:
+async def _session(
+    http: aiohttp.ClientSession,
+    router: RoundRobin,
+    s: Session,
+    sid: int,
+    t_origin: float,
+    records: list[RequestRecord],
+    tick: Callable[[], None],
+) -> None:
     delay = s.start_s - (time.perf_counter() - t_origin)
     if delay > 0:
         await asyncio.sleep(delay)
@@ -113,16 +144,16 @@ async def _session(http: aiohttp.ClientSession, router: RoundRobin, s: Session, 
         tick()
 
 
-async def run_workload(router: RoundRobin, w: Workload,
-                       tick: Callable[[], None]) -> tuple[list[RequestRecord], float]:
+async def run_workload(router: RoundRobin, w: Workload, tick: Callable[[], None]) -> tuple[list[RequestRecord], float]:
     """All sessions of `w`; returns the records and the wall time from the first send to the last answer."""
     records: list[RequestRecord] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
         t_origin = time.perf_counter()
         if w.concurrency is None:
-            await asyncio.gather(*(_session(http, router, s, i, t_origin, records, tick)
-                                   for i, s in enumerate(w.sessions)))
+            await asyncio.gather(
+                *(_session(http, router, s, i, t_origin, records, tick) for i, s in enumerate(w.sessions))
+            )
         else:
             queue = list(enumerate(w.sessions))
 

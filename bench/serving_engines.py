@@ -66,9 +66,20 @@ class Coordinator:
         with os.fdopen(fd, "w") as fh:
             fh.write(self.token)
         with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen([str(COORDINATOR_BIN), "--port", str(self.port), "--log-level", "warning",
-                                          "--api-token-file", str(self.token_file)],
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [
+                    str(COORDINATOR_BIN),
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "warning",
+                    "--api-token-file",
+                    str(self.token_file),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 30
         while not _ready(self.url, "/healthz"):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -81,8 +92,7 @@ class Coordinator:
         return f"http://127.0.0.1:{self.port}"
 
     def instances(self) -> list[dict[str, Any]]:
-        request = urllib.request.Request(self.url + "/v1/instances",
-                                         headers={"Authorization": f"Bearer {self.token}"})
+        request = urllib.request.Request(self.url + "/v1/instances", headers={"Authorization": f"Bearer {self.token}"})
         with urllib.request.urlopen(request, timeout=5) as r:
             return list(json.loads(r.read())["instances"])
 
@@ -112,9 +122,18 @@ class Coordinator:
 
 def _fleet_args(coordinator: Coordinator) -> list[str]:
     """A per-engine kvserver's extra flags: register, heartbeat every second, publish KV events."""
-    return ["--coordinator", coordinator.url, "--api-token-file", str(coordinator.token_file),
-            "--heartbeat-interval", "1", "--http-port", str(free_port()),
-            "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"]
+    return [
+        "--coordinator",
+        coordinator.url,
+        "--api-token-file",
+        str(coordinator.token_file),
+        "--heartbeat-interval",
+        "1",
+        "--http-port",
+        str(free_port()),
+        "--kv-events-endpoint",
+        f"tcp://127.0.0.1:{free_port()}",
+    ]
 
 
 def kv_transfer_config(config: str, workdir: Path, kvserver_url: str | None) -> dict[str, Any] | None:
@@ -124,12 +143,18 @@ def kv_transfer_config(config: str, workdir: Path, kvserver_url: str | None) -> 
     if connector == "ExampleConnector":
         store = workdir / "example-store"
         store.mkdir(parents=True, exist_ok=True)
-        return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-                "kv_connector_extra_config": {"shared_storage_path": str(store)}}
-    return {"kv_connector": "KVServerConnector", "kv_connector_module_path": "kvconnector.vllm",
-            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"kvserver_url": kvserver_url, "mode": "auto",
-                                          "chunk_size": CHUNK_SIZE, **extra}}
+        return {
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": str(store)},
+        }
+    return {
+        "kv_connector": "KVServerConnector",
+        "kv_connector_module_path": "kvconnector.vllm",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"kvserver_url": kvserver_url, "mode": "auto", "chunk_size": CHUNK_SIZE, **extra},
+    }
 
 
 @dataclass
@@ -162,6 +187,7 @@ class Deployment:
         and other children) and by the kvservers. Why: on a shared 2-core host, wall-clock throughput
         moves by more than a connector costs; the CPU a request takes moves much less (the whole run
         is CPU-bound here, so CPU per request is what bounds throughput)."""
+
         def used(pid: int) -> float:
             try:
                 root = psutil.Process(pid)
@@ -177,8 +203,10 @@ class Deployment:
                 total += t.user + t.system
             return total
 
-        return {"engines": sum(used(e.proc.pid) for e in self.engines),
-                "kvserver": sum(used(k.proc.pid) for k in self.kvservers if k.proc is not None)}
+        return {
+            "engines": sum(used(e.proc.pid) for e in self.engines),
+            "kvserver": sum(used(k.proc.pid) for k in self.kvservers if k.proc is not None),
+        }
 
     def stop(self) -> None:
         for e in self.engines:
@@ -206,11 +234,32 @@ ENGINE_PROCESSES_ARGS = ["--distributed-executor-backend", "uni"]
 
 
 def _engine_cmd(model: Path, port: int, max_model_len: int, kv: dict[str, Any] | None) -> list[str]:
-    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--served-model-name", "bench", "--port", str(port), "--host", "127.0.0.1",
-           "--skip-tokenizer-init", "--dtype", "float32", "--block-size", str(BLOCK_SIZE),
-           "--max-model-len", str(max_model_len), "--enforce-eager", "--seed", "0",
-           "--enable-prompt-tokens-details", "--disable-uvicorn-access-log", *ENGINE_PROCESSES_ARGS]
+    cmd = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        "bench",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--skip-tokenizer-init",
+        "--dtype",
+        "float32",
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--max-model-len",
+        str(max_model_len),
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--enable-prompt-tokens-details",
+        "--disable-uvicorn-access-log",
+        *ENGINE_PROCESSES_ARGS,
+    ]
     if kv is not None:
         cmd += ["--kv-transfer-config", json.dumps(kv)]
     return cmd
@@ -224,8 +273,16 @@ def _ready(url: str, path: str = "/health") -> bool:
         return False
 
 
-def start(config: str, model: Path, n_engines: int, max_model_len: int, workdir: Path,
-          kvserver_gb: float = 1.0, topology: str = "shared", timeout: float = 600.0) -> Deployment:
+def start(
+    config: str,
+    model: Path,
+    n_engines: int,
+    max_model_len: int,
+    workdir: Path,
+    kvserver_gb: float = 1.0,
+    topology: str = "shared",
+    timeout: float = 600.0,
+) -> Deployment:
     """Start the engines of `config` (and fresh kvservers, and for the per-engine topology a
     coordinator, for KVServerConnector); wait until all serve."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -241,8 +298,9 @@ def start(config: str, model: Path, n_engines: int, max_model_len: int, workdir:
             if topology == "per-engine":
                 dep.coordinator = Coordinator(workdir / "coordinator.log")
                 for i in range(n_engines):
-                    dep.kvservers.append(KVServer(workdir / f"kvserver{i}.log", *args,
-                                                  *_fleet_args(dep.coordinator)).start())
+                    dep.kvservers.append(
+                        KVServer(workdir / f"kvserver{i}.log", *args, *_fleet_args(dep.coordinator)).start()
+                    )
             else:
                 dep.kvservers.append(KVServer(workdir / "kvserver.log", *args).start())
         for i in range(n_engines):
@@ -250,11 +308,19 @@ def start(config: str, model: Path, n_engines: int, max_model_len: int, workdir:
             kv = kv_transfer_config(config, workdir, server)
             port = free_port()
             log_path = workdir / f"engine{i}.log"
-            env = engine_env(workdir / "vllm-cache", {"VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                                                      "OMP_NUM_THREADS": "1", **ENGINE_PROCESSES_ENV})
+            env = engine_env(
+                workdir / "vllm-cache",
+                {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", **ENGINE_PROCESSES_ENV},
+            )
             with open(log_path, "wb") as log:
-                proc = subprocess.Popen(_engine_cmd(model, port, max_model_len, kv), env=env, cwd=workdir,
-                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                proc = subprocess.Popen(
+                    _engine_cmd(model, port, max_model_len, kv),
+                    env=env,
+                    cwd=workdir,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             engines.append(Engine(port, proc, log_path))
         deadline = time.monotonic() + timeout
         pending = list(engines)

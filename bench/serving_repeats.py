@@ -19,8 +19,10 @@ def compact(config_result: dict[str, Any]) -> dict[str, dict[str, float]]:
     """The figures a round keeps of one configuration's result (a failed configuration keeps none)."""
     if "error" in config_result:
         return {}
-    return {name: {f: float(w[f]) for f in (*FIGURES, "loadavg_1m") if f in w}
-            for name, w in config_result["workloads"].items()}
+    return {
+        name: {f: float(w[f]) for f in (*FIGURES, "loadavg_1m") if f in w}
+        for name, w in config_result["workloads"].items()
+    }
 
 
 def ratios(rounds: list[dict[str, Any]], label: str, workload: str, figure: str) -> list[float]:
@@ -43,16 +45,20 @@ def report(rounds: list[dict[str, Any]], labels: list[str], workloads: list[str]
     out.print(f"\n### {len(rounds)} rounds: medians (range) of every round\n")
     for name in workloads:
         out.print(f"\n#### {name}\n")
-        out.print("| configuration | req/s | req/s vs none | TTFT p50 s | TTFT p50 vs none | TTFT p90 vs none "
-                  "| ITL p99 vs none | CPU ms/req | CPU vs none | rounds |")
+        out.print(
+            "| configuration | req/s | req/s vs none | TTFT p50 s | TTFT p50 vs none | TTFT p90 vs none "
+            "| ITL p99 vs none | CPU ms/req | CPU vs none | rounds |"
+        )
         out.print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for label in labels:
             got = [r[label][name] for r in rounds if name in r.get(label, {})]
-            out.print(f"| {label} | {span([g['req_per_s'] for g in got], '.3f')} | "
-                      f"{span(ratios(rounds, label, name, 'req_per_s'), '.3f')} | "
-                      f"{span([g['ttft_p50_s'] for g in got], '.3f')} | "
-                      f"{span(ratios(rounds, label, name, 'ttft_p50_s'), '.2f')} | "
-                      f"{span(ratios(rounds, label, name, 'ttft_p90_s'), '.2f')} | "
-                      f"{span(ratios(rounds, label, name, 'itl_p99_s'), '.2f')} | "
-                      f"{span([g.get('cpu_ms_per_req', 0.0) for g in got], '.0f')} | "
-                      f"{span(ratios(rounds, label, name, 'cpu_ms_per_req'), '.3f')} | {len(got)} |")
+            out.print(
+                f"| {label} | {span([g['req_per_s'] for g in got], '.3f')} | "
+                f"{span(ratios(rounds, label, name, 'req_per_s'), '.3f')} | "
+                f"{span([g['ttft_p50_s'] for g in got], '.3f')} | "
+                f"{span(ratios(rounds, label, name, 'ttft_p50_s'), '.2f')} | "
+                f"{span(ratios(rounds, label, name, 'ttft_p90_s'), '.2f')} | "
+                f"{span(ratios(rounds, label, name, 'itl_p99_s'), '.2f')} | "
+                f"{span([g.get('cpu_ms_per_req', 0.0) for g in got], '.0f')} | "
+                f"{span(ratios(rounds, label, name, 'cpu_ms_per_req'), '.3f')} | {len(got)} |"
+            )

@@ -65,8 +65,15 @@ class KvRouter(RoundRobin):
     (`<served name>@<fingerprint>`), the same for every engine of a deployment.
     """
 
-    def __init__(self, urls: list[str], coordinator_url: str, kvserver_urls: list[str], model: str,
-                 timeout_s: float = 0.05, token: str | None = None) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        coordinator_url: str,
+        kvserver_urls: list[str],
+        model: str,
+        timeout_s: float = 0.05,
+        token: str | None = None,
+    ) -> None:
         super().__init__(urls)
         self.coordinator_url = coordinator_url
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}  # the coordinator's token
@@ -79,11 +86,16 @@ class KvRouter(RoundRobin):
 
     async def lookup(self, prompt: list[int]) -> dict[str, object] | None:
         """The coordinator's answer for `prompt`, or None on an error or no answer in time."""
-        body = {"model": self.model, "world_size": 1, "groups": LOOKUP_GROUPS,
-                "tokens": base64.b64encode(pack_tokens(prompt)).decode()}
+        body = {
+            "model": self.model,
+            "world_size": 1,
+            "groups": LOOKUP_GROUPS,
+            "tokens": base64.b64encode(pack_tokens(prompt)).decode(),
+        }
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                                               headers=self.headers)
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=self.headers
+            )
         t0 = time.perf_counter()
         try:
             async with self._http.post(self.coordinator_url + "/v1/fleet/lookup", json=body) as resp:
@@ -125,8 +137,16 @@ class KvScoreRouter(KvRouter):
     hit, the least loaded was taken.
     """
 
-    def __init__(self, urls: list[str], coordinator_url: str, kvserver_urls: list[str], model: str,
-                 timeout_s: float = 0.05, decode_tokens: int = 32, token: str | None = None) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        coordinator_url: str,
+        kvserver_urls: list[str],
+        model: str,
+        timeout_s: float = 0.05,
+        decode_tokens: int = 32,
+        token: str | None = None,
+    ) -> None:
         super().__init__(urls, coordinator_url, kvserver_urls, model, timeout_s, token)
         self.scorer = Scorer(len(urls), decode_tokens=decode_tokens)
 

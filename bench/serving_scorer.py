@@ -17,6 +17,7 @@ the prefill work queued ahead of it; the cheapest engine wins, ties go to the en
 requests in flight, then round robin. Both terms are prefill tokens, so no weight needs tuning to
 the model's speed; only a decoding request's share (`decode_tokens`) is a guess.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -28,7 +29,7 @@ def block_keys(tokens: Sequence[int], block_tokens: int) -> list[int]:
     """One key per full block, chained like a prefix cache's block hashes (a key names its whole prefix)."""
     keys, h = [], 0
     for i in range(0, len(tokens) - block_tokens + 1, block_tokens):
-        h = hash((h, tuple(tokens[i:i + block_tokens])))
+        h = hash((h, tuple(tokens[i : i + block_tokens])))
         keys.append(h)
     return keys
 
@@ -75,8 +76,9 @@ class _InFlight:
 class Scorer:
     """Picks an engine for a prompt from the index's hint, the router's memory and the load."""
 
-    def __init__(self, engines: int, block_tokens: int = 32, decode_tokens: int = 32,
-                 memory_blocks: int = 65536) -> None:
+    def __init__(
+        self, engines: int, block_tokens: int = 32, decode_tokens: int = 32, memory_blocks: int = 65536
+    ) -> None:
         if engines < 1 or block_tokens < 1 or decode_tokens < 0:
             raise ValueError("engines and block_tokens must be >= 1, decode_tokens >= 0")
         self.block_tokens, self.decode_tokens = block_tokens, decode_tokens
@@ -98,10 +100,13 @@ class Scorer:
         n = len(self.memory)
         start, self._turn = self._turn, (self._turn + 1) % n
         keys = block_keys(prompt, self.block_tokens)  # once per prompt, not once per engine
-        hits = [min(max(self.memory[e].matched_blocks(keys) * self.block_tokens, hint.get(e, 0)), len(prompt))
-                for e in range(n)]
-        e = min(range(n), key=lambda e: (len(prompt) - hits[e] + self.queued_tokens(e), self.in_flight(e),
-                                         (e - start) % n))
+        hits = [
+            min(max(self.memory[e].matched_blocks(keys) * self.block_tokens, hint.get(e, 0)), len(prompt))
+            for e in range(n)
+        ]
+        e = min(
+            range(n), key=lambda e: (len(prompt) - hits[e] + self.queued_tokens(e), self.in_flight(e), (e - start) % n)
+        )
         return Choice(e, hits[e], any(hits))
 
     def started(self, choice: Choice, prompt: Sequence[int]) -> int:

@@ -57,8 +57,16 @@ def tokens(n: int, rng: random.Random) -> list[int]:
     return [rng.randrange(3, VOCAB) for _ in range(n)]
 
 
-def chat(users: int, rounds: int, system_tokens: int, user_tokens: int, max_tokens: int,
-         think_s: float, stagger_s: float, seed: int = 1) -> Workload:
+def chat(
+    users: int,
+    rounds: int,
+    system_tokens: int,
+    user_tokens: int,
+    max_tokens: int,
+    think_s: float,
+    stagger_s: float,
+    seed: int = 1,
+) -> Workload:
     rng = random.Random(seed)
     system = tokens(system_tokens, rng)
     sessions = []
@@ -72,8 +80,7 @@ def chat(users: int, rounds: int, system_tokens: int, user_tokens: int, max_toke
 
 def noreuse(requests: int, prompt_tokens: int, max_tokens: int, concurrency: int, seed: int = 2) -> Workload:
     rng = random.Random(seed)
-    sessions = [Session(0.0, [Turn(tokens(prompt_tokens, rng), max_tokens, extend=False)])
-                for _ in range(requests)]
+    sessions = [Session(0.0, [Turn(tokens(prompt_tokens, rng), max_tokens, extend=False)]) for _ in range(requests)]
     return Workload("noreuse", sessions, concurrency=concurrency)
 
 
@@ -90,8 +97,9 @@ def _block(hash_id: int, block_tokens: int) -> list[int]:
     return tokens(block_tokens, random.Random(1_000_003 * hash_id + 17))
 
 
-def trace(path: Path, conversations: int, block_tokens: int, duration_s: float, max_prompt: int,
-          max_tokens: int) -> Workload:
+def trace(
+    path: Path, conversations: int, block_tokens: int, duration_s: float, max_prompt: int, max_tokens: int
+) -> Workload:
     """Replay the first `conversations` multi-turn conversations of the trace (every request is its own
     session: the trace fixes arrival times, not turn order), scaled as the module docstring says."""
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -25,10 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 # csrc/ files each extension function runs (kvcopy.cpp holds the bindings)
-_CPP = {"copy_checksum": ["csrc/kvcopy.cpp", "csrc/checksum_copy.cpp", "csrc/checksum.cpp"],
-        "batch_copy": ["csrc/kvcopy.cpp", "csrc/batch_copy.cpp"],
-        "checksum": ["csrc/kvcopy.cpp", "csrc/checksum.cpp"],
-        "checksum_bytes": ["csrc/kvcopy.cpp", "csrc/checksum.cpp"]}
+_CPP = {
+    "copy_checksum": ["csrc/kvcopy.cpp", "csrc/checksum_copy.cpp", "csrc/checksum.cpp"],
+    "batch_copy": ["csrc/kvcopy.cpp", "csrc/batch_copy.cpp"],
+    "checksum": ["csrc/kvcopy.cpp", "csrc/checksum.cpp"],
+    "checksum_bytes": ["csrc/kvcopy.cpp", "csrc/checksum.cpp"],
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,12 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     server = ServerProc(free_port(), ["--l1-size-gb", "0.05", "--chunk-size", "64"], log, http_port=0, env={})
     server.start()
     try:
-        layout = vllm_cpu_layout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=16, dtype="float16",
-                                 chunk_size=64)
+        layout = vllm_cpu_layout(
+            num_layers=2, num_kv_heads=2, head_dim=8, block_size=16, dtype="float16", chunk_size=64
+        )
         kv = [torch.randn(32, 2, 16, 16).half() for _ in range(2)]
         tokens = list(range(256))
-        with EngineClient(server.url, "trace-model", 1, 0, [layout], mode=args.mode,
-                          copy_backend=args.copy_backend) as client:
+        with EngineClient(
+            server.url, "trace-model", 1, 0, [layout], mode=args.mode, copy_backend=args.copy_backend
+        ) as client:
             if not (client.register(kv) and client.save(tokens, list(range(16))).ok):
                 raise SystemExit("could not store the prompt to load")
             sys.setprofile(profile)

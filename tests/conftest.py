@@ -34,10 +34,16 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
     """Start kvservers: `server_factory("--l1-size-gb", "0.01", http=False)`; all stopped afterwards."""
     started: list[ServerProc] = []
 
-    def make(*args: str, http: bool = False, port: int | None = None, env: dict[str, str] | None = None,
-             start: bool = True) -> ServerProc:
-        proc = ServerProc(port or free_port(), list(args), tmp_path / f"kvserver-{len(started)}.log",
-                          http_port=free_port() if http else 0, env=env or {})
+    def make(
+        *args: str, http: bool = False, port: int | None = None, env: dict[str, str] | None = None, start: bool = True
+    ) -> ServerProc:
+        proc = ServerProc(
+            port or free_port(),
+            list(args),
+            tmp_path / f"kvserver-{len(started)}.log",
+            http_port=free_port() if http else 0,
+            env=env or {},
+        )
         started.append(proc)
         return proc.start() if start else proc
 

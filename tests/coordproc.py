@@ -58,7 +58,6 @@ class CoordinatorProc(ManagedProcess):
                 time.sleep(0.05)
         raise RuntimeError(f"coordinator did not answer within {timeout}s: {self.log()}")
 
-
     @property
     def token(self) -> str | None:
         """The coordinator's token: configured in its env, else the one it generated into its default file."""
@@ -104,11 +103,11 @@ def coordinator_factory(tmp_path: Path, fleet_token: str) -> Iterator[Coordinato
     then generates its own)."""
     started: list[CoordinatorProc] = []
 
-    def make(*args: str, port: int | None = None, env: dict[str, str] | None = None,
-             start: bool = True) -> CoordinatorProc:
+    def make(
+        *args: str, port: int | None = None, env: dict[str, str] | None = None, start: bool = True
+    ) -> CoordinatorProc:
         env = {"KVSERVER_API_TOKEN": fleet_token} if env is None else env
-        proc = CoordinatorProc(port or free_port(), list(args), tmp_path / f"coordinator-{len(started)}.log",
-                               env=env)
+        proc = CoordinatorProc(port or free_port(), list(args), tmp_path / f"coordinator-{len(started)}.log", env=env)
         started.append(proc)
         return proc.start() if start else proc
 

@@ -15,8 +15,7 @@ CHUNK = 32  # servers in these tests run with --chunk-size 32 and kvhelpers.tiny
 
 def keys_body(ks: KeySpace, tokens: Sequence[int], **extra: Any) -> dict[str, Any]:
     """JSON body of /v1/query, /v1/pin and /v1/unpin."""
-    return {"model": ks.model, "world_size": ks.world_size, "groups": list(ks.groups), "tokens": list(tokens),
-            **extra}
+    return {"model": ks.model, "world_size": ks.world_size, "groups": list(ks.groups), "tokens": list(tokens), **extra}
 
 
 def prompt(n_chunks: int, seed: int = 0, tail: int = 0) -> list[int]:

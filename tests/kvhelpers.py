@@ -16,16 +16,19 @@ from kvprotocol._shm import ShmMapping
 from kvprotocol.kvsum import kvsum64
 
 
-def tiny_layout(chunk_size: int = 256, layers: int = 2, block_bytes: int = 1024, tag: str = "vllm_cpu",
-                dtype: str = "float32") -> LayoutDescriptor:
+def tiny_layout(
+    chunk_size: int = 256, layers: int = 2, block_bytes: int = 1024, tag: str = "vllm_cpu", dtype: str = "float32"
+) -> LayoutDescriptor:
     return LayoutDescriptor(tag, dtype, layers, 32, block_bytes, chunk_size, (block_bytes // 4,))
 
 
-def register(c: Client, model: str = "m", layouts: Sequence[LayoutDescriptor] | None = None,
-             world_size: int = 1, rank: int = 0) -> tuple[KeySpace, dict]:
+def register(
+    c: Client, model: str = "m", layouts: Sequence[LayoutDescriptor] | None = None, world_size: int = 1, rank: int = 0
+) -> tuple[KeySpace, dict]:
     layouts = list(layouts or [tiny_layout()])
-    reply = c.call("register_engine", model=model, world_size=world_size, rank=rank,
-                   groups=[lay.to_wire() for lay in layouts]).result
+    reply = c.call(
+        "register_engine", model=model, world_size=world_size, rank=rank, groups=[lay.to_wire() for lay in layouts]
+    ).result
     return KeySpace.from_layouts(model, world_size, layouts), reply
 
 
@@ -50,13 +53,33 @@ class ArenaMap:
         self._map.close()
 
 
-def store(c: Client, ks: KeySpace, tokens: Sequence[int], data_of, *, rank: int = 0, salt: str = "",
-          mode: str = "tcp", arena: ArenaMap | None = None, start_chunk: int = 0, commit: bool = True,
-          reservation: str | None = None, total_chunks: int | None = None) -> dict:
+def store(
+    c: Client,
+    ks: KeySpace,
+    tokens: Sequence[int],
+    data_of,
+    *,
+    rank: int = 0,
+    salt: str = "",
+    mode: str = "tcp",
+    arena: ArenaMap | None = None,
+    start_chunk: int = 0,
+    commit: bool = True,
+    reservation: str | None = None,
+    total_chunks: int | None = None,
+) -> dict:
     """Reserve, fill (data_of(chunk, group) -> bytes) and commit (kvprotocol's one store sequence);
     returns the store reply as a map."""
-    req = rq.Store(keyspace=ks.wire(), tokens=pack_tokens(tokens), rank=rank, salt=salt, mode=mode,
-                   start_chunk=start_chunk, reservation=reservation, total_chunks=total_chunks)
+    req = rq.Store(
+        keyspace=ks.wire(),
+        tokens=pack_tokens(tokens),
+        rank=rank,
+        salt=salt,
+        mode=mode,
+        start_chunk=start_chunk,
+        reservation=reservation,
+        total_chunks=total_chunks,
+    )
     if not commit:
         return msgspec.to_builtins(c.send(req)[0])
 
@@ -92,8 +115,9 @@ def lookup(c: Client, ks: KeySpace, tokens: Sequence[int], salt: str = "", sessi
     return int(c.call("lookup", **fields).result["hit_tokens"])
 
 
-def retrieve(c: Client, session: str, start: int, end: int, *, rank: int = 0, mode: str = "tcp",
-             arena: ArenaMap | None = None) -> dict[tuple[int, int], bytes]:
+def retrieve(
+    c: Client, session: str, start: int, end: int, *, rank: int = 0, mode: str = "tcp", arena: ArenaMap | None = None
+) -> dict[tuple[int, int], bytes]:
     """The objects of chunks [start, end) a session leased; the leases stay (the test releases them)."""
     req = rq.Retrieve(session=sid(session), rank=rank, start_chunk=start, end_chunk=end, mode=mode)
     reply, frames = flows.retrieve_leased(c.send, req)
@@ -110,7 +134,7 @@ def mapped_rss(address: int) -> int:
     for i, line in enumerate(lines):
         start = line.split("-", 1)[0]
         if " " in line and all(c in "0123456789abcdef" for c in start) and int(start, 16) == address:
-            for field in lines[i + 1:]:
+            for field in lines[i + 1 :]:
                 if field.startswith("Rss:"):
                     return int(field.split()[1]) * 1024
     raise AssertionError(f"no mapping at {address:#x}")
@@ -122,7 +146,8 @@ def wait_allocated(path: Path, timeout: float = 30.0) -> int:
     size = os.stat(path).st_size
     deadline = time.monotonic() + timeout
     while os.stat(path).st_blocks * 512 < size:
-        assert time.monotonic() < deadline, f"{path}: {os.stat(path).st_blocks * 512} of {size} bytes " \
-                                            f"allocated after {timeout:.0f} s"
+        assert time.monotonic() < deadline, (
+            f"{path}: {os.stat(path).st_blocks * 512} of {size} bytes allocated after {timeout:.0f} s"
+        )
         time.sleep(0.05)
     return size

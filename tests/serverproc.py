@@ -32,8 +32,7 @@ class ManagedProcess:
 
     def spawn(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return self.proc
 
     def log(self) -> str:
@@ -91,7 +90,6 @@ class ServerProc(ManagedProcess):
                     time.sleep(0.05)
         raise RuntimeError(f"kvserver did not answer within {timeout}s: {self.log()}")
 
-
     @property
     def token(self) -> str | None:
         """The configured token (flag or env), else None: clients then read the default token file."""
@@ -119,8 +117,9 @@ class ServerProc(ManagedProcess):
     def http(self, timeout: float = 5.0) -> httpx.Client:
         """An admin API client with this server's token (configured, or from its default file)."""
         token = resolve_token(self.token, self.http_url)
-        return httpx.Client(base_url=self.http_url, timeout=timeout,
-                            headers={"Authorization": f"Bearer {token}"} if token else {})
+        return httpx.Client(
+            base_url=self.http_url, timeout=timeout, headers={"Authorization": f"Bearer {token}"} if token else {}
+        )
 
     def client(self, timeout: float = 5.0) -> Client:
         return Client(self.url, timeout=timeout, token=self.token, server_key=self.server_key)

@@ -34,8 +34,12 @@ def free_port() -> int:
 
 
 def add_tenant(tenants: Path, name: str, *flags: str) -> str:
-    return subprocess.run([str(BIN / "kvserver"), "tenant", "add", name, "--tenants-file", str(tenants), *flags],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [str(BIN / "kvserver"), "tenant", "add", name, "--tenants-file", str(tenants), *flags],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def put(c: Client, item: str, data: bytes) -> str:
@@ -63,14 +67,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tenants = Path(tmp) / "tenants.json"
         alice_tok = add_tenant(tenants, "alice")
-        bob_tok = add_tenant(tenants, "bob", "--ec-quota-gb", str(MiB / (1 << 30)), "--ec-max-stores", "8",
-                             "--ec-max-leases", "8")
+        bob_tok = add_tenant(
+            tenants, "bob", "--ec-quota-gb", str(MiB / (1 << 30)), "--ec-max-stores", "8", "--ec-max-leases", "8"
+        )
         port = free_port()
         env = {**os.environ, "KVSERVER_STATE_DIR": tmp}
-        proc = subprocess.Popen([str(BIN / "kvserver"), "start", "--port", str(port), "--l1-size-gb", "0.02",
-                                 "--ec-size-gb", str(8 * MiB / (1 << 30)), "--http-port", "0", "--lease-ttl", "2",
-                                 "--tenants-file", str(tenants), "--log-level", "warning"],
-                                stdout=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            [
+                str(BIN / "kvserver"),
+                "start",
+                "--port",
+                str(port),
+                "--l1-size-gb",
+                "0.02",
+                "--ec-size-gb",
+                str(8 * MiB / (1 << 30)),
+                "--http-port",
+                "0",
+                "--lease-ttl",
+                "2",
+                "--tenants-file",
+                str(tenants),
+                "--log-level",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
         url = f"tcp://127.0.0.1:{port}"
         try:
             pinger = Client(url, timeout=2.0, token=alice_tok)
@@ -100,8 +123,10 @@ def main() -> None:
                     if t is not None:
                         t.join()
             for cond, v in times.items():
-                print(f"{cond:7s} pings={len(v):5d} median={statistics.median(v):.3f} ms "
-                      f"range=[{min(v):.3f}, {max(v):.3f}] ms")
+                print(
+                    f"{cond:7s} pings={len(v):5d} median={statistics.median(v):.3f} ms "
+                    f"range=[{min(v):.3f}, {max(v):.3f}] ms"
+                )
             print(f"attack iterations (store + lease + open): {ops[0]}")
             ratio = statistics.median(times["attack"]) / statistics.median(times["quiet"])
             print(f"ratio attack/quiet median: {ratio:.2f}")

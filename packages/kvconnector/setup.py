@@ -10,9 +10,7 @@ from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
 _HERE = Path(__file__).resolve().parent
-_SOURCES = sorted(
-    Path(os.path.relpath(p, _HERE)).as_posix() for p in (_HERE.parent.parent / "csrc").glob("*.cpp")
-)
+_SOURCES = sorted(Path(os.path.relpath(p, _HERE)).as_posix() for p in (_HERE.parent.parent / "csrc").glob("*.cpp"))
 
 setup(
     ext_modules=[

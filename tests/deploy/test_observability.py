@@ -27,8 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "kvserver-alerts.yaml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "kvserver-alerts.test.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "kvserver-dashboard.json"
-needs_prometheus = pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
-                                      reason="prometheus/promtool (Debian: prometheus) are missing")
+needs_prometheus = pytest.mark.skipif(
+    shutil.which("prometheus") is None or shutil.which("promtool") is None,
+    reason="prometheus/promtool (Debian: prometheus) are missing",
+)
 _COMPARISON = re.compile(r" (==|!=|>=|<=|>|<) (?!.* (==|!=|>=|<=|>|<) )")
 
 
@@ -59,8 +61,13 @@ def test_alert_rules_pass_promtool_check_and_unit_tests() -> None:
     check = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"{len(alert_exprs())} rules found" in check.stdout
-    unit = subprocess.run(["promtool", "test", "rules", RULE_TESTS.name], cwd=RULE_TESTS.parent,
-                          capture_output=True, text=True, timeout=60)
+    unit = subprocess.run(
+        ["promtool", "test", "rules", RULE_TESTS.name],
+        cwd=RULE_TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert unit.returncode == 0, unit.stdout + unit.stderr
     tested = set(re.findall(r"alertname: (\w+)", RULE_TESTS.read_text()))
     assert tested == set(alert_exprs()), "every alert has a unit test"
@@ -82,8 +89,15 @@ class PrometheusProc(ManagedProcess):
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> PrometheusProc:
-        self.spawn(["prometheus", f"--config.file={self.config}", f"--storage.tsdb.path={self.data}",
-                    f"--web.listen-address=127.0.0.1:{self.port}"], env={})
+        self.spawn(
+            [
+                "prometheus",
+                f"--config.file={self.config}",
+                f"--storage.tsdb.path={self.data}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            env={},
+        )
 
         def ready() -> bool:
             assert self.proc is not None and self.proc.poll() is None, self.log()
@@ -102,20 +116,39 @@ class PrometheusProc(ManagedProcess):
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path, server_factory: Any, coordinator_factory: CoordinatorFactory
-               ) -> Iterator[tuple[PrometheusProc, Any]]:
+def prometheus(
+    tmp_path: Path, server_factory: Any, coordinator_factory: CoordinatorFactory
+) -> Iterator[tuple[PrometheusProc, Any]]:
     coordinator = coordinator_factory()
-    srv = server_factory("--l1-size-gb", "0.001", "--chunk-size", str(CHUNK), "--l2", f"fs://{tmp_path / 'l2'}",
-                         "--coordinator", coordinator.url, "--heartbeat-interval", "0.5", http=True)
+    srv = server_factory(
+        "--l1-size-gb",
+        "0.001",
+        "--chunk-size",
+        str(CHUNK),
+        "--l2",
+        f"fs://{tmp_path / 'l2'}",
+        "--coordinator",
+        coordinator.url,
+        "--heartbeat-interval",
+        "0.5",
+        http=True,
+    )
     config = tmp_path / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES)],
-        "scrape_configs": [
-            {"job_name": "kvserver", "static_configs": [{"targets": [srv.http_url.removeprefix("http://")]}]},
-            {"job_name": "kvcoordinator", "static_configs": [{"targets": [coordinator.url.removeprefix("http://")]}]},
-        ],
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(RULES)],
+                "scrape_configs": [
+                    {"job_name": "kvserver", "static_configs": [{"targets": [srv.http_url.removeprefix("http://")]}]},
+                    {
+                        "job_name": "kvcoordinator",
+                        "static_configs": [{"targets": [coordinator.url.removeprefix("http://")]}],
+                    },
+                ],
+            }
+        )
+    )
     prom = PrometheusProc(config, tmp_path / "tsdb", tmp_path / "prometheus.log").start()
     yield prom, srv
     prom.stop()
@@ -142,12 +175,18 @@ def _load(srv: Any, seconds: float) -> None:
 def test_dashboard_and_alert_queries_return_data_from_a_real_prometheus(prometheus: Any) -> None:
     prom, srv = prometheus
     _load(srv, seconds=6)
-    wait_for(lambda: prom.query("rate(kvserver_lookup_requests_total[30s]) > 0"), timeout=20,
-             what="two scrapes of a busy kvserver")
+    wait_for(
+        lambda: prom.query("rate(kvserver_lookup_requests_total[30s]) > 0"),
+        timeout=20,
+        what="two scrapes of a busy kvserver",
+    )
     # increase()/rate() need two samples in their window: wait for two scrapes of each target, or an
     # alert over a counter reads nothing yet (CI once failed on KVCoordinatorInstanceLost this way).
-    wait_for(lambda: prom.query('count_over_time(up{job="kvcoordinator"}[1m]) >= 2'), timeout=20,
-             what="two coordinator scrapes")
+    wait_for(
+        lambda: prom.query('count_over_time(up{job="kvcoordinator"}[1m]) >= 2'),
+        timeout=20,
+        what="two coordinator scrapes",
+    )
     for expr in dashboard_exprs():
         assert prom.query(grafana_to_promql(expr)), f"dashboard query returned nothing: {expr}"
     for name, expr in alert_exprs().items():

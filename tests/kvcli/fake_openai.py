@@ -59,8 +59,7 @@ class FakeOpenAI:
                 for w in words:
                     self._chunk({"choices": [{"index": 0, "text": w}]})
                 prompt_tokens = len(body["prompt"]) if isinstance(body["prompt"], list) else len(body["prompt"].split())
-                self._chunk({"choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                                      "completion_tokens": len(words)}})
+                self._chunk({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(words)}})
                 self._raw(b"data: [DONE]\n\n")
                 self.wfile.write(b"0\r\n\r\n")
 

@@ -33,15 +33,23 @@ POLLS, KILL_AT, INTERVAL = 24, 18, 0.5
 def load(url: str, users: int, layers: int, seed: int) -> None:
     """One bench run for the whole recording (one engine registration), growing conversations."""
     spec = WorkloadSpec("multi-round-qa", users=users, rounds=10_000, context_tokens=1024, seed=seed)
-    ServerBench(url, spec, KVShape(layers=layers, kv_heads=4, head_dim=64), mode="tcp", salt=f"rec-{seed}",
-                duration=POLLS * INTERVAL + 1).run()
+    ServerBench(
+        url,
+        spec,
+        KVShape(layers=layers, kv_heads=4, head_dim=64),
+        mode="tcp",
+        salt=f"rec-{seed}",
+        duration=POLLS * INTERVAL + 1,
+    ).run()
 
 
 def main(out: Path) -> None:
     tmp = Path(tempfile.mkdtemp())
     servers = [ServerProc(free_port(), ["--l1-size-gb", "0.06"], tmp / f"s{i}.log").start() for i in range(3)]
-    threads = [threading.Thread(target=load, args=(servers[0].url, 4, 4, 0)),
-               threading.Thread(target=load, args=(servers[1].url, 1, 1, 1000))]
+    threads = [
+        threading.Thread(target=load, args=(servers[0].url, 4, 4, 0)),
+        threading.Thread(target=load, args=(servers[1].url, 1, 1, 1000)),
+    ]
     source = DirectSource([s.url for s in servers], timeout=0.5)
     frames = []
     try:

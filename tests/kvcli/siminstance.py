@@ -46,9 +46,15 @@ class SimInstance:
 
     # -- membership ------------------------------------------------------------------------------
     def registration(self) -> dict[str, Any]:
-        return {"zmq_url": f"tcp://{self.name}.sim:5555", "http_url": self.http_url, "version": "sim",
-                "l1_capacity_bytes": 1 << 30, "chunk_size": self.chunk_size, "heartbeat_interval": 5.0,
-                "kv_events": {"endpoint": self.endpoint, "replay_endpoint": None, "topic": self.topic}}
+        return {
+            "zmq_url": f"tcp://{self.name}.sim:5555",
+            "http_url": self.http_url,
+            "version": "sim",
+            "l1_capacity_bytes": 1 << 30,
+            "chunk_size": self.chunk_size,
+            "heartbeat_interval": 5.0,
+            "kv_events": {"endpoint": self.endpoint, "replay_endpoint": None, "topic": self.topic},
+        }
 
     def register(self, client: httpx.Client, coordinator: str, token: str | None = None) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -63,8 +69,15 @@ class SimInstance:
         return client.put(f"{coordinator}/v1/instances/{self.instance_id}/heartbeat", json={"kv_events_seq": seq})
 
     # -- events ----------------------------------------------------------------------------------
-    def send(self, model: str, events: list[dict[str, Any]], *, seq: int | None = None, deliver: bool = True,
-             payload: bytes | None = None) -> int:
+    def send(
+        self,
+        model: str,
+        events: list[dict[str, Any]],
+        *,
+        seq: int | None = None,
+        deliver: bool = True,
+        payload: bytes | None = None,
+    ) -> int:
         """Publish one batch (seq: the next one unless given; deliver=False: count it but drop it)."""
         with self.lock:
             if seq is None:
@@ -79,15 +92,27 @@ class SimInstance:
         with self.lock:
             if not claim_only:
                 self.blocks.setdefault(model, set()).update(hashes)
-        return self.send(model, [{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
-                                  "token_ids": [], "block_size": self.chunk_size, "lora_id": None,
-                                  "medium": MEDIUM, "lora_name": None}], deliver=deliver)
+        return self.send(
+            model,
+            [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": hashes,
+                    "parent_block_hash": None,
+                    "token_ids": [],
+                    "block_size": self.chunk_size,
+                    "lora_id": None,
+                    "medium": MEDIUM,
+                    "lora_name": None,
+                }
+            ],
+            deliver=deliver,
+        )
 
     def remove(self, model: str, hashes: list[int], *, deliver: bool = True) -> int:
         with self.lock:
             self.blocks.get(model, set()).difference_update(hashes)
-        return self.send(model, [{"type": "BlockRemoved", "block_hashes": hashes, "medium": MEDIUM}],
-                         deliver=deliver)
+        return self.send(model, [{"type": "BlockRemoved", "block_hashes": hashes, "medium": MEDIUM}], deliver=deliver)
 
     def restart(self) -> None:
         """A new server process on the same endpoints: seq 0, AllBlocksCleared first."""
@@ -104,8 +129,10 @@ class SimInstance:
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             self.snapshots += 1
-            models = {m: base64.b64encode(np.fromiter(hs, dtype="<u8", count=len(hs)).tobytes()).decode()
-                      for m, hs in self.blocks.items()}
+            models = {
+                m: base64.b64encode(np.fromiter(hs, dtype="<u8", count=len(hs)).tobytes()).decode()
+                for m, hs in self.blocks.items()
+            }
             return {"next_seq": self.seq, "medium": MEDIUM, "chunk_size": self.chunk_size, "models": models}
 
     def close(self) -> None:

@@ -32,11 +32,16 @@ def test_pin_unpin_over_zmq_and_http(cli: CLI, server_factory) -> None:
     tokens = ",".join(map(str, TOKENS))
     pinned = cli("pin", "--url", srv.url, "--model", "m-admin", "--tokens", tokens, "--json")
     assert pinned.code == 0, pinned.err
-    assert pinned.json() == {"ok": True, "url": srv.url, "model": "m-admin", "tokens": 768, "keyspaces": 1,
-                             "objects": 3}
+    assert pinned.json() == {
+        "ok": True,
+        "url": srv.url,
+        "model": "m-admin",
+        "tokens": 768,
+        "keyspaces": 1,
+        "objects": 3,
+    }
     assert _l1(srv)["pinned"] == 3
-    unpinned = cli("unpin", "--url", srv.http_url, "--model", "m-admin", "--tokens", tokens,
-                   "--layout-fingerprint", fp)
+    unpinned = cli("unpin", "--url", srv.http_url, "--model", "m-admin", "--tokens", tokens, "--layout-fingerprint", fp)
     assert unpinned.code == 0, unpinned.err
     assert f"{srv.http_url}: unpinned 3 objects of 768 tokens (m-admin)" in unpinned.out
     assert _l1(srv)["pinned"] == 0
@@ -78,8 +83,7 @@ def test_admin_commands_need_the_token(server_factory, tmp_path) -> None:
 
 def test_instances_through_the_coordinator(cli: CLI, server_factory, coordinator_factory, refused_port) -> None:
     coord = coordinator_factory()
-    srv = server_factory("--l1-size-gb", "0.02", "--coordinator", coord.url, "--heartbeat-interval", "0.2",
-                         http=True)
+    srv = server_factory("--l1-size-gb", "0.02", "--coordinator", coord.url, "--heartbeat-interval", "0.2", http=True)
     wait_for(lambda: any(i["zmq_url"] == srv.url for i in coord.instances()), what="registration")
     run = cli("instances", "--coordinator", coord.url, "--json")
     assert run.code == 0, run.err

@@ -31,9 +31,30 @@ def expected_hits(workload: str, users: int, rounds: int, ctx: int, q: int, a: i
 @pytest.mark.parametrize("workload", ["multi-round-qa", "shared-prefix", "random"])
 def test_bench_server_hits_and_report(cli: CLI, server, mode: str, workload: str) -> None:
     users, rounds, ctx, q, a = 3, 3, 600, 64, 128
-    run = cli("bench", "server", "--url", server.url, "--mode", mode, "--workload", workload, "--users", str(users),
-              "--rounds", str(rounds), "--context-tokens", str(ctx), "--question-tokens", str(q),
-              "--answer-tokens", str(a), *SHAPE, "--verify", "--no-progress", "--json")
+    run = cli(
+        "bench",
+        "server",
+        "--url",
+        server.url,
+        "--mode",
+        mode,
+        "--workload",
+        workload,
+        "--users",
+        str(users),
+        "--rounds",
+        str(rounds),
+        "--context-tokens",
+        str(ctx),
+        "--question-tokens",
+        str(q),
+        "--answer-tokens",
+        str(a),
+        *SHAPE,
+        "--verify",
+        "--no-progress",
+        "--json",
+    )
     assert run.code == 0, run.err
     r = run.json()
     assert r["mode"] == mode and r["workload"] == workload and r["requests"] == users * rounds
@@ -55,8 +76,23 @@ def test_bench_server_hits_and_report(cli: CLI, server, mode: str, workload: str
 
 
 def test_bench_server_runs_do_not_share_objects_unless_salted(cli: CLI, server) -> None:
-    args = ("bench", "server", "--url", server.url, "--workload", "random", "--users", "2", "--rounds", "1",
-            "--context-tokens", "512", *SHAPE, "--no-progress", "--json")
+    args = (
+        "bench",
+        "server",
+        "--url",
+        server.url,
+        "--workload",
+        "random",
+        "--users",
+        "2",
+        "--rounds",
+        "1",
+        "--context-tokens",
+        "512",
+        *SHAPE,
+        "--no-progress",
+        "--json",
+    )
     assert cli(*args).json()["hit_tokens"] == 0
     assert cli(*args).json()["hit_tokens"] == 0  # a fresh salt per run
     assert cli(*args, "--salt", "fixed").json()["hit_tokens"] == 0
@@ -64,24 +100,74 @@ def test_bench_server_runs_do_not_share_objects_unless_salted(cli: CLI, server) 
 
 
 def test_bench_server_human_report_and_duration(cli: CLI, server) -> None:
-    run = cli("bench", "server", "--url", server.url, "--users", "2", "--rounds", "2", "--context-tokens", "512",
-              *SHAPE, "--no-progress")
+    run = cli(
+        "bench",
+        "server",
+        "--url",
+        server.url,
+        "--users",
+        "2",
+        "--rounds",
+        "2",
+        "--context-tokens",
+        "512",
+        *SHAPE,
+        "--no-progress",
+    )
     assert run.code == 0, run.err
     for text in ("token hit rate", "throughput", "lookup", "retrieve", "store", "p99 ms"):
         assert text in run.out
-    limited = cli("bench", "server", "--url", server.url, "--users", "100", "--rounds", "100", "--context-tokens",
-                  "256", *SHAPE, "--duration", "0.3", "--no-progress", "--json").json()
+    limited = cli(
+        "bench",
+        "server",
+        "--url",
+        server.url,
+        "--users",
+        "100",
+        "--rounds",
+        "100",
+        "--context-tokens",
+        "256",
+        *SHAPE,
+        "--duration",
+        "0.3",
+        "--no-progress",
+        "--json",
+    ).json()
     assert 0 < limited["requests"] < 100 * 100
 
 
 def test_bench_server_failures(cli: CLI, server, refused_port: int) -> None:
-    assert_one_line_error(cli("bench", "server", "--url", f"tcp://127.0.0.1:{refused_port}", "--no-progress"),
-                          "connection refused")
-    bigger_than_l1 = cli("bench", "server", "--url", server.url, "--layers", "64", "--kv-heads", "64",
-                         "--head-dim", "256", "--no-progress")
+    assert_one_line_error(
+        cli("bench", "server", "--url", f"tcp://127.0.0.1:{refused_port}", "--no-progress"), "connection refused"
+    )
+    bigger_than_l1 = cli(
+        "bench",
+        "server",
+        "--url",
+        server.url,
+        "--layers",
+        "64",
+        "--kv-heads",
+        "64",
+        "--head-dim",
+        "256",
+        "--no-progress",
+    )
     assert_one_line_error(bigger_than_l1, "register_engine refused", "NO_SPACE")
-    too_large = cli("bench", "server", "--url", server.url, "--layers", "4096", "--kv-heads", "64",
-                    "--head-dim", "256", "--no-progress")
+    too_large = cli(
+        "bench",
+        "server",
+        "--url",
+        server.url,
+        "--layers",
+        "4096",
+        "--kv-heads",
+        "64",
+        "--head-dim",
+        "256",
+        "--no-progress",
+    )
     assert_one_line_error(too_large, "bad KV shape", "--layers", "is too large")
     odd_block = cli("bench", "server", "--url", server.url, "--block-size", "7", "--no-progress")
     assert_one_line_error(odd_block, "bad KV shape", "--block-size 7 does not divide the server's chunk size")
@@ -91,8 +177,24 @@ def test_bench_server_failures(cli: CLI, server, refused_port: int) -> None:
 
 def test_bench_engine_multi_round(cli: CLI) -> None:
     with FakeOpenAI() as engine:
-        run = cli("bench", "engine", "--url", engine.url, "--users", "2", "--rounds", "3", "--context-tokens", "50",
-                  "--question-tokens", "5", "--answer-tokens", "4", "--no-progress", "--json")
+        run = cli(
+            "bench",
+            "engine",
+            "--url",
+            engine.url,
+            "--users",
+            "2",
+            "--rounds",
+            "3",
+            "--context-tokens",
+            "50",
+            "--question-tokens",
+            "5",
+            "--answer-tokens",
+            "4",
+            "--no-progress",
+            "--json",
+        )
         assert run.code == 0, run.err
         r = run.json()
         assert r["model"] == "fake-llm" and r["requests"] == r["completed"] == 6 and r["errors"] == {}
@@ -108,26 +210,62 @@ def test_bench_engine_multi_round(cli: CLI) -> None:
             earlier = [p for p in prompts if p != later and later.startswith(p)]
             if earlier:
                 prev = max(earlier, key=len)
-                rest = later[len(prev):]
+                rest = later[len(prev) :]
                 assert rest.startswith(" ans") and len(rest.split()) == 4 + 5
         assert sum(1 for p in prompts if any(o != p and p.startswith(o) for o in prompts)) == 4
 
 
 def test_bench_engine_shared_prefix_tokens_and_errors(cli: CLI, refused_port: int) -> None:
     with FakeOpenAI(fail_every=3) as engine:
-        run = cli("bench", "engine", "--url", engine.url, "--workload", "shared-prefix", "--prompt-format", "tokens",
-                  "--users", "3", "--rounds", "2", "--context-tokens", "40", "--question-tokens", "3",
-                  "--answer-tokens", "2", "--no-progress", "--json")
+        run = cli(
+            "bench",
+            "engine",
+            "--url",
+            engine.url,
+            "--workload",
+            "shared-prefix",
+            "--prompt-format",
+            "tokens",
+            "--users",
+            "3",
+            "--rounds",
+            "2",
+            "--context-tokens",
+            "40",
+            "--question-tokens",
+            "3",
+            "--answer-tokens",
+            "2",
+            "--no-progress",
+            "--json",
+        )
         assert run.code == 0, run.err
         r = run.json()
         assert r["requests"] == 6 and r["completed"] == 4 and r["errors"] == {"HTTP 500": 2}
         assert all(isinstance(p, list) and len(p) == 43 and p[:40] == engine.prompts[0][:40] for p in engine.prompts)
-        human = cli("bench", "engine", "--url", engine.url, "--users", "1", "--rounds", "1", "--no-progress",
-                    "--answer-tokens", "2", "--context-tokens", "10")
+        human = cli(
+            "bench",
+            "engine",
+            "--url",
+            engine.url,
+            "--users",
+            "1",
+            "--rounds",
+            "1",
+            "--no-progress",
+            "--answer-tokens",
+            "2",
+            "--context-tokens",
+            "10",
+        )
         assert human.code == 0 and "ttft" in human.out
-    assert_one_line_error(cli("bench", "engine", "--url", f"http://127.0.0.1:{refused_port}", "--no-progress"),
-                          "connection refused")
+    assert_one_line_error(
+        cli("bench", "engine", "--url", f"http://127.0.0.1:{refused_port}", "--no-progress"), "connection refused"
+    )
     refused = cli("bench", "engine", "--url", f"127.0.0.1:{refused_port}", "--model", "m", "--no-progress", "--json")
     assert refused.code == 1 and "Traceback" not in refused.err and "ConnectError" not in refused.err
-    assert refused.json() == {"ok": False, "url": f"http://127.0.0.1:{refused_port}",
-                              "reason": f"connection refused at 127.0.0.1:{refused_port}"}
+    assert refused.json() == {
+        "ok": False,
+        "url": f"http://127.0.0.1:{refused_port}",
+        "reason": f"connection refused at 127.0.0.1:{refused_port}",
+    }

@@ -9,15 +9,24 @@ from serverproc import BIN
 
 
 def complete(*words: str) -> list[str]:
-    env = {**os.environ, "_KVCLI_COMPLETE": "bash_complete", "COMP_WORDS": " ".join(("kvcli", *words)),
-           "COMP_CWORD": str(len(words))}
+    env = {
+        **os.environ,
+        "_KVCLI_COMPLETE": "bash_complete",
+        "COMP_WORDS": " ".join(("kvcli", *words)),
+        "COMP_CWORD": str(len(words)),
+    }
     out = subprocess.run([str(BIN / "kvcli")], env=env, capture_output=True, text=True, timeout=60).stdout
     return [line.split(",", 1)[1] for line in out.splitlines() if "," in line]
 
 
 def test_bash_completion() -> None:
-    script = subprocess.run([str(BIN / "kvcli")], env={**os.environ, "_KVCLI_COMPLETE": "bash_source"},
-                            capture_output=True, text=True, timeout=60).stdout
+    script = subprocess.run(
+        [str(BIN / "kvcli")],
+        env={**os.environ, "_KVCLI_COMPLETE": "bash_source"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert "_kvcli_completion()" in script
     assert set(complete("pi")) == {"pin", "ping"}
     assert {"--token", "--token-file"} <= set(complete("ping", "--to"))

@@ -35,8 +35,15 @@ def delta(after: Samples, before: Samples, name: str, **labels: str) -> float:
 
 
 def registration(port: int = 5555, **extra: object) -> dict[str, object]:
-    return {"zmq_url": f"tcp://127.0.0.1:{port}", "http_url": f"http://127.0.0.1:{port + 1}", "version": "0.1.0",
-            "l1_capacity_bytes": 1 << 30, "chunk_size": 256, "heartbeat_interval": 5.0, **extra}
+    return {
+        "zmq_url": f"tcp://127.0.0.1:{port}",
+        "http_url": f"http://127.0.0.1:{port + 1}",
+        "version": "0.1.0",
+        "l1_capacity_bytes": 1 << 30,
+        "chunk_size": 256,
+        "heartbeat_interval": 5.0,
+        **extra,
+    }
 
 
 def test_register_heartbeat_list_deregister(shared: CoordinatorProc) -> None:
@@ -115,27 +122,54 @@ def test_bad_bodies_get_4xx_and_change_nothing(shared: CoordinatorProc) -> None:
         iid = h.post("/v1/instances", json=registration()).json()["instance_id"]
         cases = [
             (h.post("/v1/instances", content=b"{oops", headers=json_headers), 400, "BAD_JSON"),
-            (h.post("/v1/instances", json={k: v for k, v in registration().items() if k != "zmq_url"}), 422,
-             "BAD_FIELD"),
+            (
+                h.post("/v1/instances", json={k: v for k, v in registration().items() if k != "zmq_url"}),
+                422,
+                "BAD_FIELD",
+            ),
             (h.post("/v1/instances", json=registration(zmq_url="http://x:1")), 422, "BAD_FIELD"),
             (h.post("/v1/instances", json=registration(http_url="file:///etc/passwd")), 422, "BAD_FIELD"),
             (h.post("/v1/instances", json=registration(l1_capacity_bytes=-1)), 422, "BAD_FIELD"),
             (h.post("/v1/instances", json=registration(secret="x")), 422, "BAD_FIELD"),
             (h.put(f"/v1/instances/{iid}/heartbeat", json={"objects": "many"}), 422, "BAD_FIELD"),
-            (h.post("/v1/fleet/lookup", json={"model": "m", "world_size": 1, "groups": ["nothex"], "tokens": [1]}),
-             422, "BAD_FIELD"),
+            (
+                h.post("/v1/fleet/lookup", json={"model": "m", "world_size": 1, "groups": ["nothex"], "tokens": [1]}),
+                422,
+                "BAD_FIELD",
+            ),
             (h.post("/v1/fleet/lookup", content=b" " * (33 << 20), headers=json_headers), 413, "TOO_LARGE"),
             (h.post("/v1/fleet/lookup", content=b"{oops", headers=json_headers), 400, "BAD_JSON"),
             (h.post("/v1/fleet/lookup", content=b"[" * 5000 + b"]" * 5000, headers=json_headers), 400, "BAD_JSON"),
-            (h.post("/v1/fleet/lookup", content=b'{"tokens": ' + b"[" * 5000 + b"]" * 5000 + b"}",
-                    headers=json_headers), 400, "BAD_JSON"),
-            (h.post("/v1/fleet/lookup", content=b'{"model": 1, "tokens": [1,', headers=json_headers), 400,
-             "BAD_JSON"),  # a type error before a syntax error is still bad JSON
-            *[(h.post("/v1/fleet/lookup", json={**lookup, **change}), 422, "BAD_FIELD") for change in (
-                {"tokens": [-1]}, {"tokens": [1 << 32]}, {"tokens": [True]}, {"tokens": [1.5]}, {"tokens": None},
-                {"tokens": "not base64!"}, {"tokens": base64.b64encode(b"12345").decode()},  # not whole uint32s
-                {"world_size": 0}, {"world_size": "1"}, {"groups": []}, {"mode": "nope"}, {"secret": 1},
-                {"model": ""})],
+            (
+                h.post(
+                    "/v1/fleet/lookup", content=b'{"tokens": ' + b"[" * 5000 + b"]" * 5000 + b"}", headers=json_headers
+                ),
+                400,
+                "BAD_JSON",
+            ),
+            (
+                h.post("/v1/fleet/lookup", content=b'{"model": 1, "tokens": [1,', headers=json_headers),
+                400,
+                "BAD_JSON",
+            ),  # a type error before a syntax error is still bad JSON
+            *[
+                (h.post("/v1/fleet/lookup", json={**lookup, **change}), 422, "BAD_FIELD")
+                for change in (
+                    {"tokens": [-1]},
+                    {"tokens": [1 << 32]},
+                    {"tokens": [True]},
+                    {"tokens": [1.5]},
+                    {"tokens": None},
+                    {"tokens": "not base64!"},
+                    {"tokens": base64.b64encode(b"12345").decode()},  # not whole uint32s
+                    {"world_size": 0},
+                    {"world_size": "1"},
+                    {"groups": []},
+                    {"mode": "nope"},
+                    {"secret": 1},
+                    {"model": ""},
+                )
+            ],
             (h.post("/v1/fleet/lookup", json={k: v for k, v in lookup.items() if k != "tokens"}), 422, "BAD_FIELD"),
             (h.get("/v1/nothing"), 404, "NOT_FOUND"),
         ]
@@ -155,8 +189,12 @@ def test_token_guards_membership_changes(coordinator_factory) -> None:
         assert h.post("/v1/instances", json=registration(), headers={"Authorization": "Bearer nope"}).status_code == 403
         for path in ("/v1/instances", "/v1/fleet/status", "/v1/fleet/index"):  # reads need it too, even on loopback
             assert h.get(path).status_code == 401, path
-        assert h.post("/v1/fleet/lookup", json={"model": "m", "world_size": 1, "groups": ["0123456789abcdef"],
-                                                "tokens": [1]}).status_code == 401
+        assert (
+            h.post(
+                "/v1/fleet/lookup", json={"model": "m", "world_size": 1, "groups": ["0123456789abcdef"], "tokens": [1]}
+            ).status_code
+            == 401
+        )
         assert h.get("/metrics").status_code == 200  # aggregates only: a local Prometheus needs no setup
         assert coord.instances() == []
         auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -189,21 +227,25 @@ def test_non_loopback_bind_without_token_is_refused(coordinator_factory) -> None
 
 def test_busy_port_is_a_clear_error(shared: CoordinatorProc) -> None:
     first = shared
-    done = subprocess.run([str(BIN / "kvcli"), "coordinator", "--port", str(first.port)], capture_output=True,
-                          text=True, timeout=30)
+    done = subprocess.run(
+        [str(BIN / "kvcli"), "coordinator", "--port", str(first.port)], capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 1 and f"cannot listen on 127.0.0.1:{first.port}" in done.stderr
 
 
 def test_coordinator_imports_no_torch_or_kvserver() -> None:
-    code = ("import sys, kvcoordinator.app, kvcoordinator.cli, kvcli._commands.coordinator; "
-            "bad = [m for m in ('torch', 'kvserver', 'kvconnector') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, kvcoordinator.app, kvcoordinator.cli, kvcli._commands.coordinator; "
+        "bad = [m for m in ('torch', 'kvserver', 'kvconnector') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_help_lists_options() -> None:
-    out = subprocess.run([str(BIN / "kvcli"), "coordinator", "--help"], capture_output=True, text=True,
-                         timeout=30).stdout
+    out = subprocess.run(
+        [str(BIN / "kvcli"), "coordinator", "--help"], capture_output=True, text=True, timeout=30
+    ).stdout
     for option in ("--host", "--port", "--instance-timeout", "--api-token", "--insecure", "9090"):
         assert option in out
 
@@ -211,6 +253,10 @@ def test_help_lists_options() -> None:
 def test_kvcoordinator_is_the_same_command() -> None:
     out = subprocess.run([str(BIN / "kvcoordinator"), "--help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout.startswith("Usage: kvcoordinator [OPTIONS]")
-    refused = subprocess.run([str(BIN / "kvcoordinator"), "--host", "0.0.0.0", "--port", str(free_port())],
-                             capture_output=True, text=True, timeout=30)
+    refused = subprocess.run(
+        [str(BIN / "kvcoordinator"), "--host", "0.0.0.0", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert refused.returncode == 2 and refused.stderr.startswith("kvcoordinator: ")

@@ -43,9 +43,14 @@ class Squatter:
 
     def __init__(self, host: str, port: int) -> None:
         env = {"PATH": os.environ.get("PATH", ""), "HOME": "/nonexistent"}
-        self.proc = subprocess.Popen([*NOBODY, sys.executable, str(Path(__file__).with_name("squatter_http.py")),
-                                      host, str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env, cwd="/")
+        self.proc = subprocess.Popen(
+            [*NOBODY, sys.executable, str(Path(__file__).with_name("squatter_http.py")), host, str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd="/",
+        )
         assert self.proc.stdout is not None
         first = self.proc.stdout.readline().strip()
         assert first == "ready", self.proc.stderr.read() if self.proc.stderr else first
@@ -90,8 +95,13 @@ def test_coordinator_sends_no_token_to_a_strangers_socket(server_factory, coordi
     squatter = Squatter("::1", srv.http_port)
     try:
         # the stranger cannot register: the coordinator generated a token, and it is not the stranger's
-        reg = {"zmq_url": "tcp://127.0.0.1:1", "http_url": f"http://[::1]:{srv.http_port}",
-               "l1_capacity_bytes": 1, "version": "0", "heartbeat_interval": 30.0}
+        reg = {
+            "zmq_url": "tcp://127.0.0.1:1",
+            "http_url": f"http://[::1]:{srv.http_port}",
+            "l1_capacity_bytes": 1,
+            "version": "0",
+            "heartbeat_interval": 30.0,
+        }
         assert httpx.post(f"{coord.url}/v1/instances", json=reg, timeout=5).status_code == 401
         # even registered (say by a careless operator), the squatter is asked without credentials
         assert coord.post("/v1/instances", json=reg).status_code == 201
@@ -133,14 +143,24 @@ except OSError as exc:
     out["token_file"] = type(exc).__name__
 print(json.dumps(out))
 """
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": "/nonexistent",
-           "KVSERVER_STATE_DIR": os.environ["KVSERVER_STATE_DIR"]}
-    done = subprocess.run([*NOBODY, sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          env=env, cwd="/")
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": "/nonexistent",
+        "KVSERVER_STATE_DIR": os.environ["KVSERVER_STATE_DIR"],
+    }
+    done = subprocess.run(
+        [*NOBODY, sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env, cwd="/"
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out == {"register": 401, "lookup": 401, "status": 401, "instances": 401, "healthz": 200,
-                   "token_file": "PermissionError"}
+    assert out == {
+        "register": 401,
+        "lookup": 401,
+        "status": 401,
+        "instances": 401,
+        "healthz": 200,
+        "token_file": "PermissionError",
+    }
     assert coord.instances() == []  # the owner (its token file) still works, and nothing was registered
 
 

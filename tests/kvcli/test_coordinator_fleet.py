@@ -17,8 +17,9 @@ BEAT = ("--heartbeat-interval", "0.2")
 
 def kv(server_factory, coord: CoordinatorProc | str, *args: str, http: bool = True, **kw) -> ServerProc:
     url = coord if isinstance(coord, str) else coord.url
-    return server_factory("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), "--coordinator", url, *BEAT, *args,
-                          http=http, **kw)
+    return server_factory(
+        "--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), "--coordinator", url, *BEAT, *args, http=http, **kw
+    )
 
 
 def listed(coord: CoordinatorProc, srv: ServerProc) -> dict | None:
@@ -57,8 +58,10 @@ def test_coordinator_down_then_restarted(server_factory, coordinator_factory) ->
         assert c.call("ping").result["protocol"] == 1  # serving regardless
     coord = coordinator_factory(port=port)
     # a heartbeat proves the server got its id (not just that the coordinator recorded it)
-    first = wait_for(lambda: (listed(coord, srv) or {}).get("heartbeats", 0) >= 1 and listed(coord, srv),
-                     what="registration once the coordinator is up")
+    first = wait_for(
+        lambda: (listed(coord, srv) or {}).get("heartbeats", 0) >= 1 and listed(coord, srv),
+        what="registration once the coordinator is up",
+    )
     coord.kill()
     with srv.client() as c, httpx.Client(timeout=5) as h:  # the outage changes nothing for clients
         ks, _ = register(c, layouts=[tiny_layout(CHUNK)])

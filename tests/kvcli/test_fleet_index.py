@@ -25,13 +25,27 @@ BEAT = ("--heartbeat-interval", "0.2")
 
 
 def events_args(pub: int | None = None, rep: int | None = None) -> list[str]:
-    return ["--kv-events-endpoint", f"tcp://127.0.0.1:{pub or free_port()}",
-            "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{rep or free_port()}"]
+    return [
+        "--kv-events-endpoint",
+        f"tcp://127.0.0.1:{pub or free_port()}",
+        "--kv-events-replay-endpoint",
+        f"tcp://127.0.0.1:{rep or free_port()}",
+    ]
 
 
 def kv(server_factory: Any, coord: CoordinatorProc, *args: str) -> ServerProc:
-    return server_factory("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), "--coordinator", coord.url, *BEAT,
-                          *events_args(), *args, http=True)
+    return server_factory(
+        "--l1-size-gb",
+        "0.05",
+        "--chunk-size",
+        str(CHUNK),
+        "--coordinator",
+        coord.url,
+        *BEAT,
+        *events_args(),
+        *args,
+        http=True,
+    )
 
 
 def index(coord: CoordinatorProc) -> dict[str, Any]:
@@ -44,8 +58,11 @@ def lookup(coord: CoordinatorProc, body: dict[str, Any]) -> dict[str, Any]:
 
 def fanout_queries(coord: CoordinatorProc) -> float:
     samples = parse_metrics(coord.get("/metrics").text)
-    return sum(v for (name, labels), v in samples.items()
-               if name == "kvcoordinator_fanout_requests_total" and ("endpoint", "query") in labels)
+    return sum(
+        v
+        for (name, labels), v in samples.items()
+        if name == "kvcoordinator_fanout_requests_total" and ("endpoint", "query") in labels
+    )
 
 
 def by_url(answer: dict[str, Any]) -> dict[str, int]:
@@ -65,8 +82,15 @@ def test_stores_evictions_and_departures_reach_the_index_without_fanout(server_f
             if srv is a:
                 store(c, ks, only_a, fill)
     assert ks is not None
-    hint = wait_for(lambda: (h := lookup(coord, keys_body(ks, shared)))["prefix_tokens"] == 3 * CHUNK and
-                    h["fanned_out"] == 0 and len(h["instances"]) == 2 and h, what="stores in the index")
+    hint = wait_for(
+        lambda: (
+            (h := lookup(coord, keys_body(ks, shared)))["prefix_tokens"] == 3 * CHUNK
+            and h["fanned_out"] == 0
+            and len(h["instances"]) == 2
+            and h
+        ),
+        what="stores in the index",
+    )
     assert index(coord)["resync_failures"] == 0
     base = fanout_queries(coord)  # 0 unless a lookup above came while a feed was (re)syncing
     assert hint["best"]["zmq_url"] == b.url and hint["best"]["source"] == "index"
@@ -92,8 +116,10 @@ def test_stores_evictions_and_departures_reach_the_index_without_fanout(server_f
     # eviction (clear) on b removes its chunks from the index
     with b.http() as h:
         assert h.post("/v1/clear").status_code == 200
-    after = wait_for(lambda: (h := lookup(coord, keys_body(ks, shared)))["prefix_tokens"] == CHUNK and h,
-                     what="removals in the index")
+    after = wait_for(
+        lambda: (h := lookup(coord, keys_body(ks, shared)))["prefix_tokens"] == CHUNK and h,
+        what="removals in the index",
+    )
     assert by_url(after) == {a.url: CHUNK}
 
     # a clean stop deregisters: gone at once; a killed instance goes with its heartbeats
@@ -108,12 +134,22 @@ def test_stores_evictions_and_departures_reach_the_index_without_fanout(server_f
     assert fanout_queries(coord) == base + 2 + 2 + 2  # only the verify and fanout lookups asked anyone
 
 
-def test_a_restarted_server_on_the_same_endpoints_is_resynced(server_factory, coordinator_factory,
-                                                              tmp_path: Path) -> None:
+def test_a_restarted_server_on_the_same_endpoints_is_resynced(
+    server_factory, coordinator_factory, tmp_path: Path
+) -> None:
     coord = coordinator_factory("--instance-timeout", "60")
     port, http_port, pub, rep = free_port(), free_port(), free_port(), free_port()
-    args = ["--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), "--coordinator", coord.url,
-            "--heartbeat-interval", "30", *events_args(pub, rep)]  # heartbeats too rare to notice the restart
+    args = [
+        "--l1-size-gb",
+        "0.05",
+        "--chunk-size",
+        str(CHUNK),
+        "--coordinator",
+        coord.url,
+        "--heartbeat-interval",
+        "30",
+        *events_args(pub, rep),
+    ]  # heartbeats too rare to notice the restart
     first = ServerProc(port, args, tmp_path / "first.log", http_port=http_port).start()
     second: ServerProc | None = None
     try:
@@ -121,16 +157,19 @@ def test_a_restarted_server_on_the_same_endpoints_is_resynced(server_factory, co
         with first.client() as c:
             ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
             store(c, ks, prompt(3, seed=5), fill)
-        wait_for(lambda: lookup(coord, keys_body(ks, prompt(3, seed=5)))["prefix_tokens"] == 3 * CHUNK,
-                 what="stores indexed")
+        wait_for(
+            lambda: lookup(coord, keys_body(ks, prompt(3, seed=5)))["prefix_tokens"] == 3 * CHUNK, what="stores indexed"
+        )
         first.kill()  # no deregistration; the coordinator still lists it for 60 s
         second = ServerProc(port, args, tmp_path / "second.log", http_port=http_port).start()
         with second.client() as c:
             ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
             store(c, ks, prompt(1, seed=6), fill)
         # the new process's stream (seq 0 AllBlocksCleared, or a gap, then a resync) replaces the old claims
-        wait_for(lambda: lookup(coord, keys_body(ks, prompt(1, seed=6)))["prefix_tokens"] == CHUNK,
-                 what="new process indexed")
+        wait_for(
+            lambda: lookup(coord, keys_body(ks, prompt(1, seed=6)))["prefix_tokens"] == CHUNK,
+            what="new process indexed",
+        )
         assert lookup(coord, keys_body(ks, prompt(3, seed=5)))["best"] is None
         assert fanout_queries(coord) == 0
     finally:

@@ -47,8 +47,12 @@ class Coord:
     def __init__(self, proc: CoordinatorProc, token: str | None = None) -> None:
         self.proc = proc
         token = token or proc.token
-        self.http = httpx.Client(base_url=proc.url, timeout=10, trust_env=False,
-                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+        self.http = httpx.Client(
+            base_url=proc.url,
+            timeout=10,
+            trust_env=False,
+            headers={"Authorization": f"Bearer {token}"} if token else {},
+        )
 
     def lookup(self, toks: list[int], **extra: Any) -> dict[str, Any]:
         body = {"model": MODEL, "world_size": 1, "groups": GROUPS, "tokens": toks, **extra}
@@ -63,10 +67,10 @@ class Coord:
         return dict(self.http.get("/v1/fleet/index").json())
 
 
-def start(coordinator_factory: Any, zctx: zmq.Context, sims: list[SimInstance], *args: str,
-          token: str | None = None) -> tuple[Coord, SimInstance]:
-    proc = coordinator_factory("--instance-timeout", "60", *args,
-                               env={"KVSERVER_API_TOKEN": token} if token else None)
+def start(
+    coordinator_factory: Any, zctx: zmq.Context, sims: list[SimInstance], *args: str, token: str | None = None
+) -> tuple[Coord, SimInstance]:
+    proc = coordinator_factory("--instance-timeout", "60", *args, env={"KVSERVER_API_TOKEN": token} if token else None)
     coord = Coord(proc, token)
     sim = SimInstance(zctx, f"sim{len(sims)}", CHUNK)
     sims.append(sim)
@@ -77,11 +81,13 @@ def start(coordinator_factory: Any, zctx: zmq.Context, sims: list[SimInstance], 
 
 def settle(coord: Coord, sim: SimInstance, toks: list[int], prefix: int) -> None:
     """Store a probe until the index shows it (ZMQ's slow joiner may lose the first batches)."""
+
     def probe() -> bool:
         if coord.prefix(toks) == prefix:
             return True
         sim.store(MODEL, low64(toks)[: prefix // CHUNK])
         return False
+
     wait_for(probe, what="index caught up")
 
 
@@ -114,9 +120,22 @@ def test_stale_malformed_and_lying_batches_last_at_most_one_resync(coordinator_f
     a, lie, stale = tokens(2, 4), tokens(2, 5), tokens(2, 6)
     settle(coord, sim, a, 2 * CHUNK)
     # out of order: a batch with an old seq is ignored (the snapshot or the stream already had it)
-    sim.send(MODEL, [{"type": "BlockStored", "block_hashes": low64(stale), "parent_block_hash": None,
-                      "token_ids": [], "block_size": CHUNK, "lora_id": None, "medium": "kvserver_l1",
-                      "lora_name": None}], seq=0)
+    sim.send(
+        MODEL,
+        [
+            {
+                "type": "BlockStored",
+                "block_hashes": low64(stale),
+                "parent_block_hash": None,
+                "token_ids": [],
+                "block_size": CHUNK,
+                "lora_id": None,
+                "medium": "kvserver_l1",
+                "lora_name": None,
+            }
+        ],
+        seq=0,
+    )
     # a lie in sequence (claims chunks the instance does not hold) is believed until the next resync...
     sim.store(MODEL, low64(lie), claim_only=True)
     wait_for(lambda: coord.prefix(lie) == 2 * CHUNK, what="the claim indexed")
@@ -128,13 +147,15 @@ def test_stale_malformed_and_lying_batches_last_at_most_one_resync(coordinator_f
     wait_for(lambda: coord.prefix(lie) == 0, what="claim dropped")
     assert coord.prefix(a) == 2 * CHUNK and coord.index()["bad"] >= 1
     # wrong shapes in a well-formed batch: a string hash, a wrong block size
-    for bad in ({"type": "BlockStored", "block_hashes": ["x"], "block_size": CHUNK, "medium": "kvserver_l1"},
-                {"type": "BlockStored", "block_hashes": low64(lie), "block_size": 16, "medium": "kvserver_l1"},
-                {"type": "Nonsense"}):
-            resyncs = coord.index()["resyncs"]
-            sim.send(MODEL, [bad])
-            wait_for(lambda r=resyncs: coord.index()["resyncs"] > r, what=f"resync after {bad}")
-            assert coord.prefix(lie) == 0 and coord.prefix(a) == 2 * CHUNK
+    for bad in (
+        {"type": "BlockStored", "block_hashes": ["x"], "block_size": CHUNK, "medium": "kvserver_l1"},
+        {"type": "BlockStored", "block_hashes": low64(lie), "block_size": 16, "medium": "kvserver_l1"},
+        {"type": "Nonsense"},
+    ):
+        resyncs = coord.index()["resyncs"]
+        sim.send(MODEL, [bad])
+        wait_for(lambda r=resyncs: coord.index()["resyncs"] > r, what=f"resync after {bad}")
+        assert coord.prefix(lie) == 0 and coord.prefix(a) == 2 * CHUNK
 
 
 def test_a_restart_on_the_same_endpoint_clears_the_old_claims(coordinator_factory, zctx, sims) -> None:
@@ -199,8 +220,9 @@ def test_a_lookup_lists_the_least_loaded_of_the_deepest_holders(coordinator_fact
         reply = coord.http.post("/v1/instances", json={**sim.registration(), "l1_used_bytes": loads[sim.name]})
         assert reply.status_code == 201
         sim.instance_id = reply.json()["instance_id"]
-    coord.http.put(f"/v1/instances/{first.instance_id}/heartbeat",
-                   json={"l1_used_bytes": loads[first.name]}).raise_for_status()
+    coord.http.put(
+        f"/v1/instances/{first.instance_id}/heartbeat", json={"l1_used_bytes": loads[first.name]}
+    ).raise_for_status()
     wait_for(lambda: coord.index()["synced"] == 21, what="every feed in sync")
     hashes = low64(a)
 

@@ -18,8 +18,7 @@ FORBIDDEN = ("torch", "kvserver", "kvconnector")
 
 
 def run_python(code: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          cwd=HERE)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=HERE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -32,7 +31,9 @@ def loaded(names):
 
 
 def test_help_is_lazy(record_property: pytest.RecordProperty) -> None:
-    out = run_python(PROBE + """
+    out = run_python(
+        PROBE
+        + """
 from kvcli.main import main
 try:
     main(["--help"])
@@ -40,7 +41,8 @@ except SystemExit:
     pass
 print(json.dumps({"heavy": loaded({"textual", "httpx", "numpy", "rich", "zmq", "kvprotocol", "torch",
                                    "kvserver", "kvconnector", "fastapi", "uvicorn"})}))
-""")
+"""
+    )
     assert out["heavy"] == []
     kvcli = str(Path(sys.executable).parent / "kvcli")
     t0 = time.perf_counter()
@@ -53,7 +55,9 @@ print(json.dumps({"heavy": loaded({"textual", "httpx", "numpy", "rich", "zmq", "
 
 def test_no_command_imports_torch_or_server_packages(server) -> None:
     """Each command's real code path, in one fresh interpreter, against a real server."""
-    out = run_python(PROBE + f"""
+    out = run_python(
+        PROBE
+        + f"""
 import asyncio
 from click.testing import CliRunner
 from kvcli.main import main
@@ -89,8 +93,18 @@ async def dashboard():
         await pilot.press("q")
 asyncio.run(dashboard())
 print(json.dumps({{"codes": codes, "forbidden": loaded({set(FORBIDDEN)!r})}}))
-""")
+"""
+    )
     assert out["forbidden"] == []
     assert set(out["codes"].values()) == {0}, json.dumps(out["codes"])
-    assert {"ping --url", "describe --url", "query --url", "bench server", "bench engine", "top --url",
-            "pin --url", "unpin --url", "clear --url"} <= set(out["codes"])
+    assert {
+        "ping --url",
+        "describe --url",
+        "query --url",
+        "bench server",
+        "bench engine",
+        "top --url",
+        "pin --url",
+        "unpin --url",
+        "clear --url",
+    } <= set(out["codes"])

@@ -21,8 +21,17 @@ from kvprotocol import Client
 from kvhelpers import register, store, tiny_layout
 
 ROOT = Path(__file__).resolve().parents[2]
-ABSENT = ("numpy", "fastapi", "uvicorn", "prometheus_client", "torch", "kvcoordinator", "kvserver",
-          "kvconnector", "boto3")
+ABSENT = (
+    "numpy",
+    "fastapi",
+    "uvicorn",
+    "prometheus_client",
+    "torch",
+    "kvcoordinator",
+    "kvserver",
+    "kvconnector",
+    "boto3",
+)
 TOKENS = list(range(500, 500 + 600))
 
 
@@ -60,8 +69,9 @@ def _kvcli(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_heavy_packages_are_not_installed(light_venv: Path) -> None:
     code = f"import importlib.util, json; print(json.dumps([m for m in {ABSENT!r} if importlib.util.find_spec(m)]))"
-    out = subprocess.run([str(light_venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    out = subprocess.run(
+        [str(light_venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
     assert json.loads(out) == []
 
 
@@ -79,8 +89,9 @@ def test_every_light_command_works_in_the_light_venv(light_venv: Path, server) -
     assert described.returncode == 0, described.stderr
     assert any(e["model"] == "m-light" for e in json.loads(described.stdout)["engines"])
 
-    query = _kvcli(light_venv, "query", "--url", server.url, "--model", "m-light", "--json",
-                   "--tokens", ",".join(map(str, TOKENS)))
+    query = _kvcli(
+        light_venv, "query", "--url", server.url, "--model", "m-light", "--json", "--tokens", ",".join(map(str, TOKENS))
+    )
     assert query.returncode == 0, query.stderr
     assert json.loads(query.stdout)["keyspaces"][0]["prefix_tokens"] == 512
 
@@ -112,16 +123,22 @@ def server_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _locked_venv(tmp_path_factory.mktemp("server") / "venv", "kvserver")
 
 
-@pytest.mark.parametrize("args,extra", [
-    (("--l2", "s3://bucket/prefix"), "kvserver[s3]"),
-    (("--l2", "redis://127.0.0.1:1/0"), "kvserver[redis]"),
-    (("--l2", "fs:///tmp/kv-light-l2", "--l2-compression", "zstd"), "kvserver[zstd]"),
-    (("--l2", "fs:///tmp/kv-light-l2", "--l2-encryption-key-file", "KEYFILE"), "kvserver[crypto]"),
-])
-def test_a_tier_without_its_extra_is_refused_naming_the_extra(server_venv: Path, tmp_path: Path, args: tuple,
-                                                               extra: str) -> None:
-    code = ("import importlib.util as u; assert not any(u.find_spec(m) for m in "
-            "('boto3', 'redis', 'zstandard', 'cryptography'))")
+@pytest.mark.parametrize(
+    "args,extra",
+    [
+        (("--l2", "s3://bucket/prefix"), "kvserver[s3]"),
+        (("--l2", "redis://127.0.0.1:1/0"), "kvserver[redis]"),
+        (("--l2", "fs:///tmp/kv-light-l2", "--l2-compression", "zstd"), "kvserver[zstd]"),
+        (("--l2", "fs:///tmp/kv-light-l2", "--l2-encryption-key-file", "KEYFILE"), "kvserver[crypto]"),
+    ],
+)
+def test_a_tier_without_its_extra_is_refused_naming_the_extra(
+    server_venv: Path, tmp_path: Path, args: tuple, extra: str
+) -> None:
+    code = (
+        "import importlib.util as u; assert not any(u.find_spec(m) for m in "
+        "('boto3', 'redis', 'zstandard', 'cryptography'))"
+    )
     subprocess.run([str(server_venv / "bin" / "python"), "-c", code], check=True, timeout=60)
     from serverproc import free_port
 
@@ -129,9 +146,23 @@ def test_a_tier_without_its_extra_is_refused_naming_the_extra(server_venv: Path,
     key.write_text("00" * 32)
     args = tuple(str(key) if a == "KEYFILE" else a for a in args)
     port = free_port()
-    done = subprocess.run([str(server_venv / "bin" / "kvserver"), "start", "--port", str(port), "--http-port", "0",
-                           "--l1-size-gb", "0.01", *args], capture_output=True, text=True, timeout=60,
-                          env={"KVSERVER_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [
+            str(server_venv / "bin" / "kvserver"),
+            "start",
+            "--port",
+            str(port),
+            "--http-port",
+            "0",
+            "--l1-size-gb",
+            "0.01",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"KVSERVER_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode != 0
     assert extra in done.stderr, done.stderr
     assert "Traceback" not in done.stderr

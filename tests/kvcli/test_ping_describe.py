@@ -32,8 +32,11 @@ def test_ping_refused(cli: CLI, refused_port: int) -> None:
     run = cli("ping", "--url", f"tcp://127.0.0.1:{refused_port}")
     assert_one_line_error(run, "connection refused")
     as_json = cli("ping", "--url", f"tcp://127.0.0.1:{refused_port}", "--json")
-    assert as_json.code == 1 and as_json.json() == {"ok": False, "url": f"tcp://127.0.0.1:{refused_port}",
-                                                    "reason": f"connection refused at 127.0.0.1:{refused_port}"}
+    assert as_json.code == 1 and as_json.json() == {
+        "ok": False,
+        "url": f"tcp://127.0.0.1:{refused_port}",
+        "reason": f"connection refused at 127.0.0.1:{refused_port}",
+    }
     http = cli("ping", "--url", f"http://127.0.0.1:{refused_port}")
     assert_one_line_error(http, "connection refused")
 
@@ -110,5 +113,4 @@ def test_describe_human_and_http(cli: CLI, server_factory) -> None:
 
 def test_describe_unreachable(cli: CLI, refused_port: int) -> None:
     assert_one_line_error(cli("describe", "--url", f"tcp://127.0.0.1:{refused_port}"), "connection refused")
-    assert_one_line_error(cli("describe", "--url", f"http://127.0.0.1:{refused_port}", "--json"),
-                          "connection refused")
+    assert_one_line_error(cli("describe", "--url", f"http://127.0.0.1:{refused_port}", "--json"), "connection refused")

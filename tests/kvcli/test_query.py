@@ -37,8 +37,9 @@ def test_query_by_model_json(cli: CLI, server, tmp_path: Path) -> None:
 def test_query_explicit_fingerprint_salt_and_human(cli: CLI, server) -> None:
     fp = _seed(server, salt="tenant-a")
     tokens = ",".join(map(str, TOKENS[:512]))
-    plain = cli("query", "--url", server.url, "--model", "m-q", "--tokens", tokens, "--layout-fingerprint", fp,
-                "--json")
+    plain = cli(
+        "query", "--url", server.url, "--model", "m-q", "--tokens", tokens, "--layout-fingerprint", fp, "--json"
+    )
     assert plain.code == 0 and plain.json()["keyspaces"][0]["prefix_tokens"] == 0  # salt isolates
     salted = cli("query", "--url", server.url, "--model", "m-q", "--tokens", tokens, "--salt", "tenant-a", "--json")
     assert salted.json()["keyspaces"][0]["prefix_tokens"] == 512
@@ -47,12 +48,17 @@ def test_query_explicit_fingerprint_salt_and_human(cli: CLI, server) -> None:
 
 
 def test_query_errors(cli: CLI, server, refused_port: int) -> None:
-    assert_one_line_error(cli("query", "--url", server.url, "--model", "nobody", "--tokens", "1,2"),
-                          "no engine registered for model 'nobody'")
-    assert_one_line_error(cli("query", "--url", server.url, "--model", "m", "--tokens", "1",
-                              "--layout-fingerprint", "not-hex"), "BAD_FIELD")
-    assert_one_line_error(cli("query", "--url", f"tcp://127.0.0.1:{refused_port}", "--model", "m",
-                              "--tokens", "1"), "connection refused")
+    assert_one_line_error(
+        cli("query", "--url", server.url, "--model", "nobody", "--tokens", "1,2"),
+        "no engine registered for model 'nobody'",
+    )
+    assert_one_line_error(
+        cli("query", "--url", server.url, "--model", "m", "--tokens", "1", "--layout-fingerprint", "not-hex"),
+        "BAD_FIELD",
+    )
+    assert_one_line_error(
+        cli("query", "--url", f"tcp://127.0.0.1:{refused_port}", "--model", "m", "--tokens", "1"), "connection refused"
+    )
     bad = cli("query", "--url", server.url, "--model", "m", "--tokens", "1,x")
     assert bad.code == 2 and "cannot parse token ids" in bad.err
     both = cli("query", "--url", server.url, "--model", "m")

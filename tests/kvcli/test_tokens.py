@@ -21,8 +21,13 @@ def guarded(server_factory):
 
 def run(tmp_path: Path, *args: str, **env: str) -> Run:
     """kvcli with an empty state directory: the server's own token file is out of reach."""
-    clean = {"KVSERVER_STATE_DIR": str(tmp_path / "elsewhere"), "KVSERVER_API_TOKEN": None,
-             "KVSERVER_API_TOKEN_FILE": None, "KVCLI_TOKEN": None, "KVCLI_COORDINATOR_API_TOKEN": None}
+    clean = {
+        "KVSERVER_STATE_DIR": str(tmp_path / "elsewhere"),
+        "KVSERVER_API_TOKEN": None,
+        "KVSERVER_API_TOKEN_FILE": None,
+        "KVCLI_TOKEN": None,
+        "KVCLI_COORDINATOR_API_TOKEN": None,
+    }
     return Run(CliRunner().invoke(main, list(args), env={**clean, **env}, catch_exceptions=False))
 
 

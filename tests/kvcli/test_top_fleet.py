@@ -31,8 +31,12 @@ def auth_for(coordinator: str) -> dict[str, str]:
 def coordinator(tmp_path: Path, fleet_token: str) -> Iterator[str]:
     port = free_port()
     log = open(tmp_path / "coordinator.log", "wb")
-    proc = subprocess.Popen([KVCLI, "coordinator", "--port", str(port), "--instance-timeout", "3"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [KVCLI, "coordinator", "--port", str(port), "--instance-timeout", "3"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while True:
@@ -51,8 +55,10 @@ def coordinator(tmp_path: Path, fleet_token: str) -> Iterator[str]:
 
 
 def fleet_of(server_factory, coordinator: str, n: int) -> list:
-    servers = [server_factory("--l1-size-gb", "0.05", "--coordinator", coordinator, "--heartbeat-interval", "0.2",
-                              http=True) for _ in range(n)]
+    servers = [
+        server_factory("--l1-size-gb", "0.05", "--coordinator", coordinator, "--heartbeat-interval", "0.2", http=True)
+        for _ in range(n)
+    ]
     deadline = time.monotonic() + 15
     while len(httpx.get(f"{coordinator}/v1/instances", headers=auth_for(coordinator)).json()["instances"]) < n:
         assert time.monotonic() < deadline, "servers did not register"

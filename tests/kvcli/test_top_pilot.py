@@ -60,8 +60,9 @@ async def test_top_renders_updates_marks_down_and_keys(server_factory) -> None:
         assert cells(app, ida)["hit% all"] == "-"  # no lookups yet is not a 0% hit rate
 
         traffic(a.url)  # 3 hits of 1024 and 3 misses of 1024 tokens: 50%
-        await until(pilot, lambda: app.fleet.views[ida].hit_rate_total is not None
-                    and (app.fleet.views[ida].ops_s or 0) > 0)
+        await until(
+            pilot, lambda: app.fleet.views[ida].hit_rate_total is not None and (app.fleet.views[ida].ops_s or 0) > 0
+        )
         row = cells(app, ida)
         assert row["hit% all"] == "50.0" and row["engines"] == "1" and row["L1 used"] != "-"
         assert float(row["ops/s"]) > 0

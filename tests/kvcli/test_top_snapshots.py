@@ -107,9 +107,10 @@ def alerts_app() -> TopApp:
                 snap = dataclasses.replace(snap, auth=True, reason="describe refused: UNAUTHORIZED: bad token")
             elif snap.status and snap.status["l1"]["used_bytes"] > 0.9 * snap.status["l1"]["capacity_bytes"]:
                 status = json.loads(json.dumps(snap.status))
-                status["l2"] = [{"tier": "fs", "url": "fs:///var/kv", "up": True, "dropped": 0, "errors": 0},
-                                {"tier": "redis", "url": "redis://r:6379/0", "up": False, "dropped": 0,
-                                 "errors": 7}]
+                status["l2"] = [
+                    {"tier": "fs", "url": "fs:///var/kv", "up": True, "dropped": 0, "errors": 0},
+                    {"tier": "redis", "url": "redis://r:6379/0", "up": False, "dropped": 0, "errors": 7},
+                ]
                 status["l2_queue"] = {"queued": 12, "dropped": 40 * n}
                 status["counters"]["no_space"] = 25 * n
                 status["errors"] = {"NO_SPACE": 25 * n}

@@ -118,10 +118,12 @@ async def test_thresholds_p99_and_tier_down(server_factory) -> None:
 async def test_engines_that_exit_leave_the_dashboard(server_factory) -> None:
     srv = server_factory("--l1-size-gb", "0.02", "--lease-ttl", "1")
     iid = f"127.0.0.1:{srv.port}"
-    code = ("import os, socket, sys; from kvprotocol import Client, LayoutDescriptor; "
-            "lay = LayoutDescriptor('vllm_cpu', 'float32', 2, 32, 1024, 256, (256,)); "
-            "c = Client(sys.argv[1]); c.call('register_engine', model='brief', world_size=1, rank=0, "
-            "groups=[lay.to_wire()], host=socket.gethostname(), pid=os.getpid()); c.close()")
+    code = (
+        "import os, socket, sys; from kvprotocol import Client, LayoutDescriptor; "
+        "lay = LayoutDescriptor('vllm_cpu', 'float32', 2, 32, 1024, 256, (256,)); "
+        "c = Client(sys.argv[1]); c.call('register_engine', model='brief', world_size=1, rank=0, "
+        "groups=[lay.to_wire()], host=socket.gethostname(), pid=os.getpid()); c.close()"
+    )
     app = TopApp(DirectSource([srv.url], timeout=0.5), interval=0.3)
     async with app.run_test(size=SIZE) as pilot:
         subprocess.run([sys.executable, "-c", code, srv.url], check=True, timeout=60)
@@ -133,10 +135,17 @@ async def test_engines_that_exit_leave_the_dashboard(server_factory) -> None:
 def test_coordinator_rows_refused_for_the_token_are_auth() -> None:
     from kvcli.top.sources import parse_fleet_status
 
-    body = {"instances": [
-        {"id": "a", "zmq_url": "tcp://10.0.0.1:5555", "status": None, "error": "HTTP 401: this endpoint needs a token"},
-        {"id": "b", "zmq_url": "tcp://10.0.0.2:5555", "status": None, "error": "timeout after 2s"},
-    ]}
+    body = {
+        "instances": [
+            {
+                "id": "a",
+                "zmq_url": "tcp://10.0.0.1:5555",
+                "status": None,
+                "error": "HTTP 401: this endpoint needs a token",
+            },
+            {"id": "b", "zmq_url": "tcp://10.0.0.2:5555", "status": None, "error": "timeout after 2s"},
+        ]
+    }
     auth, down = parse_fleet_status(body, 0.0)
     assert auth.auth and not auth.up and not down.auth
 

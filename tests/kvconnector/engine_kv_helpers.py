@@ -28,8 +28,13 @@ class Geometry:
     dtype: torch.dtype = torch.float32
 
     def layout(self, stacked: bool = False) -> LayoutDescriptor:
-        common = {"num_layers": self.num_layers, "block_size": self.block_size, "dtype": self.dtype,
-                  "chunk_size": self.chunk_size, "stacked": stacked}
+        common = {
+            "num_layers": self.num_layers,
+            "block_size": self.block_size,
+            "dtype": self.dtype,
+            "chunk_size": self.chunk_size,
+            "stacked": stacked,
+        }
         if self.tag == "vllm_cpu":
             return vllm_cpu_layout(num_kv_heads=self.heads, head_dim=self.head_dim, **common)
         if self.tag == "flash_attn":

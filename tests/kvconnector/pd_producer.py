@@ -36,8 +36,13 @@ def main() -> None:
         for line in sys.stdin:
             if line.strip() == "exit":
                 break
-            res = client.save(tokens[: (done + 1) * GEO.chunk_size], blocks, skip_tokens=done * GEO.chunk_size,
-                              reservation=None if reservation == "-" else reservation, total_chunks=chunks)
+            res = client.save(
+                tokens[: (done + 1) * GEO.chunk_size],
+                blocks,
+                skip_tokens=done * GEO.chunk_size,
+                reservation=None if reservation == "-" else reservation,
+                total_chunks=chunks,
+            )
             if res.ok:
                 done += 1
             print(json.dumps({**asdict(res), "done": done}), flush=True)

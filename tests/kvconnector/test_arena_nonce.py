@@ -32,8 +32,10 @@ def test_an_arena_without_the_servers_nonce_is_never_used(server_factory) -> Non
     tokens = np.arange(128)
     src, dst = GEO.random_kv(8, seed=3), GEO.sentinel_kv(8)
     seg = f"/dev/shm/kvserver-{srv.port}"
-    with EngineClient(srv.url, "nonce/model", 1, 0, [lay], mode="shm") as writer, \
-            EngineClient(srv.url, "nonce/model", 1, 0, [lay], mode="shm") as shm_reader:
+    with (
+        EngineClient(srv.url, "nonce/model", 1, 0, [lay], mode="shm") as writer,
+        EngineClient(srv.url, "nonce/model", 1, 0, [lay], mode="shm") as shm_reader,
+    ):
         assert writer.register(src) and shm_reader.register(dst)
         assert writer.save(tokens, list(range(8))).ok
         assert shm_reader.lookup(tokens, session=sid("a")).hit_tokens == 128

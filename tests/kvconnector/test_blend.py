@@ -15,8 +15,15 @@ C = 64
 
 def tiny_llama(layers: int = 4) -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=172, num_hidden_layers=layers,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    cfg = transformers.LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=172,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     return transformers.LlamaForCausalLM(cfg).float().eval()
 
 
@@ -86,8 +93,9 @@ def test_blend_through_a_real_server_improves_with_recompute(server_factory):
         starts = [sum(len(p) for p in parts[:i]) for i in range(len(parts))]
         prompt = torch.cat(parts)
         loaded = store.load(prompt.tolist(), starts)
-        assert [ch.start for ch in loaded] == [s + i * C for s, d in zip(starts[1:4], (docs[2], docs[0], docs[3]))
-                                               for i in range(len(d) // C)]
+        assert [ch.start for ch in loaded] == [
+            s + i * C for s, d in zip(starts[1:4], (docs[2], docs[0], docs[3])) for i in range(len(d) // C)
+        ]
         assert not store.stats.errors
         # an unknown document in the same place finds nothing
         assert store.lookup(torch.cat([parts[0], docs[1] + 1]).tolist(), [0, 4]) == []

@@ -54,8 +54,15 @@ def test_gather_checksums_equal_every_implementation(plan, seed, threads):
     results = {}
     for name, be in (("cpp", ext), ("fallback", fb)):
         arena = np.full(arena_size, 0xA5, dtype=np.uint8)
-        results[name] = be.copy_checksum(_addr(engine), _addr(arena), np.array(rows, np.int64).reshape(-1, 3),
-                                         np.array(objs, np.int64).reshape(-1, 2), "dst", threads, seed)
+        results[name] = be.copy_checksum(
+            _addr(engine),
+            _addr(arena),
+            np.array(rows, np.int64).reshape(-1, 3),
+            np.array(objs, np.int64).reshape(-1, 2),
+            "dst",
+            threads,
+            seed,
+        )
         arenas[name] = arena
     assert np.array_equal(arenas["cpp"], arenas["fallback"])
     want = [ref_kvsum64(arenas["cpp"][o : o + n].tobytes(), seed) for o, n in objs]
@@ -106,14 +113,17 @@ def test_a_flipped_byte_changes_only_its_objects_checksum():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(("rows", "objs", "side", "match"), [
-    ([[0, 0, 16]], [[0, 8], [4, 8]], "dst", "overlap"),
-    ([[0, 100, 8]], [[0, 64]], "dst", "no object"),
-    ([[0, 0, 16], [32, 8, 8]], [[0, 64]], "dst", "same object bytes"),
-    ([[0, 0, 8]], [[0, 64]], "both", "object_side"),
-    ([[0, 0, 8]], [[-1, 64]], "dst", "negative"),
-    ([[0, 0, 8]], [[0, 64, 3]], "dst", "objects"),
-])
+@pytest.mark.parametrize(
+    ("rows", "objs", "side", "match"),
+    [
+        ([[0, 0, 16]], [[0, 8], [4, 8]], "dst", "overlap"),
+        ([[0, 100, 8]], [[0, 64]], "dst", "no object"),
+        ([[0, 0, 16], [32, 8, 8]], [[0, 64]], "dst", "same object bytes"),
+        ([[0, 0, 8]], [[0, 64]], "both", "object_side"),
+        ([[0, 0, 8]], [[-1, 64]], "dst", "negative"),
+        ([[0, 0, 8]], [[0, 64, 3]], "dst", "objects"),
+    ],
+)
 def test_bad_plans_are_refused_before_copying(backend, rows, objs, side, match):
     src = np.ones(256, np.uint8)
     dst = np.zeros(256, np.uint8)

@@ -23,8 +23,14 @@ _PROBE = (
 
 def _probe(pre: str = "", **env: str) -> tuple[str, list[str], int]:
     full_env = {k: v for k, v in os.environ.items() if k != kvcopy.FORCE_FALLBACK_ENV} | env
-    out = subprocess.run([sys.executable, "-c", _PROBE.format(pre=pre)], capture_output=True, text=True,
-                         env=full_env, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(pre=pre)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+        check=True,
+    )
     name, value = out.stdout.split()
     logs = [line for line in out.stderr.splitlines() if line.startswith("LOG ") and "backend" in line]
     return name, logs, int(value)

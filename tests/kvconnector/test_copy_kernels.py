@@ -97,9 +97,12 @@ _BIG_SRC = np.random.default_rng(11).integers(0, 256, 10 << 20, dtype=np.uint8)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pieces=st.lists(st.tuples(st.integers(0, (10 << 20) - 70000), st.integers(0, 70000),
-                                 st.integers(0, 130)), max_size=12),
-       threads=st.integers(0, 3))
+@given(
+    pieces=st.lists(
+        st.tuples(st.integers(0, (10 << 20) - 70000), st.integers(0, 70000), st.integers(0, 130)), max_size=12
+    ),
+    threads=st.integers(0, 3),
+)
 def test_streaming_path_matches_reference(pieces, threads):
     # An 8 MiB filler row makes the batch large enough for non-temporal stores; the random rows
     # then exercise every alignment and length around the 64-byte and 16 KiB boundaries.
@@ -190,7 +193,8 @@ def test_checksum_large_buffer_ext_equals_fallback():
     for seed in (0, 12345):
         assert ext.checksum_bytes(data, seed) == fb.checksum_bytes(data, seed)
         assert ext.checksum(data.ctypes.data + 1, data.size - 1, seed) == fb.checksum(
-            data.ctypes.data + 1, data.size - 1, seed)
+            data.ctypes.data + 1, data.size - 1, seed
+        )
 
 
 def test_checksum_sensitivity():
@@ -199,8 +203,15 @@ def test_checksum_sensitivity():
     flipped = bytearray(base)
     flipped[517] ^= 0x10
     swapped = base[8:16] + base[:8] + base[16:]
-    seen = {h, ext.checksum_bytes(flipped), ext.checksum_bytes(swapped), ext.checksum_bytes(base + b"\0"),
-            ext.checksum_bytes(base, seed=1), ext.checksum_bytes(b""), ext.checksum_bytes(b"\0" * 8)}
+    seen = {
+        h,
+        ext.checksum_bytes(flipped),
+        ext.checksum_bytes(swapped),
+        ext.checksum_bytes(base + b"\0"),
+        ext.checksum_bytes(base, seed=1),
+        ext.checksum_bytes(b""),
+        ext.checksum_bytes(b"\0" * 8),
+    }
     assert len(seen) == 7
     assert ext.checksum_bytes(b"") != 0
 

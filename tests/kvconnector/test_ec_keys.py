@@ -12,10 +12,12 @@ from kvprotocol._ec_messages import validate_item
 def config(model: str, dtype: str = "float32", kv_dtype: str = "auto", tp: int = 1) -> SimpleNamespace:
     """The few vLLM config fields the key reads (vLLM's own VllmConfig carries them under these names)."""
     return SimpleNamespace(
-        model_config=SimpleNamespace(model=model, revision=None, dtype=dtype, quantization=None,
-                                     served_model_name=None),
+        model_config=SimpleNamespace(
+            model=model, revision=None, dtype=dtype, quantization=None, served_model_name=None
+        ),
         cache_config=SimpleNamespace(cache_dtype=kv_dtype),
-        parallel_config=SimpleNamespace(tensor_parallel_size=tp))
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+    )
 
 
 def test_ec_identity(tmp_path: Path) -> None:

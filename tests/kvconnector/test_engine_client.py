@@ -38,8 +38,10 @@ def test_save_then_load_into_other_blocks_is_exact(kv_server, tag: str, mode: st
     tokens = fresh_tokens(4 * 64 + 10)  # four full chunks and a tail
     src_ids = list(range(3, 3 + 17))  # 17 blocks of 16 tokens cover 272 tokens
     dst_ids = list(np.random.default_rng(5).permutation(30)[:17])
-    with client(kv_server, [lay], mode, copy_backend=backend) as a, client(kv_server, [lay], mode,
-                                                                          copy_backend=backend) as b:
+    with (
+        client(kv_server, [lay], mode, copy_backend=backend) as a,
+        client(kv_server, [lay], mode, copy_backend=backend) as b,
+    ):
         assert a.register(src) and b.register(dst)
         assert a.data_mode == mode
         saved = a.save(tokens, src_ids)
@@ -169,9 +171,10 @@ def test_register_rejects_tensors_that_do_not_match_the_layout(kv_server) -> Non
 
 
 def test_two_object_groups_with_their_own_block_tables(kv_server) -> None:
-    layouts = [vllm_cpu_layout(num_layers=2, num_kv_heads=1, head_dim=4, block_size=32, dtype=torch.float32,
-                               chunk_size=64),
-               mla_layout(num_layers=1, latent_dim=8, block_size=16, dtype=torch.float32, chunk_size=64)]
+    layouts = [
+        vllm_cpu_layout(num_layers=2, num_kv_heads=1, head_dim=4, block_size=32, dtype=torch.float32, chunk_size=64),
+        mla_layout(num_layers=1, latent_dim=8, block_size=16, dtype=torch.float32, chunk_size=64),
+    ]
     g0, g1 = Geometry("vllm_cpu", 2, 1, 4, 32), Geometry("mla", 1, 1, 8, 16)
     src, dst = [g0.random_kv(6, 7), g1.random_kv(10, 8)], [g0.sentinel_kv(6), g1.sentinel_kv(10)]
     tokens = fresh_tokens(128)

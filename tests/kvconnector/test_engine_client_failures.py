@@ -147,13 +147,21 @@ class HostileServer:
         self.ops.append(op)
         obj = GEO.layout().object_bytes
         results = {
-            "register_engine": {"engine_id": "e1", "chunk_size": 64, "groups": [],
-                                "arena": {"name": self.arena, "size": 4096, "nonce": self.nonce.hex()}},
+            "register_engine": {
+                "engine_id": "e1",
+                "chunk_size": 64,
+                "groups": [],
+                "arena": {"name": self.arena, "size": 4096, "nonce": self.nonce.hex()},
+            },
             "lookup": {"hit_tokens": 64, "hit_chunks": 1, "num_chunks": 1, "chunk_size": 64},
-            "retrieve": {"objects": [{"chunk": 0, "group": 0, "size": obj, "offset": 1 << 40, "checksum": 0}],
-                         "lease": 1},
-            "store": {"store_id": "st1", "slots": [{"chunk": 0, "group": 0, "status": "reserved", "size": obj,
-                                                   "offset": 4000}]},
+            "retrieve": {
+                "objects": [{"chunk": 0, "group": 0, "size": obj, "offset": 1 << 40, "checksum": 0}],
+                "lease": 1,
+            },
+            "store": {
+                "store_id": "st1",
+                "slots": [{"chunk": 0, "group": 0, "status": "reserved", "size": obj, "offset": 4000}],
+            },
         }
         return {"id": msg["id"], "ok": True, "result": results.get(op, {})}
 

@@ -21,9 +21,15 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @st.composite
 def cases(draw: st.DrawFn) -> dict:
-    geo = Geometry(draw(st.sampled_from(TAGS)), num_layers=draw(st.integers(1, 3)), heads=draw(st.integers(1, 3)),
-                   head_dim=draw(st.sampled_from((2, 4, 8))), block_size=draw(st.sampled_from((4, 8, 16, 32))),
-                   chunk_size=CHUNK, dtype=draw(st.sampled_from(DTYPES)))
+    geo = Geometry(
+        draw(st.sampled_from(TAGS)),
+        num_layers=draw(st.integers(1, 3)),
+        heads=draw(st.integers(1, 3)),
+        head_dim=draw(st.sampled_from((2, 4, 8))),
+        block_size=draw(st.sampled_from((4, 8, 16, 32))),
+        chunk_size=CHUNK,
+        dtype=draw(st.sampled_from(DTYPES)),
+    )
     n_tokens = draw(st.integers(CHUNK, 5 * CHUNK + CHUNK - 1))
     n_blocks = -(-n_tokens // geo.block_size)
     pool = n_blocks + draw(st.integers(0, 6))
@@ -31,11 +37,18 @@ def cases(draw: st.DrawFn) -> dict:
     hit = n_tokens // CHUNK * CHUNK
     skip = draw(st.integers(0, hit // geo.block_size)) * geo.block_size
     return {
-        "geo": geo, "stacked": draw(st.booleans()), "mode": draw(st.sampled_from(("shm", "tcp"))),
-        "backend": draw(st.sampled_from(("host", "torch"))), "tokens": rng.integers(0, 1 << 31, n_tokens),
+        "geo": geo,
+        "stacked": draw(st.booleans()),
+        "mode": draw(st.sampled_from(("shm", "tcp"))),
+        "backend": draw(st.sampled_from(("host", "torch"))),
+        "tokens": rng.integers(0, 1 << 31, n_tokens),
         "src_ids": [int(b) for b in rng.permutation(pool)[:n_blocks]],
         "dst_ids": [int(b) for b in rng.permutation(pool)[:n_blocks]],
-        "pool": pool, "hit": hit, "skip": skip, "num": draw(st.integers(skip, hit)), "seed": int(rng.integers(1 << 30)),
+        "pool": pool,
+        "hit": hit,
+        "skip": skip,
+        "num": draw(st.integers(skip, hit)),
+        "seed": int(rng.integers(1 << 30)),
     }
 
 
@@ -49,8 +62,10 @@ def test_load_writes_exactly_the_range(kv_server, case: dict) -> None:
         src, dst = torch.stack(src), torch.stack(dst)
     salt = uuid.uuid4().hex  # examples must not see each other's objects
     kw = {"mode": case["mode"], "copy_backend": case["backend"]}
-    with EngineClient(kv_server.url, "prop/model", 1, 0, [lay], **kw) as a, \
-            EngineClient(kv_server.url, "prop/model", 1, 0, [lay], **kw) as b:
+    with (
+        EngineClient(kv_server.url, "prop/model", 1, 0, [lay], **kw) as a,
+        EngineClient(kv_server.url, "prop/model", 1, 0, [lay], **kw) as b,
+    ):
         assert a.register(src) and b.register(dst)
         saved = a.save(case["tokens"], case["src_ids"], salt=salt)
         assert saved.ok and saved.saved_chunks == case["hit"] // CHUNK, saved
@@ -66,4 +81,3 @@ def test_load_writes_exactly_the_range(kv_server, case: dict) -> None:
                 assert torch.equal(block_of(geo.tag, dst[layer], blk), block_of(geo.tag, src[layer], written[blk]))
             else:
                 assert untouched(geo.tag, dst[layer], blk)
-

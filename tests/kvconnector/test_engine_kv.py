@@ -25,8 +25,11 @@ def chunk_rows(kv: EngineKV, block_ids, obj_addrs, gather: bool) -> np.ndarray:
 
 
 def per_layer_shape(tag: str, num_blocks: int, bs: int, heads: int, dim: int) -> tuple[int, ...]:
-    return {"vllm_cpu": (num_blocks, heads, bs, 2 * dim), "flash_attn": (2, num_blocks, bs, heads, dim),
-            "mla": (num_blocks, bs, dim)}[tag]
+    return {
+        "vllm_cpu": (num_blocks, heads, bs, 2 * dim),
+        "flash_attn": (2, num_blocks, bs, heads, dim),
+        "mla": (num_blocks, bs, dim),
+    }[tag]
 
 
 def block_bytes_of(tag: str, layer: torch.Tensor, b: int) -> bytes:
@@ -55,15 +58,25 @@ def scenarios(draw: st.DrawFn) -> dict:
     need = bpc * chunks
     nb_src, nb_dst = need + draw(st.integers(0, 4)), need + draw(st.integers(0, 4))
     return {
-        "tag": tag, "bs": bs, "bpc": bpc, "chunks": chunks, "nb_src": nb_src, "nb_dst": nb_dst,
-        "layers": draw(st.integers(1, 4)), "heads": draw(st.integers(1, 3)), "dim": draw(st.integers(1, 6)),
+        "tag": tag,
+        "bs": bs,
+        "bpc": bpc,
+        "chunks": chunks,
+        "nb_src": nb_src,
+        "nb_dst": nb_dst,
+        "layers": draw(st.integers(1, 4)),
+        "heads": draw(st.integers(1, 3)),
+        "dim": draw(st.integers(1, 6)),
         "dtype": draw(st.sampled_from(DTYPES)),
-        "src_stacked": draw(st.booleans()), "dst_stacked": draw(st.booleans()),
+        "src_stacked": draw(st.booleans()),
+        "dst_stacked": draw(st.booleans()),
         "src_ids": draw(st.permutations(range(nb_src)))[:need],
         "dst_ids": draw(st.permutations(range(nb_dst)))[:need],
-        "slots": draw(st.permutations(range(chunks))), "gap": draw(st.integers(0, 40)),
+        "slots": draw(st.permutations(range(chunks))),
+        "gap": draw(st.integers(0, 40)),
         "backend": draw(st.sampled_from([_kvcopy, _copy_fallback])),
-        "first": draw(st.integers(0, need - 1)), "seed": draw(st.integers(0, 2**31)),
+        "first": draw(st.integers(0, need - 1)),
+        "seed": draw(st.integers(0, 2**31)),
     }
 
 
@@ -206,8 +219,9 @@ def test_move_validation():
 
 
 def test_engine_kv_geometry_checks():
-    lay = layouts.flash_attn_layout(num_layers=2, num_kv_heads=1, head_dim=4, block_size=2, dtype="float32",
-                                    chunk_size=2)
+    lay = layouts.flash_attn_layout(
+        num_layers=2, num_kv_heads=1, head_dim=4, block_size=2, dtype="float32", chunk_size=2
+    )
     run = lay.block_bytes // 2
     EngineKV.from_layer_bases(lay, [4096, 8192], num_blocks=4)  # [2, num_blocks, ...] planes
     EngineKV.from_layer_bases(lay, [4096, 8192], 4, block_stride=2 * run, run_stride=run)  # interleaved

@@ -37,7 +37,7 @@ def _kv(layouts: list, seed: int) -> list[list[torch.Tensor]]:
     for g, _ in enumerate(layouts):
         kv = GEO.random_kv(NB, seed=seed * 10 + g)
         for layer in kv:
-            layer[NB // 2:] = SENTINEL
+            layer[NB // 2 :] = SENTINEL
         out.append(kv)
     return out
 
@@ -135,7 +135,7 @@ def test_a_window_snapshot_before_token_zero_is_zero_filled(server, mode: str, b
             (obj,) = raw_retrieve(raw, f"raw{mode}{backend}", 0, 1).values()
         per_layer = 7 * sw.block_bytes
         for layer in range(sw.num_layers):
-            assert obj[layer * per_layer: layer * per_layer + 3 * sw.block_bytes] == bytes(3 * sw.block_bytes)
+            assert obj[layer * per_layer : layer * per_layer + 3 * sw.block_bytes] == bytes(3 * sw.block_bytes)
         assert c.lookup(a, session=sid("s3")).hit_tokens == U
         assert _load(c, "s3", a, 0, U - 1).ok
         assert _same(kv[0], range(4)) and _untouched(kv[0], range(4, 32))

@@ -16,8 +16,7 @@ from kvconnector.vllm.extra_keys import AdapterDigests, request_keys
 from kvconnector.vllm.fingerprint import model_fingerprint, model_key_with_fingerprint
 from kvprotocol import validate_model
 
-PARTS = {"model": "/m", "revision": "None", "dtype": "torch.float32", "quantization": "None",
-         "kv_cache_dtype": "auto"}
+PARTS = {"model": "/m", "revision": "None", "dtype": "torch.float32", "quantization": "None", "kv_cache_dtype": "auto"}
 
 
 def _safetensors(path: Path, seed: int, n: int = 300_000) -> None:

@@ -43,12 +43,25 @@ def test_fingerprints_differ_across_dtype_shape_and_tag():
 @pytest.mark.parametrize(
     "tag,shape,build",
     [
-        ("vllm_cpu", (7, 2, 32, 16), lambda: layouts.vllm_cpu_layout(
-            num_layers=3, num_kv_heads=2, head_dim=8, block_size=32, dtype="float32", chunk_size=64)),
-        ("flash_attn", (2, 7, 32, 2, 8), lambda: layouts.flash_attn_layout(
-            num_layers=3, num_kv_heads=2, head_dim=8, block_size=32, dtype="float32", chunk_size=64)),
-        ("mla", (7, 32, 24), lambda: layouts.mla_layout(
-            num_layers=3, latent_dim=24, block_size=32, dtype="float32", chunk_size=64)),
+        (
+            "vllm_cpu",
+            (7, 2, 32, 16),
+            lambda: layouts.vllm_cpu_layout(
+                num_layers=3, num_kv_heads=2, head_dim=8, block_size=32, dtype="float32", chunk_size=64
+            ),
+        ),
+        (
+            "flash_attn",
+            (2, 7, 32, 2, 8),
+            lambda: layouts.flash_attn_layout(
+                num_layers=3, num_kv_heads=2, head_dim=8, block_size=32, dtype="float32", chunk_size=64
+            ),
+        ),
+        (
+            "mla",
+            (7, 32, 24),
+            lambda: layouts.mla_layout(num_layers=3, latent_dim=24, block_size=32, dtype="float32", chunk_size=64),
+        ),
     ],
 )
 def test_layout_from_tensor_matches_constructor(tag, shape, build, stacked):

@@ -19,19 +19,25 @@ class Backend(enum.Enum):  # same str() shape as vLLM's AttentionBackendEnum: "B
 
 
 def _config(backend: Any) -> SimpleNamespace:
-    return SimpleNamespace(parallel_config=SimpleNamespace(decode_context_parallel_size=1),
-                           attention_config=SimpleNamespace(backend=backend))
+    return SimpleNamespace(
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        attention_config=SimpleNamespace(backend=backend),
+    )
 
 
-@pytest.mark.parametrize(("amx", "backend", "want"), [
-    (True, None, "amx_mla"),
-    (True, Backend.AMX_MLA, "amx_mla"),
-    (True, Backend.CPU_MLA, "cpu_mla"),
-    (True, "CPU_MLA", "cpu_mla"),
-    (False, None, "cpu_mla"),
-    (False, Backend.CPU_MLA, "cpu_mla"),
-])
-def test_variant_follows_the_backend_vllm_runs(monkeypatch: pytest.MonkeyPatch, amx: bool, backend: Any,
-                                               want: str) -> None:
+@pytest.mark.parametrize(
+    ("amx", "backend", "want"),
+    [
+        (True, None, "amx_mla"),
+        (True, Backend.AMX_MLA, "amx_mla"),
+        (True, Backend.CPU_MLA, "cpu_mla"),
+        (True, "CPU_MLA", "cpu_mla"),
+        (False, None, "cpu_mla"),
+        (False, Backend.CPU_MLA, "cpu_mla"),
+    ],
+)
+def test_variant_follows_the_backend_vllm_runs(
+    monkeypatch: pytest.MonkeyPatch, amx: bool, backend: Any, want: str
+) -> None:
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     assert _mla_variant(_config(backend)) == want

@@ -36,9 +36,13 @@ class Producer:
     def __init__(self, url: str, seed: int, reservation: str | None) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
         self.seed = seed
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "pd_producer.py"), url, str(seed), str(CHUNKS),
-                                      reservation or "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "pd_producer.py"), url, str(seed), str(CHUNKS), reservation or "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         assert json.loads(self._line())["ready"]
 
     def _line(self) -> str:

@@ -35,9 +35,17 @@ class PagedModel:
             return torch.randn(*shape, generator=g) / math.sqrt(shape[0])
 
         self.embed = torch.randn(VOCAB, HIDDEN, generator=g)
-        self.layers = [{"q": w(HIDDEN, HEADS * HEAD_DIM), "k": w(HIDDEN, KV_HEADS * HEAD_DIM),
-                        "v": w(HIDDEN, KV_HEADS * HEAD_DIM), "o": w(HEADS * HEAD_DIM, HIDDEN),
-                        "up": w(HIDDEN, FFN), "down": w(FFN, HIDDEN)} for _ in range(LAYERS)]
+        self.layers = [
+            {
+                "q": w(HIDDEN, HEADS * HEAD_DIM),
+                "k": w(HIDDEN, KV_HEADS * HEAD_DIM),
+                "v": w(HIDDEN, KV_HEADS * HEAD_DIM),
+                "o": w(HEADS * HEAD_DIM, HIDDEN),
+                "up": w(HIDDEN, FFN),
+                "down": w(FFN, HIDDEN),
+            }
+            for _ in range(LAYERS)
+        ]
         self.head = w(HIDDEN, VOCAB)
 
     @staticmethod
@@ -94,8 +102,9 @@ def kv_of(cache: list[torch.Tensor], table: list[int], n: int) -> torch.Tensor:
     return torch.stack([kv[torch.tensor(table)[idx // BLOCK], :, idx % BLOCK] for kv in cache])
 
 
-LAYOUT = vllm_cpu_layout(num_layers=LAYERS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK,
-                         dtype=torch.float32, chunk_size=CHUNK)
+LAYOUT = vllm_cpu_layout(
+    num_layers=LAYERS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK, dtype=torch.float32, chunk_size=CHUNK
+)
 
 
 kv_server = module_server("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK))

@@ -71,8 +71,10 @@ def test_shared_key_is_the_rank_sentinel_and_unshared_stays_per_rank(server) -> 
         plain_register(c, "mla/m", [plain])
     tokens = list(range(5000, 5000 + 2 * 64))
     kv = GEO.random_kv(NB, seed=3)
-    with EngineClient(server.url, "mla/m", 2, 0, [plain], mode="tcp", timeout=10) as r0, \
-            EngineClient(server.url, "mla/m", 2, 1, [plain], mode="tcp", timeout=10) as r1:
+    with (
+        EngineClient(server.url, "mla/m", 2, 0, [plain], mode="tcp", timeout=10) as r0,
+        EngineClient(server.url, "mla/m", 2, 1, [plain], mode="tcp", timeout=10) as r1,
+    ):
         assert r0.register(kv) and r1.register(kv)
         assert r0.save(tokens, list(range(NB))).saved_chunks == 2
         assert r1.save(tokens, list(range(NB))).saved_chunks == 2  # its own objects
@@ -85,5 +87,6 @@ def test_bad_rank_values_are_refused(server) -> None:
     with Client(server.url) as c:  # a client never names the sentinel: only the server's geometry does
         ks = KeySpace.from_layouts("mla/m", 2, [GEO.layout()])
         with pytest.raises(ServerError, match="OUT_OF_RANGE"):
-            c.send(rq.Lookup(keyspace=ks.wire(), tokens=pack_tokens([1] * 64), salt="", rank=SHARED_RANK,
-                             session=sid("x")))
+            c.send(
+                rq.Lookup(keyspace=ks.wire(), tokens=pack_tokens([1] * 64), salt="", rank=SHARED_RANK, session=sid("x"))
+            )

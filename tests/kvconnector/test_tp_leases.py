@@ -85,8 +85,9 @@ def test_tp_ranks_get_stored_bytes_or_a_miss_under_eviction(server_factory, mode
     lay = Geometry("vllm_cpu", chunk_size=CHUNK, block_size=BLOCK).layout()
     obj = lay.object_bytes
     # room for two sessions' worth of objects: the pressure evicts every unleased object many times
-    srv = server_factory("--l1-size-gb", str(2 * CHUNKS * WORLD * obj / (1 << 30)),
-                         "--chunk-size", str(CHUNK), "--lease-ttl", str(TTL))
+    srv = server_factory(
+        "--l1-size-gb", str(2 * CHUNKS * WORLD * obj / (1 << 30)), "--chunk-size", str(CHUNK), "--lease-ttl", str(TTL)
+    )
     ctx = mp.get_context("spawn")
     ranks = []
     for rank in range(WORLD):

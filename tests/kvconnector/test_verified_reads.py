@@ -62,14 +62,16 @@ def objects_of(c: Client, tokens: np.ndarray, session: str = sid("peek")) -> lis
     """Where the server keeps the objects of `tokens` (offset, size, checksum), via a raw retrieve."""
     ks = KeySpace.from_layouts(MODEL, 1, [LAY])
     hit = c.call("lookup", keyspace=ks.to_wire(), tokens=pack_tokens(tokens), session=session).result
-    objs = c.call("retrieve", session=session, rank=0, start_chunk=0, end_chunk=hit["hit_chunks"],
-                  mode="shm").result["objects"]
+    objs = c.call("retrieve", session=session, rank=0, start_chunk=0, end_chunk=hit["hit_chunks"], mode="shm").result[
+        "objects"
+    ]
     c.call("end_session", session=session)
     return objs
 
 
-def assert_blocks_equal(dst: list[torch.Tensor], dst_ids: list[int], src: list[torch.Tensor],
-                        src_ids: list[int]) -> None:
+def assert_blocks_equal(
+    dst: list[torch.Tensor], dst_ids: list[int], src: list[torch.Tensor], src_ids: list[int]
+) -> None:
     for layer in range(GEO.num_layers):
         for d, s in zip(dst_ids, src_ids, strict=True):
             assert torch.equal(block_of("vllm_cpu", dst[layer], d), block_of("vllm_cpu", src[layer], s))
@@ -85,8 +87,9 @@ def test_a_flipped_arena_byte_fails_the_load_and_is_never_served(server, mode: s
         assert a.register(src) and b.register(dst) and b.data_mode == mode
         assert a.save(tokens, ids).saved_chunks == 3
         objs = objects_of(raw, tokens)
-        assert [o["checksum"] for o in objs] == [kvsum64(ArenaBytes(raw).mm[o["offset"]: o["offset"] + o["size"]])
-                                                 for o in objs]
+        assert [o["checksum"] for o in objs] == [
+            kvsum64(ArenaBytes(raw).mm[o["offset"] : o["offset"] + o["size"]]) for o in objs
+        ]
         arena = ArenaBytes(raw)
         victim = objs[1]["offset"] + objs[1]["size"] - 3  # one byte near the end of chunk 1
         arena.flip(victim)

@@ -14,8 +14,10 @@ from serverproc import free_port
 
 
 def test_kvprotocol_is_torch_free_in_a_fresh_interpreter():
-    code = ("import sys, kvprotocol, kvprotocol._client; kvprotocol.chunk_hashes([1]*512, 256); "
-            "bad = [m for m in ('torch', 'kvserver', 'kvconnector') if m in sys.modules]; print(bad)")
+    code = (
+        "import sys, kvprotocol, kvprotocol._client; kvprotocol.chunk_hashes([1]*512, 256); "
+        "bad = [m for m in ('torch', 'kvserver', 'kvconnector') if m in sys.modules]; print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -73,8 +75,9 @@ def test_a_late_reply_is_dropped_and_multipart_replies_arrive_whole():
         for ident, header, extra in ((first[0], first[1], []), (second[0], second[1], [b"payload"])):
             rid = msgpack.unpackb(header)["id"]
             rids.append(rid)
-            router.send_multipart([ident, msgpack.packb({"v": 1, "id": rid, "ok": True, "result": {"rid": rid}}),
-                                   *extra])
+            router.send_multipart(
+                [ident, msgpack.packb({"v": 1, "id": rid, "ok": True, "result": {"rid": rid}}), *extra]
+            )
 
     thread = threading.Thread(target=peer, daemon=True)
     thread.start()

@@ -40,8 +40,9 @@ def test_plain_chunks_keep_their_keys_and_the_chain_carries_the_extra():
     assert chunk_hashes(TOKENS, 256, [(1, D2)])[1] != folded[1]
 
 
-@pytest.mark.parametrize("bad", [[(1, D1), (1, D2)], [(2, D1), (1, D2)], [(0, b"short")], [(-1, D1)],
-                                 [(True, D1)], [(0,)], [(0, "x" * 32)]])
+@pytest.mark.parametrize(
+    "bad", [[(1, D1), (1, D2)], [(2, D1), (1, D2)], [(0, b"short")], [(-1, D1)], [(True, D1)], [(0,)], [(0, "x" * 32)]]
+)
 def test_malformed_extra_raises_value_error(bad):
     with pytest.raises(ValueError):
         check_extra(bad)
@@ -53,16 +54,28 @@ def test_extra_beyond_the_last_full_chunk_raises():
 
 
 def _msg(extra):
-    return {"v": PROTOCOL_VERSION, "id": 1, "op": "lookup", "tokens": b"\x00" * 1024, "extra": extra,
-            "keyspace": {"model": "m", "world_size": 1, "groups": ["0" * 16]}}
+    return {
+        "v": PROTOCOL_VERSION,
+        "id": 1,
+        "op": "lookup",
+        "tokens": b"\x00" * 1024,
+        "extra": extra,
+        "keyspace": {"model": "m", "world_size": 1, "groups": ["0" * 16]},
+    }
 
 
-@pytest.mark.parametrize("extra,code", [
-    ("x", ErrorCode.BAD_FIELD), ([[0, b"\x00" * 31]], ErrorCode.BAD_FIELD), ([[1, D1], [0, D2]], ErrorCode.BAD_FIELD),
-    ([[0, D1, 3]], ErrorCode.BAD_FIELD), ([[-1, D1]], ErrorCode.OUT_OF_RANGE),
-    ([[1 << 20, D1]], ErrorCode.OUT_OF_RANGE),
-    ([[0, D1]] * 20000, ErrorCode.BAD_FIELD),
-])
+@pytest.mark.parametrize(
+    "extra,code",
+    [
+        ("x", ErrorCode.BAD_FIELD),
+        ([[0, b"\x00" * 31]], ErrorCode.BAD_FIELD),
+        ([[1, D1], [0, D2]], ErrorCode.BAD_FIELD),
+        ([[0, D1, 3]], ErrorCode.BAD_FIELD),
+        ([[-1, D1]], ErrorCode.OUT_OF_RANGE),
+        ([[1 << 20, D1]], ErrorCode.OUT_OF_RANGE),
+        ([[0, D1]] * 20000, ErrorCode.BAD_FIELD),
+    ],
+)
 def test_schema_refuses_malformed_extra(extra, code):
     with pytest.raises(ValidationError) as info:
         validate_request(_msg(extra))

@@ -48,8 +48,13 @@ def test_sliding_snapshots_and_states_are_exact() -> None:
 def test_layout_kinds_are_checked_and_fingerprinted() -> None:
     old = [BASE.tag, BASE.dtype, 2, 16, 1024, U, [], ""]  # the canon before kinds existed: unchanged
     assert BASE.fingerprint == blake3(b"kv-layout-v1" + msgpack.packb(old)).hexdigest()[:16]
-    fps = {BASE.fingerprint, replace(BASE, shared=True).fingerprint, replace(BASE, kind="state").fingerprint,
-           replace(BASE, kind="sliding", window=64).fingerprint, replace(BASE, kind="sliding", window=65).fingerprint}
+    fps = {
+        BASE.fingerprint,
+        replace(BASE, shared=True).fingerprint,
+        replace(BASE, kind="state").fingerprint,
+        replace(BASE, kind="sliding", window=64).fingerprint,
+        replace(BASE, kind="sliding", window=65).fingerprint,
+    }
     assert len(fps) == 5
     for bad in ({"kind": "mamba"}, {"kind": "sliding"}, {"window": 64}):
         with pytest.raises(ValidationError, match=r"kind|window"):

@@ -43,8 +43,13 @@ def test_only_full_chunks_and_prefix_dependence():
 def test_same_in_fresh_processes_with_different_hash_seeds():
     code = "import kvprotocol; print(kvprotocol.chunk_hashes(list(range(1024)), 256)[-1].hex())"
     outs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout.strip()
         for seed in ("0", "1", "12345")
     }
     assert outs == {chunk_hashes(list(range(1024)), 256)[-1].hex()}
@@ -80,8 +85,15 @@ def test_numpy_tokens_of_any_integer_dtype_pack_like_a_list(dtype):
     assert pack_tokens(np.array(tokens, dtype=dtype)) == pack_tokens(tokens)
 
 
-@pytest.mark.parametrize("bad", [np.array([-1], dtype=np.int64), np.array([1 << 32], dtype=np.uint64),
-                                 np.array([1 << 32], dtype=np.int64), np.zeros((2, 2), dtype=np.uint32)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.array([-1], dtype=np.int64),
+        np.array([1 << 32], dtype=np.uint64),
+        np.array([1 << 32], dtype=np.int64),
+        np.zeros((2, 2), dtype=np.uint32),
+    ],
+)
 def test_numpy_tokens_out_of_range_or_not_one_dimensional_are_refused(bad):
     with pytest.raises(ValueError):
         pack_tokens(bad)

@@ -28,10 +28,19 @@ def test_fingerprint_changes_with_every_field_that_changes_the_bytes():
     assert BASE.fingerprint == LayoutDescriptor.from_wire(BASE.to_wire()).fingerprint
 
 
-@pytest.mark.parametrize("bad", [
-    dict(tag="Bad Tag"), dict(dtype="float128"), dict(num_layers=0), dict(block_size=0),
-    dict(chunk_size=100), dict(block_bytes=-1), dict(block_shape=(0,)), dict(variant="AMX!"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(tag="Bad Tag"),
+        dict(dtype="float128"),
+        dict(num_layers=0),
+        dict(block_size=0),
+        dict(chunk_size=100),
+        dict(block_bytes=-1),
+        dict(block_shape=(0,)),
+        dict(variant="AMX!"),
+    ],
+)
 def test_bad_layouts_are_rejected(bad):
     with pytest.raises(ValidationError):
         dataclasses.replace(BASE, **bad)
@@ -46,13 +55,25 @@ def test_object_key_string_is_stable_and_hides_the_salt():
     assert len(k.fingerprint()) == 16
 
 
-@pytest.mark.parametrize("bad", [
-    dict(model=""), dict(model="a b"), dict(model="x" * 300), dict(salt="s" * 200), dict(salt="no spaces"),
-    dict(kv_rank=2), dict(world_size=0), dict(group=64), dict(chunk_hash=b"short"), dict(layout_fingerprint="XYZ"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(model=""),
+        dict(model="a b"),
+        dict(model="x" * 300),
+        dict(salt="s" * 200),
+        dict(salt="no spaces"),
+        dict(kv_rank=2),
+        dict(world_size=0),
+        dict(group=64),
+        dict(chunk_hash=b"short"),
+        dict(layout_fingerprint="XYZ"),
+    ],
+)
 def test_bad_keys_are_rejected(bad):
-    fields = dict(model="m", layout_fingerprint=BASE.fingerprint, world_size=2, kv_rank=1, group=0, salt="",
-                  chunk_hash=H)
+    fields = dict(
+        model="m", layout_fingerprint=BASE.fingerprint, world_size=2, kv_rank=1, group=0, salt="", chunk_hash=H
+    )
     good = ObjectKey(**fields)
     assert good.validate() is good
     with pytest.raises(ValidationError):
@@ -63,8 +84,10 @@ def test_key_strings_and_fingerprints_are_pinned():
     """L2 names objects by these bytes: a release that changed them could not read what an older one
     stored. The literals are what the key type wrote before it became a NamedTuple."""
     k = ObjectKey("org/model-7B", "0123456789abcdef", 2, 1, 3, "tenant-secret", H)
-    assert k.to_str() == ("kv1/org/model-7B/0123456789abcdef/w2r1/g3/bea9a9ce2b16862f/"
-                          "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
+    assert k.to_str() == (
+        "kv1/org/model-7B/0123456789abcdef/w2r1/g3/bea9a9ce2b16862f/"
+        "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+    )
     assert k.fingerprint().hex() == "a2725d717de85e3a15f89e0e20434721"
     shared = ObjectKey("m", "fedcba9876543210", 4, SHARED_RANK, 0, "", H)
     assert shared.to_str() == "kv1/m/fedcba9876543210/w4rs/g0/-/" + H.hex()

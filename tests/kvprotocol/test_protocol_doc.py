@@ -10,5 +10,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_protocol_doc_tables_match_the_structs():
     tables = runpy.run_path(str(ROOT / "scripts" / "protocol_tables.py"))["tables"]()
-    assert tables in (ROOT / "docs" / "protocol.md").read_text(), \
+    assert tables in (ROOT / "docs" / "protocol.md").read_text(), (
         "regenerate with: uv run python scripts/protocol_tables.py (and paste into docs/protocol.md)"
+    )

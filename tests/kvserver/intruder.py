@@ -39,8 +39,9 @@ def main() -> None:
         out["describe"] = attempt(lambda: c.call("describe"))
         steal = new_session_id()
         out["lookup"] = attempt(lambda: c.call("lookup", session=steal, **keys))
-        out["retrieve"] = attempt(lambda: c.call("retrieve", session=steal, rank=0, start_chunk=0, end_chunk=1,
-                                                 mode="tcp"))
+        out["retrieve"] = attempt(
+            lambda: c.call("retrieve", session=steal, rank=0, start_chunk=0, end_chunk=1, mode="tcp")
+        )
         out["query"] = attempt(lambda: c.call("query", **keys))
         out["store"] = attempt(lambda: c.call("store", rank=0, mode="tcp", **keys))
         out["pin"] = attempt(lambda: c.call("pin", **keys))
@@ -48,8 +49,13 @@ def main() -> None:
         out["clear"] = attempt(lambda: c.call("clear"))
     with Client(url, timeout=5, token="guessed-token") as c:
         out["clear_guessed"] = attempt(lambda: c.call("clear"))
-    body = {"model": ks["model"], "world_size": ks["world_size"], "groups": ks["groups"],
-            "tokens": [int(t) for t in unpack_tokens(tokens)], "salt": "victim"}
+    body = {
+        "model": ks["model"],
+        "world_size": ks["world_size"],
+        "groups": ks["groups"],
+        "tokens": [int(t) for t in unpack_tokens(tokens)],
+        "salt": "victim",
+    }
     with httpx.Client(base_url=http_url, timeout=5, trust_env=False) as h:
         for path in ("/v1/query", "/v1/pin", "/v1/unpin", "/v1/clear"):
             out[f"http{path}"] = str(h.post(path, json=body if path != "/v1/clear" else None).status_code)

@@ -18,10 +18,18 @@ def docs(n: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(10, 50_000, int(rng.integers(C, 2 * C + 100))).tolist() for _ in range(n)]
 
 
-def blend_store(c: Client, ks: KeySpace, doc: list[int], data_of, *, pos_base: int = 0, salt: str = "",
-                rank: int = 0) -> dict:
-    reply = c.call("blend_store", keyspace=ks.to_wire(), tokens=pack_tokens(doc), rank=rank, salt=salt,
-                   pos_base=pos_base, mode="tcp").result
+def blend_store(
+    c: Client, ks: KeySpace, doc: list[int], data_of, *, pos_base: int = 0, salt: str = "", rank: int = 0
+) -> dict:
+    reply = c.call(
+        "blend_store",
+        keyspace=ks.to_wire(),
+        tokens=pack_tokens(doc),
+        rank=rank,
+        salt=salt,
+        pos_base=pos_base,
+        mode="tcp",
+    ).result
     reserved = [s for s in reply["slots"] if s["status"] == "reserved"]
     frames = [data_of(s["chunk"], s["group"]) for s in reserved]
     if reply["store_id"]:
@@ -119,15 +127,18 @@ def test_uncommitted_blend_store_is_invisible_and_clear_empties_index(server):
         assert c.call("describe").result["blend"]["index_entries"] == 0
 
 
-@pytest.mark.parametrize(("fields", "code"), [
-    ({"starts": []}, "BAD_FIELD"),
-    ({"starts": [0, 0]}, "BAD_FIELD"),
-    ({"starts": [5, 2]}, "BAD_FIELD"),
-    ({"starts": [0, 10_000]}, "OUT_OF_RANGE"),
-    ({"starts": "0"}, "BAD_FIELD"),
-    ({"starts": [-1]}, "OUT_OF_RANGE"),
-    ({"starts": [0], "rank": 3}, "OUT_OF_RANGE"),
-])
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"starts": []}, "BAD_FIELD"),
+        ({"starts": [0, 0]}, "BAD_FIELD"),
+        ({"starts": [5, 2]}, "BAD_FIELD"),
+        ({"starts": [0, 10_000]}, "OUT_OF_RANGE"),
+        ({"starts": "0"}, "BAD_FIELD"),
+        ({"starts": [-1]}, "OUT_OF_RANGE"),
+        ({"starts": [0], "rank": 3}, "OUT_OF_RANGE"),
+    ],
+)
 def test_blend_lookup_bad_input(server, fields, code):
     with server.client() as c:
         ks, _ = register(c)

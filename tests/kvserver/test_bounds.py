@@ -66,8 +66,10 @@ def hostile(url: str, frames: Sequence[bytes], name: str, wait_s: float = 10.0) 
         time.sleep(0.05)  # let a few more pings through after it
     sock.close()
     worst = max(watch.latencies)
-    print(f"{name}: answered in {took * 1000:.1f} ms; concurrent ping worst {worst * 1000:.1f} ms "
-          f"over {len(watch.latencies)} pings")
+    print(
+        f"{name}: answered in {took * 1000:.1f} ms; concurrent ping worst {worst * 1000:.1f} ms "
+        f"over {len(watch.latencies)} pings"
+    )
     assert worst < GENEROUS_S, f"{name}: a concurrent ping waited {worst:.2f}s"
     return reply, took
 
@@ -90,17 +92,42 @@ def test_hostile_requests_are_refused_with_their_code_while_pings_are_served(srv
     auth = resolve_token(None, srv.url)
     ks = {"model": "m", "world_size": 4096, "groups": [FP] * 64}
     cases: list[tuple[str, Callable[[], list[bytes]], str]] = [
-        ("query of 4096 ranks x 64 groups", lambda: [req("query", auth, keyspace=ks, tokens=b"\0" * 4 * 256)],
-         "TOO_LARGE"),
-        ("pin of 4096 ranks x 64 groups", lambda: [req("pin", auth, keyspace=ks, tokens=b"\0" * 4 * 4096)],
-         "TOO_LARGE"),
-        ("lookup naming MAX_KEYS+ objects", lambda: [req("lookup", auth, keyspace={
-            "model": "m", "world_size": 64, "groups": [FP] * 4}, tokens=b"\0" * 4 * 256 * (MAX_KEYS // 256 + 1))],
-         "TOO_LARGE"),
-        ("block_shape of 100000 dims",
-         lambda: [req("register_engine", auth, model="m", world_size=1, rank=0,
-                      groups=[{**tiny_layout().to_wire(), "block_shape": [1] * 100_000}])],
-         "TOO_LARGE"),
+        (
+            "query of 4096 ranks x 64 groups",
+            lambda: [req("query", auth, keyspace=ks, tokens=b"\0" * 4 * 256)],
+            "TOO_LARGE",
+        ),
+        (
+            "pin of 4096 ranks x 64 groups",
+            lambda: [req("pin", auth, keyspace=ks, tokens=b"\0" * 4 * 4096)],
+            "TOO_LARGE",
+        ),
+        (
+            "lookup naming MAX_KEYS+ objects",
+            lambda: [
+                req(
+                    "lookup",
+                    auth,
+                    keyspace={"model": "m", "world_size": 64, "groups": [FP] * 4},
+                    tokens=b"\0" * 4 * 256 * (MAX_KEYS // 256 + 1),
+                )
+            ],
+            "TOO_LARGE",
+        ),
+        (
+            "block_shape of 100000 dims",
+            lambda: [
+                req(
+                    "register_engine",
+                    auth,
+                    model="m",
+                    world_size=1,
+                    rank=0,
+                    groups=[{**tiny_layout().to_wire(), "block_shape": [1] * 100_000}],
+                )
+            ],
+            "TOO_LARGE",
+        ),
         ("8 MiB data frame on ping", lambda: [req("ping", auth), b"\0" * (8 << 20)], "BAD_FIELD"),
         ("64 data frames on clear", lambda: [req("clear", auth), *[b"x" * 1024] * 64], "BAD_FIELD"),
         ("unauthenticated clear", lambda: [req("clear", "nope")], "UNAUTHORIZED"),
@@ -113,8 +140,7 @@ def test_hostile_requests_are_refused_with_their_code_while_pings_are_served(srv
 def test_a_frame_over_the_largest_object_is_dropped_and_the_server_goes_on(srv) -> None:
     """ZMQ_MAXMSGSIZE is max(header bound, arena size, EC segment size): a bigger frame closes that peer's connection
     (ZMQ gives no reply to a message it never delivers); everyone else is served."""
-    reply, _ = hostile(srv.url, [req("ping", "x"), b"\0" * (16 << 20)], "16 MiB frame to a 10 MiB arena",
-                       wait_s=2.0)
+    reply, _ = hostile(srv.url, [req("ping", "x"), b"\0" * (16 << 20)], "16 MiB frame to a 10 MiB arena", wait_s=2.0)
     assert reply is None
     with srv.client() as c:
         assert c.call("describe").result["l1"]["objects"] == 0
@@ -148,24 +174,27 @@ def test_sessions_and_stores_are_capped(server_factory) -> None:
         store(c, ks, [1] * 256, lambda ch, g: payload(ch, tiny_layout().object_bytes))
         for i in range(MAX_SESSIONS):
             c.call("lookup", keyspace=wire, tokens=pack_tokens([1] * 256), session=sid(f"s{i}"))
-        reply, _ = hostile(srv.url, [req("lookup", auth, keyspace=wire, tokens=pack_tokens([1] * 256),
-                                         session=sid("one-too-many"))], "session past the cap")
+        reply, _ = hostile(
+            srv.url,
+            [req("lookup", auth, keyspace=wire, tokens=pack_tokens([1] * 256), session=sid("one-too-many"))],
+            "session past the cap",
+        )
         assert _code(reply) == "TOO_MANY"
         c.call("lookup", keyspace=wire, tokens=pack_tokens([1] * 256), session=sid("s0"))  # reusing one is fine
         c.call("end_session", session=sid("s1"))
         c.call("lookup", keyspace=wire, tokens=pack_tokens([1] * 256), session=sid("now-fits"))
         for i in range(MAX_STORES):
             assert c.call("store", keyspace=wire, tokens=pack_tokens([i, 7] * 128), rank=0).result["store_id"]
-        reply, _ = hostile(srv.url, [req("store", auth, keyspace=wire, tokens=pack_tokens([9, 9] * 128), rank=0)],
-                           "store past the cap")
+        reply, _ = hostile(
+            srv.url, [req("store", auth, keyspace=wire, tokens=pack_tokens([9, 9] * 128), rank=0)], "store past the cap"
+        )
         assert _code(reply) == "TOO_MANY"
         assert c.call("describe").result["stores_in_flight"] == MAX_STORES
 
 
 def test_http_bodies_are_capped_before_parsing(srv) -> None:
     huge = b"[" + b"1," * (15 << 20) + b"1]"  # 30 MiB of JSON
-    headers = {"Authorization": f"Bearer {resolve_token(None, srv.http_url)}",
-               "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {resolve_token(None, srv.http_url)}", "Content-Type": "application/json"}
     with PingWatch(srv.url) as watch, httpx.Client(base_url=srv.http_url, timeout=30) as h:
         t0 = time.perf_counter()
         declared = h.post("/v1/query", content=huge, headers=headers)
@@ -178,8 +207,10 @@ def test_http_bodies_are_capped_before_parsing(srv) -> None:
         streamed = h.post("/v1/query", content=chunks(), headers=headers)
         t2 = time.perf_counter()
     worst = max(watch.latencies)
-    print(f"30 MiB HTTP body: declared refused in {(t1 - t0) * 1000:.1f} ms, streamed in {(t2 - t1) * 1000:.1f} ms; "
-          f"concurrent ping worst {worst * 1000:.1f} ms")
+    print(
+        f"30 MiB HTTP body: declared refused in {(t1 - t0) * 1000:.1f} ms, streamed in {(t2 - t1) * 1000:.1f} ms; "
+        f"concurrent ping worst {worst * 1000:.1f} ms"
+    )
     assert declared.status_code == 413 and declared.json()["error"]["code"] == "TOO_LARGE"
     assert streamed.status_code == 413
     assert worst < GENEROUS_S
@@ -187,14 +218,19 @@ def test_http_bodies_are_capped_before_parsing(srv) -> None:
 
 def test_unauthenticated_http_bodies_are_refused_before_parsing(srv) -> None:
     """FastAPI parses a body before its dependencies run: the token is checked before that."""
-    body = b'{"model": "m", "world_size": 1, "groups": ["0123456789abcdef"], "tokens": [' + \
-        b"1234567," * ((7 << 20) // 8) + b"1]}"  # just under the 8 MiB cap
+    body = (
+        b'{"model": "m", "world_size": 1, "groups": ["0123456789abcdef"], "tokens": ['
+        + b"1234567," * ((7 << 20) // 8)
+        + b"1]}"
+    )  # just under the 8 MiB cap
     with PingWatch(srv.url) as watch, httpx.Client(base_url=srv.http_url, timeout=30) as h:
         t0 = time.perf_counter()
         anon = h.post("/v1/query", content=body, headers={"Content-Type": "application/json"})
         took = time.perf_counter() - t0
     worst = max(watch.latencies)
-    print(f"unauthenticated 7 MiB query body: refused in {took * 1000:.1f} ms; concurrent ping worst "
-          f"{worst * 1000:.1f} ms")
+    print(
+        f"unauthenticated 7 MiB query body: refused in {took * 1000:.1f} ms; concurrent ping worst "
+        f"{worst * 1000:.1f} ms"
+    )
     assert anon.status_code == 401 and anon.json()["error"]["code"] == "UNAUTHORIZED"
     assert worst < GENEROUS_S

@@ -19,8 +19,20 @@ from kvprotocol._requests import KeySpaceW, LayoutW, Lookup, Pin, Query, Registe
 from kvserver import write_path
 from kvserver.arena import Arena
 from kvserver.cache import CacheService
-from kvserver.errors import (BadField, KVServerError, LayoutMismatch, NoSpace, NotLeased, OutOfCapacity, OutOfRange,
-                             TooLarge, TooMany, UnknownSession, UnknownStore, wire_error)
+from kvserver.errors import (
+    BadField,
+    KVServerError,
+    LayoutMismatch,
+    NoSpace,
+    NotLeased,
+    OutOfCapacity,
+    OutOfRange,
+    TooLarge,
+    TooMany,
+    UnknownSession,
+    UnknownStore,
+    wire_error,
+)
 from kvserver.eviction import LRUPolicy
 from kvserver.l1 import L1Cache
 from kvserver.slab import ALIGN
@@ -259,8 +271,13 @@ def test_expired_stores_and_sessions_are_swept() -> None:
 
 
 def test_every_refusal_is_a_server_error_with_its_wire_code() -> None:
-    for cls, code in ((NoSpace, ErrorCode.NO_SPACE), (TooMany, ErrorCode.TOO_MANY), (NotLeased, ErrorCode.NOT_LEASED),
-                      (UnknownSession, ErrorCode.UNKNOWN_SESSION), (LayoutMismatch, ErrorCode.LAYOUT_MISMATCH)):
+    for cls, code in (
+        (NoSpace, ErrorCode.NO_SPACE),
+        (TooMany, ErrorCode.TOO_MANY),
+        (NotLeased, ErrorCode.NOT_LEASED),
+        (UnknownSession, ErrorCode.UNKNOWN_SESSION),
+        (LayoutMismatch, ErrorCode.LAYOUT_MISMATCH),
+    ):
         exc = cls("why")
         assert isinstance(exc, KVServerError) and exc.code is code
         assert wire_error(exc) == (code, "why") and str(exc) == f"{code}: why"

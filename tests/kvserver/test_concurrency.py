@@ -14,8 +14,7 @@ TOKENS = list(range(256 * 6))
 async def _store(url, ks, who):
     size = tiny_layout().object_bytes
     async with AsyncClient(url) as c:
-        reply = (await c.call("store", keyspace=ks.to_wire(), tokens=pack_tokens(TOKENS), rank=0,
-                              mode="tcp")).result
+        reply = (await c.call("store", keyspace=ks.to_wire(), tokens=pack_tokens(TOKENS), rank=0, mode="tcp")).result
         reserved = [s for s in reply["slots"] if s["status"] == "reserved"]
         await asyncio.sleep(0.05)  # both writers hold reservations at the same time
         if reserved:
@@ -51,8 +50,10 @@ def test_many_requests_in_flight_on_one_async_client(server):
 
     async def run():
         async with AsyncClient(server.url) as c:
-            calls = [c.call("lookup", keyspace=ks.to_wire(), tokens=pack_tokens(TOKENS[: 256 * (i % 6 + 1)]))
-                     for i in range(200)]
+            calls = [
+                c.call("lookup", keyspace=ks.to_wire(), tokens=pack_tokens(TOKENS[: 256 * (i % 6 + 1)]))
+                for i in range(200)
+            ]
             return await asyncio.gather(*calls)
 
     replies = asyncio.run(run())

@@ -106,8 +106,11 @@ def test_lru_within_the_ec_budget_and_leases_protect(server_factory: Any) -> Non
         counters = c.call("describe").result["ec"]["counters"]
         assert counters["evictions"] >= 1 and counters["hits"] >= 1 and counters["misses"] >= 1
         # every object leased: a store that does not fit gets no_space, nothing is evicted
-        leases = [x["lease"] for x in c.call("ec_lookup", **KEY, items=[f"img-{i}" for i in range(5)],
-                                             readers=2).result["items"] if x is not None]
+        leases = [
+            x["lease"]
+            for x in c.call("ec_lookup", **KEY, items=[f"img-{i}" for i in range(5)], readers=2).result["items"]
+            if x is not None
+        ]
         big = c.call("ec_store", **KEY, item="big", dtype="uint8", shape=[3 * MiB], size=3 * MiB).result
         assert big == {"status": "no_space"}
         for lease in leases:  # two readers each: the first release keeps the lease

@@ -27,12 +27,16 @@ def ec_tenancy(server_factory: Any, tmp_path: Path):
     """A 4 MiB EC segment; alice with the defaults (quota: half the segment), bob with a 1 MiB EC quota,
     4 EC stores and 4 EC leases, carol with the defaults (to show the default caps bind)."""
     tenants = tmp_path / "tenants.json"
-    tokens = {"alice": add_tenant(tenants, "alice"),
-              "bob": add_tenant(tenants, "bob", "--ec-quota-gb", str(MiB / GiB), "--ec-max-stores", "4",
-                                "--ec-max-leases", "4"),
-              "carol": add_tenant(tenants, "carol")}
-    srv = server_factory("--l1-size-gb", "0.02", "--ec-size-gb", str(4 * MiB / GiB), "--lease-ttl", "30",
-                         "--tenants-file", str(tenants))
+    tokens = {
+        "alice": add_tenant(tenants, "alice"),
+        "bob": add_tenant(
+            tenants, "bob", "--ec-quota-gb", str(MiB / GiB), "--ec-max-stores", "4", "--ec-max-leases", "4"
+        ),
+        "carol": add_tenant(tenants, "carol"),
+    }
+    srv = server_factory(
+        "--l1-size-gb", "0.02", "--ec-size-gb", str(4 * MiB / GiB), "--lease-ttl", "30", "--tenants-file", str(tenants)
+    )
     clients = {name: Client(srv.url, token=tok) for name, tok in tokens.items()}
     admin = srv.client()
     yield srv, admin, clients, tokens
@@ -116,8 +120,9 @@ def test_a_small_quota_evicts_only_the_tenants_own_items(ec_tenancy: Any) -> Non
         assert ec_put(alice, item, data)["status"] == "reserved"
     for i in range(12):  # 6 MiB through bob's 1 MiB quota (the segment is 4 MiB)
         assert ec_put(bob, f"b-{i}", payload(40 + i, MiB // 2))["status"] == "reserved"
-    assert bob.call("ec_store", **KEY, item="big", dtype="uint8", shape=[2 * MiB], size=2 * MiB).result \
-        == {"status": "no_space"}  # over his quota whatever he evicts
+    assert bob.call("ec_store", **KEY, item="big", dtype="uint8", shape=[2 * MiB], size=2 * MiB).result == {
+        "status": "no_space"
+    }  # over his quota whatever he evicts
     row = ec_row(admin, "bob")
     assert row["ec_used_bytes"] == MiB and row["ec_quota_bytes"] == MiB
     assert row["ec_quota_evictions"] == 10 and row["ec_quota_refusals"] == 1
@@ -157,17 +162,21 @@ def test_one_tenant_cannot_take_every_lease_or_store_slot(ec_tenancy: Any) -> No
     leased = bob.call("ec_lookup", **KEY, items=["b-x"] * 8, readers=1).result["items"]
     assert sum(x is not None for x in leased) == 4 and leased[4:] == [None] * 4  # his 4-lease cap
     assert code_of(lambda: bob.call("ec_retrieve", **KEY, item="b-x", mode="shm")) == "TOO_MANY"
-    opened = [bob.call("ec_store", **KEY, item=f"s-{i}", dtype="uint8", shape=[64], size=64,
-                       mode="tcp").result for i in range(4)]
+    opened = [
+        bob.call("ec_store", **KEY, item=f"s-{i}", dtype="uint8", shape=[64], size=64, mode="tcp").result
+        for i in range(4)
+    ]
     assert all(r["status"] == "reserved" for r in opened)
-    assert code_of(lambda: bob.call("ec_store", **KEY, item="s-9", dtype="uint8", shape=[64], size=64)) \
-        == "TOO_MANY"
+    assert code_of(lambda: bob.call("ec_store", **KEY, item="s-9", dtype="uint8", shape=[64], size=64)) == "TOO_MANY"
     # a tenant with the default caps gets 256 of the server's 1024 store slots, not all of them
     for i in range(256):
-        assert carol.call("ec_store", **KEY, item=f"c-{i}", dtype="uint8", shape=[64], size=64,
-                          mode="tcp").result["status"] == "reserved"
-    assert code_of(lambda: carol.call("ec_store", **KEY, item="c-x", dtype="uint8", shape=[64], size=64)) \
-        == "TOO_MANY"
+        assert (
+            carol.call("ec_store", **KEY, item=f"c-{i}", dtype="uint8", shape=[64], size=64, mode="tcp").result[
+                "status"
+            ]
+            == "reserved"
+        )
+    assert code_of(lambda: carol.call("ec_store", **KEY, item="c-x", dtype="uint8", shape=[64], size=64)) == "TOO_MANY"
     row = ec_row(admin, "carol")
     assert row["ec_stores_in_flight"] == 256 and row["ec_refused_stores"] == 1
     # alice still stores, leases and reads

@@ -31,10 +31,18 @@ def _engines(client: Client) -> list[dict]:
 def test_an_exited_engine_process_leaves_describe_and_the_gauge(server_factory) -> None:
     srv = server_factory("--l1-size-gb", "0.02", "--lease-ttl", "1", http=True)
     with srv.client() as c:
-        c.call("register_engine", model="alive", world_size=1, rank=0, groups=[tiny_layout().to_wire()],
-               host=socket.gethostname(), pid=__import__("os").getpid())  # this test process: alive
-        gone_id = subprocess.run([sys.executable, "-c", REGISTER, srv.url, "exited"], capture_output=True,
-                                 text=True, check=True, timeout=60).stdout.strip()
+        c.call(
+            "register_engine",
+            model="alive",
+            world_size=1,
+            rank=0,
+            groups=[tiny_layout().to_wire()],
+            host=socket.gethostname(),
+            pid=__import__("os").getpid(),
+        )  # this test process: alive
+        gone_id = subprocess.run(
+            [sys.executable, "-c", REGISTER, srv.url, "exited"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout.strip()
         deadline = time.monotonic() + 10
         while any(e["id"] == gone_id for e in _engines(c)):
             assert time.monotonic() < deadline, _engines(c)
@@ -72,8 +80,15 @@ def test_process_gone_sees_exit_and_pid_reuse() -> None:
 def test_engine_ttl_flag_expires_a_silent_remote_engine(server_factory) -> None:
     srv = server_factory("--l1-size-gb", "0.02", "--engine-ttl", "1")
     with srv.client() as c:
-        c.call("register_engine", model="far", world_size=1, rank=0, groups=[tiny_layout().to_wire()],
-               host="another-host", pid=1234)
+        c.call(
+            "register_engine",
+            model="far",
+            world_size=1,
+            rank=0,
+            groups=[tiny_layout().to_wire()],
+            host="another-host",
+            pid=1234,
+        )
         assert [e["model"] for e in _engines(c)] == ["far"]
         deadline = time.monotonic() + 10
         while _engines(c):

@@ -25,8 +25,11 @@ def test_hashes_are_the_protocols_whatever_the_memo_holds():
         cut = rng.randrange(len(base))
         t = base[:cut] + tokens(rng.randrange(5 * C), rng.randrange(1000))
         n_full = len(t) // C
-        extra = sorted({(i, bytes([i % 256]) * 32) for i in rng.sample(range(n_full), min(2, n_full))}) \
-            if n_full and rng.random() < 0.3 else []
+        extra = (
+            sorted({(i, bytes([i % 256]) * 32) for i in rng.sample(range(n_full), min(2, n_full))})
+            if n_full and rng.random() < 0.3
+            else []
+        )
         assert memo.hashes("s", pack_tokens(t), C, extra) == chunk_hashes(t, C, extra)
     assert memo.hits > 0 and memo.misses > 0
 

@@ -49,60 +49,137 @@ CASES = [
     ("lookup without tokens", lambda: [req("lookup", keyspace=ks_wire())], "BAD_FIELD"),
     ("tokens as int list", lambda: [req("lookup", keyspace=ks_wire(), tokens=[1, 2, 3])], "BAD_FIELD"),
     ("tokens not x4 bytes", lambda: [req("lookup", keyspace=ks_wire(), tokens=b"\x00" * 7)], "BAD_FIELD"),
-    ("huge token array", lambda: [req("lookup", keyspace=ks_wire(), tokens=b"\x00" * 4 * (MAX_TOKENS + 1))],
-     "TOO_LARGE"),
+    (
+        "huge token array",
+        lambda: [req("lookup", keyspace=ks_wire(), tokens=b"\x00" * 4 * (MAX_TOKENS + 1))],
+        "TOO_LARGE",
+    ),
     ("keyspace as string", lambda: [req("lookup", keyspace="m", tokens=TOK)], "BAD_FIELD"),
     ("bad fingerprint", lambda: [req("lookup", keyspace=ks_wire(groups=["zz"]), tokens=TOK)], "BAD_FIELD"),
     ("too many groups", lambda: [req("lookup", keyspace=ks_wire(groups=["0" * 16] * 65), tokens=TOK)], "BAD_FIELD"),
-    ("hostile model name", lambda: [req("lookup", keyspace=ks_wire(model="../../etc/passwd\n"), tokens=TOK)],
-     "BAD_FIELD"),
+    (
+        "hostile model name",
+        lambda: [req("lookup", keyspace=ks_wire(model="../../etc/passwd\n"), tokens=TOK)],
+        "BAD_FIELD",
+    ),
     ("salt too long", lambda: [req("lookup", keyspace=ks_wire(), tokens=TOK, salt="s" * 500)], "BAD_FIELD"),
     ("world size zero", lambda: [req("lookup", keyspace=ks_wire(world_size=0), tokens=TOK)], "OUT_OF_RANGE"),
     ("bool as int", lambda: [req("lookup", keyspace=ks_wire(world_size=True), tokens=TOK)], "BAD_FIELD"),
     ("rank beyond world", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=5)], "OUT_OF_RANGE"),
     ("negative rank", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=-1)], "OUT_OF_RANGE"),
     ("unknown mode", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0, mode="udp")], "BAD_FIELD"),
-    ("start chunk past end", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0, start_chunk=9)],
-     "OUT_OF_RANGE"),
-    ("negative chunk", lambda: [req("retrieve", session=sid("s"), rank=0, start_chunk=-1, end_chunk=1)],
-     "OUT_OF_RANGE"),
-    ("oversize chunk id", lambda: [req("retrieve", session=sid("s"), rank=0, start_chunk=0, end_chunk=1 << 40)],
-     "OUT_OF_RANGE"),
-    ("chunks outside lease", lambda: [req("retrieve", session=sid("held"), rank=0, start_chunk=0, end_chunk=50)],
-     "NOT_LEASED"),
-    ("reversed range", lambda: [req("retrieve", session=sid("held"), rank=0, start_chunk=2, end_chunk=1)],
-     "NOT_LEASED"),
+    (
+        "start chunk past end",
+        lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0, start_chunk=9)],
+        "OUT_OF_RANGE",
+    ),
+    (
+        "negative chunk",
+        lambda: [req("retrieve", session=sid("s"), rank=0, start_chunk=-1, end_chunk=1)],
+        "OUT_OF_RANGE",
+    ),
+    (
+        "oversize chunk id",
+        lambda: [req("retrieve", session=sid("s"), rank=0, start_chunk=0, end_chunk=1 << 40)],
+        "OUT_OF_RANGE",
+    ),
+    (
+        "chunks outside lease",
+        lambda: [req("retrieve", session=sid("held"), rank=0, start_chunk=0, end_chunk=50)],
+        "NOT_LEASED",
+    ),
+    (
+        "reversed range",
+        lambda: [req("retrieve", session=sid("held"), rank=0, start_chunk=2, end_chunk=1)],
+        "NOT_LEASED",
+    ),
     ("session id too long", lambda: [req("release", session=sid("x") * 1000)], "BAD_FIELD"),
     ("unknown store", lambda: [req("commit", store_id="st-nope", checksums=[])], "UNKNOWN_STORE"),
     ("data frames on lookup", lambda: [req("lookup", keyspace=ks_wire(), tokens=TOK), b"payload"], "BAD_FIELD"),
     ("oversize header", lambda: [req("ping") + b"\x00" * (5 << 20)], "TOO_LARGE"),
     ("deeply nested", lambda: [b"\x91" * 100_000 + b"\x00"], "BAD_FRAME"),
-    ("chunk size mismatch", lambda: [req("register_engine", model="m", world_size=1, rank=0,
-                                         groups=[LAYOUT_BAD_CHUNK])], "LAYOUT_MISMATCH"),
-    ("negative block bytes", lambda: [req("register_engine", model="m", world_size=1, rank=0,
-                                          groups=[LAYOUT_NEG])], "OUT_OF_RANGE"),
-    ("query naming 4096 x 64 objects a chunk", lambda: [req("query", keyspace=ks_wire(world_size=4096,
-                                                  groups=["0123456789abcdef"] * 64), tokens=TOK)], "TOO_LARGE"),
-    ("pin of 65536 chunks x 2 ranks", lambda: [req("pin", keyspace=ks_wire(world_size=2),
-                                                   tokens=b"\x00" * 4 * 256 * 65536)], "TOO_LARGE"),
-    ("block_shape of 100 dims", lambda: [req("register_engine", model="m", world_size=1, rank=0,
-                                             groups=[{**tiny_layout().to_wire(), "block_shape": [1] * 100}])],
-     "TOO_LARGE"),
-    ("total_chunks without reservation", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
-                                                      total_chunks=1)], "BAD_FIELD"),
-    ("first reserved store without total", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
-                                                        reservation="r-none-" + "0" * 30)], "BAD_FIELD"),
-    ("reservation of zero chunks", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
-                                                reservation="r-zero-" + "0" * 30, total_chunks=0)], "OUT_OF_RANGE"),
-    ("reservation id too long", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
-                                             reservation="r" * 1000, total_chunks=1)], "BAD_FIELD"),
-    ("reservation of all of L1, partly in use", lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0,
-                                                             reservation="r-huge-" + "0" * 30, total_chunks=1 << 14)],
-     "RETRY_LATER"),
-    ("first store beyond its own total", lambda: [req("store", keyspace=ks_wire(), tokens=TOK * 2, rank=0,
-                                                      reservation="r-over-" + "0" * 30, total_chunks=1)], "BAD_FIELD"),
-    ("layout extra field", lambda: [req("register_engine", model="m", world_size=1, rank=0,
-                                        groups=[{**tiny_layout().to_wire(), "exec": "rm -rf /"}])], "BAD_FIELD"),
+    (
+        "chunk size mismatch",
+        lambda: [req("register_engine", model="m", world_size=1, rank=0, groups=[LAYOUT_BAD_CHUNK])],
+        "LAYOUT_MISMATCH",
+    ),
+    (
+        "negative block bytes",
+        lambda: [req("register_engine", model="m", world_size=1, rank=0, groups=[LAYOUT_NEG])],
+        "OUT_OF_RANGE",
+    ),
+    (
+        "query naming 4096 x 64 objects a chunk",
+        lambda: [req("query", keyspace=ks_wire(world_size=4096, groups=["0123456789abcdef"] * 64), tokens=TOK)],
+        "TOO_LARGE",
+    ),
+    (
+        "pin of 65536 chunks x 2 ranks",
+        lambda: [req("pin", keyspace=ks_wire(world_size=2), tokens=b"\x00" * 4 * 256 * 65536)],
+        "TOO_LARGE",
+    ),
+    (
+        "block_shape of 100 dims",
+        lambda: [
+            req(
+                "register_engine",
+                model="m",
+                world_size=1,
+                rank=0,
+                groups=[{**tiny_layout().to_wire(), "block_shape": [1] * 100}],
+            )
+        ],
+        "TOO_LARGE",
+    ),
+    (
+        "total_chunks without reservation",
+        lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0, total_chunks=1)],
+        "BAD_FIELD",
+    ),
+    (
+        "first reserved store without total",
+        lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0, reservation="r-none-" + "0" * 30)],
+        "BAD_FIELD",
+    ),
+    (
+        "reservation of zero chunks",
+        lambda: [
+            req("store", keyspace=ks_wire(), tokens=TOK, rank=0, reservation="r-zero-" + "0" * 30, total_chunks=0)
+        ],
+        "OUT_OF_RANGE",
+    ),
+    (
+        "reservation id too long",
+        lambda: [req("store", keyspace=ks_wire(), tokens=TOK, rank=0, reservation="r" * 1000, total_chunks=1)],
+        "BAD_FIELD",
+    ),
+    (
+        "reservation of all of L1, partly in use",
+        lambda: [
+            req("store", keyspace=ks_wire(), tokens=TOK, rank=0, reservation="r-huge-" + "0" * 30, total_chunks=1 << 14)
+        ],
+        "RETRY_LATER",
+    ),
+    (
+        "first store beyond its own total",
+        lambda: [
+            req("store", keyspace=ks_wire(), tokens=TOK * 2, rank=0, reservation="r-over-" + "0" * 30, total_chunks=1)
+        ],
+        "BAD_FIELD",
+    ),
+    (
+        "layout extra field",
+        lambda: [
+            req(
+                "register_engine",
+                model="m",
+                world_size=1,
+                rank=0,
+                groups=[{**tiny_layout().to_wire(), "exec": "rm -rf /"}],
+            )
+        ],
+        "BAD_FIELD",
+    ),
 ]
 
 
@@ -162,14 +239,25 @@ def test_reservation_violation_rolls_back_the_whole_request(prepared, violation)
     rid = secrets.token_hex(16)
     before = c.call("describe").result["l1"]
     store(c, GOOD_KS, tokens[:256], lambda ch, g: payload(ch, size), reservation=rid, total_chunks=2)
-    open_store = store(c, GOOD_KS, tokens[:512], lambda ch, g: payload(ch, size), start_chunk=1,
-                       reservation=rid, commit=False)
+    open_store = store(
+        c, GOOD_KS, tokens[:512], lambda ch, g: payload(ch, size), start_chunk=1, reservation=rid, commit=False
+    )
     assert open_store["store_id"] and lookup(c, GOOD_KS, tokens) == 256
-    bad = {"beyond_total": dict(tokens=tokens, total_chunks=2), "total_changed": dict(tokens=tokens[:512],
-                                                                                    total_chunks=3)}[violation]
+    bad = {
+        "beyond_total": dict(tokens=tokens, total_chunks=2),
+        "total_changed": dict(tokens=tokens[:512], total_chunks=3),
+    }[violation]
     with pytest.raises(ServerError) as err:
-        store(c, GOOD_KS, bad["tokens"], lambda ch, g: payload(ch, size), start_chunk=1, reservation=rid,
-              total_chunks=bad["total_chunks"], commit=False)
+        store(
+            c,
+            GOOD_KS,
+            bad["tokens"],
+            lambda ch, g: payload(ch, size),
+            start_chunk=1,
+            reservation=rid,
+            total_chunks=bad["total_chunks"],
+            commit=False,
+        )
     assert err.value.code == ErrorCode.BAD_FIELD and "rolled back" in err.value.message
     assert lookup(c, GOOD_KS, tokens) == 0  # the committed chunk is gone
     with pytest.raises(ServerError) as err:  # and so is the open store

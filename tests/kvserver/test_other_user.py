@@ -30,8 +30,11 @@ def _need_root() -> None:
 
 
 def _as_nobody(args: list[str]) -> dict[str, str]:
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": "/nonexistent",
-           "KVSERVER_STATE_DIR": os.environ["KVSERVER_STATE_DIR"]}  # it even knows where the token lies
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": "/nonexistent",
+        "KVSERVER_STATE_DIR": os.environ["KVSERVER_STATE_DIR"],
+    }  # it even knows where the token lies
     cmd = [*NOBODY, sys.executable, str(Path(__file__).with_name("intruder.py")), *args]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60, env=env, cwd="/")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -61,8 +64,9 @@ def test_another_os_user_can_neither_read_write_pin_nor_clear(server_factory) ->
     worker.start()
     try:
         token_file = Path(os.environ["KVSERVER_STATE_DIR"]) / f"token-{srv.port}"
-        got = _as_nobody([srv.url, srv.http_url, arena, str(token_file), json.dumps(ks.to_wire()),
-                          pack_tokens(TOKENS).hex()])
+        got = _as_nobody(
+            [srv.url, srv.http_url, arena, str(token_file), json.dumps(ks.to_wire()), pack_tokens(TOKENS).hex()]
+        )
     finally:
         stop.set()
         worker.join()
@@ -118,8 +122,13 @@ def test_a_port_squatter_of_another_user_never_receives_the_token(server_factory
     from kvprotocol import Client, RequestTimeout, resolve_token
 
     assert resolve_token(None, srv.url)  # no listener: the file is used (the server may come back)
-    squatter = subprocess.Popen([*NOBODY, sys.executable, "-c", SQUATTER, srv.url], stdout=subprocess.PIPE,
-                                text=True, cwd="/", env={"PATH": os.environ.get("PATH", "")})
+    squatter = subprocess.Popen(
+        [*NOBODY, sys.executable, "-c", SQUATTER, srv.url],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        env={"PATH": os.environ.get("PATH", "")},
+    )
     try:
         assert squatter.stdout is not None and squatter.stdout.readline().strip() == "listening"
         assert resolve_token(None, srv.url) is None

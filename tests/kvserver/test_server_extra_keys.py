@@ -15,8 +15,7 @@ SIZE = 2 * 8 * 1024  # tiny_layout: 2 layers x 8 blocks x 1024 bytes per chunk
 
 
 def _store(c, ks, extra, seed):
-    reply = c.call("store", keyspace=ks.to_wire(), tokens=pack_tokens(TOKENS), rank=0, mode="tcp",
-                   extra=extra).result
+    reply = c.call("store", keyspace=ks.to_wire(), tokens=pack_tokens(TOKENS), rank=0, mode="tcp", extra=extra).result
     reserved = [s for s in reply["slots"] if s["status"] == "reserved"]
     frames = [payload(seed + s["chunk"], s["size"]) for s in reserved]
     c.call("commit", frames=frames, store_id=reply["store_id"], checksums=[kvsum64(f) for f in frames])
@@ -49,13 +48,16 @@ def test_extra_keys_separate_objects_and_match_the_client_hash(server):
 
 
 @pytest.mark.parametrize("op", ["lookup", "query", "store", "pin", "unpin"])
-@pytest.mark.parametrize("extra,code", [
-    ([[3, A]], "OUT_OF_RANGE"),  # 800 tokens hold chunks 0..2 only
-    ([[1, A], [1, B]], "BAD_FIELD"),
-    ([[0, A[:16]]], "BAD_FIELD"),
-    ([["0", A]], "BAD_FIELD"),
-    ({"0": A}, "BAD_FIELD"),
-])
+@pytest.mark.parametrize(
+    "extra,code",
+    [
+        ([[3, A]], "OUT_OF_RANGE"),  # 800 tokens hold chunks 0..2 only
+        ([[1, A], [1, B]], "BAD_FIELD"),
+        ([[0, A[:16]]], "BAD_FIELD"),
+        ([["0", A]], "BAD_FIELD"),
+        ({"0": A}, "BAD_FIELD"),
+    ],
+)
 def test_malformed_extra_is_refused_and_changes_nothing(server, op, extra, code):
     with server.client() as c:
         ks, _ = register(c)

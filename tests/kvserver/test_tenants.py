@@ -28,8 +28,12 @@ BIN = Path(sys.executable).parent
 
 
 def add_tenant(tenants: Path, name: str, *flags: str) -> str:
-    out = subprocess.run([str(BIN / "kvserver"), "tenant", "add", name, "--tenants-file", str(tenants), *flags],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(BIN / "kvserver"), "tenant", "add", name, "--tenants-file", str(tenants), *flags],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip()
 
 
@@ -37,9 +41,13 @@ def add_tenant(tenants: Path, name: str, *flags: str) -> str:
 def tenancy(server_factory, tmp_path):
     """A server with tenants alice (no limits), bob, and carol (a 3-object quota, 2 sessions, 1 store)."""
     tenants = tmp_path / "tenants.json"
-    tokens = {"alice": add_tenant(tenants, "alice"), "bob": add_tenant(tenants, "bob"),
-              "carol": add_tenant(tenants, "carol", "--l1-quota-gb", str(3 * OBJ / (1 << 30)),
-                                  "--max-sessions", "2", "--max-stores", "1")}
+    tokens = {
+        "alice": add_tenant(tenants, "alice"),
+        "bob": add_tenant(tenants, "bob"),
+        "carol": add_tenant(
+            tenants, "carol", "--l1-quota-gb", str(3 * OBJ / (1 << 30)), "--max-sessions", "2", "--max-stores", "1"
+        ),
+    }
     srv = server_factory("--l1-size-gb", "0.05", "--lease-ttl", "30", "--tenants-file", str(tenants), http=True)
     clients = {name: Client(srv.url, token=tok) for name, tok in tokens.items()}
     admin = srv.client()
@@ -69,8 +77,10 @@ def test_a_tenant_naming_another_tenants_salt_gets_nothing_of_it(tenancy):
     assert lookup(c["alice"], ks, T1, salt="shared") == 512
     for other in (c["bob"], admin):  # same tokens, same salt, other tenant: a different key space
         assert lookup(other, ks, T1, salt="shared") == 0
-        assert other.call("query", keyspace=ks.to_wire(), tokens=pack_tokens(T1),
-                          salt="shared").result["prefix_tokens"] == 0
+        assert (
+            other.call("query", keyspace=ks.to_wire(), tokens=pack_tokens(T1), salt="shared").result["prefix_tokens"]
+            == 0
+        )
         assert other.call("pin", keyspace=ks.to_wire(), tokens=pack_tokens(T1), salt="shared").result["objects"] == 0
     # nobody can spell a tenant prefix in a salt
     assert code_of(lambda: lookup(c["bob"], ks, T1, salt="~alice~shared")) == "BAD_FIELD"
@@ -88,8 +98,10 @@ def test_another_tenants_session_id_is_unknown_and_stays_untouched(tenancy):
     assert lookup(c["alice"], ks, T1, session=sid("victim")) == 512
     before = admin.call("describe").result["tenants"]["alice"]["sessions"]
     bob = c["bob"]
-    assert code_of(lambda: bob.call("retrieve", session=sid("victim"), rank=0, start_chunk=0, end_chunk=2,
-                                    mode="tcp")) == "UNKNOWN_SESSION"
+    assert (
+        code_of(lambda: bob.call("retrieve", session=sid("victim"), rank=0, start_chunk=0, end_chunk=2, mode="tcp"))
+        == "UNKNOWN_SESSION"
+    )
     assert bob.call("release", session=sid("victim")).result["released"] is False
     assert bob.call("release", session=sid("victim"), rank=0, lease=1).result["released"] is False
     assert bob.call("end_session", session=sid("victim")).result["released"] is False
@@ -114,15 +126,19 @@ def test_another_tenants_store_id_is_unknown_and_the_store_stays_intact(tenancy)
     assert store_id_.startswith("st-") and len(store_id_) == 3 + 32  # 128 random bits
     junk = [b"\xee" * OBJ] * 2
     bob = c["bob"]
-    assert code_of(lambda: bob.call("commit", frames=junk, store_id=store_id_,
-                                    checksums=[kvsum64(j) for j in junk])) == "UNKNOWN_STORE"
+    assert (
+        code_of(lambda: bob.call("commit", frames=junk, store_id=store_id_, checksums=[kvsum64(j) for j in junk]))
+        == "UNKNOWN_STORE"
+    )
     assert code_of(lambda: bob.call("abort", store_id=store_id_)) == "UNKNOWN_STORE"
     assert code_of(lambda: bob.call("abort", store_id="st-" + "0" * 32)) == "UNKNOWN_STORE"
     assert admin.call("describe").result["tenants"]["alice"]["stores_in_flight"] == 1
     good = [payload(0, OBJ), payload(1, OBJ)]
     alice = c["alice"]
-    assert alice.call("commit", frames=good, store_id=store_id_,
-                      checksums=[kvsum64(g) for g in good]).result["committed"] == 2
+    assert (
+        alice.call("commit", frames=good, store_id=store_id_, checksums=[kvsum64(g) for g in good]).result["committed"]
+        == 2
+    )
     assert lookup(alice, ks, T1, session=sid("s")) == 512
     assert alice_reads(alice, "s") == {(0, 0): good[0], (1, 0): good[1]}
 
@@ -136,8 +152,7 @@ def test_admin_ops_need_the_server_token(tenancy):
     assert mine["tenant"] == "bob" and set(mine["tenants"]) == {"bob"} and "engines" not in mine
     assert {"alice", "bob", "carol", "default"} <= set(admin.call("describe").result["tenants"])
     with Client(c["bob"].url, token="kvt-not-a-tenant") as stranger:
-        assert code_of(lambda: stranger.call("lookup", keyspace=ks.to_wire(), tokens=pack_tokens(T1))) \
-            == "UNAUTHORIZED"
+        assert code_of(lambda: stranger.call("lookup", keyspace=ks.to_wire(), tokens=pack_tokens(T1))) == "UNAUTHORIZED"
 
 
 def test_removed_tenant_loses_access_without_a_restart(tenancy):
@@ -203,8 +218,7 @@ def test_session_and_store_caps_are_per_tenant(tenancy):
     carol.call("end_session", session=sid("s1"))
     assert lookup(carol, ks, T1, session=sid("s3")) == 256
     held = store(carol, ks, list(range(50_000, 50_512)), lambda ch, g: b"", commit=False)
-    assert code_of(lambda: store(carol, ks, list(range(60_000, 60_512)), lambda ch, g: b"",
-                                 commit=False)) == "TOO_MANY"
+    assert code_of(lambda: store(carol, ks, list(range(60_000, 60_512)), lambda ch, g: b"", commit=False)) == "TOO_MANY"
     store(alice, ks, list(range(60_000, 60_512)), lambda ch, g: payload(ch, OBJ))  # alice still stores
     carol.call("abort", store_id=held["store_id"])
     store(carol, ks, list(range(60_000, 60_512)), lambda ch, g: payload(ch, OBJ))
@@ -218,8 +232,11 @@ def test_per_tenant_counters_move_exactly(tenancy):
     retrieve(c["alice"], "x", 0, 1)
     after = admin.call("describe").result["tenants"]
     a0, a1 = before["alice"], after["alice"]
-    assert (a1["lookups"] - a0["lookups"], a1["lookup_tokens"] - a0["lookup_tokens"],
-            a1["lookup_hit_tokens"] - a0["lookup_hit_tokens"]) == (1, 512, 256)
+    assert (
+        a1["lookups"] - a0["lookups"],
+        a1["lookup_tokens"] - a0["lookup_tokens"],
+        a1["lookup_hit_tokens"] - a0["lookup_hit_tokens"],
+    ) == (1, 512, 256)
     assert (a1["retrieves"] - a0["retrieves"], a1["retrieved_bytes"] - a0["retrieved_bytes"]) == (1, OBJ)
     assert after["bob"] == before["bob"]
     token = srv.http().headers["Authorization"]
@@ -235,14 +252,20 @@ def test_a_malformed_tenants_file_keeps_the_last_good_table_and_is_reported_once
     srv, _, c, ks, _, tenants = tenancy
     assert lookup(c["alice"], ks, T1) == 0
     good = tenants.read_text()
-    for bad in ('{"version": 1, "tenants": {"alice": null}}', '{"version": 1, "tenants": {"alice": '
-                '{"token_sha256": "x", "l1_quota_bytes": "lots"}}}', '[1, 2]'):
+    for bad in (
+        '{"version": 1, "tenants": {"alice": null}}',
+        '{"version": 1, "tenants": {"alice": {"token_sha256": "x", "l1_quota_bytes": "lots"}}}',
+        "[1, 2]",
+    ):
         before = srv.log().count("cannot use tenants file")
         tenants.write_text(bad)
         stamp = time.time() + 5 + len(bad)  # a new mtime per version, even on a coarse clock
         os.utime(tenants, (stamp, stamp))
-        wait_for(lambda n=before: lookup(c["alice"], ks, T1) == 0 and srv.log().count("cannot use tenants file") > n,
-                 timeout=10, what="the bad file reported")  # token checks re-read the file
+        wait_for(
+            lambda n=before: lookup(c["alice"], ks, T1) == 0 and srv.log().count("cannot use tenants file") > n,
+            timeout=10,
+            what="the bad file reported",
+        )  # token checks re-read the file
         for _ in range(3):  # tenants known before keep working: no INTERNAL
             assert lookup(c["alice"], ks, T1) == 0 and lookup(c["bob"], ks, T1) == 0
     reported = srv.log().count("cannot use tenants file")
@@ -267,8 +290,11 @@ def test_a_tenants_file_another_user_can_write_is_not_trusted(server_factory, tm
         os.chmod(tenants, 0o644)
         os.chown(tenants, 65534, 65534)
         os.utime(tenants, (time.time() + 5, time.time() + 5))
-        wait_for(lambda: _probe(srv.url, token) and "belongs to uid 65534" in srv.log(), timeout=10,
-                 what="the foreign file refused")
+        wait_for(
+            lambda: _probe(srv.url, token) and "belongs to uid 65534" in srv.log(),
+            timeout=10,
+            what="the foreign file refused",
+        )
         with Client(srv.url, token=token, timeout=5) as alice:
             assert code_of(lambda: alice.call("describe")) == "UNAUTHORIZED"
     os.chown(tenants, os.getuid(), os.getgid())

@@ -72,14 +72,18 @@ def test_async_typed_methods_share_the_table(server) -> None:
 def test_a_guessable_session_id_is_refused_and_opens_nothing(server, bad: str) -> None:
     with server.client() as c:
         ks, _ = register(c)
-        flows.store_and_commit(c.send, rq.Store(keyspace=ks.wire(), tokens=TOKENS, rank=0, mode="tcp"),
-                               lambda _r, slots: ([payload(0, s.size) for s in slots],
-                                                  [kvsum64(payload(0, s.size)) for s in slots]))
+        flows.store_and_commit(
+            c.send,
+            rq.Store(keyspace=ks.wire(), tokens=TOKENS, rank=0, mode="tcp"),
+            lambda _r, slots: ([payload(0, s.size) for s in slots], [kvsum64(payload(0, s.size)) for s in slots]),
+        )
         before = c.describe().sessions
-        for call in (lambda: c.lookup(keyspace=ks.wire(), tokens=TOKENS, session=bad),
-                     lambda: c.retrieve(session=bad, rank=0, start_chunk=0, end_chunk=1),
-                     lambda: c.release(session=bad),
-                     lambda: c.end_session(session=bad)):
+        for call in (
+            lambda: c.lookup(keyspace=ks.wire(), tokens=TOKENS, session=bad),
+            lambda: c.retrieve(session=bad, rank=0, start_chunk=0, end_chunk=1),
+            lambda: c.release(session=bad),
+            lambda: c.end_session(session=bad),
+        ):
             with pytest.raises(ServerError) as err:
                 call()
             assert err.value.code == "BAD_FIELD" and "session" in err.value.message

@@ -34,8 +34,13 @@ def test_default_token_is_generated_private_and_found_by_same_user_clients(serve
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert (state / f"token-{srv.http_port}").read_text() == token_file.read_text()
     assert str(token_file) in srv.log()  # the banner says where clients find it
-    busy = subprocess.run([str(BIN / "kvserver"), "start", "--port", str(srv.port), "--http-port", "0",
-                           "--api-token", "another-token"], capture_output=True, text=True, check=False, timeout=30)
+    busy = subprocess.run(
+        [str(BIN / "kvserver"), "start", "--port", str(srv.port), "--http-port", "0", "--api-token", "another-token"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
     assert busy.returncode != 0  # a server that cannot bind the port never overwrites its owner's file
     assert token_file.read_text() != "another-token"
     with Client(srv.url, timeout=5) as same_user:  # zero configuration: reads the default file
@@ -122,8 +127,19 @@ def test_curve_on_loopback_carries_kv(server_factory):
 
 
 def test_no_curve_beyond_loopback_needs_insecure():
-    cmd = [str(BIN / "kvserver"), "start", "--port", str(free_port()), "--http-port", "0", "--host", "0.0.0.0",
-           "--api-token", TOKEN, "--no-curve"]
+    cmd = [
+        str(BIN / "kvserver"),
+        "start",
+        "--port",
+        str(free_port()),
+        "--http-port",
+        "0",
+        "--host",
+        "0.0.0.0",
+        "--api-token",
+        TOKEN,
+        "--no-curve",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=30)
     assert done.returncode == 2 and "without CURVE" in done.stderr
 

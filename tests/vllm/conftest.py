@@ -15,8 +15,16 @@ import pytest
 
 from kvserver_proc import KVServer, ServerFactory
 from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT
-from vllm_harness import (SHARED_CACHE_ENV, VLLM_PYTHON, EngineRun, build_model, next_turn, prompt, run_engine,
-                          use_engine_zygote)
+from vllm_harness import (
+    SHARED_CACHE_ENV,
+    VLLM_PYTHON,
+    EngineRun,
+    build_model,
+    next_turn,
+    prompt,
+    run_engine,
+    use_engine_zygote,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,9 +79,19 @@ def reference(model_dir: Path) -> EngineRun:
 
     Batches: 0 P_LONG, 1 P_TURN1, 2 turn 2 of P_TURN1, 3 P_SALTED, 4 P_GEN, 5 turn 2 of P_GEN.
     """
-    return run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)], [next_turn(1, 0, TURN2_TEXT)],
-                                  [prompt(P_SALTED, "tenant-a")], [prompt(P_GEN)], [next_turn(4, 0, TURN2_TEXT)]],
-                      max_tokens=MAX_TOKENS, llm_kwargs={"enable_prefix_caching": False})
+    return run_engine(
+        model_dir,
+        [
+            [prompt(P_LONG)],
+            [prompt(P_TURN1)],
+            [next_turn(1, 0, TURN2_TEXT)],
+            [prompt(P_SALTED, "tenant-a")],
+            [prompt(P_GEN)],
+            [next_turn(4, 0, TURN2_TEXT)],
+        ],
+        max_tokens=MAX_TOKENS,
+        llm_kwargs={"enable_prefix_caching": False},
+    )
 
 
 @pytest.fixture(scope="module")

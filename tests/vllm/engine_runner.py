@@ -44,8 +44,10 @@ def _capture_connector_stats(llm: Any) -> dict[str, float]:
 
     def capture(*args: Any, **kwargs: Any) -> Any:
         stats = make_stats(*args, **kwargs)
-        payload = {**(getattr(stats, "kv_connector_stats", None) or {}),
-                   **(getattr(stats, "ec_connector_stats", None) or {})}
+        payload = {
+            **(getattr(stats, "kv_connector_stats", None) or {}),
+            **(getattr(stats, "ec_connector_stats", None) or {}),
+        }
         for name, value in payload.items():
             if isinstance(value, (int, float)):
                 totals[name] = totals.get(name, 0) + value
@@ -162,8 +164,7 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
     totals = _capture_connector_stats(llm) if spec.get("connector_stats") else None
     gates: dict[str, str] = spec.get("gates", {})
 
-    params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8), ignore_eos=True,
-                            detokenize=False)
+    params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8), ignore_eos=True, detokenize=False)
     batches: list[dict[str, Any]] = []
     sent: list[list[list[int]]] = []  # the prompt of every request so far, for "extend"
     for index, batch in enumerate(spec["batches"]):
@@ -197,12 +198,14 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         requests = []
         sent.append([list(out.prompt_token_ids) for out in outs])
         for out in outs:
-            requests.append({
-                "prompt_len": len(out.prompt_token_ids),
-                "token_ids": list(out.outputs[0].token_ids),
-                "num_cached_tokens": out.num_cached_tokens,
-                "kv_transfer_params": out.kv_transfer_params,
-            })
+            requests.append(
+                {
+                    "prompt_len": len(out.prompt_token_ids),
+                    "token_ids": list(out.outputs[0].token_ids),
+                    "num_cached_tokens": out.num_cached_tokens,
+                    "kv_transfer_params": out.kv_transfer_params,
+                }
+            )
         batches.append({"wall_s": wall, "requests": requests})
         if totals is not None:
             batches[-1]["connector_stats"] = dict(totals)
@@ -220,8 +223,12 @@ def _connector_prometheus() -> dict[str, float]:
     """The connector's series in vLLM's Prometheus registry (what vLLM's /metrics would serve)."""
     from prometheus_client import REGISTRY
 
-    return {s.name: s.value for family in REGISTRY.collect() for s in family.samples
-            if s.name.startswith("vllm:kvserver_") and s.name.endswith("_total")}
+    return {
+        s.name: s.value
+        for family in REGISTRY.collect()
+        for s in family.samples
+        if s.name.startswith("vllm:kvserver_") and s.name.endswith("_total")
+    }
 
 
 def main(argv: list[str]) -> int:

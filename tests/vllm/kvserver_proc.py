@@ -40,9 +40,17 @@ class KVServer:
     def start(self, timeout: float = 30.0) -> KVServer:
         if not KVSERVER_BIN.exists():
             raise RuntimeError(f"{KVSERVER_BIN} is missing: run `uv sync` in the workspace first")
-        cmd = [str(KVSERVER_BIN), "start", "--port", str(self.port), "--http-port", "0",
-               "--shm-prefix", f"kvtest{self.port}",
-               *self.args]
+        cmd = [
+            str(KVSERVER_BIN),
+            "start",
+            "--port",
+            str(self.port),
+            "--http-port",
+            "0",
+            "--shm-prefix",
+            f"kvtest{self.port}",
+            *self.args,
+        ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout

@@ -1,6 +1,6 @@
 """Run by .venv-vllm: extra keys of real vLLM `Request` objects, next to vLLM's own block extra keys.
 
-    python mm_keys_probe.py ADAPTER_DIR   -> prints one JSON object (see test_vllm_mm_keys.py)
+python mm_keys_probe.py ADAPTER_DIR   -> prints one JSON object (see test_vllm_mm_keys.py)
 """
 
 from __future__ import annotations
@@ -23,13 +23,25 @@ TOKENS = [7] * 900  # placeholder ids: the same whatever the image
 
 
 def image(ident: str, offset: int, length: int) -> MultiModalFeatureSpec:
-    return MultiModalFeatureSpec(data=None, modality="image", identifier=ident,
-                                 mm_position=PlaceholderRange(offset=offset, length=length), mm_hash=ident)
+    return MultiModalFeatureSpec(
+        data=None,
+        modality="image",
+        identifier=ident,
+        mm_position=PlaceholderRange(offset=offset, length=length),
+        mm_hash=ident,
+    )
 
 
 def request(rid: str, mm=None, lora=None, embeds=None) -> Request:
-    return Request(rid, None if embeds is not None else TOKENS, SamplingParams(max_tokens=1), None,
-                   mm_features=mm, lora_request=lora, prompt_embeds=embeds)
+    return Request(
+        rid,
+        None if embeds is not None else TOKENS,
+        SamplingParams(max_tokens=1),
+        None,
+        mm_features=mm,
+        lora_request=lora,
+        prompt_embeds=embeds,
+    )
 
 
 def main(adapter_dir: str) -> None:

@@ -21,9 +21,21 @@ pytestmark = [pytest.mark.vllm_engine, pytest.mark.timeout(900)]
 def test_smoke_run_adds_up_and_hits_kvserver(tmp_path: Path) -> None:
     assert KVSERVER_BIN.exists(), "run `uv sync` first"
     out = tmp_path / "serving.json"
-    proc = subprocess.run([str(VLLM_PYTHON), str(REPO_ROOT / "bench" / "bench_serving.py"), "--smoke",
-                           "--json", str(out), "--model-dir", str(tmp_path / "model")],
-                          capture_output=True, text=True, timeout=840, cwd=REPO_ROOT)
+    proc = subprocess.run(
+        [
+            str(VLLM_PYTHON),
+            str(REPO_ROOT / "bench" / "bench_serving.py"),
+            "--smoke",
+            "--json",
+            str(out),
+            "--model-dir",
+            str(tmp_path / "model"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        cwd=REPO_ROOT,
+    )
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     res = json.loads(out.read_text())
@@ -31,8 +43,9 @@ def test_smoke_run_adds_up_and_hits_kvserver(tmp_path: Path) -> None:
     src = chat["sources"]
     assert chat["requests"] == res["workload_sizes"]["chat"]
     assert chat["per_engine_requests"] == [2, 2]  # round robin over both engines
-    assert src["prompt"] == (src["prefix_cache"] + src["kvserver_l1"] + src["kvserver_l2"]
-                             + src["other_external"] + src["recomputed"])
+    assert src["prompt"] == (
+        src["prefix_cache"] + src["kvserver_l1"] + src["kvserver_l2"] + src["other_external"] + src["recomputed"]
+    )
     assert src["cached_per_request"] == src["prompt"] - src["recomputed"]
     # One user, four rounds: round 1 runs on engine 0, which stores the system prompt (512 tokens, two
     # chunks); round 2 runs on engine 1, which must load it from kvserver instead of recomputing it.

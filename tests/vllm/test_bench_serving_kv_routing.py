@@ -25,10 +25,25 @@ pytestmark = [pytest.mark.vllm_engine, pytest.mark.timeout(900)]
 def test_kv_routing_keeps_chat_on_its_engine(tmp_path: Path) -> None:
     assert KVSERVER_BIN.exists(), "run `uv sync` first"
     out = tmp_path / "serving.json"
-    proc = subprocess.run([str(VLLM_PYTHON), str(REPO_ROOT / "bench" / "bench_serving.py"), "--smoke",
-                           "--topology", "per-engine", "--routers", "rr,kv,kvscore",
-                           "--json", str(out), "--model-dir", str(tmp_path / "model")],
-                          capture_output=True, text=True, timeout=840, cwd=REPO_ROOT)
+    proc = subprocess.run(
+        [
+            str(VLLM_PYTHON),
+            str(REPO_ROOT / "bench" / "bench_serving.py"),
+            "--smoke",
+            "--topology",
+            "per-engine",
+            "--routers",
+            "rr,kv,kvscore",
+            "--json",
+            str(out),
+            "--model-dir",
+            str(tmp_path / "model"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        cwd=REPO_ROOT,
+    )
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     res = json.loads(out.read_text())
@@ -36,8 +51,10 @@ def test_kv_routing_keeps_chat_on_its_engine(tmp_path: Path) -> None:
     for r in (rr, kv, ks):
         s = r["sources"]
         assert r["requests"] == 4
-        assert s["prompt"] == s["prefix_cache"] + s["kvserver_l1"] + s["kvserver_l2"] + s["other_external"] \
-            + s["recomputed"]
+        assert (
+            s["prompt"]
+            == s["prefix_cache"] + s["kvserver_l1"] + s["kvserver_l2"] + s["other_external"] + s["recomputed"]
+        )
         assert r["kvserver"]["kvserver_load_errors"] == 0
     # Round robin: rounds alternate engines, and nothing routed by the coordinator.
     assert rr["routing"]["via"] == {"rr": 4}
@@ -55,7 +72,9 @@ def test_kv_routing_keeps_chat_on_its_engine(tmp_path: Path) -> None:
     via = ks["routing"]["via"]
     assert sum(via.values()) == 4 and via.get("kv", 0) >= 2 and "rr" not in via, via
     assert ks["routing"]["later_turns_same_engine"] == 3
-    reused = {name: r["sources"]["prompt"] - r["sources"]["recomputed"]
-              for name, r in (("rr", rr), ("kv", kv), ("kvscore", ks))}
+    reused = {
+        name: r["sources"]["prompt"] - r["sources"]["recomputed"]
+        for name, r in (("rr", rr), ("kv", kv), ("kvscore", ks))
+    }
     assert reused["kv"] > reused["rr"] + 256, reused
     assert reused["kvscore"] > reused["rr"] + 256, reused

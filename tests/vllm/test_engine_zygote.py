@@ -23,8 +23,9 @@ def _children(pid: int) -> set[int]:
     return out
 
 
-def test_an_engine_past_its_timeout_is_killed_and_the_next_one_is_a_fresh_engine(model_dir: Path,
-                                                                                   reference: EngineRun) -> None:
+def test_an_engine_past_its_timeout_is_killed_and_the_next_one_is_a_fresh_engine(
+    model_dir: Path, reference: EngineRun
+) -> None:
     run_engine(model_dir, [[prompt(P_LONG[:64])]], max_tokens=1)  # the zygote is up (the session may have started it)
     zygotes = engine_zygote_pids()
     assert zygotes and all(_children(z) == set() for z in zygotes)
@@ -34,7 +35,8 @@ def test_an_engine_past_its_timeout_is_killed_and_the_next_one_is_a_fresh_engine
     while any(_children(z) for z in zygotes) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(_children(z) == set() for z in zygotes)  # killed and reaped, not left beside the next test
-    again = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS,
-                       llm_kwargs={"enable_prefix_caching": False})
+    again = run_engine(
+        model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, llm_kwargs={"enable_prefix_caching": False}
+    )
     assert engine_zygote_pids() == zygotes  # the same parent served it: no new one started
     assert again.requests[0].token_ids == reference.requests[0].token_ids

@@ -32,20 +32,25 @@ CHUNKED = {"enable_prefix_caching": False, "max_num_batched_tokens": 256, "enabl
 
 @pytest.mark.parametrize("async_loads", [False, True], ids=["loads-in-step", "async-loads"])
 def test_failed_load_under_async_scheduling_saves_nothing_computed_over_it(
-        model_dir: Path, kvserver_factory: ServerFactory, async_loads: bool) -> None:
+    model_dir: Path, kvserver_factory: ServerFactory, async_loads: bool
+) -> None:
     """With loads in the step, the steps planned before the failure was known compute over garbage and
     their saves must be dropped. With asynchronous loads (the default) the request waits for its load,
     and vLLM learns of the failure before it computes anything over those blocks: nothing to drop,
     and the same end-to-end checks hold."""
-    baseline = run_engine(model_dir, [[prompt(P_ASYNC)]], max_tokens=MAX_TOKENS,
-                          llm_kwargs={"enable_prefix_caching": False})
+    baseline = run_engine(
+        model_dir, [[prompt(P_ASYNC)]], max_tokens=MAX_TOKENS, llm_kwargs={"enable_prefix_caching": False}
+    )
     want = baseline.requests[0].token_ids
     server = kvserver_factory()
     failing = run_engine(
-        model_dir, [[prompt(P_ASYNC[:600])], [prompt(P_ASYNC)]], max_tokens=MAX_TOKENS,
+        model_dir,
+        [[prompt(P_ASYNC[:600])], [prompt(P_ASYNC)]],
+        max_tokens=MAX_TOKENS,
         kv_transfer_config=kv_config(server.url, debug_fail_load_chunks=[1], async_loads=async_loads),
         llm_kwargs={**CHUNKED, "async_scheduling": True},
-        extra_spec={"force_async_scheduling": True, "connector_stats": True})
+        extra_spec={"force_async_scheduling": True, "connector_stats": True},
+    )
     assert failing.async_scheduling, "the engine did not run with async scheduling"
     seed, r = failing.requests
     # stored_tokens counts the saves confirmed when the request finished (asynchronous saves may still
@@ -61,8 +66,13 @@ def test_failed_load_under_async_scheduling_saves_nothing_computed_over_it(
         assert stats["unsafe_saves_dropped"] >= 1, stats
     with Client(server.url) as c:
         counters = c.call("describe").result["counters"]
-    fresh = run_engine(model_dir, [[prompt(P_ASYNC)]], max_tokens=MAX_TOKENS,
-                       kv_transfer_config=kv_config(server.url), llm_kwargs={"enable_prefix_caching": False})
+    fresh = run_engine(
+        model_dir,
+        [[prompt(P_ASYNC)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv_config(server.url),
+        llm_kwargs={"enable_prefix_caching": False},
+    )
     got = fresh.requests[0]
     assert got.token_ids == want, (counters, got.kv_transfer_params)
     assert got.connector_loaded_tokens in (512, 1024)  # chunks 2-3 stored only after being recomputed

@@ -14,14 +14,20 @@ from vllm_harness import EngineRun, prompt, run_engine
 pytestmark = pytest.mark.vllm_engine
 
 
-def test_long_load_does_not_stall_another_requests_decode(model_dir: Path, kvserver_factory: ServerFactory,
-                                                          reference: EngineRun) -> None:
+def test_long_load_does_not_stall_another_requests_decode(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
+) -> None:
     server = kvserver_factory()
     run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
     # P_LONG's load takes 3 s on purpose; P_TURN1 (not cached) is prefilled and decodes meanwhile.
     kv = kv_config(server.url, async_loads=True, debug_load_delay_s=3.0)
-    run = run_engine(model_dir, [[prompt(P_TURN1), prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv,
-                     extra_spec={"connector_stats": True})
+    run = run_engine(
+        model_dir,
+        [[prompt(P_TURN1), prompt(P_LONG)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv,
+        extra_spec={"connector_stats": True},
+    )
     other, loaded = run.requests
     stats = run.batches[0].connector_stats
     assert stats is not None
@@ -33,8 +39,9 @@ def test_long_load_does_not_stall_another_requests_decode(model_dir: Path, kvser
     assert len(other.token_ids) == MAX_TOKENS
 
 
-def test_async_load_failure_is_recomputed(model_dir: Path, kvserver_factory: ServerFactory,
-                                          reference: EngineRun) -> None:
+def test_async_load_failure_is_recomputed(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
+) -> None:
     server = kvserver_factory()
     run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
     kv = kv_config(server.url, async_loads=True, debug_fail_load_chunks=[1])
@@ -45,16 +52,23 @@ def test_async_load_failure_is_recomputed(model_dir: Path, kvserver_factory: Ser
     assert r.token_ids == reference.batches[0].requests[0].token_ids
 
 
-def test_async_load_failing_from_the_first_chunk_is_tried_once(model_dir: Path, kvserver_factory: ServerFactory,
-                                                               reference: EngineRun) -> None:
+def test_async_load_failing_from_the_first_chunk_is_tried_once(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
+) -> None:
     """A load that leaves nothing valid (chunk 0 fails, e.g. a corrupt object) sends the request back
     to vLLM's waiting queue with no computed tokens, and vLLM asks the connector again. The same load
     would fail again, for ever: the connector answers 0 and the request is recomputed."""
     server = kvserver_factory()
     run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
     kv = kv_config(server.url, async_loads=True, debug_fail_load_chunks=[0])
-    run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv,
-                     extra_spec={"connector_stats": True}, timeout=300)
+    run = run_engine(
+        model_dir,
+        [[prompt(P_LONG)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv,
+        extra_spec={"connector_stats": True},
+        timeout=300,
+    )
     r = run.requests[0]
     stats = run.batches[0].connector_stats
     assert stats is not None and stats["loads"] == 1 and stats["load_errors"] == 1
@@ -63,17 +77,24 @@ def test_async_load_failing_from_the_first_chunk_is_tried_once(model_dir: Path, 
     assert r.token_ids == reference.batches[0].requests[0].token_ids
 
 
-def test_async_save_keeps_blocks_until_stored(model_dir: Path, kvserver_factory: ServerFactory,
-                                              reference: EngineRun) -> None:
+def test_async_save_keeps_blocks_until_stored(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
+) -> None:
     """A save that takes 2 s after its request finished: with 32 KV blocks in all, the next request
     needs P_LONG's blocks, and gets them only once the save has read them (vLLM frees them on our
     "finished sending"). Had they been freed at once, the save would store the next prompt's KV
     under P_LONG's keys, and the second engine's output would differ from the reference."""
     server = kvserver_factory()
     kv = kv_config(server.url, async_saves=True, debug_save_delay_s=2.0)
-    first = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)]], max_tokens=MAX_TOKENS,
-                       kv_transfer_config=kv, max_model_len=960, llm_kwargs={"num_gpu_blocks_override": 32},
-                       extra_spec={"connector_stats": True})
+    first = run_engine(
+        model_dir,
+        [[prompt(P_LONG)], [prompt(P_TURN1)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv,
+        max_model_len=960,
+        llm_kwargs={"num_gpu_blocks_override": 32},
+        extra_spec={"connector_stats": True},
+    )
     assert first.requests[0].token_ids == reference.batches[0].requests[0].token_ids
     assert first.requests[1].token_ids == reference.batches[1].requests[0].token_ids
     # Meanwhile vLLM stepped with nothing to compute (P_TURN1 waits for blocks, P_LONG for its save):

@@ -32,16 +32,28 @@ def two_engines(model_dir: Path, kvserver_factory: ServerFactory) -> TwoEngines:
     server = kvserver_factory()
     # A (storing generated tokens too): batches 0 P_LONG, 1 P_TURN1 (turn 1 of a chat), 2 P_SALTED
     # under tenant-a, 3 P_GEN (turn 1 of another chat).
-    a = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)], [prompt(P_SALTED, "tenant-a")], [prompt(P_GEN)]],
-                   max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url, save_policy="all"))
+    a = run_engine(
+        model_dir,
+        [[prompt(P_LONG)], [prompt(P_TURN1)], [prompt(P_SALTED, "tenant-a")], [prompt(P_GEN)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv_config(server.url, save_policy="all"),
+    )
     turn1_out = a.batches[1].requests[0].token_ids
     gen_out = a.batches[3].requests[0].token_ids
     # B: 0 P_LONG again, 1 turn 2 of the chat, 2 P_SALTED under tenant-b, 3 P_SALTED under tenant-a,
     # 4 turn 2 of the P_GEN chat.
-    b = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1 + turn1_out + TURN2_TEXT)],
-                               [prompt(P_SALTED, "tenant-b")], [prompt(P_SALTED, "tenant-a")],
-                               [prompt(P_GEN + gen_out + TURN2_TEXT)]],
-                   max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    b = run_engine(
+        model_dir,
+        [
+            [prompt(P_LONG)],
+            [prompt(P_TURN1 + turn1_out + TURN2_TEXT)],
+            [prompt(P_SALTED, "tenant-b")],
+            [prompt(P_SALTED, "tenant-a")],
+            [prompt(P_GEN + gen_out + TURN2_TEXT)],
+        ],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv_config(server.url),
+    )
     return TwoEngines(a, b)
 
 
@@ -95,8 +107,7 @@ def test_cache_salt_isolates_tenants(two_engines: TwoEngines, reference: EngineR
 
 def test_scheduler_and_worker_compute_the_same_layout(two_engines: TwoEngines) -> None:
     for run in (two_engines.a, two_engines.b):
-        config_fps = set(re.findall(r"KVServerConnector (?:scheduler|worker): .*config layout ([0-9a-f]{16})",
-                                    run.log))
+        config_fps = set(re.findall(r"KVServerConnector (?:scheduler|worker): .*config layout ([0-9a-f]{16})", run.log))
         tensor_fps = set(re.findall(r"registered \d+ layers, tensor layout ([0-9a-f]{16})", run.log))
         assert len(config_fps) == 1 and config_fps == tensor_fps, run.log[-3000:]
         # the CPU attention ISA packs each block, so it is part of the fingerprint (never "unknown")

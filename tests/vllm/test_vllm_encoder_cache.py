@@ -32,8 +32,12 @@ COUNT = {"count_encoder": True}
 
 
 def ec_config(url: str, **extra: Any) -> dict[str, Any]:
-    return {"ec_connector": "KVServerECConnector", "ec_connector_module_path": "kvconnector.vllm",
-            "ec_role": "ec_both", "ec_connector_extra_config": {"kvserver_url": url, **extra}}
+    return {
+        "ec_connector": "KVServerECConnector",
+        "ec_connector_module_path": "kvconnector.vllm",
+        "ec_role": "ec_both",
+        "ec_connector_extra_config": {"kvserver_url": url, **extra},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +45,7 @@ def vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_vlm(tmp_path_factory.mktemp("tiny-vlm-ec") / "model")
 
 
-def test_second_engine_skips_the_encoder_and_images_never_share(vlm_dir: Path,
-                                                                kvserver_factory: ServerFactory) -> None:
+def test_second_engine_skips_the_encoder_and_images_never_share(vlm_dir: Path, kvserver_factory: ServerFactory) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from tiny_vlm import words
 
@@ -55,8 +58,11 @@ def test_second_engine_skips_the_encoder_and_images_never_share(vlm_dir: Path,
 
     server = kvserver_factory("--chunk-size", "64", "--ec-size-gb", "0.0625")
     ec = {**COUNT, "ec_transfer_config": ec_config(server.url)}
-    both: dict[str, Any] = {"kv_transfer_config": kv_config(server.url, chunk_size=64), "llm_kwargs": VLM,
-                            "extra_spec": ec}
+    both: dict[str, Any] = {
+        "kv_transfer_config": kv_config(server.url, chunk_size=64),
+        "llm_kwargs": VLM,
+        "extra_spec": ec,
+    }
     e1 = run_engine(vlm_dir, [[a]], max_tokens=MAX_TOKENS, **both)
     assert e1.requests[0].token_ids == want_a
     assert e1.batches[0].encoder_runs == 1 and e1.batches[0].ec["saves"] == 1
@@ -70,8 +76,9 @@ def test_second_engine_skips_the_encoder_and_images_never_share(vlm_dir: Path,
         desc = c.call("describe").result["ec"]
     assert desc["objects"] == 2 and desc["counters"]["stores"] == 2
 
-    e3 = run_engine(vlm_dir, [[a], [b]], max_tokens=MAX_TOKENS, llm_kwargs=VLM,
-                    extra_spec={**ec, "connector_stats": True})
+    e3 = run_engine(
+        vlm_dir, [[a], [b]], max_tokens=MAX_TOKENS, llm_kwargs=VLM, extra_spec={**ec, "connector_stats": True}
+    )
     assert [x.encoder_runs for x in e3.batches] == [0, 0]  # the vision tower never ran
     for batch in e3.batches:  # what vLLM's own stats path (SchedulerStats.ec_connector_stats) saw
         assert batch.connector_stats is not None

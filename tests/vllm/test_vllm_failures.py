@@ -18,8 +18,7 @@ from vllm_harness import EngineRun, prompt, run_engine
 pytestmark = pytest.mark.vllm_engine
 
 
-def test_failed_load_is_recomputed(model_dir: Path, kvserver_factory: ServerFactory,
-                                   reference: EngineRun) -> None:
+def test_failed_load_is_recomputed(model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun) -> None:
     server = kvserver_factory()
     run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
     # Fault injection: after the load, chunk 1's blocks are overwritten with garbage and reported as
@@ -33,8 +32,9 @@ def test_failed_load_is_recomputed(model_dir: Path, kvserver_factory: ServerFact
     assert "load of 8 blocks failed" in run.log
 
 
-def test_corrupted_arena_bytes_are_verified_and_recomputed(model_dir: Path, kvserver_factory: ServerFactory,
-                                                           reference: EngineRun) -> None:
+def test_corrupted_arena_bytes_are_verified_and_recomputed(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
+) -> None:
     """One flipped byte in a cached object (what a stray write or a bad DIMM does): the second engine's
     load fails verification, vLLM recomputes, and the tokens equal the no-connector reference."""
     server = kvserver_factory()
@@ -53,8 +53,12 @@ def test_corrupted_arena_bytes_are_verified_and_recomputed(model_dir: Path, kvse
     assert any(arena[first : first + 4096])
     arena[first + 100] ^= 0x01
     arena.close()
-    run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS,
-                     kv_transfer_config=kv_config(server.url, policy="recompute"))
+    run = run_engine(
+        model_dir,
+        [[prompt(P_LONG)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv_config(server.url, policy="recompute"),
+    )
     r = run.requests[0]
     assert r.kv_transfer_params["kvserver"]["load_failed"] is True
     assert r.connector_loaded_tokens == 0  # chunk 0 failed, so the whole load did
@@ -62,8 +66,7 @@ def test_corrupted_arena_bytes_are_verified_and_recomputed(model_dir: Path, kvse
     assert "checksum" in run.log
 
 
-def test_server_killed_between_engines(model_dir: Path, kvserver_factory: ServerFactory,
-                                       reference: EngineRun) -> None:
+def test_server_killed_between_engines(model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun) -> None:
     server = kvserver_factory()
     kv = kv_config(server.url, timeout_s=1.0)
     a = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_GEN)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
@@ -71,8 +74,7 @@ def test_server_killed_between_engines(model_dir: Path, kvserver_factory: Server
     # save_policy "prompt" (the default) stores only chunks made of prompt tokens
     assert confirmed(a.requests[1].kv_transfer_params, 256)
     server.kill()
-    b = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_LONG[:600])]], max_tokens=MAX_TOKENS,
-                   kv_transfer_config=kv)
+    b = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_LONG[:600])]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
     want = reference.batches[0].requests[0].token_ids
     assert b.requests[0].token_ids == want
     assert all(r.connector_loaded_tokens == 0 for r in b.requests)
@@ -81,8 +83,9 @@ def test_server_killed_between_engines(model_dir: Path, kvserver_factory: Server
         assert r.kv_transfer_params["kvserver"]["stored_tokens"] == 0  # the store failed, and it knows
 
 
-def test_server_absent_at_start_then_back(model_dir: Path, kvserver_factory: ServerFactory,
-                                          reference: EngineRun, tmp_path: Path) -> None:
+def test_server_absent_at_start_then_back(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
+) -> None:
     """No server when the engine starts: it runs, recomputes, and reconnects once the server is up.
 
     The connector's counters reach vLLM's scheduler stats (the get_kv_connector_stats hook) and
@@ -96,9 +99,14 @@ def test_server_absent_at_start_then_back(model_dir: Path, kvserver_factory: Ser
     gate = tmp_path / "server-up"
     kv = kv_config(server.url, timeout_s=1.0, retry_after_s=0.1)
     with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(run_engine, model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)]],
-                             max_tokens=MAX_TOKENS, kv_transfer_config=kv,
-                             extra_spec={"gates": {"1": str(gate)}, "connector_stats": True})
+        future = pool.submit(
+            run_engine,
+            model_dir,
+            [[prompt(P_LONG)], [prompt(P_TURN1)]],
+            max_tokens=MAX_TOKENS,
+            kv_transfer_config=kv,
+            extra_spec={"gates": {"1": str(gate)}, "connector_stats": True},
+        )
         waiting = Path(str(gate) + ".waiting")
         while not waiting.exists():
             assert not future.done(), future.result()
@@ -135,20 +143,25 @@ def test_server_absent_at_start_then_back(model_dir: Path, kvserver_factory: Ser
         assert run.prometheus[f"vllm:kvserver_{name}_total"] == total, name
 
 
-def test_roles_producer_saves_only_consumer_loads_only(model_dir: Path, kvserver_factory: ServerFactory,
-                                                      reference: EngineRun) -> None:
+def test_roles_producer_saves_only_consumer_loads_only(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
+) -> None:
     server = kvserver_factory()
     producer = {**kv_config(server.url), "kv_role": "kv_producer"}
-    a = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_LONG)]], max_tokens=MAX_TOKENS,
-                   kv_transfer_config=producer, llm_kwargs={"enable_prefix_caching": False})
+    a = run_engine(
+        model_dir,
+        [[prompt(P_LONG)], [prompt(P_LONG)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=producer,
+        llm_kwargs={"enable_prefix_caching": False},
+    )
     want = reference.batches[0].requests[0].token_ids
     first, second = a.requests
     assert confirmed(first.kv_transfer_params, 512)
     assert second.kv_transfer_params["kvserver"]["hit_tokens"] == 0  # a producer never looks up
     assert second.connector_loaded_tokens == 0 and second.token_ids == want
     consumer = {**kv_config(server.url), "kv_role": "kv_consumer"}
-    b = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)]], max_tokens=MAX_TOKENS,
-                   kv_transfer_config=consumer)
+    b = run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)]], max_tokens=MAX_TOKENS, kv_transfer_config=consumer)
     loaded, fresh = b.requests
     assert loaded.connector_loaded_tokens == 512 and loaded.token_ids == want
     assert fresh.kv_transfer_params["kvserver"]["stored_tokens"] == 0  # a consumer never stores
@@ -157,8 +170,9 @@ def test_roles_producer_saves_only_consumer_loads_only(model_dir: Path, kvserver
         assert c.call("describe").result["counters"]["stored_objects"] == 2  # only the producer's
 
 
-def test_load_the_scheduler_cannot_name_fails_safe(model_dir: Path, kvserver_factory: ServerFactory,
-                                                   reference: EngineRun) -> None:
+def test_load_the_scheduler_cannot_name_fails_safe(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
+) -> None:
     """_plan's "cannot happen" branch (vLLM was promised external tokens, but the blocks cannot be
     named): the blocks are reported failed and recomputed, never computed over uninitialised."""
     server = kvserver_factory()

@@ -17,16 +17,22 @@ pytestmark = pytest.mark.vllm_engine
 OBJECT_BYTES = TINY.kv_bytes_per_token_fp32 * 256  # one chunk of the tiny model: 256 KiB
 
 
-def test_full_cache_stores_what_fits_and_keeps_saving(model_dir: Path, kvserver_factory: ServerFactory,
-                                                      reference: EngineRun) -> None:
+def test_full_cache_stores_what_fits_and_keeps_saving(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
+) -> None:
     """An arena with room for one object: P_LONG's 2-chunk save stores one chunk (NO_SPACE for the
     other, both being written at once). That is a partial save, not a server failure: with a 60 s
     breaker, the next request's save would otherwise be skipped; here it is stored."""
     server = kvserver_factory("--l1-size-gb", str(1.6 * OBJECT_BYTES / (1 << 30)))
     short = random_prompt(300, seed=21)  # one full chunk
     kv = kv_config(server.url, retry_after_s=60.0)
-    run = run_engine(model_dir, [[prompt(P_LONG)], [prompt(short)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv,
-                     extra_spec={"connector_stats": True})
+    run = run_engine(
+        model_dir,
+        [[prompt(P_LONG)], [prompt(short)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv,
+        extra_spec={"connector_stats": True},
+    )
     full, after = run.batches
     assert full.requests[0].token_ids == reference.batches[0].requests[0].token_ids
     assert full.connector_stats is not None and after.connector_stats is not None

@@ -22,26 +22,40 @@ def _kvs(run: EngineRun) -> list[dict]:
     return [r.kv_transfer_params["kvserver"] for r in run.requests]
 
 
-def test_lora_adapters_never_share_kv_and_reuse_their_own(model_dir: Path, kvserver_factory: ServerFactory,
-                                                         reference: EngineRun, tmp_path: Path) -> None:
+def test_lora_adapters_never_share_kv_and_reuse_their_own(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
+) -> None:
     a = ("adapter-a", 1, str(build_adapter(tmp_path / "lora-a", model_dir, seed=1)))
     b = ("adapter-b", 2, str(build_adapter(tmp_path / "lora-b", model_dir, seed=2)))
-    base = run_engine(model_dir, [[prompt(P_LONG, lora=a)], [prompt(P_LONG, lora=b)]], max_tokens=MAX_TOKENS,
-                      llm_kwargs={**LORA, "enable_prefix_caching": False})
+    base = run_engine(
+        model_dir,
+        [[prompt(P_LONG, lora=a)], [prompt(P_LONG, lora=b)]],
+        max_tokens=MAX_TOKENS,
+        llm_kwargs={**LORA, "enable_prefix_caching": False},
+    )
     want_a, want_b = (r.token_ids for r in base.requests)
     assert want_a != want_b != reference.batches[0].requests[0].token_ids  # the adapters change the output
 
     server = kvserver_factory()
     kv = kv_config(server.url)
-    first = run_engine(model_dir, [[prompt(P_LONG, lora=a)], [prompt(P_LONG, lora=b)]], max_tokens=MAX_TOKENS,
-                       kv_transfer_config=kv, llm_kwargs={**LORA, "enable_prefix_caching": False})
+    first = run_engine(
+        model_dir,
+        [[prompt(P_LONG, lora=a)], [prompt(P_LONG, lora=b)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv,
+        llm_kwargs={**LORA, "enable_prefix_caching": False},
+    )
     assert [r.token_ids for r in first.requests] == [want_a, want_b]
     assert [k["hit_tokens"] for k in _kvs(first)] == [0, 0]  # B never sees A's chunks
     assert all(0 <= k["stored_tokens"] <= 512 for k in _kvs(first))  # confirmed by finish (async saves)
 
-    second = run_engine(model_dir, [[prompt(P_LONG, lora=b)], [prompt(P_LONG, lora=a)], [prompt(P_LONG)]],
-                        max_tokens=MAX_TOKENS, kv_transfer_config=kv,
-                        llm_kwargs={**LORA, "enable_prefix_caching": False})
+    second = run_engine(
+        model_dir,
+        [[prompt(P_LONG, lora=b)], [prompt(P_LONG, lora=a)], [prompt(P_LONG)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv,
+        llm_kwargs={**LORA, "enable_prefix_caching": False},
+    )
     got_b, got_a, plain = second.requests
     assert got_b.connector_loaded_tokens == 512 and got_b.token_ids == want_b  # same adapter, new process
     assert got_a.connector_loaded_tokens == 512 and got_a.token_ids == want_a

@@ -39,12 +39,10 @@ def test_mla_prefix_reuse_matches_recompute(mla_dir: Path, kvserver_factory: Ser
     batches = [[prompt(P1)], [prompt(P2)]]
     ref = run_engine(mla_dir, batches, max_tokens=8, llm_kwargs=MLA)
     server = kvserver_factory()
-    a = run_engine(mla_dir, batches, max_tokens=8, kv_transfer_config=kv_config(server.url),
-                   llm_kwargs=MLA)
+    a = run_engine(mla_dir, batches, max_tokens=8, kv_transfer_config=kv_config(server.url), llm_kwargs=MLA)
     assert "KVServerConnector disabled" not in a.log, a.log[-3000:]
     assert "tensor layout" in a.log  # the worker registered its latent cache
-    b = run_engine(mla_dir, batches, max_tokens=8, kv_transfer_config=kv_config(server.url),
-                   llm_kwargs=MLA)
+    b = run_engine(mla_dir, batches, max_tokens=8, kv_transfer_config=kv_config(server.url), llm_kwargs=MLA)
     for run in (a, b):
         assert [r.token_ids for r in run.requests] == [r.token_ids for r in ref.requests]
     assert [r.connector_loaded_tokens for r in a.requests] == [0, 0]
@@ -54,21 +52,24 @@ def test_mla_prefix_reuse_matches_recompute(mla_dir: Path, kvserver_factory: Ser
 
 
 @pytest.mark.timeout(1500)
-def test_mla_tp2_ranks_share_one_object_per_chunk(mla_dir: Path, kvserver_factory: ServerFactory,
-                                                  tmp_path: Path) -> None:
+def test_mla_tp2_ranks_share_one_object_per_chunk(
+    mla_dir: Path, kvserver_factory: ServerFactory, tmp_path: Path
+) -> None:
     """TP=2: both ranks hold the same latent cache; the server keeps one object per chunk (not two),
     both ranks load it, and the output equals a TP=2 recompute."""
     env = tp_env(tmp_path)
     ref = run_engine(mla_dir, [[prompt(P1)]], max_tokens=8, env=env, llm_kwargs=MLA_TP)
     server = kvserver_factory()
-    a = run_engine(mla_dir, [[prompt(P1)]], max_tokens=8, kv_transfer_config=kv_config(server.url), llm_kwargs=MLA_TP,
-                   env=env)
+    a = run_engine(
+        mla_dir, [[prompt(P1)]], max_tokens=8, kv_transfer_config=kv_config(server.url), llm_kwargs=MLA_TP, env=env
+    )
     assert confirmed(a.requests[0].kv_transfer_params, 512)
     with Client(server.url) as c:
         d = c.call("describe").result
     assert d["l1"]["objects"] == 2  # 2 chunks x 1 shared object, where a per-rank layout keeps 4
-    b = run_engine(mla_dir, [[prompt(P1)]], max_tokens=8, kv_transfer_config=kv_config(server.url), llm_kwargs=MLA_TP,
-                   env=env)
+    b = run_engine(
+        mla_dir, [[prompt(P1)]], max_tokens=8, kv_transfer_config=kv_config(server.url), llm_kwargs=MLA_TP, env=env
+    )
     r = b.requests[0]
     assert r.kv_transfer_params["kvserver"]["load_failed"] is False and r.connector_loaded_tokens == 512
     assert r.token_ids == ref.requests[0].token_ids == a.requests[0].token_ids

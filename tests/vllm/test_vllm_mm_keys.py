@@ -22,8 +22,13 @@ PROBE = Path(__file__).resolve().parent / "mm_keys_probe.py"
 @pytest.fixture(scope="module")
 def probe(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     adapter = build_adapter(tmp_path_factory.mktemp("lora") / "adapter", model_dir, seed=3)
-    proc = subprocess.run([str(VLLM_PYTHON), str(PROBE), str(adapter)], capture_output=True, text=True,
-                          timeout=300, env=engine_env(adapter.parent / "vllm-cache"))
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(PROBE), str(adapter)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=engine_env(adapter.parent / "vllm-cache"),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -40,8 +40,13 @@ def test_images_behind_the_same_placeholders_never_share_kv(vlm_dir: Path, kvser
     assert 128 <= base.requests[0].prompt_len < 192
 
     server = kvserver_factory("--chunk-size", "64")
-    run = run_engine(vlm_dir, [[a], [b], [a], [b]], max_tokens=MAX_TOKENS,
-                     kv_transfer_config=kv_config(server.url, chunk_size=64), llm_kwargs=VLM)
+    run = run_engine(
+        vlm_dir,
+        [[a], [b], [a], [b]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv_config(server.url, chunk_size=64),
+        llm_kwargs=VLM,
+    )
     _, first_b, again_a, again_b = run.requests
     kv = [r.kv_transfer_params["kvserver"] for r in run.requests]
     assert kv[0]["hit_tokens"] == 0 and 0 <= kv[0]["stored_tokens"] <= 128  # confirmed by finish

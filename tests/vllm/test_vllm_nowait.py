@@ -22,8 +22,9 @@ def _l2_puts(url: str) -> int:
         return int(c.call("describe").result["l2"][0]["puts"])
 
 
-def test_lookup_is_none_while_l2_prefetches_then_the_hit(model_dir: Path, kvserver_factory: ServerFactory,
-                                                         reference: EngineRun, tmp_path: Path) -> None:
+def test_lookup_is_none_while_l2_prefetches_then_the_hit(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
+) -> None:
     l2 = ("--l2", f"fs://{tmp_path / 'l2'}")
     first = kvserver_factory(*l2)
     run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(first.url))
@@ -33,8 +34,13 @@ def test_lookup_is_none_while_l2_prefetches_then_the_hit(model_dir: Path, kvserv
         time.sleep(0.05)
     first.stop()
     second = kvserver_factory(*l2)  # a fresh process: L1 empty, L2 holds both chunks
-    run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(second.url),
-                     extra_spec={"connector_stats": True})
+    run = run_engine(
+        model_dir,
+        [[prompt(P_LONG)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv_config(second.url),
+        extra_spec={"connector_stats": True},
+    )
     r = run.requests[0]
     stats = run.batches[0].connector_stats
     assert stats is not None
@@ -43,8 +49,9 @@ def test_lookup_is_none_while_l2_prefetches_then_the_hit(model_dir: Path, kvserv
     assert r.token_ids == reference.batches[0].requests[0].token_ids
 
 
-def test_a_late_lookup_answer_defers_the_request(model_dir: Path, kvserver_factory: ServerFactory,
-                                                   reference: EngineRun, tmp_path: Path) -> None:
+def test_a_late_lookup_answer_defers_the_request(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
+) -> None:
     """The scheduler waits at most lookup_wait_s for a lookup's answer. With the server stopped
     (SIGSTOP) when a request arrives, the connector answers "ask again later" (None) instead of
     holding vLLM's step loop; once the server runs again, the answer arrives and the hit is loaded."""
@@ -55,9 +62,14 @@ def test_a_late_lookup_answer_defers_the_request(model_dir: Path, kvserver_facto
     gate = tmp_path / "go"
     assert server.proc is not None
     with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(run_engine, model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS,
-                             kv_transfer_config=kv_config(server.url, timeout_s=30.0),
-                             extra_spec={"gates": {"0": str(gate)}, "connector_stats": True})
+        future = pool.submit(
+            run_engine,
+            model_dir,
+            [[prompt(P_LONG)]],
+            max_tokens=MAX_TOKENS,
+            kv_transfer_config=kv_config(server.url, timeout_s=30.0),
+            extra_spec={"gates": {"0": str(gate)}, "connector_stats": True},
+        )
         waiting = Path(str(gate) + ".waiting")
         while not waiting.exists():  # the engine is up (registered, calibrated) and waits at the gate
             assert not future.done(), future.result()

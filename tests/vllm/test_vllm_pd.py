@@ -29,7 +29,8 @@ PROMPTS = [P_LONG, random_prompt(600, seed=21), random_prompt(300, seed=22)]
 
 
 def test_prefill_then_decode_matches_one_engine_and_decode_computes_only_the_tail(
-        model_dir: Path, kvserver_factory: ServerFactory, tmp_path: Path) -> None:
+    model_dir: Path, kvserver_factory: ServerFactory, tmp_path: Path
+) -> None:
     server = kvserver_factory()
     env = engine_env(tmp_path / "vllm-cache")
     single = Engine(VLLM_PYTHON, model_dir, None, env, tmp_path / "single.log")
@@ -57,7 +58,8 @@ def test_prefill_then_decode_matches_one_engine_and_decode_computes_only_the_tai
 
 
 def test_consumer_waits_for_a_producer_in_flight_and_recomputes_when_it_dies(
-        model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path) -> None:
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
+) -> None:
     """A producer reserved P_LONG (2 chunks), committed chunk 0 (here: bytes that are NOT the model's
     KV) and died. The decode engine is told `inflight` and asks again later instead of loading; one
     lease TTL later the server rolls the reservation back (chunk 0 dropped), and the engine recomputes:
@@ -67,10 +69,14 @@ def test_consumer_waits_for_a_producer_in_flight_and_recomputes_when_it_dies(
     result: dict[str, Any] = {}
 
     def run() -> None:
-        result["run"] = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS,
-                                   kv_transfer_config=kv_config(server.url, "kv_consumer", inflight_wait_s=120),
-                                   extra_spec={"connector_stats": True, "gates": {"0": str(gate)}},
-                                   workdir=tmp_path / "decode")
+        result["run"] = run_engine(
+            model_dir,
+            [[prompt(P_LONG)]],
+            max_tokens=MAX_TOKENS,
+            kv_transfer_config=kv_config(server.url, "kv_consumer", inflight_wait_s=120),
+            extra_spec={"connector_stats": True, "gates": {"0": str(gate)}},
+            workdir=tmp_path / "decode",
+        )
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

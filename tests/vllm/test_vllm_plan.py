@@ -17,10 +17,16 @@ def test_usable_hit_leaves_one_token_to_compute() -> None:
     assert plan.usable_hit(0, 700, 0) == 0
 
 
-@given(hit_chunks=st.integers(0, 16), n=st.integers(1, 5000), local_blocks=st.integers(0, 160),
-       chunk_mult=st.sampled_from([1, 2, 4, 8]), block=st.sampled_from([32, 64]))
-def test_load_range_is_within_the_hit_and_the_request(hit_chunks: int, n: int, local_blocks: int,
-                                                      chunk_mult: int, block: int) -> None:
+@given(
+    hit_chunks=st.integers(0, 16),
+    n=st.integers(1, 5000),
+    local_blocks=st.integers(0, 160),
+    chunk_mult=st.sampled_from([1, 2, 4, 8]),
+    block=st.sampled_from([32, 64]),
+)
+def test_load_range_is_within_the_hit_and_the_request(
+    hit_chunks: int, n: int, local_blocks: int, chunk_mult: int, block: int
+) -> None:
     chunk = block * chunk_mult
     hit = min(hit_chunks * chunk, plan.floor_to(n, chunk))
     local = min(local_blocks * block, plan.floor_to(n - 1, block))
@@ -48,8 +54,9 @@ def test_key_salt_hides_and_separates_salts() -> None:
     validate_salt(a)
 
 
-@pytest.mark.parametrize("name,want", [("/tmp/x/model", "tmp/x/model"),
-                                       ("meta-llama/Llama-3-8B", "meta-llama/Llama-3-8B"), ("a b", "a_b")])
+@pytest.mark.parametrize(
+    "name,want", [("/tmp/x/model", "tmp/x/model"), ("meta-llama/Llama-3-8B", "meta-llama/Llama-3-8B"), ("a b", "a_b")]
+)
 def test_model_key_is_a_valid_model_name(name: str, want: str) -> None:
     from kvprotocol import validate_model
 
@@ -65,9 +72,18 @@ def test_config_defaults_and_errors() -> None:
     assert cfg.async_loads and cfg.async_saves and cfg.plan_loads and cfg.lookup_wait_s == 0.002
     assert config.parse_config({"mode": "tcp", "timeout_s": 2, "save_policy": "all"}).timeout_s == 2
     assert config.parse_config({"lookup_wait_s": 0}).lookup_wait_s == 0
-    for bad in ({"mdoe": "tcp"}, {"mode": "udp"}, {"save_policy": "sometimes"}, {"timeout_s": 0},
-                {"lookup_wait_s": -0.1}, {"lookup_wait_s": 2}, {"lookup_wait_s": "1"},
-                {"kvserver_url": "http://x"}, {"chunk_size": "256"}, {"debug_fail_load_chunks": [-1]}):
+    for bad in (
+        {"mdoe": "tcp"},
+        {"mode": "udp"},
+        {"save_policy": "sometimes"},
+        {"timeout_s": 0},
+        {"lookup_wait_s": -0.1},
+        {"lookup_wait_s": 2},
+        {"lookup_wait_s": "1"},
+        {"kvserver_url": "http://x"},
+        {"chunk_size": "256"},
+        {"debug_fail_load_chunks": [-1]},
+    ):
         with pytest.raises(ValueError):
             config.parse_config(bad)
     cfg.check_block_size(32)

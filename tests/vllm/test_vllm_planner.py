@@ -16,15 +16,25 @@ pytestmark = pytest.mark.vllm_engine
 
 def _second_engine(model_dir: Path, url: str, delay_s: float) -> EngineRun:
     kv = kv_config(url, plan_loads=True, debug_load_delay_s=delay_s)
-    return run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)]], max_tokens=MAX_TOKENS,
-                      kv_transfer_config=kv, extra_spec={"connector_stats": True})
+    return run_engine(
+        model_dir,
+        [[prompt(P_LONG)], [prompt(P_TURN1)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv,
+        extra_spec={"connector_stats": True},
+    )
 
 
-def test_planner_declines_a_slow_load_and_accepts_a_fast_one(model_dir: Path, kvserver_factory: ServerFactory,
-                                                              reference: EngineRun) -> None:
+def test_planner_declines_a_slow_load_and_accepts_a_fast_one(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
+) -> None:
     server = kvserver_factory()
-    run_engine(model_dir, [[prompt(P_LONG)], [prompt(P_TURN1)]], max_tokens=MAX_TOKENS,
-               kv_transfer_config=kv_config(server.url))
+    run_engine(
+        model_dir,
+        [[prompt(P_LONG)], [prompt(P_TURN1)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv_config(server.url),
+    )
     # The first hit is loaded (nothing measured yet): 1 s for 512 tokens, far slower than the tiny
     # model's prefill. The second hit is then declined and recomputed, with the same output.
     slow = _second_engine(model_dir, server.url, delay_s=1.0)

@@ -27,8 +27,9 @@ def _tenant(tenants: Path, name: str, token_file: Path | None = None) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_engines_of_another_tenant_never_load_its_kv(model_dir: Path, kvserver_factory: ServerFactory,
-                                                     reference: EngineRun, tmp_path: Path) -> None:
+def test_engines_of_another_tenant_never_load_its_kv(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
+) -> None:
     tenants = tmp_path / "tenants.json"
     alice = _tenant(tenants, "alice")
     bob_file = tmp_path / "bob.token"
@@ -36,8 +37,9 @@ def test_engines_of_another_tenant_never_load_its_kv(model_dir: Path, kvserver_f
     server = kvserver_factory("--tenants-file", str(tenants))
     batches = [[prompt(P_LONG)]]
     a = run_engine(model_dir, batches, max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url, api_token=alice))
-    b = run_engine(model_dir, batches, max_tokens=MAX_TOKENS,
-                   kv_transfer_config=kv_config(server.url, token_file=str(bob_file)))
+    b = run_engine(
+        model_dir, batches, max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url, token_file=str(bob_file))
+    )
     c = run_engine(model_dir, batches, max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url, api_token=alice))
     want = reference.batches[0].requests[0].token_ids
     assert a.batches[0].requests[0].token_ids == want

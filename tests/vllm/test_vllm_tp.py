@@ -41,22 +41,26 @@ def tp_env(tmp_path: Path) -> dict[str, str]:
     if not link.is_symlink():
         link.symlink_to(rpc)
     _RPC_DIRS.append(rpc)
-    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "TORCH_COMPILE_DISABLE": "1",
-            "VLLM_RPC_BASE_PATH": str(rpc)}
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "1",
+        "TORCH_COMPILE_DISABLE": "1",
+        "VLLM_RPC_BASE_PATH": str(rpc),
+    }
 
 
-def test_tp2_ranks_load_under_their_own_leases(model_dir: Path, kvserver_factory: ServerFactory,
-                                               tmp_path: Path) -> None:
+def test_tp2_ranks_load_under_their_own_leases(
+    model_dir: Path, kvserver_factory: ServerFactory, tmp_path: Path
+) -> None:
     server = kvserver_factory()
     env = tp_env(tmp_path)
-    ref = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, env=env,
-                     llm_kwargs={**TP, "enable_prefix_caching": False})
+    ref = run_engine(
+        model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, env=env, llm_kwargs={**TP, "enable_prefix_caching": False}
+    )
     kv = kv_config(server.url)
-    a = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv, llm_kwargs=TP,
-                   env=env)
+    a = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv, llm_kwargs=TP, env=env)
     assert confirmed(a.requests[0].kv_transfer_params, 512)
-    b = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv, llm_kwargs=TP,
-                   env=env)
+    b = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv, llm_kwargs=TP, env=env)
     r = b.requests[0]
     assert r.kv_transfer_params["kvserver"]["load_failed"] is False
     assert r.connector_loaded_tokens == 512

@@ -33,8 +33,9 @@ class TinyLlamaSpec:
 
 TINY = TinyLlamaSpec()
 # The timing model of DESIGN.md: 8 layers x hidden 1024, 32 KiB of fp32 KV per token.
-BENCH = TinyLlamaSpec(num_layers=8, hidden_size=1024, num_heads=8, num_kv_heads=8, vocab_size=1024,
-                      intermediate_size=2816)
+BENCH = TinyLlamaSpec(
+    num_layers=8, hidden_size=1024, num_heads=8, num_kv_heads=8, vocab_size=1024, intermediate_size=2816
+)
 
 
 def build_llama(out_dir: Path, spec: TinyLlamaSpec = TINY) -> Path:
@@ -78,8 +79,9 @@ def random_prompt(length: int, seed: int, vocab_size: int = 1024) -> list[int]:
     return [rng.randrange(3, vocab_size) for _ in range(length)]
 
 
-def build_lora(out_dir: Path, base_dir: Path, seed: int, rank: int = 8, spec: TinyLlamaSpec = TINY,
-               scale: float = 0.2) -> Path:
+def build_lora(
+    out_dir: Path, base_dir: Path, seed: int, rank: int = 8, spec: TinyLlamaSpec = TINY, scale: float = 0.2
+) -> Path:
     """Writes a random PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) for the
     tiny Llama: q/k/v/o projections of every layer. Unlike PEFT's own initialisation (B = 0, a no-op),
     both matrices are random, so the adapter changes every token's K/V."""
@@ -90,8 +92,12 @@ def build_lora(out_dir: Path, base_dir: Path, seed: int, rank: int = 8, spec: Ti
     out_dir.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
     kv_dim = spec.num_kv_heads * spec.head_dim
-    shapes = {"q_proj": (spec.hidden_size, spec.hidden_size), "k_proj": (spec.hidden_size, kv_dim),
-              "v_proj": (spec.hidden_size, kv_dim), "o_proj": (spec.hidden_size, spec.hidden_size)}
+    shapes = {
+        "q_proj": (spec.hidden_size, spec.hidden_size),
+        "k_proj": (spec.hidden_size, kv_dim),
+        "v_proj": (spec.hidden_size, kv_dim),
+        "o_proj": (spec.hidden_size, spec.hidden_size),
+    }
     tensors = {}
     for layer in range(spec.num_layers):
         for mod, (d_in, d_out) in shapes.items():
@@ -99,9 +105,20 @@ def build_lora(out_dir: Path, base_dir: Path, seed: int, rank: int = 8, spec: Ti
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, d_in, generator=gen) * scale
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(d_out, rank, generator=gen) * scale
     save_file(tensors, str(out_dir / "adapter_model.safetensors"))
-    (out_dir / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank * 2,
-        "lora_dropout": 0.0, "bias": "none", "target_modules": list(shapes),
-        "base_model_name_or_path": str(base_dir), "fan_in_fan_out": False, "modules_to_save": None,
-    }))
+    (out_dir / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "r": rank,
+                "lora_alpha": rank * 2,
+                "lora_dropout": 0.0,
+                "bias": "none",
+                "target_modules": list(shapes),
+                "base_model_name_or_path": str(base_dir),
+                "fan_in_fan_out": False,
+                "modules_to_save": None,
+            }
+        )
+    )
     return out_dir

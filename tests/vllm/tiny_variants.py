@@ -13,8 +13,16 @@ from pathlib import Path
 from typing import Any
 
 
-_COMMON: dict[str, Any] = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                               max_position_embeddings=4096, torch_dtype="float32", bos_token_id=1, eos_token_id=2)
+_COMMON: dict[str, Any] = dict(
+    vocab_size=1024,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    max_position_embeddings=4096,
+    torch_dtype="float32",
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def _save(out_dir: Path, config_cls: str, model_cls: str, seed: int, **config: Any) -> Path:
@@ -33,20 +41,52 @@ def _save(out_dir: Path, config_cls: str, model_cls: str, seed: int, **config: A
 
 
 def build_deepseek_v2(out_dir: Path, seed: int = 1234) -> Path:
-    return _save(out_dir, "DeepseekV2Config", "DeepseekV2ForCausalLM", seed,
-                 num_attention_heads=2, num_key_value_heads=2, moe_intermediate_size=64,
-                 n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=2,
-                 kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
-                 tie_word_embeddings=False, rope_scaling=None)
+    return _save(
+        out_dir,
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        seed,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        moe_intermediate_size=64,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=2,
+        kv_lora_rank=512,
+        q_lora_rank=None,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        tie_word_embeddings=False,
+        rope_scaling=None,
+    )
 
 
 def build_mistral_sw(out_dir: Path, window: int = 96, seed: int = 1234) -> Path:
-    return _save(out_dir, "MistralConfig", "MistralForCausalLM", seed,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=window,
-                 tie_word_embeddings=False)
+    return _save(
+        out_dir,
+        "MistralConfig",
+        "MistralForCausalLM",
+        seed,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=window,
+        tie_word_embeddings=False,
+    )
 
 
 def build_gemma3(out_dir: Path, window: int = 96, seed: int = 1) -> Path:
-    return _save(out_dir, "Gemma3TextConfig", "Gemma3ForCausalLM", seed,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=window,
-                 layer_types=["sliding_attention", "full_attention"], pad_token_id=0)
+    return _save(
+        out_dir,
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        seed,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=window,
+        layer_types=["sliding_attention", "full_attention"],
+        pad_token_id=0,
+    )

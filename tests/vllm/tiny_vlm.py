@@ -39,22 +39,50 @@ def build_idefics3(out_dir: Path, seed: int = 1234) -> Path:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     specials = [t for t in vocab if t.startswith("<") or t.startswith("[")]
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>",
-                                        additional_special_tokens=[t for t in specials if t not in
-                                                                   ("[UNK]", "<s>", "</s>")])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        bos_token="<s>",
+        eos_token="</s>",
+        additional_special_tokens=[t for t in specials if t not in ("[UNK]", "<s>", "</s>")],
+    )
     image_processor = Idefics3ImageProcessorPil(
-        do_resize=True, size={"longest_edge": IMAGE_SIZE}, do_image_splitting=False,
-        max_image_size={"longest_edge": IMAGE_SIZE}, do_pad=True)
+        do_resize=True,
+        size={"longest_edge": IMAGE_SIZE},
+        do_image_splitting=False,
+        max_image_size={"longest_edge": IMAGE_SIZE},
+        do_pad=True,
+    )
     processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=IMAGE_SEQ_LEN)
     config = Idefics3Config(
-        text_config={"model_type": "llama", "vocab_size": 1024, "hidden_size": 128, "intermediate_size": 256,
-                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                     "max_position_embeddings": 4096, "bos_token_id": 1, "eos_token_id": 2,
-                     "tie_word_embeddings": False},
-        vision_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-                       "num_attention_heads": 2, "image_size": IMAGE_SIZE, "patch_size": PATCH},
-        scale_factor=SCALE, image_token_id=vocab["<image>"], tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        text_config={
+            "model_type": "llama",
+            "vocab_size": 1024,
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 4096,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "tie_word_embeddings": False,
+        },
+        vision_config={
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": IMAGE_SIZE,
+            "patch_size": PATCH,
+        },
+        scale_factor=SCALE,
+        image_token_id=vocab["<image>"],
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(seed)
     model = Idefics3ForConditionalGeneration(config).to(torch.float32)
     with torch.no_grad():  # a strong projection, so that the image visibly changes the text model's KV

@@ -74,46 +74,77 @@ def next_turn(batch: int, index: int, append: list[int], cache_salt: str | None 
 
 def build_model(out_dir: Path, spec_kwargs: dict[str, int] | None = None, timeout: float = 300) -> Path:
     """Build a tiny_model checkpoint with the .venv-vllm interpreter (torch and transformers live there)."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from tiny_model import TinyLlamaSpec, build_llama; "
-            "build_llama(sys.argv[2], TinyLlamaSpec(**json.loads(sys.argv[3])))")
-    subprocess.run([str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir),
-                    json.dumps(spec_kwargs or {})], check=True, capture_output=True, timeout=timeout,
-                   env=engine_env(Path(out_dir).parent / "vllm-cache"))
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from tiny_model import TinyLlamaSpec, build_llama; "
+        "build_llama(sys.argv[2], TinyLlamaSpec(**json.loads(sys.argv[3])))"
+    )
+    subprocess.run(
+        [
+            str(VLLM_PYTHON),
+            "-c",
+            code,
+            str(Path(__file__).resolve().parent),
+            str(out_dir),
+            json.dumps(spec_kwargs or {}),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+        env=engine_env(Path(out_dir).parent / "vllm-cache"),
+    )
     return Path(out_dir)
 
 
 def build_adapter(out_dir: Path, base_dir: Path, seed: int, timeout: float = 300) -> Path:
     """Build a random PEFT LoRA adapter for the tiny model (tiny_model.build_lora) with .venv-vllm."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tiny_model import build_lora; "
-            "build_lora(sys.argv[2], sys.argv[3], int(sys.argv[4]))")
-    subprocess.run([str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir),
-                    str(base_dir), str(seed)], check=True, capture_output=True, timeout=timeout,
-                   env=engine_env(Path(out_dir).parent / "vllm-cache"))
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from tiny_model import build_lora; "
+        "build_lora(sys.argv[2], sys.argv[3], int(sys.argv[4]))"
+    )
+    subprocess.run(
+        [str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir), str(base_dir), str(seed)],
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+        env=engine_env(Path(out_dir).parent / "vllm-cache"),
+    )
     return Path(out_dir)
 
 
 def build_variant(out_dir: Path, builder: str, timeout: float = 300) -> Path:
     """Build a tiny_variants checkpoint (`build_deepseek_v2`, `build_mistral_sw`) with .venv-vllm."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import tiny_variants; "
-            "getattr(tiny_variants, sys.argv[3])(sys.argv[2])")
-    subprocess.run([str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir), builder],
-                   check=True, capture_output=True, timeout=timeout,
-                   env=engine_env(Path(out_dir).parent / "vllm-cache"))
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import tiny_variants; "
+        "getattr(tiny_variants, sys.argv[3])(sys.argv[2])"
+    )
+    subprocess.run(
+        [str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir), builder],
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+        env=engine_env(Path(out_dir).parent / "vllm-cache"),
+    )
     return Path(out_dir)
 
 
 def build_vlm(out_dir: Path, timeout: float = 300) -> Path:
     """Build the tiny Idefics3 of tiny_vlm.py with the .venv-vllm interpreter."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tiny_vlm import build_idefics3; "
-            "build_idefics3(sys.argv[2])")
-    subprocess.run([str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir)],
-                   check=True, capture_output=True, timeout=timeout,
-                   env=engine_env(Path(out_dir).parent / "vllm-cache"))
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from tiny_vlm import build_idefics3; build_idefics3(sys.argv[2])"
+    )
+    subprocess.run(
+        [str(VLLM_PYTHON), "-c", code, str(Path(__file__).resolve().parent), str(out_dir)],
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+        env=engine_env(Path(out_dir).parent / "vllm-cache"),
+    )
     return Path(out_dir)
 
 
-def prompt(tokens: list[int], cache_salt: str | None = None,
-           lora: tuple[str, int, str] | None = None) -> dict[str, Any]:
+def prompt(
+    tokens: list[int], cache_salt: str | None = None, lora: tuple[str, int, str] | None = None
+) -> dict[str, Any]:
     """A token-id prompt; lora = (adapter name, int id, adapter directory) runs it with that adapter."""
     p: dict[str, Any] = {"prompt_token_ids": list(tokens)}
     if cache_salt is not None:
@@ -131,17 +162,19 @@ unless VLLM_CACHE_ROOT/modelinfos already holds the result for that module's has
 
 def engine_env(cache_root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CACHE_ROOT": os.environ.get(SHARED_CACHE_ENV) or str(cache_root),
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONHASHSEED": "0",
-    })
+    env.update(
+        {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_CACHE_ROOT": os.environ.get(SHARED_CACHE_ENV) or str(cache_root),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONHASHSEED": "0",
+        }
+    )
     env.pop("VIRTUAL_ENV", None)
     env.update(extra or {})
     return env
@@ -169,9 +202,14 @@ def run_engine(
     work.mkdir(parents=True, exist_ok=True)
     try:
         spec = {
-            "model": str(model_dir), "block_size": block_size, "max_model_len": max_model_len,
-            "max_tokens": max_tokens, "kv_transfer_config": kv_transfer_config,
-            "llm_kwargs": llm_kwargs or {}, "batches": batches, **(extra_spec or {}),
+            "model": str(model_dir),
+            "block_size": block_size,
+            "max_model_len": max_model_len,
+            "max_tokens": max_tokens,
+            "kv_transfer_config": kv_transfer_config,
+            "llm_kwargs": llm_kwargs or {},
+            "batches": batches,
+            **(extra_spec or {}),
         }
         spec_path, result_path = work / "spec.json", work / "result.json"
         result_path.unlink(missing_ok=True)
@@ -183,20 +221,37 @@ def run_engine(
             returncode, log = zygote.run(spec_path, result_path, work, run_env, timeout)
         else:
             python = str(VLLM_PYTHON) if VLLM_PYTHON.exists() else sys.executable
-            proc = subprocess.run([python, str(RUNNER), str(spec_path), str(result_path)], env=run_env, cwd=work,
-                                  capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(
+                [python, str(RUNNER), str(spec_path), str(result_path)],
+                env=run_env,
+                cwd=work,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
             returncode, log = proc.returncode, proc.stdout + proc.stderr
         total = time.perf_counter() - t0
         if returncode != 0 or not result_path.exists():
             raise EngineRunError(f"engine exited with {returncode}:\n{log[-6000:]}")
         raw = json.loads(result_path.read_text())
         out = [
-            BatchResult(b["wall_s"], [RequestResult(**r) for r in b["requests"]], b.get("connector_stats"),
-                        b.get("encoder_runs"), b.get("ec"))
+            BatchResult(
+                b["wall_s"],
+                [RequestResult(**r) for r in b["requests"]],
+                b.get("connector_stats"),
+                b.get("encoder_runs"),
+                b.get("ec"),
+            )
             for b in raw["batches"]
         ]
-        return EngineRun(init_s=raw["init_s"], total_s=total, batches=out, log=log, prometheus=raw.get("prometheus"),
-                         async_scheduling=bool(raw.get("async_scheduling")))
+        return EngineRun(
+            init_s=raw["init_s"],
+            total_s=total,
+            batches=out,
+            log=log,
+            prometheus=raw.get("prometheus"),
+            async_scheduling=bool(raw.get("async_scheduling")),
+        )
     finally:
         if tmp_ctx is not None:
             tmp_ctx.cleanup()
@@ -221,8 +276,13 @@ class EngineZygote:
         self._dir = tempfile.TemporaryDirectory(prefix="kv-zygote-")
         self.socket_path = str(Path(self._dir.name) / "zygote.sock")
         self._log = open(Path(self._dir.name) / "zygote.log", "w+b")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen([str(VLLM_PYTHON), str(ZYGOTE), self.socket_path], env=self.base_env,
-                                     stdout=subprocess.PIPE, stderr=self._log, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [str(VLLM_PYTHON), str(ZYGOTE), self.socket_path],
+            env=self.base_env,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            start_new_session=True,
+        )
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         assert self.proc.stdout is not None
@@ -270,8 +330,9 @@ def _readline_within(stream: Any, timeout: float) -> bytes:
 
 
 def _import_time_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in env.items()
-                        if k not in _LATE_READ_ENV and not k.startswith(_LATE_READ_PREFIXES)))
+    return tuple(
+        sorted((k, v) for k, v in env.items() if k not in _LATE_READ_ENV and not k.startswith(_LATE_READ_PREFIXES))
+    )
 
 
 class _ZygoteHolder:

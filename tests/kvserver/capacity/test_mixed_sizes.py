@@ -71,9 +71,11 @@ def test_three_layouts_interleaved_keep_the_arena_usable(arena, policy):
 def test_mixed_layouts_in_a_real_server(server_factory):
     """Three models with different object sizes share a 64 MiB arena; stores interleave under pressure."""
     srv = server_factory("--l1-size-gb", str(64 / 1024))
-    layouts = [tiny_layout(layers=32, block_bytes=4096),  # 1 MiB objects
-               tiny_layout(layers=48, block_bytes=4096),  # 1.5 MiB
-               tiny_layout(layers=80, block_bytes=4096)]  # 2.5 MiB
+    layouts = [
+        tiny_layout(layers=32, block_bytes=4096),  # 1 MiB objects
+        tiny_layout(layers=48, block_bytes=4096),  # 1.5 MiB
+        tiny_layout(layers=80, block_bytes=4096),
+    ]  # 2.5 MiB
     with srv.client() as c:
         spaces = [register(c, model=f"m{i}", layouts=[lay])[0] for i, lay in enumerate(layouts)]
         rng = random.Random(2)

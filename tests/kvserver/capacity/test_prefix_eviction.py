@@ -18,8 +18,9 @@ def tokens(i: int, chunks: int) -> list[int]:
 
 
 def fill(c, ks, toks, *, rank=0, start_chunk=0):
-    return store(c, ks, toks, lambda ch, g: payload(ch * 7 + g, LAYOUT.object_bytes), rank=rank,
-                 start_chunk=start_chunk)
+    return store(
+        c, ks, toks, lambda ch, g: payload(ch * 7 + g, LAYOUT.object_bytes), rank=rank, start_chunk=start_chunk
+    )
 
 
 def per_chunk(c, ks, toks):

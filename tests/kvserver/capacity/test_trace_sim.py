@@ -34,8 +34,17 @@ def synthetic_trace(path: Path, n: int = 240, seed: int = 3) -> Path:
                 conv.append(next_id)
                 next_id += 1
             ids = list(conv)
-            fh.write(json.dumps({"timestamp": t, "input_length": len(ids) * BLOCK_TOKENS + 100,
-                                 "output_length": 10, "hash_ids": ids + [next_id]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "timestamp": t,
+                        "input_length": len(ids) * BLOCK_TOKENS + 100,
+                        "output_length": 10,
+                        "hash_ids": ids + [next_id],
+                    }
+                )
+                + "\n"
+            )
             next_id += 1
     return path
 
@@ -72,8 +81,14 @@ def block_tokens(hash_id: int) -> list[int]:
 def test_a_real_server_gets_the_simulated_hit_rate(server_factory, tmp_path, policy, requests):
     trace = first_requests(tmp_path, requests)
     cap = max(8, round(unique_blocks(trace) * 0.1))
-    srv = server_factory("--l1-size-gb", repr(cap * OBJECT_BYTES / (1 << 30)), "--chunk-size", str(BLOCK_TOKENS),
-                         "--eviction-policy", policy)
+    srv = server_factory(
+        "--l1-size-gb",
+        repr(cap * OBJECT_BYTES / (1 << 30)),
+        "--chunk-size",
+        str(BLOCK_TOKENS),
+        "--eviction-policy",
+        policy,
+    )
     layout = LayoutDescriptor("trace", "uint8", 1, 32, 256, BLOCK_TOKENS, (256,))
     with srv.client() as c:
         ks, _ = register(c, model="trace", layouts=[layout])

@@ -216,7 +216,7 @@ def test_learned_density_keeps_a_returning_conversation_over_newer_one_offs(poli
     if policy == "lru":
         assert "x2" in gone[:first_late]  # recency alone: it goes before any newer key
     else:
-        assert "x2" not in gone[:first_late + 8], gone  # one-offs newer than it go first
+        assert "x2" not in gone[: first_late + 8], gone  # one-offs newer than it go first
 
 
 def test_until_its_first_refresh_it_evicts_exactly_like_lru():
@@ -281,7 +281,7 @@ def test_a_lookups_accesses_in_one_call_are_the_single_accesses(name, monkeypatc
                 single.on_access(k)
             new = [f"k{r}"]
             parent = hit[-1]
-            conv[len(hit):] = new
+            conv[len(hit) :] = new
         else:
             new, parent = [f"k{r}a", f"k{r}b"], None
             convs.append(new[:])

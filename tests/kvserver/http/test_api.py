@@ -15,8 +15,12 @@ from serverproc import ServerProc, free_port
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     """One server for the module; each test uses its own model name, so tests stay independent."""
-    srv = ServerProc(free_port(), ["--l1-size-gb", "0.05", "--chunk-size", str(CHUNK)],
-                     tmp_path_factory.mktemp("api") / "kvserver.log", http_port=free_port()).start()
+    srv = ServerProc(
+        free_port(),
+        ["--l1-size-gb", "0.05", "--chunk-size", str(CHUNK)],
+        tmp_path_factory.mktemp("api") / "kvserver.log",
+        http_port=free_port(),
+    ).start()
     yield srv
     srv.stop()
 
@@ -30,8 +34,16 @@ def test_probes_status_and_openapi(api: ServerProc) -> None:
         assert status["config"]["port"] == api.port and status["config"]["http_port"] == api.http_port
         assert status["l1"]["capacity_bytes"] > 0 and status["config"]["chunk_size"] == CHUNK
         paths = h.get("/openapi.json").json()["paths"]
-        assert {"/healthz", "/readyz", "/metrics", "/v1/status", "/v1/query", "/v1/clear", "/v1/pin",
-                "/v1/unpin"} <= set(paths)
+        assert {
+            "/healthz",
+            "/readyz",
+            "/metrics",
+            "/v1/status",
+            "/v1/query",
+            "/v1/clear",
+            "/v1/pin",
+            "/v1/unpin",
+        } <= set(paths)
 
 
 def test_query_reports_per_chunk_presence_and_prefix(api: ServerProc) -> None:
@@ -93,11 +105,11 @@ def test_bad_requests_get_4xx_with_a_message_and_change_nothing(api: ServerProc)
         _error(h.post("/v1/query", content=b"{not json", headers=json_headers), 400, "BAD_JSON")
         _error(h.post("/v1/pin", content=b"[1, 2", headers=json_headers), 400, "BAD_JSON")
         deep = b"[" * 5000 + b"]" * 5000  # msgspec's depth guard raises RecursionError: a 400, not a 500
-        assert "nested too deeply" in _error(h.post("/v1/query", content=deep, headers=json_headers), 400,
-                                             "BAD_JSON")
+        assert "nested too deeply" in _error(h.post("/v1/query", content=deep, headers=json_headers), 400, "BAD_JSON")
         _error(h.post("/v1/query", content=b'{"tokens": ' + deep + b"}", headers=json_headers), 400, "BAD_JSON")
-        assert "tokens" in _error(h.post("/v1/query", json={k: v for k, v in good.items() if k != "tokens"}),
-                                  422, "BAD_FIELD")
+        assert "tokens" in _error(
+            h.post("/v1/query", json={k: v for k, v in good.items() if k != "tokens"}), 422, "BAD_FIELD"
+        )
         _error(h.post("/v1/query", json={**good, "tokens": [1, -1]}), 422, "BAD_FIELD")
         _error(h.post("/v1/query", json={**good, "tokens": [1, 2**32]}), 422, "BAD_FIELD")
         _error(h.post("/v1/query", json={**good, "tokens": ["1"]}), 422, "BAD_FIELD")

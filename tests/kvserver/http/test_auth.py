@@ -22,8 +22,9 @@ def _env_without_token() -> dict[str, str]:
 
 
 def test_key_endpoints_need_the_token_status_and_metrics_stay_open_on_loopback(server_factory) -> None:
-    srv = server_factory("--chunk-size", str(CHUNK), "--l1-size-gb", "0.05", http=True,
-                         env={"KVSERVER_API_TOKEN": TOKEN})
+    srv = server_factory(
+        "--chunk-size", str(CHUNK), "--l1-size-gb", "0.05", http=True, env={"KVSERVER_API_TOKEN": TOKEN}
+    )
     tokens = prompt(2)
     with srv.client() as c, httpx.Client(base_url=srv.http_url, timeout=5) as h:
         ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
@@ -95,8 +96,10 @@ def test_no_endpoint_returns_secrets_or_environment(server_factory) -> None:
     srv = server_factory("--l2", redis_down, http=True, env={"KVSERVER_API_TOKEN": TOKEN, "SOME_SECRET": marker})
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=srv.http_url, timeout=5) as h:
-        texts = [h.get(path, headers=auth).text for path in
-                 ("/healthz", "/readyz", "/metrics", "/v1/status", "/openapi.json", "/docs", "/v1/nope")]
+        texts = [
+            h.get(path, headers=auth).text
+            for path in ("/healthz", "/readyz", "/metrics", "/v1/status", "/openapi.json", "/docs", "/v1/nope")
+        ]
     assert texts[3] and '"api_token":"<set>"' in texts[3]
     assert '"redis://<redacted>@127.0.0.1' in texts[3]
     for text in texts:

@@ -28,7 +28,8 @@ def test_ec_series_move_with_ec_ops_and_kv_series_do_not(server_factory) -> None
     assert value(after, "kvserver_ec_objects") == 1 and value(after, "kvserver_ec_object_bytes") == 10_000
     assert value(after, "kvserver_ec_store_bytes_total") == 10_000
     assert value(after, "kvserver_ec_hits_total") == 1 and value(after, "kvserver_ec_misses_total") == 1
-    assert value(after, "kvserver_store_bytes_total", tier="l1") == value(before, "kvserver_store_bytes_total",
-                                                                          tier="l1")
+    assert value(after, "kvserver_store_bytes_total", tier="l1") == value(
+        before, "kvserver_store_bytes_total", tier="l1"
+    )
     assert value(after, "kvserver_objects", tier="l1") == 0  # EC objects are not KV objects
     assert value(after, "kvserver_request_duration_seconds_count", op="ec_commit") == 1

@@ -16,12 +16,25 @@ from kvserver.http.metrics import tier_stats
 from serverproc import ServerProc, free_port
 
 REQUIRED = (
-    "kvserver_lookup_requests_total", "kvserver_lookup_tokens_total", "kvserver_lookup_hit_tokens_total",
-    "kvserver_hash_chunks_total", "kvserver_hash_memo_hit_chunks_total",
-    "kvserver_store_bytes_total", "kvserver_retrieve_bytes_total", "kvserver_request_duration_seconds_bucket",
-    "kvserver_request_duration_seconds_count", "kvserver_request_duration_seconds_sum", "kvserver_tier_used_bytes",
-    "kvserver_l1_capacity_bytes", "kvserver_objects", "kvserver_evictions_total", "kvserver_leases_active",
-    "kvserver_errors_total", "kvserver_build_info", "process_cpu_seconds_total", "process_resident_memory_bytes",
+    "kvserver_lookup_requests_total",
+    "kvserver_lookup_tokens_total",
+    "kvserver_lookup_hit_tokens_total",
+    "kvserver_hash_chunks_total",
+    "kvserver_hash_memo_hit_chunks_total",
+    "kvserver_store_bytes_total",
+    "kvserver_retrieve_bytes_total",
+    "kvserver_request_duration_seconds_bucket",
+    "kvserver_request_duration_seconds_count",
+    "kvserver_request_duration_seconds_sum",
+    "kvserver_tier_used_bytes",
+    "kvserver_l1_capacity_bytes",
+    "kvserver_objects",
+    "kvserver_evictions_total",
+    "kvserver_leases_active",
+    "kvserver_errors_total",
+    "kvserver_build_info",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
 )
 
 
@@ -35,8 +48,12 @@ def scrape(srv: ServerProc) -> Samples:
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     """One server for the module: tests compare scrapes before and after, never absolute counts."""
-    proc = ServerProc(free_port(), ["--l1-size-gb", "0.05", "--chunk-size", str(CHUNK)],
-                      tmp_path_factory.mktemp("metrics") / "kvserver.log", http_port=free_port()).start()
+    proc = ServerProc(
+        free_port(),
+        ["--l1-size-gb", "0.05", "--chunk-size", str(CHUNK)],
+        tmp_path_factory.mktemp("metrics") / "kvserver.log",
+        http_port=free_port(),
+    ).start()
     yield proc
     proc.stop()
 
@@ -60,8 +77,9 @@ def test_exposition_parses_and_names_every_required_metric(srv: ServerProc) -> N
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
     assert len(lines) == len(parse_metrics(text))
     assert "kvserver_l1_used_bytes" not in text
-    om = httpx.get(f"{srv.http_url}/metrics", timeout=5,
-                   headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    om = httpx.get(
+        f"{srv.http_url}/metrics", timeout=5, headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
     assert om.headers["content-type"].startswith("application/openmetrics-text")
     om_names = {s.name for f in openmetrics_families(om.text) for s in f.samples}
     assert "kvserver_lookup_hit_tokens_total" in om_names
@@ -82,8 +100,10 @@ def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
 
         store(c, ks, tokens[: 2 * CHUNK], fill)
         m2 = scrape(srv)
-        assert value(m2, "kvserver_store_bytes_total", tier="l1") == value(m1, "kvserver_store_bytes_total",
-                                                                           tier="l1") + 2 * 2048
+        assert (
+            value(m2, "kvserver_store_bytes_total", tier="l1")
+            == value(m1, "kvserver_store_bytes_total", tier="l1") + 2 * 2048
+        )
         assert value(m2, "kvserver_objects", tier="l1") == value(m1, "kvserver_objects", tier="l1") + 2
         used_before = value(m1, "kvserver_tier_used_bytes", tier="l1")
         assert value(m2, "kvserver_tier_used_bytes", tier="l1") >= used_before + 2 * 2048
@@ -98,7 +118,8 @@ def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
         got = retrieve(c, "s1", 0, 2)
         m4 = scrape(srv)
         assert value(m4, "kvserver_retrieve_bytes_total", tier="l1") == value(
-            m3, "kvserver_retrieve_bytes_total", tier="l1") + sum(len(b) for b in got.values())
+            m3, "kvserver_retrieve_bytes_total", tier="l1"
+        ) + sum(len(b) for b in got.values())
         c.call("end_session", session=sid("s1"))
         assert value(scrape(srv), "kvserver_leases_active") == value(m2, "kvserver_leases_active")
 
@@ -106,10 +127,14 @@ def test_values_move_exactly_with_operations(srv: ServerProc) -> None:
             with pytest.raises(ServerError):
                 c.call(bad)
         m5 = scrape(srv)
-        assert value(m5, "kvserver_errors_total", code="UNKNOWN_OP") == value(
-            m4, "kvserver_errors_total", code="UNKNOWN_OP") + 2
-        assert value(m5, "kvserver_request_duration_seconds_count", op="lookup") == value(
-            m0, "kvserver_request_duration_seconds_count", op="lookup") + 2
+        assert (
+            value(m5, "kvserver_errors_total", code="UNKNOWN_OP")
+            == value(m4, "kvserver_errors_total", code="UNKNOWN_OP") + 2
+        )
+        assert (
+            value(m5, "kvserver_request_duration_seconds_count", op="lookup")
+            == value(m0, "kvserver_request_duration_seconds_count", op="lookup") + 2
+        )
         assert value(m5, "kvserver_request_duration_seconds_count", op="invalid") >= 2
 
 
@@ -135,8 +160,10 @@ def test_http_requests_are_counted_by_route_template(srv: ServerProc) -> None:
         h.get("/no/such/path/12345")
     samples = scrape(srv)
     for route, status, n in (("/healthz", "200", 3), ("unmatched", "404", 1), ("/metrics", "200", 1)):
-        assert value(samples, "kvserver_http_requests_total", route=route, status=status) == value(
-            before, "kvserver_http_requests_total", route=route, status=status) + n
+        assert (
+            value(samples, "kvserver_http_requests_total", route=route, status=status)
+            == value(before, "kvserver_http_requests_total", route=route, status=status) + n
+        )
     assert not any("12345" in v for _, labels in samples for _, v in labels)
 
 
@@ -145,8 +172,16 @@ def test_tier_stats_read_l2_tiers_from_describe() -> None:
         "l1": {"objects": 4, "used_bytes": 8192, "evictions": 1},
         "counters": {"stored_bytes": 100, "retrieved_bytes": 50},
         "l2": [
-            {"tier": "fs", "objects": 9, "bytes": 900, "put_bytes": 700, "get_bytes": 300, "evictions": 2,
-             "up": True, "hits": 4},
+            {
+                "tier": "fs",
+                "objects": 9,
+                "bytes": 900,
+                "put_bytes": 700,
+                "get_bytes": 300,
+                "evictions": 2,
+                "up": True,
+                "hits": 4,
+            },
             {"tier": "fs", "objects": 1},  # duplicate name: made unique
             {"tier": "redis://:secret@host:6379/0", "objects": 5},  # unsafe name: never a label
             {"name": "fs", "used_bytes": 7, "stored_bytes": 7},  # keys no tier describes: nothing read
@@ -164,8 +199,9 @@ def test_tier_stats_read_l2_tiers_from_describe() -> None:
 
 
 def test_l2_tier_series_come_from_a_real_fs_tier(server_factory, tmp_path) -> None:
-    srv = server_factory("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), "--l2", f"fs://{tmp_path / 'l2'}",
-                         http=True)
+    srv = server_factory(
+        "--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), "--l2", f"fs://{tmp_path / 'l2'}", http=True
+    )
     with srv.client() as c:
         ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
         store(c, ks, prompt(2), fill)

@@ -53,8 +53,15 @@ class BlockIndex:
 def start_event_server(server_factory: Any, *args: str) -> EventServer:
     pub, rep = free_port(), free_port()
     endpoint, replay_endpoint = f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"
-    proc = server_factory("--kv-events-endpoint", endpoint, "--kv-events-replay-endpoint", replay_endpoint,
-                          "--kv-events-topic", "kv@test@{model}", *args)
+    proc = server_factory(
+        "--kv-events-endpoint",
+        endpoint,
+        "--kv-events-replay-endpoint",
+        replay_endpoint,
+        "--kv-events-topic",
+        "kv@test@{model}",
+        *args,
+    )
     return EventServer(proc, endpoint, replay_endpoint)
 
 
@@ -62,8 +69,9 @@ def _has_probe(batches: list[Batch], i: int) -> bool:
     return any(ev["type"] == "BlockStored" and ev["token_ids"][0] == PROBE + i for b in batches for ev in b.events)
 
 
-def sync(sub: Subscriber, c: Client, ks: KeySpace, replay_endpoint: str,
-         plain: tuple[str, str] | None = None, start: int = 0) -> list[Batch]:
+def sync(
+    sub: Subscriber, c: Client, ks: KeySpace, replay_endpoint: str, plain: tuple[str, str] | None = None, start: int = 0
+) -> list[Batch]:
     """Every batch from seq `start` on, with `sub` live from here on: the way a router (re)joins a publisher.
 
     Probe chunks are stored until the subscription delivers (ZMQ's slow joiner), then what the live

@@ -63,8 +63,7 @@ class Subscriber:
         self.ctx.destroy(linger=0)
 
 
-def replay(endpoint: str, start: int, *, plain: tuple[str, str] | None = None,
-           timeout_ms: int = 10000) -> list[Batch]:
+def replay(endpoint: str, start: int, *, plain: tuple[str, str] | None = None, timeout_ms: int = 10000) -> list[Batch]:
     """Ask the replay socket for every buffered batch from `start` on (a DEALER, as vLLM's framing allows)."""
     ctx = zmq.Context()
     try:

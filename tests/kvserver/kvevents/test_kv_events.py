@@ -26,9 +26,16 @@ def test_stores_publish_blocks_with_parent_chain_and_tokens(synced):
     [first] = sub.recv_until(lambda bs: len(bs) == 1)
     assert first.topic == b"kv@test@m"
     [ev] = first.events
-    assert ev == {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
-                  "token_ids": TOKENS[: 4 * CHUNK], "block_size": CHUNK, "lora_id": None,
-                  "medium": "kvserver_l1", "lora_name": None}
+    assert ev == {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": None,
+        "token_ids": TOKENS[: 4 * CHUNK],
+        "block_size": CHUNK,
+        "lora_id": None,
+        "medium": "kvserver_l1",
+        "lora_name": None,
+    }
     assert isinstance(hashes[0], bytes) and len(hashes[0]) == 32
 
     # the conversation goes on: only the new chunks are announced, chained to the last cached one
@@ -87,8 +94,12 @@ def test_evictions_remove_blocks_and_events_track_the_cache(server_factory):
             store(c, ks, prompt, _data)
         evictions = c.call("describe").result["l1"]["evictions"]
         assert evictions > 50
-        batches = sub.recv_until(lambda bs: sum(len(ev["block_hashes"]) for b in bs for ev in b.events
-                                                if ev["type"] == "BlockRemoved") >= evictions - 10)
+        batches = sub.recv_until(
+            lambda bs: (
+                sum(len(ev["block_hashes"]) for b in bs for ev in b.events if ev["type"] == "BlockRemoved")
+                >= evictions - 10
+            )
+        )
         batches += _drain(sub)
         index.apply(batches)
         assert index.seqs == list(range(len(index.seqs)))

@@ -18,17 +18,24 @@ from serverproc import free_port
 KVSERVER = Path(sys.executable).parent / "kvserver"
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"kv_events_endpoint": "tcp://0.0.0.0:5557"}, "without an API token"),
-    ({"kv_events_endpoint": "tcp://127.0.0.1:5557", "kv_events_replay_endpoint": "tcp://*:5558"},
-     "without an API token"),
-    ({"kv_events_endpoint": "udp://127.0.0.1:5557"}, "must be tcp://HOST:PORT"),
-    ({"kv_events_endpoint": "tcp://127.0.0.1"}, "must be tcp://HOST:PORT"),
-    ({"kv_events_replay_endpoint": "tcp://127.0.0.1:5558"}, "needs --kv-events-endpoint"),
-    ({"kv_events_endpoint": "tcp://127.0.0.1:5557", "kv_events_replay_endpoint": "tcp://127.0.0.1:5557"},
-     "must differ"),
-    ({"kv_events_endpoint": "tcp://127.0.0.1:5557", "kv_events_topic": "kv@{pod}"}, "{host} and {model}"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"kv_events_endpoint": "tcp://0.0.0.0:5557"}, "without an API token"),
+        (
+            {"kv_events_endpoint": "tcp://127.0.0.1:5557", "kv_events_replay_endpoint": "tcp://*:5558"},
+            "without an API token",
+        ),
+        ({"kv_events_endpoint": "udp://127.0.0.1:5557"}, "must be tcp://HOST:PORT"),
+        ({"kv_events_endpoint": "tcp://127.0.0.1"}, "must be tcp://HOST:PORT"),
+        ({"kv_events_replay_endpoint": "tcp://127.0.0.1:5558"}, "needs --kv-events-endpoint"),
+        (
+            {"kv_events_endpoint": "tcp://127.0.0.1:5557", "kv_events_replay_endpoint": "tcp://127.0.0.1:5557"},
+            "must differ",
+        ),
+        ({"kv_events_endpoint": "tcp://127.0.0.1:5557", "kv_events_topic": "kv@{pod}"}, "{host} and {model}"),
+    ],
+)
 def test_bad_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         ServerConfig(**options)
@@ -42,17 +49,35 @@ def test_defaults_are_off_and_loopback_and_token_or_insecure_allow_the_network()
 
 
 def test_cli_refuses_a_public_endpoint_without_a_token():
-    done = subprocess.run([str(KVSERVER), "start", "--port", str(free_port()), "--http-port", "0",
-                           "--kv-events-endpoint", "tcp://0.0.0.0:5557"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [
+            str(KVSERVER),
+            "start",
+            "--port",
+            str(free_port()),
+            "--http-port",
+            "0",
+            "--kv-events-endpoint",
+            "tcp://0.0.0.0:5557",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "--kv-events-endpoint" in done.stderr
 
 
 def test_off_loopback_the_sockets_take_the_api_token(server_factory):
     pub, rep = free_port(), free_port()
-    srv = server_factory("--l1-size-gb", "0.25", "--kv-events-endpoint", f"tcp://0.0.0.0:{pub}",
-                         "--kv-events-replay-endpoint", f"tcp://0.0.0.0:{rep}",
-                         env={"KVSERVER_API_TOKEN": "s3cret"})
+    srv = server_factory(
+        "--l1-size-gb",
+        "0.25",
+        "--kv-events-endpoint",
+        f"tcp://0.0.0.0:{pub}",
+        "--kv-events-replay-endpoint",
+        f"tcp://0.0.0.0:{rep}",
+        env={"KVSERVER_API_TOKEN": "s3cret"},
+    )
     endpoint, replay_endpoint = f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"
     creds = (PLAIN_USER, "s3cret")
     anonymous = Subscriber(endpoint)
@@ -72,8 +97,9 @@ def test_off_loopback_the_sockets_take_the_api_token(server_factory):
 
 def test_ipv6_loopback_and_ipc_endpoints(server_factory, tmp_path):
     rep = free_port()
-    srv = server_factory("--kv-events-endpoint", f"ipc://{tmp_path}/events.ipc",
-                         "--kv-events-replay-endpoint", f"tcp://[::1]:{rep}")
+    srv = server_factory(
+        "--kv-events-endpoint", f"ipc://{tmp_path}/events.ipc", "--kv-events-replay-endpoint", f"tcp://[::1]:{rep}"
+    )
     assert replay(f"tcp://[::1]:{rep}", 0)[0].events == [{"type": "AllBlocksCleared"}]
     sub = Subscriber(f"ipc://{tmp_path}/events.ipc")
     with srv.client() as c:

@@ -30,13 +30,16 @@ def test_fs_tier_blocks_follow_write_behind_and_observed_misses(server_factory, 
 
         # L1 at commit, then each chunk for the fs tier once its object is on disk
         batches = sub.recv_until(lambda bs: len(_events(bs, "kvserver_l2_fs")) >= 3)
-        [l1] = [ev for ev in _events(batches, "kvserver_l1") if ev["type"] == "BlockStored"
-                and ev["token_ids"][0] == TOKENS[0]]
+        [l1] = [
+            ev
+            for ev in _events(batches, "kvserver_l1")
+            if ev["type"] == "BlockStored" and ev["token_ids"][0] == TOKENS[0]
+        ]
         assert l1["block_hashes"] == hashes
         fs = [ev for ev in _events(batches, "kvserver_l2_fs") if ev["block_hashes"][0] in hashes]
-        assert sorted((ev["block_hashes"][0], ev["parent_block_hash"], tuple(ev["token_ids"])) for ev in fs) == \
-            sorted((hashes[i], hashes[i - 1] if i else None, tuple(TOKENS[i * CHUNK : (i + 1) * CHUNK]))
-                   for i in range(3))
+        assert sorted((ev["block_hashes"][0], ev["parent_block_hash"], tuple(ev["token_ids"])) for ev in fs) == sorted(
+            (hashes[i], hashes[i - 1] if i else None, tuple(TOKENS[i * CHUNK : (i + 1) * CHUNK])) for i in range(3)
+        )
         assert all(ev["type"] == "BlockStored" and ev["block_size"] == CHUNK for ev in fs)
         assert c.call("describe").result["kv_events"]["l2_blocks"]["kvserver_l2_fs"] >= 3
 
@@ -48,8 +51,13 @@ def test_fs_tier_blocks_follow_write_behind_and_observed_misses(server_factory, 
         assert lookup(c, ks, TOKENS) == 3 * CHUNK
         [back] = sub.recv_until(lambda bs: len(bs) == 1)
         [ev] = back.events
-        assert (ev["type"], ev["medium"], ev["block_hashes"], ev["parent_block_hash"], ev["token_ids"]) == \
-            ("BlockStored", "kvserver_l1", hashes, None, TOKENS)
+        assert (ev["type"], ev["medium"], ev["block_hashes"], ev["parent_block_hash"], ev["token_ids"]) == (
+            "BlockStored",
+            "kvserver_l1",
+            hashes,
+            None,
+            TOKENS,
+        )
 
         # then the files go behind the server's back, and the next lookup's prefetch finds them
         # missing: the fs blocks are removed too
@@ -57,8 +65,9 @@ def test_fs_tier_blocks_follow_write_behind_and_observed_misses(server_factory, 
         sub.recv_until(lambda bs: len(bs) == 1)
         shutil.rmtree(root / "objects")
         assert lookup(c, ks, TOKENS) == 0
-        gone = sub.recv_until(lambda bs: len([h for ev in _events(bs, "kvserver_l2_fs")
-                                              for h in ev["block_hashes"] if h in hashes]) >= 3)
+        gone = sub.recv_until(
+            lambda bs: len([h for ev in _events(bs, "kvserver_l2_fs") for h in ev["block_hashes"] if h in hashes]) >= 3
+        )
         fs_removed = _events(gone, "kvserver_l2_fs")
         assert all(ev["type"] == "BlockRemoved" for ev in fs_removed)
         assert set(hashes) <= {h for ev in fs_removed for h in ev["block_hashes"]}

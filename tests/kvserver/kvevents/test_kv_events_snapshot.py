@@ -23,8 +23,7 @@ def _low64(tokens: list[int]) -> set[int]:
 
 
 def test_snapshot_matches_what_was_announced(server_factory: Any) -> None:
-    srv = server_factory("--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}", "--l1-size-gb", "0.25",
-                         http=True)
+    srv = server_factory("--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}", "--l1-size-gb", "0.25", http=True)
     size = tiny_layout().object_bytes
     a, b = [1] * (2 * CHUNK), [2] * (3 * CHUNK)
     with srv.client() as c, srv.http() as h:
@@ -48,4 +47,3 @@ def test_snapshot_is_404_without_events(server_factory: Any) -> None:
     with srv.http() as h:
         reply = h.get("/v1/kv-events/snapshot")
     assert reply.status_code == 404 and reply.json()["error"]["code"] == "NOT_FOUND"
-

@@ -28,8 +28,9 @@ def _vllm_decode(payloads: list[bytes], tmp_path: Path) -> dict:
     path = tmp_path / "payloads.msgpack"
     path.write_bytes(msgpack.packb(payloads))
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
-    done = subprocess.run([str(VLLM_PYTHON), str(DECODER), str(path)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    done = subprocess.run(
+        [str(VLLM_PYTHON), str(DECODER), str(path)], capture_output=True, text=True, timeout=300, env=env
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -56,9 +57,25 @@ def test_vllm_decodes_our_batches_byte_for_byte(server_factory, tmp_path, hash_f
     assert all(b["dp_rank"] == 0 for b in decoded["batches"])
     assert events == [
         {"type": "AllBlocksCleared"},
-        {"type": "BlockStored", "hashes": want[:2], "parent": None, "tokens": 2 * CHUNK, "block_size": CHUNK,
-         "medium": "kvserver_l1", "lora_id": None, "lora_name": None},
-        {"type": "BlockStored", "hashes": want[2:], "parent": want[1], "tokens": CHUNK, "block_size": CHUNK,
-         "medium": "kvserver_l1", "lora_id": None, "lora_name": None},
+        {
+            "type": "BlockStored",
+            "hashes": want[:2],
+            "parent": None,
+            "tokens": 2 * CHUNK,
+            "block_size": CHUNK,
+            "medium": "kvserver_l1",
+            "lora_id": None,
+            "lora_name": None,
+        },
+        {
+            "type": "BlockStored",
+            "hashes": want[2:],
+            "parent": want[1],
+            "tokens": CHUNK,
+            "block_size": CHUNK,
+            "medium": "kvserver_l1",
+            "lora_id": None,
+            "lora_name": None,
+        },
         {"type": "BlockRemoved", "hashes": want, "medium": "kvserver_l1"},
     ]

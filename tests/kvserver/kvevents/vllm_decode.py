@@ -28,13 +28,22 @@ def main() -> None:
         events = []
         for ev in batch.events:
             if isinstance(ev, BlockStored):
-                events.append({"type": "BlockStored", "hashes": [_hash(h) for h in ev.block_hashes],
-                               "parent": _hash(ev.parent_block_hash) if ev.parent_block_hash is not None else None,
-                               "tokens": len(ev.token_ids), "block_size": ev.block_size, "medium": ev.medium,
-                               "lora_id": ev.lora_id, "lora_name": ev.lora_name})
+                events.append(
+                    {
+                        "type": "BlockStored",
+                        "hashes": [_hash(h) for h in ev.block_hashes],
+                        "parent": _hash(ev.parent_block_hash) if ev.parent_block_hash is not None else None,
+                        "tokens": len(ev.token_ids),
+                        "block_size": ev.block_size,
+                        "medium": ev.medium,
+                        "lora_id": ev.lora_id,
+                        "lora_name": ev.lora_name,
+                    }
+                )
             elif isinstance(ev, BlockRemoved):
-                events.append({"type": "BlockRemoved", "hashes": [_hash(h) for h in ev.block_hashes],
-                               "medium": ev.medium})
+                events.append(
+                    {"type": "BlockRemoved", "hashes": [_hash(h) for h in ev.block_hashes], "medium": ev.medium}
+                )
             else:
                 assert isinstance(ev, AllBlocksCleared)
                 events.append({"type": "AllBlocksCleared"})

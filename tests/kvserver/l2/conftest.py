@@ -46,11 +46,23 @@ class RedisProc:
 
     def start(self) -> RedisProc:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        cmd = [str(REDIS_SERVER), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--dir", str(self.workdir), "--logfile", str(self.workdir / "redis.log"),
-               *self.extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+        cmd = [
+            str(REDIS_SERVER),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--logfile",
+            str(self.workdir / "redis.log"),
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
         def pong() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
@@ -112,12 +124,37 @@ def _cluster_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis
     nodes = []
     for i in range(3):
         port, bus = _port_pair()
-        nodes.append(RedisProc(base / f"n{i}", port, ["--cluster-enabled", "yes", "--cluster-port", str(bus),
-                                                      "--cluster-config-file", str(base / f"nodes-{i}.conf"),
-                                                      "--cluster-node-timeout", "2000"]).start())
+        nodes.append(
+            RedisProc(
+                base / f"n{i}",
+                port,
+                [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    str(bus),
+                    "--cluster-config-file",
+                    str(base / f"nodes-{i}.conf"),
+                    "--cluster-node-timeout",
+                    "2000",
+                ],
+            ).start()
+        )
     try:
-        subprocess.run([str(REDIS_CLI), "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                str(REDIS_CLI),
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{n.port}" for n in nodes],
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
         def healthy() -> bool:
             for n in nodes:
@@ -147,8 +184,13 @@ class MotoS3:
     def client(self):  # type: ignore[no-untyped-def]
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
 
     def url(self, bucket: str, prefix: str = "kv") -> str:
         return f"s3://{bucket}/{prefix}?endpoint={self.endpoint}&region=us-east-1"
@@ -161,8 +203,13 @@ def moto_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
         pytest.skip("moto_server not installed (uv sync installs the dev group)")
     port = free_port()
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
-    proc = subprocess.Popen([str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT, env={**os.environ, **S3_ENV}, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **S3_ENV},
+        start_new_session=True,
+    )
 
     def listening() -> bool:
         if proc.poll() is not None:

@@ -39,11 +39,15 @@ def tier(c: Client, index: int = 0) -> dict[str, Any]:
 
 
 def wait_tier(c: Client, field: str, at_least: int, index: int = 0, timeout: float = 10.0) -> dict[str, Any]:
-    return wait_until(lambda: (t := tier(c, index))[field] >= at_least and t, timeout,
-                      what=f"l2[{index}].{field} >= {at_least}")
+    return wait_until(
+        lambda: (t := tier(c, index))[field] >= at_least and t, timeout, what=f"l2[{index}].{field} >= {at_least}"
+    )
 
 
 def object_keys(ks: KeySpace, tokens: list[int], salt: str = "", rank: int = 0) -> list[str]:
     """The L2 keys (ObjectKey.to_str) of every (chunk, group) object, chunk-major."""
-    return [ObjectKey(ks.model, fp, ks.world_size, rank, g, salt, h).to_str()
-            for h in chunk_hashes(pack_tokens(tokens), CHUNK) for g, fp in enumerate(ks.groups)]
+    return [
+        ObjectKey(ks.model, fp, ks.world_size, rank, g, salt, h).to_str()
+        for h in chunk_hashes(pack_tokens(tokens), CHUNK)
+        for g, fp in enumerate(ks.groups)
+    ]

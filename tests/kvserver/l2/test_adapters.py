@@ -81,16 +81,19 @@ def test_fs_object_paths_never_follow_key_text(tmp_path: Path) -> None:
     assert ".." not in path.parts
 
 
-@pytest.mark.parametrize("url, message", [
-    ("ftp://x/y", "scheme must be one of"),
-    ("fs://", "needs a directory"),
-    ("redis://127.0.0.1:6379/0?bogus=1", "unknown options"),
-    ("redis://127.0.0.1:6379/0?ttl=-5", "ttl must be a positive number"),
-    ("redis://127.0.0.1:6379/abc", "database number"),
-    ("redis+cluster://127.0.0.1:7000/3", "only database 0"),
-    ("s3:///prefix", "needs a bucket"),
-    ("redis://:hunter2@127.0.0.1:6379/0?nope=1", "unknown options"),
-])
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("ftp://x/y", "scheme must be one of"),
+        ("fs://", "needs a directory"),
+        ("redis://127.0.0.1:6379/0?bogus=1", "unknown options"),
+        ("redis://127.0.0.1:6379/0?ttl=-5", "ttl must be a positive number"),
+        ("redis://127.0.0.1:6379/abc", "database number"),
+        ("redis+cluster://127.0.0.1:7000/3", "only database 0"),
+        ("s3:///prefix", "needs a bucket"),
+        ("redis://:hunter2@127.0.0.1:6379/0?nope=1", "unknown options"),
+    ],
+)
 def test_bad_urls_are_refused_clearly(url: str, message: str) -> None:
     with pytest.raises(ValueError, match=message) as info:
         make_adapter(url)

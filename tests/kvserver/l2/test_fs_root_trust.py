@@ -54,8 +54,9 @@ def _l2_tiers(srv) -> list[dict]:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("owner", ["stranger", "self-open"])
-def test_an_untrusted_fs_root_is_refused_and_nothing_outside_it_is_touched(server_factory, tmp_path, request,
-                                                                           owner: str) -> None:
+def test_an_untrusted_fs_root_is_refused_and_nothing_outside_it_is_touched(
+    server_factory, tmp_path, request, owner: str
+) -> None:
     _need_root()
     # outside pytest's 0700 tree, so the stranger can reach it
     shared = Path(tempfile.mkdtemp(prefix="kv-shared-", dir=_shared_parent()))
@@ -64,8 +65,10 @@ def test_an_untrusted_fs_root_is_refused_and_nothing_outside_it_is_touched(serve
     victim, old = _victim_dir(tmp_path)
     root = shared / "l2"
     if owner == "stranger":
-        script = f"import os; os.mkdir({str(root)!r}, 0o777); os.chmod({str(root)!r}, 0o777); " \
-                 f"os.symlink({str(victim)!r}, {str(root / 'tmp')!r})"
+        script = (
+            f"import os; os.mkdir({str(root)!r}, 0o777); os.chmod({str(root)!r}, 0o777); "
+            f"os.symlink({str(victim)!r}, {str(root / 'tmp')!r})"
+        )
         done = subprocess.run([*NOBODY, sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
     else:  # our own root, but left writable by others: a stranger may have planted a link in it

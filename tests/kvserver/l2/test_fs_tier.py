@@ -139,8 +139,12 @@ def test_write_behind_overflow_is_dropped_and_counted(server_factory, tmp_path: 
 
 def _start(*args: str) -> subprocess.CompletedProcess[str]:
     exe = str(Path(sys.executable).parent / "kvserver")
-    return subprocess.run([exe, "start", "--port", str(free_port()), "--http-port", "0", "--l1-size-gb", "0.01",
-                           *args], capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [exe, "start", "--port", str(free_port()), "--http-port", "0", "--l1-size-gb", "0.01", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_bad_l2_settings_are_refused_with_a_clear_error(tmp_path: Path) -> None:

@@ -36,8 +36,10 @@ def test_lookup_without_wait_answers_pending_then_the_l2_hit(server_factory, tmp
         ks, _ = register(c)
         first = _lookup(c, ks, warm, session=sid("s"), wait=False)
         assert first["hit_tokens"] == 0 and first["pending"] is True  # answered before any L2 read
-        final = wait_until(lambda: (r := _lookup(c, ks, warm, session=sid("s"), wait=False))["pending"] is False and r,
-                           what="the background prefetch to end")
+        final = wait_until(
+            lambda: (r := _lookup(c, ks, warm, session=sid("s"), wait=False))["pending"] is False and r,
+            what="the background prefetch to end",
+        )
         assert final["hit_tokens"] == 4 * 256
         assert retrieve(c, "s", 0, 4) == {(ch, 0): data(1)(ch, 0) for ch in range(4)}
         # a prompt L2 does not hold: pending once, then a final miss (no endless "pending")

@@ -41,13 +41,20 @@ class Rig:
         self.tier = Tier(self.adapter)
         self.serde = Serde()
         self.promoted: list[tuple[list, tuple[int, ...]]] = []
-        self.pf = Prefetcher(self.l1, [self.tier], self.serde, NegativeCache(1.0), [],
-                             lambda keys, tiers: self.promoted.append((list(keys), tiers)))
+        self.pf = Prefetcher(
+            self.l1,
+            [self.tier],
+            self.serde,
+            NegativeCache(1.0),
+            [],
+            lambda keys, tiers: self.promoted.append((list(keys), tiers)),
+        )
 
     async def put(self, *indexes: int) -> None:
         await self.adapter.start()
-        await self.adapter.put([(key_str(key(i)), self.serde.encode(key_str(key(i)), payload(i), 1000 + i))
-                                for i in indexes])
+        await self.adapter.put(
+            [(key_str(key(i)), self.serde.encode(key_str(key(i)), payload(i), 1000 + i)) for i in indexes]
+        )
 
     async def run(self, n: int, timeout: float = 5.0) -> None:
         await self.pf.run([[key(i)] for i in range(n)], 0, lambda _k: SIZE, timeout)
@@ -100,8 +107,11 @@ def test_a_gap_in_l2_ends_the_prefix(rig: Rig) -> None:
 def test_a_corrupt_object_is_a_counted_miss_and_is_deleted(rig: Rig) -> None:
     async def go() -> None:
         await rig.put(0, 1)
-        path = next(p for p in (rig.adapter.root / "objects").rglob("*")
-                    if p.is_file() and p.read_bytes() == rig.serde.encode(key_str(key(1)), payload(1), 1001))
+        path = next(
+            p
+            for p in (rig.adapter.root / "objects").rglob("*")
+            if p.is_file() and p.read_bytes() == rig.serde.encode(key_str(key(1)), payload(1), 1001)
+        )
         blob = bytearray(path.read_bytes())
         blob[-1] ^= 0xFF
         path.write_bytes(bytes(blob))

@@ -60,8 +60,7 @@ def test_any_chain_reads_what_another_wrote() -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(position=st.integers(min_value=0), bit=st.integers(min_value=0, max_value=7),
-       chain=st.sampled_from(CHAINS))
+@given(position=st.integers(min_value=0), bit=st.integers(min_value=0, max_value=7), chain=st.sampled_from(CHAINS))
 def test_any_bit_flip_is_caught(position: int, bit: int, chain: Serde) -> None:
     blob = bytearray(chain.encode(KEY, PAYLOAD, CS))
     blob[position % len(blob)] ^= 1 << bit

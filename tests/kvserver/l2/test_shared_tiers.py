@@ -16,12 +16,12 @@ L1 = ("--l1-size-gb", "0.02")
 KEY_A, KEY_B = bytes(range(32)).hex(), bytes(range(1, 33)).hex()
 
 
-def _share(server_factory, url: str, *extra: str, env: dict[str, str] | None = None, n: int = 4,
-           seed: int = 1) -> dict:
+def _share(server_factory, url: str, *extra: str, env: dict[str, str] | None = None, n: int = 4, seed: int = 1) -> dict:
     """Server A stores a prompt; server B, which never saw it, serves it from the shared tier."""
     tokens = prompt(n, seed=seed)
-    a, b = (server_factory(*L1, "--l2", url, "--l2-negative-ttl", "0.3", *extra, env=env, start=False)
-            for _ in range(2))
+    a, b = (
+        server_factory(*L1, "--l2", url, "--l2-negative-ttl", "0.3", *extra, env=env, start=False) for _ in range(2)
+    )
     with ThreadPoolExecutor(2) as pool:  # start both at once (process start is mostly imports)
         list(pool.map(lambda p: p.start(), (a, b)))
     with a.client() as ca, b.client() as cb:

@@ -52,10 +52,22 @@ def _set_token(ctx: click.Context, param: click.Parameter, value: str | None) ->
 
 def token_options(func: F) -> F:
     """Add --token and --token-file to a command (eager callbacks; the command's signature is unchanged)."""
-    func = click.option("--token-file", type=click.Path(dir_okay=False), metavar="PATH", default=None,
-                        expose_value=False, callback=_set_token,
-                        help="Read the API token from this file (else $KVSERVER_API_TOKEN_FILE).")(func)
-    func = click.option("--token", default=None, expose_value=False, callback=_set_token, metavar="TOKEN",
-                        help="API token of the server or coordinator (else $KVSERVER_API_TOKEN, then the "
-                             "server's own token file for a loopback url).")(func)
+    func = click.option(
+        "--token-file",
+        type=click.Path(dir_okay=False),
+        metavar="PATH",
+        default=None,
+        expose_value=False,
+        callback=_set_token,
+        help="Read the API token from this file (else $KVSERVER_API_TOKEN_FILE).",
+    )(func)
+    func = click.option(
+        "--token",
+        default=None,
+        expose_value=False,
+        callback=_set_token,
+        metavar="TOKEN",
+        help="API token of the server or coordinator (else $KVSERVER_API_TOKEN, then the "
+        "server's own token file for a loopback url).",
+    )(func)
     return func

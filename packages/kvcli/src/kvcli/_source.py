@@ -45,8 +45,9 @@ def check_url(url: str, bare: str = "tcp") -> str:
             raise Unreachable("ipc:// url without a path (expected ipc:///path/to/socket)")
         return url
     if not (is_http(url) or url.startswith("tcp://")):
-        raise Unreachable(f"unsupported url {url!r} (expected host:port, tcp://host:port, ipc://path, "
-                          "http(s)://host:port)")
+        raise Unreachable(
+            f"unsupported url {url!r} (expected host:port, tcp://host:port, ipc://path, http(s)://host:port)"
+        )
     try:
         parsed = urlparse(url)
         port = parsed.port
@@ -55,8 +56,9 @@ def check_url(url: str, bare: str = "tcp") -> str:
     if not parsed.hostname:
         raise Unreachable(f"url {url!r} has no host")
     if url.startswith("tcp://") and port is None:
-        raise Unreachable(f"url {url!r} has no port: give tcp://{parsed.hostname}:PORT "
-                          "(the server's --port, 5555 by default)")
+        raise Unreachable(
+            f"url {url!r} has no port: give tcp://{parsed.hostname}:PORT (the server's --port, 5555 by default)"
+        )
     return url
 
 
@@ -109,8 +111,10 @@ def _explain(exc: Exception, op: str, url: str, timeout: float) -> Unreachable:
     if isinstance(exc, RequestTimeout):
         return Unreachable(tcp_probe(url, min(timeout, 1.0)) or f"timeout: no reply to {op} from {url} in {timeout:g}s")
     if isinstance(exc, ServerError) and exc.code in (ErrorCode.UNAUTHORIZED, ErrorCode.FORBIDDEN):
-        return AuthRejected(f"{op} refused: {exc.code}: {exc.message} (give the API token with --token, "
-                            "--token-file or KVSERVER_API_TOKEN)")
+        return AuthRejected(
+            f"{op} refused: {exc.code}: {exc.message} (give the API token with --token, "
+            "--token-file or KVSERVER_API_TOKEN)"
+        )
     if isinstance(exc, ServerError) and exc.code == ErrorCode.BAD_VERSION:
         return Unreachable(f"protocol version mismatch: {exc.message}")
     if isinstance(exc, ServerError):
@@ -159,8 +163,7 @@ def close_http_clients() -> None:
         _HTTP_CLIENTS.popitem()[1].close()
 
 
-def http_request(method: str, url: str, path: str, timeout: float, json_body: Any = None
-                 ) -> tuple[int, Any, float]:
+def http_request(method: str, url: str, path: str, timeout: float, json_body: Any = None) -> tuple[int, Any, float]:
     """One request to url+path: (status, parsed JSON or text, seconds); Unreachable when no answer came."""
     import httpx
 
@@ -210,8 +213,10 @@ def http_json(url: str, path: str, timeout: float, method: str = "GET", json_bod
     """The JSON answer of a request that must succeed (2xx); Unreachable (AuthRejected) with the reason."""
     status, body, _ = http_request(method, url, path, timeout, json_body)
     if status in (401, 403):
-        raise AuthRejected(f"{method} {path} answered HTTP {status}{_detail(body)} (give the API token with "
-                           "--token, --token-file or KVSERVER_API_TOKEN)")
+        raise AuthRejected(
+            f"{method} {path} answered HTTP {status}{_detail(body)} (give the API token with "
+            "--token, --token-file or KVSERVER_API_TOKEN)"
+        )
     if not 200 <= status < 300:
         raise Unreachable(f"{method} {path} answered HTTP {status}{_detail(body)}")
     if not isinstance(body, (dict, list)):

@@ -50,8 +50,14 @@ class LazyGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
-    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         """click's main, except that usage errors are one `kvcli: ...` line on stderr (exit 2)."""
         reset()
         try:
@@ -61,8 +67,14 @@ class LazyGroup(click.Group):
             if source is not None:
                 source.close_http_clients()
 
-    def _main(self, args: Sequence[str] | None, prog_name: str | None, complete_var: str | None,
-              standalone_mode: bool, **extra: Any) -> Any:
+    def _main(
+        self,
+        args: Sequence[str] | None,
+        prog_name: str | None,
+        complete_var: str | None,
+        standalone_mode: bool,
+        **extra: Any,
+    ) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:

@@ -120,8 +120,9 @@ def _object_table(objects: Any) -> list[tuple[int, int]]:
     return [(int(o), int(n)) for o, n in arr.reshape(-1, 2).tolist()]
 
 
-def _check_cover(rows: list[tuple[int, int, int, int]], objs: list[tuple[int, int]], src_base: int,
-                 dst_base: int, is_dst: bool) -> None:
+def _check_cover(
+    rows: list[tuple[int, int, int, int]], objs: list[tuple[int, int]], src_base: int, dst_base: int, is_dst: bool
+) -> None:
     """The checks of the C++ plan: disjoint objects, segments inside them, no object byte twice."""
     base = dst_base if is_dst else src_base
     spans = sorted((base + o, base + o + n, k) for k, (o, n) in enumerate(objs))
@@ -148,8 +149,9 @@ def _check_cover(rows: list[tuple[int, int, int, int]], objs: list[tuple[int, in
                 raise ValueError("two segments cover the same object bytes")
 
 
-def copy_checksum(src_base: int, dst_base: int, segments: Any, objects: Any, object_side: str,
-                  num_threads: int = 0, seed: int = 0) -> list[int]:
+def copy_checksum(
+    src_base: int, dst_base: int, segments: Any, objects: Any, object_side: str, num_threads: int = 0, seed: int = 0
+) -> list[int]:
     """batch_copy, then the kvsum64 of every object: the C++ kernel's results, computed plainly."""
     seed = _check_seed(seed)
     if object_side not in ("dst", "src"):

@@ -23,8 +23,17 @@ from kvprotocol import requests as rq
 
 from . import copy as kvcopy
 from ._link import Deadline, EngineError, EngineLink, LeaseLost
-from .engine_kv import (Copier, Moves, block_range, ceil_div, check_blocks, load_moves, save_moves, window_base,
-                        window_moves)
+from .engine_kv import (
+    Copier,
+    Moves,
+    block_range,
+    ceil_div,
+    check_blocks,
+    load_moves,
+    save_moves,
+    window_base,
+    window_moves,
+)
 
 U64_MAX = (1 << 64) - 1
 
@@ -35,8 +44,9 @@ class ChecksumMismatch(EngineError):
     KIND = "checksum_mismatch"
 
     def __init__(self, objects: int, chunks: list[int]) -> None:
-        super().__init__(f"{objects} object(s) failed verification (chunks {chunks[:8]}): "
-                         "corrupt or never written; recomputing")
+        super().__init__(
+            f"{objects} object(s) failed verification (chunks {chunks[:8]}): corrupt or never written; recomputing"
+        )
         self.objects = objects
 
 
@@ -103,26 +113,49 @@ class DataPlane:
         return self.copier
 
     # -- lookup -------------------------------------------------------------------------------------
-    def lookup(self, deadline: Deadline, tokens: np.ndarray, salt: str, session: str | None, extra: ExtraKeys = (),
-               rank: int | None = None, wait: bool = True) -> tuple[int, bool, bool]:
+    def lookup(
+        self,
+        deadline: Deadline,
+        tokens: np.ndarray,
+        salt: str,
+        session: str | None,
+        extra: ExtraKeys = (),
+        rank: int | None = None,
+        wait: bool = True,
+    ) -> tuple[int, bool, bool]:
         """(hit tokens, whether an L2 prefetch still runs (only with wait=False), whether a producer is
         still writing the chunk the hit stops at); with a session, lease the hit objects of every rank
         (or of `rank` only) to it."""
         req = self.lookup_request(tokens, salt, session, extra, rank, wait)
         return self.lookup_answer(cast(rp.LookupReply, self.link.send(req, deadline)[0]))
 
-    def lookup_request(self, tokens: np.ndarray, salt: str, session: str | None, extra: ExtraKeys = (),
-                       rank: int | None = None, wait: bool = True) -> rq.Lookup:
+    def lookup_request(
+        self,
+        tokens: np.ndarray,
+        salt: str,
+        session: str | None,
+        extra: ExtraKeys = (),
+        rank: int | None = None,
+        wait: bool = True,
+    ) -> rq.Lookup:
         link = self.link
-        return rq.Lookup(keyspace=link.keyspace_wire, tokens=pack_tokens(tokens), salt=salt,
-                         extra=extra_pairs(extra, tokens.shape[0] // link.unit),
-                         session=session, rank=rank if session is not None else None, wait=wait)
+        return rq.Lookup(
+            keyspace=link.keyspace_wire,
+            tokens=pack_tokens(tokens),
+            salt=salt,
+            extra=extra_pairs(extra, tokens.shape[0] // link.unit),
+            session=session,
+            rank=rank if session is not None else None,
+            wait=wait,
+        )
 
     def lookup_answer(self, result: rp.LookupReply) -> tuple[int, bool, bool]:
         """(hit tokens, pending, inflight) of a lookup reply; a server of another chunk size is an error."""
         if result.chunk_size != self.link.unit:
-            raise ServerError(ErrorCode.LAYOUT_MISMATCH, f"server chunk_size {result.chunk_size} "
-                                                         f"!= layout chunk_size {self.link.unit}")
+            raise ServerError(
+                ErrorCode.LAYOUT_MISMATCH,
+                f"server chunk_size {result.chunk_size} != layout chunk_size {self.link.unit}",
+            )
         return result.hit_tokens, bool(result.pending), bool(result.inflight)
 
     # -- load ---------------------------------------------------------------------------------------
@@ -132,7 +165,7 @@ class DataPlane:
         out: set[int] = set()
         for geo, lay, table in zip(link.geoms, link.layouts, tables, strict=False):
             lo, hi = block_range(geo, lay, skip, num, link.unit)
-            out.update(int(b) for b in table[max(0, lo):min(table.shape[0], hi)])
+            out.update(int(b) for b in table[max(0, lo) : min(table.shape[0], hi)])
         return sorted(out)
 
     def load(self, deadline: Deadline, session: str, prompt: Prompt, skip: int, num: int) -> int:
@@ -160,11 +193,11 @@ class DataPlane:
         tokens = prompt.tokens
 
         def relookup() -> None:  # this rank's lease expired or was never taken here: lease again
-            hit, _, _ = self.lookup(deadline, tokens[: end * chunk], prompt.salt, session, prompt.extra,
-                                    rank=link.rank)
+            hit, _, _ = self.lookup(deadline, tokens[: end * chunk], prompt.salt, session, prompt.extra, rank=link.rank)
             if hit < end * chunk:
-                raise ServerError(ErrorCode.NOT_LEASED,
-                                  f"only {hit} of the {end * chunk} tokens to load are cached now")
+                raise ServerError(
+                    ErrorCode.NOT_LEASED, f"only {hit} of the {end * chunk} tokens to load are cached now"
+                )
 
         def copy(reply: rp.RetrieveReply, frames: list[memoryview]) -> int:
             objs = self._object_addrs(mode, reply.objects, frames, objs_of)
@@ -180,12 +213,18 @@ class DataPlane:
                 link.check_arena()  # the bytes came from the arena the replying server owns
             return num - skip
 
-        req = rq.Retrieve(session=session, rank=link.rank, start_chunk=start, end_chunk=end,
-                          mode="shm" if mode == "shm" else "tcp")
+        req = rq.Retrieve(
+            session=session, rank=link.rank, start_chunk=start, end_chunk=end, mode="shm" if mode == "shm" else "tcp"
+        )
         try:
-            return flows.read_leased(link.sender(deadline), req, copy, prove=mode == "shm",
-                                     relookup=relookup if tokens.shape[0] >= end * chunk else None,
-                                     release_send=link.sender(_grace(deadline)))
+            return flows.read_leased(
+                link.sender(deadline),
+                req,
+                copy,
+                prove=mode == "shm",
+                relookup=relookup if tokens.shape[0] >= end * chunk else None,
+                release_send=link.sender(_grace(deadline)),
+            )
         except flows.LeaseBroken as exc:
             raise LeaseLost(str(exc)) from exc
 
@@ -196,8 +235,9 @@ class DataPlane:
         except Exception:
             pass
 
-    def _plan_load(self, copier: Copier, skip: int, num: int, tables: Sequence[np.ndarray]
-                   ) -> tuple[int, int, list[Moves], list[range]] | None:
+    def _plan_load(
+        self, copier: Copier, skip: int, num: int, tables: Sequence[np.ndarray]
+    ) -> tuple[int, int, list[Moves], list[range]] | None:
         """(first unit, end unit, block moves per group, object indices per group) of a load of tokens
         [skip, num); None: nothing to load."""
         if skip < 0 or num < 0:
@@ -211,11 +251,15 @@ class DataPlane:
         objs_of: list[range] = []
         for g, (geo, lay, table) in enumerate(zip(link.geoms, link.layouts, tables, strict=True)):
             if skip % lay.block_size:
-                raise ValueError(f"skip_tokens {skip} is not a multiple of block_size {lay.block_size}: the "
-                                 "block holding it belongs to the engine and is never overwritten")
+                raise ValueError(
+                    f"skip_tokens {skip} is not a multiple of block_size {lay.block_size}: the "
+                    "block holding it belongs to the engine and is never overwritten"
+                )
             if geo.kind == "state" and num % lay.chunk_size:
-                raise ValueError(f"num_tokens {num}: a recurrent state is usable only at a multiple of its "
-                                 f"chunk size {lay.chunk_size}")
+                raise ValueError(
+                    f"num_tokens {num}: a recurrent state is usable only at a multiple of its "
+                    f"chunk size {lay.chunk_size}"
+                )
             objs = range(start, end) if geo.trivial else geo.overlapping(geo.needed(end, chunk), start, end)
             lo, hi = block_range(geo, lay, skip, num, chunk)
             if geo.kind == "state" and lo * lay.block_size < skip:
@@ -231,16 +275,16 @@ class DataPlane:
             objs_of.append(objs)
         return start, end, moves, objs_of
 
-    def _object_addrs(self, mode: str, objects: list[rp.RetrievedObject], frames: Sequence[Any],
-                      objs: Sequence[range]) -> _Objects:
+    def _object_addrs(
+        self, mode: str, objects: list[rp.RetrievedObject], frames: Sequence[Any], objs: Sequence[range]
+    ) -> _Objects:
         """Addresses of the retrieved objects; objs[g] are the object indices of group g the load expects."""
         link = self.link
         groups = len(link.layouts)
         expected = sorted((link.geoms[g].end_unit(j), g) for g in range(groups) for j in objs[g])
         got = [(o.chunk, o.group) for o in objects]
         if sorted(got) != expected:
-            raise ValueError(f"retrieve returned objects {got[:6]}..., expected {expected[:6]}... of "
-                             f"{groups} group(s)")
+            raise ValueError(f"retrieve returned objects {got[:6]}..., expected {expected[:6]}... of {groups} group(s)")
         if mode == "tcp" and len(frames) != len(objects):
             raise ValueError(f"retrieve returned {len(frames)} data frames for {len(objects)} objects")
         addrs = [np.zeros(len(objs[g]), dtype=np.int64) for g in range(groups)]
@@ -264,8 +308,14 @@ class DataPlane:
                 addrs[g][pos] = kvcopy.address_of(frames[i])
         return _Objects(addrs, sums, frames)
 
-    def save(self, deadline: Deadline, prompt: Prompt, skip: int, reservation: str | None = None,
-             total_chunks: int | None = None) -> Saved:
+    def save(
+        self,
+        deadline: Deadline,
+        prompt: Prompt,
+        skip: int,
+        reservation: str | None = None,
+        total_chunks: int | None = None,
+    ) -> Saved:
         """Store every full chunk from the one holding skip_tokens on: reserve, gather, verify, commit
         (kvprotocol.flows.store_and_commit: a reservation is always committed or aborted)."""
         link, copier = self.link, self._copier()
@@ -280,13 +330,21 @@ class DataPlane:
             return Saved(0, 0, 0)
         for g, geo in enumerate(link.geoms):
             objs = range(start, n) if geo.trivial else geo.stored(start, n, chunk)
-            check_blocks(self._save_moves(g, tables[g], [geo.end_unit(j) for j in objs]), copier.num_blocks(g),
-                         distinct=False)
+            check_blocks(
+                self._save_moves(g, tables[g], [geo.end_unit(j) for j in objs]), copier.num_blocks(g), distinct=False
+            )
         mode = self.ensure(deadline)
-        req = rq.Store(keyspace=link.keyspace_wire, tokens=pack_tokens(tokens[: n * chunk]), rank=link.rank,
-                       salt=salt, start_chunk=start, extra=extra_pairs(extra, n),
-                       mode="shm" if mode == "shm" else "tcp", reservation=reservation,
-                       total_chunks=total_chunks if reservation is not None else None)
+        req = rq.Store(
+            keyspace=link.keyspace_wire,
+            tokens=pack_tokens(tokens[: n * chunk]),
+            rank=link.rank,
+            salt=salt,
+            start_chunk=start,
+            extra=extra_pairs(extra, n),
+            mode="shm" if mode == "shm" else "tcp",
+            reservation=reservation,
+            total_chunks=total_chunks if reservation is not None else None,
+        )
 
         def send(r: rq.Request, frames: Sequence[Any]) -> tuple[rp.Reply_, list[memoryview]]:
             nonlocal mode
@@ -310,17 +368,23 @@ class DataPlane:
         written = {s.chunk for s in result.slots if s.status == "reserved"}
         return Saved(len(written - full), n - start - len(full), len(full))
 
-
     def _check_slots(self, reply: rp.StoreReply, start: int, n: int) -> None:
         link = self.link
-        bad = [s for s in reply.slots if not (start <= s.chunk < n and 0 <= s.group < len(link.layouts)
-                                              and (s.chunk + 1) % link.geoms[s.group].units == 0)]
+        bad = [
+            s
+            for s in reply.slots
+            if not (
+                start <= s.chunk < n
+                and 0 <= s.group < len(link.layouts)
+                and (s.chunk + 1) % link.geoms[s.group].units == 0
+            )
+        ]
         if bad:
             raise ValueError(f"store returned slots outside the request: {bad[:3]}")
 
-
-    def _gather(self, copier: Copier, mode: str, reserved: list[rp.StoreSlot],
-                tables: Sequence[np.ndarray]) -> tuple[list[memoryview], list[int]]:
+    def _gather(
+        self, copier: Copier, mode: str, reserved: list[rp.StoreSlot], tables: Sequence[np.ndarray]
+    ) -> tuple[list[memoryview], list[int]]:
         """Copy the reserved chunks out of the engine's KV into their slots (shm) or frames (tcp);
         returns (frames, one checksum per slot): the commit's proof of the write."""
         link = self.link
@@ -356,7 +420,6 @@ class DataPlane:
             link.check_arena()  # we wrote into the arena of the server that reserved the slots
         return frames, proof
 
-
     def _save_moves(self, g: int, table: np.ndarray, end_units: list[int]) -> Moves:
         """Moves that fill the objects of group g ending at end_units (kvprotocol._geometry names an object
         by the unit it ends at): whole chunks, or for an exact kind the blocks ending at its boundary."""
@@ -368,10 +431,11 @@ class DataPlane:
         parts = [window_moves(table, b, b, b + lay.blocks_per_chunk) for b in bases]
         for i, m in enumerate(parts):
             m.obj[:] = i
-        cat = [np.concatenate([getattr(m, f) for m in parts]) if parts else np.zeros(0, dtype=np.int64)
-               for f in ("obj", "slot", "block")]
+        cat = [
+            np.concatenate([getattr(m, f) for m in parts]) if parts else np.zeros(0, dtype=np.int64)
+            for f in ("obj", "slot", "block")
+        ]
         return Moves(*cat)
-
 
     def _zero_before_start(self, g: int, addrs: list[int], end_units: list[int]) -> None:
         """A window snapshot near the start of a prompt has slots before token 0: they hold zeros, never

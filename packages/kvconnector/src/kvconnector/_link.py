@@ -21,8 +21,17 @@ from typing import Any, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 import zmq
-from kvprotocol import (Backoff, Client, ErrorCode, GroupGeometry, KeySpace, KVProtocolError, LayoutDescriptor,
-                        RequestTimeout, ServerError)
+from kvprotocol import (
+    Backoff,
+    Client,
+    ErrorCode,
+    GroupGeometry,
+    KeySpace,
+    KVProtocolError,
+    LayoutDescriptor,
+    RequestTimeout,
+    ServerError,
+)
 from kvprotocol._replies import RegisterReply, Reply_
 from kvprotocol._requests import LayoutW, RegisterEngine, Request
 from kvprotocol._shm import ShmMapping as ArenaMap
@@ -160,8 +169,18 @@ class Registration:
 class EngineLink:
     """Registration and data-plane mode of one engine rank; the arena mapping in shm mode."""
 
-    def __init__(self, url: str, model: str, world_size: int, rank: int, layouts: Sequence[LayoutDescriptor],
-                 mode: str, backoff: float, token: str | None = None, populate: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        world_size: int,
+        rank: int,
+        layouts: Sequence[LayoutDescriptor],
+        mode: str,
+        backoff: float,
+        token: str | None = None,
+        populate: bool = True,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.server = ServerLink(url, backoff, token)
@@ -190,10 +209,20 @@ class EngineLink:
         self.registration = None
 
     def _register(self, deadline: Deadline) -> Registration:
-        reply = cast(RegisterReply, self.send(RegisterEngine(
-            model=self.model, world_size=self.world_size, rank=self.rank,
-            groups=[LayoutW(**lay.to_wire()) for lay in self.layouts],
-            host=socket.gethostname()[:255] or "unknown", pid=os.getpid()), deadline)[0])
+        reply = cast(
+            RegisterReply,
+            self.send(
+                RegisterEngine(
+                    model=self.model,
+                    world_size=self.world_size,
+                    rank=self.rank,
+                    groups=[LayoutW(**lay.to_wire()) for lay in self.layouts],
+                    host=socket.gethostname()[:255] or "unknown",
+                    pid=os.getpid(),
+                ),
+                deadline,
+            )[0],
+        )
         if reply.chunk_size != self.unit:
             raise ValueError(f"server chunk_size {reply.chunk_size} differs from the layouts' smallest chunk_size")
         return Registration(reply.engine_id, reply.arena.name, reply.arena.size, reply.chunk_size, reply.arena.nonce)
@@ -243,11 +272,13 @@ class EngineLink:
     def check_arena(self) -> None:
         """Raise ArenaChanged when the arena we copied through is no longer the server's."""
         reg = self.registration
-        if self.arena is None or not self.arena.is_current() or reg is None \
-                or self.arena.nonce() != reg.arena_nonce:
+        if self.arena is None or not self.arena.is_current() or reg is None or self.arena.nonce() != reg.arena_nonce:
             self.invalidate()
-            raise ArenaChanged("the shm arena changed during the operation (a server restart, or the name "
-                               "no longer leads to this server's arena)", None if reg is None else reg.arena_name)
+            raise ArenaChanged(
+                "the shm arena changed during the operation (a server restart, or the name "
+                "no longer leads to this server's arena)",
+                None if reg is None else reg.arena_name,
+            )
 
     def _unmap(self, user: ArenaUser | None) -> None:
         if self.arena is not None:

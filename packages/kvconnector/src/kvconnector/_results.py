@@ -62,10 +62,15 @@ def as_tables(block_ids: Any, groups: int) -> list[np.ndarray]:
     if hasattr(block_ids, "detach"):
         block_ids = block_ids.detach().cpu().numpy()
     nested = (isinstance(block_ids, np.ndarray) and block_ids.ndim == 2) or (
-        not isinstance(block_ids, np.ndarray) and len(block_ids) > 0
-        and isinstance(block_ids[0], (list, tuple, np.ndarray)))
-    tables = [np.asarray(t, dtype=np.int64).reshape(-1) for t in block_ids] if nested \
+        not isinstance(block_ids, np.ndarray)
+        and len(block_ids) > 0
+        and isinstance(block_ids[0], (list, tuple, np.ndarray))
+    )
+    tables = (
+        [np.asarray(t, dtype=np.int64).reshape(-1) for t in block_ids]
+        if nested
         else [np.asarray(block_ids, dtype=np.int64).reshape(-1)] * groups
+    )
     if len(tables) != groups:
         raise ValueError(f"{len(tables)} block tables for {groups} object groups")
     return tables

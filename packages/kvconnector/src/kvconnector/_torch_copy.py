@@ -84,8 +84,9 @@ def block_views(layout: LayoutDescriptor, tensors: Any) -> list[torch.Tensor]:
 class TorchCopier:
     """The CUDA Copier (see `engine_kv.Copier`): torch tensors on any device."""
 
-    def __init__(self, layouts: Sequence[LayoutDescriptor], groups: Sequence[Any],
-                 stage_bytes: int = DEFAULT_STAGE_BYTES) -> None:
+    def __init__(
+        self, layouts: Sequence[LayoutDescriptor], groups: Sequence[Any], stage_bytes: int = DEFAULT_STAGE_BYTES
+    ) -> None:
         self.layouts = list(layouts)
         self.views = [block_views(lay, g) for lay, g in zip(self.layouts, groups, strict=True)]
         self.device = self.views[0][0].device
@@ -118,8 +119,10 @@ class TorchCopier:
 
     def _index(self, moves: Moves, lo: int, hi: int) -> tuple[torch.Tensor, ...]:
         sel = (moves.obj >= lo) & (moves.obj < hi)
-        return tuple(torch.from_numpy(np.ascontiguousarray(a[sel])).to(self.device)
-                     for a in (moves.obj - lo, moves.slot, moves.block))
+        return tuple(
+            torch.from_numpy(np.ascontiguousarray(a[sel])).to(self.device)
+            for a in (moves.obj - lo, moves.slot, moves.block)
+        )
 
     def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves, expected: Sequence[int]) -> list[int]:
         """Verifies each object in host memory first (a separate pass: the device copy cannot sum), then

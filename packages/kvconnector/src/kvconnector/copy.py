@@ -41,7 +41,7 @@ _backend, _backend_name = _select_backend()
 
 
 def backend_name() -> str:
-    """"cpp" (the `_kvcopy` extension) or "numpy-fallback"."""
+    """ "cpp" (the `_kvcopy` extension) or "numpy-fallback"."""
     return _backend_name
 
 
@@ -58,8 +58,9 @@ def batch_copy(src_base: int, dst_base: int, segments: Any, num_threads: int = 0
     return int(_backend.batch_copy(src_base, dst_base, segments, num_threads))
 
 
-def copy_checksum(src_base: int, dst_base: int, segments: Any, objects: Any, object_side: str,
-                  num_threads: int = 0, seed: int = 0) -> list[int]:
+def copy_checksum(
+    src_base: int, dst_base: int, segments: Any, objects: Any, object_side: str, num_threads: int = 0, seed: int = 0
+) -> list[int]:
     """`batch_copy`, fused with the kvsum64 of every object, summed from the bytes as they are copied.
 
     `objects`: (m, 2) int64 rows (offset, length) from the base of `object_side`: "dst" for a gather
@@ -68,8 +69,9 @@ def copy_checksum(src_base: int, dst_base: int, segments: Any, objects: Any, obj
     objects, and no object byte may be covered twice; object bytes no segment covers are summed from
     the object. Results equal `checksum` of each object after the copy, whatever the thread count.
     """
-    return [int(v) for v in _backend.copy_checksum(src_base, dst_base, segments, objects, object_side,
-                                                   num_threads, seed)]
+    return [
+        int(v) for v in _backend.copy_checksum(src_base, dst_base, segments, objects, object_side, num_threads, seed)
+    ]
 
 
 def checksum(addr: int, length: int, seed: int = 0) -> int:

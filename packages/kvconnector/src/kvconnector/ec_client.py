@@ -48,8 +48,16 @@ class ECStats:
 class ECClient:
     """One engine's EC channel: key (model, space), mode, and a lazily mapped EC segment."""
 
-    def __init__(self, url: str, model: str, space: str, mode: str = "auto", timeout: float = 5.0,
-                 retry_after_s: float = 2.0, token: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        space: str,
+        mode: str = "auto",
+        timeout: float = 5.0,
+        retry_after_s: float = 2.0,
+        token: str | None = None,
+    ) -> None:
         if mode not in ("auto", "shm", "tcp"):
             raise ValueError(f"mode must be auto, shm or tcp, not {mode!r}")
         self.url, self.model, self.space, self.mode = url, model, space, mode
@@ -79,8 +87,9 @@ class ECClient:
         if not self._shm_ok or not isinstance(arena, dict):
             return None
         seg = self._seg
-        if seg is not None and (seg.name != arena.get("name") or not seg.is_current()
-                                or seg.nonce() != arena.get("nonce")):
+        if seg is not None and (
+            seg.name != arena.get("name") or not seg.is_current() or seg.nonce() != arena.get("nonce")
+        ):
             seg.close()
             self._seg = seg = None
         if seg is None:
@@ -105,8 +114,10 @@ class ECClient:
     def lookup(self, items: list[str], readers: int = 0) -> list[dict[str, Any] | None]:
         """Per item: None (miss) or its descriptor; with readers > 0 each hit is leased until released."""
         self.stats.lookups += 1
-        reply = self._call("ec_lookup", lambda c: c.ec_lookup(model=self.model, space=self.space, items=list(items),
-                                                              readers=readers or None))
+        reply = self._call(
+            "ec_lookup",
+            lambda c: c.ec_lookup(model=self.model, space=self.space, items=list(items), readers=readers or None),
+        )
         if reply is None:
             return [None] * len(items)
         out: list[dict[str, Any] | None] = list(reply.items)
@@ -121,8 +132,12 @@ class ECClient:
         buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         size = int(buf.nbytes)
         mode: Literal["shm", "tcp"] = "shm" if self._shm_ok else "tcp"
-        r = self._call("ec_store", lambda c: c.ec_store(model=self.model, space=self.space, item=item, dtype=dtype,
-                                                        shape=list(shape), size=size, mode=mode))
+        r = self._call(
+            "ec_store",
+            lambda c: c.ec_store(
+                model=self.model, space=self.space, item=item, dtype=dtype, shape=list(shape), size=size, mode=mode
+            ),
+        )
         if r is None:
             return False
         if r.status != "reserved" or r.store_id is None:
@@ -141,8 +156,10 @@ class ECClient:
             np.frombuffer(seg.mm, np.uint8, size, r.offset)[:] = buf
             ok = self._call("ec_commit", lambda c: c.ec_commit(store_id=store_id, checksum=checksum)) is not None
         else:
-            ok = self._call("ec_commit", lambda c: c.ec_commit(store_id=store_id, checksum=checksum,
-                                                               frames=[buf.data])) is not None
+            ok = (
+                self._call("ec_commit", lambda c: c.ec_commit(store_id=store_id, checksum=checksum, frames=[buf.data]))
+                is not None
+            )
         if ok:
             self.stats.saves += 1
             self.stats.saved_bytes += size
@@ -164,8 +181,9 @@ class ECClient:
                 except ValueError:
                     data = None
         if data is None:
-            got = self._call("ec_retrieve", lambda c: c.ec_retrieve(model=self.model, space=self.space, item=item,
-                                                                    mode="tcp"))
+            got = self._call(
+                "ec_retrieve", lambda c: c.ec_retrieve(model=self.model, space=self.space, item=item, mode="tcp")
+            )
             if got is None or not got[0].found or len(got[1]) != 1:
                 return None
             desc = msgspec.structs.asdict(got[0])

@@ -17,8 +17,17 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import zmq
-from kvprotocol import (ErrorCode, ExtraKeys, KVProtocolError, LayoutDescriptor, Pipeline, RequestTimeout,
-                        ServerError, validate_model, validate_salt)
+from kvprotocol import (
+    ErrorCode,
+    ExtraKeys,
+    KVProtocolError,
+    LayoutDescriptor,
+    Pipeline,
+    RequestTimeout,
+    ServerError,
+    validate_model,
+    validate_salt,
+)
 from kvprotocol import replies as rp
 from kvprotocol import requests as rq
 
@@ -70,10 +79,23 @@ def _layer_list(kv: Any) -> Any:
 class EngineClient:
     """One engine rank's client of a kvserver (see module docstring and docs/engine.md)."""
 
-    def __init__(self, url: str, model: str, world_size: int, rank: int, layouts: Sequence[LayoutDescriptor],
-                 mode: str = "auto", timeout: float = 5.0, *, backoff: float | None = None,
-                 copy_backend: str = "auto", num_threads: int = 0, warn_interval: float = 30.0,
-                 token: str | None = None, populate_arena: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        world_size: int,
+        rank: int,
+        layouts: Sequence[LayoutDescriptor],
+        mode: str = "auto",
+        timeout: float = 5.0,
+        *,
+        backoff: float | None = None,
+        copy_backend: str = "auto",
+        num_threads: int = 0,
+        warn_interval: float = 30.0,
+        token: str | None = None,
+        populate_arena: bool = True,
+    ) -> None:
         """Configuration errors raise ValueError here (at engine start), never later.
 
         `token`: the credential (a tenant's token picks the tenant's namespace, quota and caps); None
@@ -95,8 +117,17 @@ class EngineClient:
         self.timeout = timeout
         self.copy_backend = copy_backend
         self.num_threads = num_threads
-        self._link = EngineLink(url, model, world_size, rank, layouts, mode,
-                                min(1.0, timeout) if backoff is None else backoff, token, populate_arena)
+        self._link = EngineLink(
+            url,
+            model,
+            world_size,
+            rank,
+            layouts,
+            mode,
+            min(1.0, timeout) if backoff is None else backoff,
+            token,
+            populate_arena,
+        )
         self._plane = DataPlane(self._link)
         self._lock = threading.RLock()
         self._warner = _Warner(warn_interval)
@@ -115,7 +146,7 @@ class EngineClient:
 
     @property
     def data_mode(self) -> str | None:
-        """"shm" once the arena is mapped, "tcp" once registered without it, None before."""
+        """ "shm" once the arena is mapped, "tcp" once registered without it, None before."""
         if self._link.registration is None:
             return None
         return "shm" if self._link.arena is not None else "tcp"
@@ -166,16 +197,27 @@ class EngineClient:
         on_cpu = first.device.type == "cpu"
         copier: Copier
         if self.copy_backend == "host" or (self.copy_backend == "auto" and on_cpu):
-            copier = HostCopier([EngineKV.from_tensors(lay, g) for lay, g in zip(layouts, groups, strict=True)],
-                                keepalive=groups, num_threads=self.num_threads)
+            copier = HostCopier(
+                [EngineKV.from_tensors(lay, g) for lay, g in zip(layouts, groups, strict=True)],
+                keepalive=groups,
+                num_threads=self.num_threads,
+            )
         else:
             from ._torch_copy import TorchCopier
 
             copier = TorchCopier(layouts, groups)
         self._plane.use(copier)
 
-    def load(self, session: str, tokens: Any, block_ids: Any, skip_tokens: int, num_tokens: int,
-             salt: str = "", extra: ExtraKeys = ()) -> LoadResult:
+    def load(
+        self,
+        session: str,
+        tokens: Any,
+        block_ids: Any,
+        skip_tokens: int,
+        num_tokens: int,
+        salt: str = "",
+        extra: ExtraKeys = (),
+    ) -> LoadResult:
         """Write the engine blocks covering tokens [skip_tokens, num_tokens) from the cache.
 
         `extra` (here and in save/lookup): per-chunk extra keys, (chunk index, 32-byte digest) pairs,
@@ -197,8 +239,9 @@ class EngineClient:
                 if self._plane.copier is None:
                     raise ValueError("register(kv_caches) must be called before load")
                 validate_salt(salt)
-                loaded = self._plane.load(deadline, session, Prompt(as_tokens(tokens), tables, salt, extra),
-                                          int(skip_tokens), int(num_tokens))
+                loaded = self._plane.load(
+                    deadline, session, Prompt(as_tokens(tokens), tables, salt, extra), int(skip_tokens), int(num_tokens)
+                )
                 return LoadResult(True, loaded, [], None)
             except Exception as exc:
                 if isinstance(exc, ChecksumMismatch):
@@ -211,8 +254,16 @@ class EngineClient:
                     failed = []
                 return LoadResult(False, 0, failed, error)
 
-    def save(self, tokens: Any, block_ids: Any, salt: str = "", skip_tokens: int = 0,
-             extra: ExtraKeys = (), reservation: str | None = None, total_chunks: int | None = None) -> SaveResult:
+    def save(
+        self,
+        tokens: Any,
+        block_ids: Any,
+        salt: str = "",
+        skip_tokens: int = 0,
+        extra: ExtraKeys = (),
+        reservation: str | None = None,
+        total_chunks: int | None = None,
+    ) -> SaveResult:
         """Store every full chunk of `tokens` from the chunk holding skip_tokens on.
 
         block_ids are the request's blocks from token 0; chunks they do not fully cover are skipped.
@@ -243,8 +294,9 @@ class EngineClient:
             return SaveResult(True, saved.written, None, saved.cached)
 
     # -- scheduler side -----------------------------------------------------------------------------
-    def lookup(self, tokens: Any, salt: str = "", session: str | None = None,
-               extra: ExtraKeys = (), wait: bool = True) -> LookupResult:
+    def lookup(
+        self, tokens: Any, salt: str = "", session: str | None = None, extra: ExtraKeys = (), wait: bool = True
+    ) -> LookupResult:
         """Tokens of the longest cached prefix (a multiple of chunk_size); with a session, the hit
         objects of every rank stay leased until each rank's load (or release(session, rank)) gives
         its part back, release(session) gives all back, or the server's lease TTL passes.
@@ -255,15 +307,17 @@ class EngineClient:
             try:
                 deadline = self._deadline()
                 validate_salt(salt)
-                hit, pending, inflight = self._plane.lookup(deadline, as_tokens(tokens), salt, session, extra,
-                                                            wait=wait)
+                hit, pending, inflight = self._plane.lookup(
+                    deadline, as_tokens(tokens), salt, session, extra, wait=wait
+                )
                 return LookupResult(hit, None, pending, inflight)
             except Exception as exc:
                 return LookupResult(0, self._failed("lookup", exc))
 
     # -- scheduler side, never blocking longer than asked (a kvprotocol Pipeline of its own) -------------
-    def lookup_submit(self, tokens: Any, salt: str = "", session: str | None = None, extra: ExtraKeys = (),
-                      wait: bool = True) -> int | LookupResult:
+    def lookup_submit(
+        self, tokens: Any, salt: str = "", session: str | None = None, extra: ExtraKeys = (), wait: bool = True
+    ) -> int | LookupResult:
         """Send a lookup and return at once: its id for `lookup_result`, or a LookupResult carrying the
         error when it could not even be sent. Same answer as `lookup`; requests of this client's
         pipeline (lookups, `release_nowait`) reach the server in the order they were sent."""
@@ -327,8 +381,7 @@ class EngineClient:
         of one rank (a worker that will not load its part); a no-op for unknown sessions; never raises."""
         with self._lock:
             try:
-                self._link.send(rq.Release(session=session, rank=None if rank is None else int(rank)),
-                                self._deadline())
+                self._link.send(rq.Release(session=session, rank=None if rank is None else int(rank)), self._deadline())
             except Exception as exc:
                 self._failed("release", exc)
 

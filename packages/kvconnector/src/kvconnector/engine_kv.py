@@ -42,8 +42,9 @@ class Moves:
         return int(self.block.shape[0])
 
 
-def load_moves(block_table: np.ndarray, blocks_per_chunk: int, start_chunk: int, first_block: int,
-               end_block: int) -> Moves:
+def load_moves(
+    block_table: np.ndarray, blocks_per_chunk: int, start_chunk: int, first_block: int, end_block: int
+) -> Moves:
     """Moves that write request blocks [first_block, end_block) from objects of chunks start_chunk.."""
     j = np.arange(first_block, end_block, dtype=np.int64)
     if end_block > block_table.shape[0]:
@@ -103,7 +104,6 @@ def check_blocks(moves: Moves, num_blocks: int, *, distinct: bool) -> None:
         raise ValueError("a block id appears twice in the load range")
 
 
-
 @dataclass(frozen=True)
 class EngineKV:
     """Where one rank's paged KV lives: per-layer base addresses and the strides inside a layer.
@@ -145,16 +145,29 @@ class EngineKV:
         return self.layout.block_bytes // self.runs_per_block
 
     @classmethod
-    def from_stacked(cls, layout: LayoutDescriptor, base: int, layer_stride: int, num_blocks: int,
-                     block_stride: int | None = None, run_stride: int | None = None) -> EngineKV:
+    def from_stacked(
+        cls,
+        layout: LayoutDescriptor,
+        base: int,
+        layer_stride: int,
+        num_blocks: int,
+        block_stride: int | None = None,
+        run_stride: int | None = None,
+    ) -> EngineKV:
         """One all-layer allocation: layer l starts at base + l * layer_stride (contiguous defaults)."""
-        return cls.from_layer_bases(layout, [base + i * layer_stride for i in range(layout.num_layers)],
-                                    num_blocks, block_stride, run_stride)
+        return cls.from_layer_bases(
+            layout, [base + i * layer_stride for i in range(layout.num_layers)], num_blocks, block_stride, run_stride
+        )
 
     @classmethod
-    def from_layer_bases(cls, layout: LayoutDescriptor, layer_bases: Sequence[int] | np.ndarray,
-                         num_blocks: int, block_stride: int | None = None,
-                         run_stride: int | None = None) -> EngineKV:
+    def from_layer_bases(
+        cls,
+        layout: LayoutDescriptor,
+        layer_bases: Sequence[int] | np.ndarray,
+        num_blocks: int,
+        block_stride: int | None = None,
+        run_stride: int | None = None,
+    ) -> EngineKV:
         """Per-layer base addresses of contiguous per-layer tensors (strides default to contiguous)."""
         runs = _runs_per_block(layout.tag)
         bstride = layout.block_bytes // runs if block_stride is None else block_stride
@@ -179,8 +192,8 @@ class EngineKV:
         if layout.block_shape and block_shape_of(layout.tag, shape) != tuple(layout.block_shape):
             raise ValueError(f"tensor shape {shape} does not match layout block_shape {layout.block_shape}")
         item = DTYPES[layout.dtype]
-        run_dims = shape[max(geo.block_axis, geo.run_axis if geo.run_axis is not None else -1) + 1:]
-        run_strides = strides[len(shape) - len(run_dims):]
+        run_dims = shape[max(geo.block_axis, geo.run_axis if geo.run_axis is not None else -1) + 1 :]
+        run_strides = strides[len(shape) - len(run_dims) :]
         if not _is_contiguous(run_dims, run_strides, item):
             raise ValueError("each block run must be contiguous in memory")
         if math.prod(run_dims) * item * geo.runs_per_block != layout.block_bytes:
@@ -190,8 +203,9 @@ class EngineKV:
                 raise ValueError("all layer tensors must share one shape and stride")
         bases = [kvcopy.address_of(t) for t in per_layer]
         run_stride = strides[geo.run_axis] if geo.run_axis is not None else 0
-        return cls(layout, np.asarray(bases, dtype=np.int64), shape[geo.block_axis],
-                   strides[geo.block_axis], run_stride)
+        return cls(
+            layout, np.asarray(bases, dtype=np.int64), shape[geo.block_axis], strides[geo.block_axis], run_stride
+        )
 
 
 def _byte_strides(t: Any) -> tuple[int, ...]:
@@ -238,15 +252,23 @@ def block_rows(kv: EngineKV, obj_addrs: np.ndarray, moves: Moves, gather: bool) 
     layers = np.arange(lay.num_layers, dtype=np.int64)
     r = np.arange(runs, dtype=np.int64)
     # (move, layer, run)
-    engine = (kv.layer_bases[None, :, None] + moves.block[:, None, None] * kv.block_stride
-              + r[None, None, :] * kv.run_stride)
-    obj = (obj_addrs[moves.obj][:, None, None]
-           + (layers[None, :, None] * lay.blocks_per_chunk + moves.slot[:, None, None]) * lay.block_bytes
-           + r[None, None, :] * run_bytes)
+    engine = (
+        kv.layer_bases[None, :, None] + moves.block[:, None, None] * kv.block_stride + r[None, None, :] * kv.run_stride
+    )
+    obj = (
+        obj_addrs[moves.obj][:, None, None]
+        + (layers[None, :, None] * lay.blocks_per_chunk + moves.slot[:, None, None]) * lay.block_bytes
+        + r[None, None, :] * run_bytes
+    )
     # object order (object, layer, slot, run) lets neighbours on both sides merge into one memcpy
-    order = np.lexsort((np.broadcast_to(moves.slot[:, None, None], obj.shape).reshape(-1),
-                        np.broadcast_to(layers[None, :, None], obj.shape).reshape(-1),
-                        np.broadcast_to(moves.obj[:, None, None], obj.shape).reshape(-1)), axis=0)
+    order = np.lexsort(
+        (
+            np.broadcast_to(moves.slot[:, None, None], obj.shape).reshape(-1),
+            np.broadcast_to(layers[None, :, None], obj.shape).reshape(-1),
+            np.broadcast_to(moves.obj[:, None, None], obj.shape).reshape(-1),
+        ),
+        axis=0,
+    )
     rows = np.empty((obj.size, 3), dtype=np.int64)
     src, dst = (engine, obj) if gather else (obj, engine)
     rows[:, 0] = src.reshape(-1)[order]
@@ -303,14 +325,26 @@ class HostCopier:
 
     def scatter(self, group: int, obj_addrs: np.ndarray, moves: Moves, expected: Sequence[int]) -> list[int]:
         kv = self.groups[group]
-        got = kvcopy.copy_checksum(0, 0, block_rows(kv, obj_addrs, moves, False),
-                                   object_table(obj_addrs, kv.layout.object_bytes), "src", self.num_threads)
+        got = kvcopy.copy_checksum(
+            0,
+            0,
+            block_rows(kv, obj_addrs, moves, False),
+            object_table(obj_addrs, kv.layout.object_bytes),
+            "src",
+            self.num_threads,
+        )
         return [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
 
     def gather(self, group: int, obj_addrs: np.ndarray, moves: Moves) -> list[int] | None:
         kv = self.groups[group]
-        return kvcopy.copy_checksum(0, 0, block_rows(kv, obj_addrs, moves, True),
-                                    object_table(obj_addrs, kv.layout.object_bytes), "dst", self.num_threads)
+        return kvcopy.copy_checksum(
+            0,
+            0,
+            block_rows(kv, obj_addrs, moves, True),
+            object_table(obj_addrs, kv.layout.object_bytes),
+            "dst",
+            self.num_threads,
+        )
 
     def finish(self) -> None:
         return None

@@ -63,31 +63,63 @@ def block_shape_of(tag: str, per_layer_shape: tuple[int, ...]) -> tuple[int, ...
     return tuple(int(d) for d in shape)
 
 
-def _make(tag: str, dtype: Any, num_layers: int, block_size: int, block_shape: tuple[int, ...],
-          chunk_size: int, stacked: bool) -> LayoutDescriptor:
+def _make(
+    tag: str, dtype: Any, num_layers: int, block_size: int, block_shape: tuple[int, ...], chunk_size: int, stacked: bool
+) -> LayoutDescriptor:
     name = dtype_name(dtype)
     block_bytes = math.prod(block_shape) * DTYPES[name]
-    return LayoutDescriptor(tag=tag, dtype=name, num_layers=num_layers, block_size=block_size,
-                            block_bytes=block_bytes, chunk_size=chunk_size, block_shape=block_shape,
-                            stacked=stacked)
+    return LayoutDescriptor(
+        tag=tag,
+        dtype=name,
+        num_layers=num_layers,
+        block_size=block_size,
+        block_bytes=block_bytes,
+        chunk_size=chunk_size,
+        block_shape=block_shape,
+        stacked=stacked,
+    )
 
 
-def vllm_cpu_layout(*, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: Any,
-                    chunk_size: int = DEFAULT_CHUNK_SIZE, stacked: bool = False) -> LayoutDescriptor:
+def vllm_cpu_layout(
+    *,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: Any,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    stacked: bool = False,
+) -> LayoutDescriptor:
     """vLLM CPU backend: per layer [num_blocks, num_kv_heads, block_size, 2*head_dim]; blocks are opaque."""
     shape = (num_kv_heads, block_size, 2 * head_dim)
     return _make("vllm_cpu", dtype, num_layers, block_size, shape, chunk_size, stacked)
 
 
-def flash_attn_layout(*, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: Any,
-                      chunk_size: int = DEFAULT_CHUNK_SIZE, stacked: bool = False) -> LayoutDescriptor:
+def flash_attn_layout(
+    *,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: Any,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    stacked: bool = False,
+) -> LayoutDescriptor:
     """Flash-attention: per layer [2, num_blocks, block_size, num_kv_heads, head_dim] (K plane, V plane)."""
     shape = (2, block_size, num_kv_heads, head_dim)
     return _make("flash_attn", dtype, num_layers, block_size, shape, chunk_size, stacked)
 
 
-def mla_layout(*, num_layers: int, latent_dim: int, block_size: int, dtype: Any,
-               chunk_size: int = DEFAULT_CHUNK_SIZE, stacked: bool = False, shared: bool = False) -> LayoutDescriptor:
+def mla_layout(
+    *,
+    num_layers: int,
+    latent_dim: int,
+    block_size: int,
+    dtype: Any,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    stacked: bool = False,
+    shared: bool = False,
+) -> LayoutDescriptor:
     """MLA latent cache: per layer [num_blocks, block_size, latent_dim].
 
     `shared=True` when every tensor-parallel rank holds the same latent cache (vLLM's MLA: one KV
@@ -96,8 +128,9 @@ def mla_layout(*, num_layers: int, latent_dim: int, block_size: int, dtype: Any,
     return replace(layout, shared=True) if shared else layout
 
 
-def layout_from_tensor(tensor: Any, tag: str, block_size: int, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                       num_layers: int | None = None) -> LayoutDescriptor:
+def layout_from_tensor(
+    tensor: Any, tag: str, block_size: int, chunk_size: int = DEFAULT_CHUNK_SIZE, num_layers: int | None = None
+) -> LayoutDescriptor:
     """Infer the layout from one engine KV tensor (torch or numpy).
 
     A tensor of the tag's per-layer rank is one layer's cache (`num_layers` is then required); one

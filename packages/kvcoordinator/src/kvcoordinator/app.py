@@ -58,10 +58,8 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        clients["fanout"] = httpx.AsyncClient(trust_env=False,
-                                              limits=httpx.Limits(max_connections=256))
-        feeds["index"] = EventFeeds(PrefixIndex(), creds, lambda: clients["fanout"],
-                                    settings.fanout_timeout)
+        clients["fanout"] = httpx.AsyncClient(trust_env=False, limits=httpx.Limits(max_connections=256))
+        feeds["index"] = EventFeeds(PrefixIndex(), creds, lambda: clients["fanout"], settings.fanout_timeout)
         registry.on_drop.append(lambda inst, _why: feeds["index"].drop(inst) if "index" in feeds else None)
         pruner = asyncio.create_task(prune_forever(registry, min(1.0, registry.timeout / 4)))
         try:
@@ -71,8 +69,12 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
             await feeds.pop("index").close()
             await clients.pop("fanout").aclose()
 
-    app = FastAPI(title="kvcoordinator", version=kvprotocol.__version__, lifespan=lifespan,
-                  description="Soft-state membership of kvservers, fleet status and KV-aware routing hints.")
+    app = FastAPI(
+        title="kvcoordinator",
+        version=kvprotocol.__version__,
+        lifespan=lifespan,
+        description="Soft-state membership of kvservers, fleet status and KV-aware routing hints.",
+    )
     install_error_handlers(app)
     read, write = [Depends(guard.read)], [Depends(guard.write)]
 
@@ -117,27 +119,39 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
     @app.get("/v1/fleet/status", tags=["fleet"], dependencies=read)
     async def status() -> dict[str, Any]:
         """Every live instance's /v1/status, fetched concurrently; unreachable ones say why."""
-        results = await fleet_status(clients["fanout"], creds, registry.live(), settings.fanout_timeout,
-                                     metrics.outcome)
+        results = await fleet_status(
+            clients["fanout"], creds, registry.live(), settings.fanout_timeout, metrics.outcome
+        )
         return {
             "summary": summarize(results),
-            "instances": [{**registry.view(inst), "reachable": error is None, "error": error, "status": body}
-                          for inst, body, error in results],
+            "instances": [
+                {**registry.view(inst), "reachable": error is None, "error": error, "status": body}
+                for inst, body, error in results
+            ],
         }
 
     async def answer_lookup(raw: bytes) -> bytes:
         """A fleet lookup from its raw body to its JSON answer (msgspec both ways)."""
         body = decode_lookup(raw)
-        answer = await fleet_lookup(clients["fanout"], creds, feeds.get("index"), registry, body,
-                                    settings.fanout_timeout, metrics.outcome)
+        answer = await fleet_lookup(
+            clients["fanout"], creds, feeds.get("index"), registry, body, settings.fanout_timeout, metrics.outcome
+        )
         metrics.lookups.inc()
         metrics.lookup_tokens.inc(body.num_tokens)
         metrics.lookup_hit_tokens.inc(answer["prefix_tokens"])
         return msgspec.json.encode(answer)
 
-    @app.post("/v1/fleet/lookup", tags=["fleet"], dependencies=read,
-              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                  "schema": msgspec.json.schema(LookupBody)}}}})
+    @app.post(
+        "/v1/fleet/lookup",
+        tags=["fleet"],
+        dependencies=read,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": msgspec.json.schema(LookupBody)}},
+            }
+        },
+    )
     async def lookup(request: Request) -> Response:
         """Which instance holds the longest reusable prefix of these tokens (a routing hint).
 

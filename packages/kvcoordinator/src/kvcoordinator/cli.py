@@ -11,7 +11,6 @@ from typing import Any, NoReturn
 import click
 
 
-
 class CoordinatorError(click.ClickException):
     """A start-up failure, printed as one line on stderr; exit status 1."""
 
@@ -28,28 +27,70 @@ def fail(reason: str) -> NoReturn:
 @click.command(name="coordinator")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address.")
 @click.option("--port", default=9090, show_default=True, type=click.IntRange(0, 65535), help="Port.")
-@click.option("--instance-timeout", default=15.0, show_default=True, type=click.FloatRange(0.1, 3600),
-              help="Seconds without a heartbeat after which an instance is dropped.")
-@click.option("--fanout-timeout", default=2.0, show_default=True, type=click.FloatRange(0.05, 60),
-              help="Seconds to wait for each instance in fleet status and fleet lookup.")
-@click.option("--api-token", envvar="KVSERVER_API_TOKEN", show_envvar=True, default=None,
-              help="Bearer token every endpoint but /healthz needs (and /metrics off loopback); without "
-                   "one a token is generated into <state dir>/token-<port> (0600). A configured token is "
-                   "also the fleet token sent to trusted instances (same-user loopback ones, --trust-host).")
-@click.option("--api-token-file", envvar="KVSERVER_API_TOKEN_FILE", show_envvar=True, default=None,
-              type=click.Path(dir_okay=False), metavar="PATH", help="Read the API token from this file.")
-@click.option("--instance-token-file", default=None, type=click.Path(dir_okay=False), metavar="PATH",
-              help="Token presented to instances (fleet status, fan-out, KV-events feeds), e.g. a server's "
-                   "token file; default: the configured --api-token, else none.")
-@click.option("--trust-host", "trusted_hosts", multiple=True, metavar="HOST",
-              help="Non-loopback instance host the fleet token may be sent to (repeatable); instances "
-                   "elsewhere are asked without credentials.")
+@click.option(
+    "--instance-timeout",
+    default=15.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    help="Seconds without a heartbeat after which an instance is dropped.",
+)
+@click.option(
+    "--fanout-timeout",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(0.05, 60),
+    help="Seconds to wait for each instance in fleet status and fleet lookup.",
+)
+@click.option(
+    "--api-token",
+    envvar="KVSERVER_API_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="Bearer token every endpoint but /healthz needs (and /metrics off loopback); without "
+    "one a token is generated into <state dir>/token-<port> (0600). A configured token is "
+    "also the fleet token sent to trusted instances (same-user loopback ones, --trust-host).",
+)
+@click.option(
+    "--api-token-file",
+    envvar="KVSERVER_API_TOKEN_FILE",
+    show_envvar=True,
+    default=None,
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="Read the API token from this file.",
+)
+@click.option(
+    "--instance-token-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="Token presented to instances (fleet status, fan-out, KV-events feeds), e.g. a server's "
+    "token file; default: the configured --api-token, else none.",
+)
+@click.option(
+    "--trust-host",
+    "trusted_hosts",
+    multiple=True,
+    metavar="HOST",
+    help="Non-loopback instance host the fleet token may be sent to (repeatable); instances "
+    "elsewhere are asked without credentials.",
+)
 @click.option("--insecure", is_flag=True, default=False, help="Allow a non-loopback bind without an API token.")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-def command(host: str, port: int, instance_timeout: float, fanout_timeout: float, api_token: str | None,
-            api_token_file: str | None, instance_token_file: str | None, trusted_hosts: tuple[str, ...],
-            insecure: bool, log_level: str) -> None:
+@click.option(
+    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+)
+def command(
+    host: str,
+    port: int,
+    instance_timeout: float,
+    fanout_timeout: float,
+    api_token: str | None,
+    api_token_file: str | None,
+    instance_token_file: str | None,
+    trusted_hosts: tuple[str, ...],
+    insecure: bool,
+    log_level: str,
+) -> None:
     """Run the fleet coordinator: soft-state membership, fleet status and fleet lookup over HTTP."""
     from pathlib import Path
 
@@ -104,10 +145,24 @@ def command(host: str, port: int, instance_timeout: float, fanout_timeout: float
 
     from .app import CoordinatorSettings, create_app
 
-    settings = CoordinatorSettings(host, sock.getsockname()[1], instance_timeout, fanout_timeout, api_token,
-                                   insecure, tuple(trusted_hosts), instance_token)
-    config = uvicorn.Config(create_app(settings), log_config=None, log_level=log_level,
-                            access_log=log_level == "debug", server_header=False, timeout_graceful_shutdown=3)
+    settings = CoordinatorSettings(
+        host,
+        sock.getsockname()[1],
+        instance_timeout,
+        fanout_timeout,
+        api_token,
+        insecure,
+        tuple(trusted_hosts),
+        instance_token,
+    )
+    config = uvicorn.Config(
+        create_app(settings),
+        log_config=None,
+        log_level=log_level,
+        access_log=log_level == "debug",
+        server_header=False,
+        timeout_graceful_shutdown=3,
+    )
     click.echo(f"kvcoordinator ready: http://{host}:{settings.port} instance-timeout={instance_timeout:g}s{token_note}")
     sys.stdout.flush()
     asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))

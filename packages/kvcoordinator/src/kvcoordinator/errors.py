@@ -63,8 +63,10 @@ def install_error_handlers(app: FastAPI) -> None:
         errors: list[dict[str, Any]] = list(exc.errors())
         if any(e.get("type") == "json_invalid" for e in errors):
             return error_response(400, "BAD_JSON", "request body is not valid JSON")
-        parts = [".".join(str(p) for p in e.get("loc", ()) if p != "body") + f": {e.get('msg', 'invalid')}"
-                 for e in errors[:5]]
+        parts = [
+            ".".join(str(p) for p in e.get("loc", ()) if p != "body") + f": {e.get('msg', 'invalid')}"
+            for e in errors[:5]
+        ]
         return error_response(422, "BAD_FIELD", "; ".join(parts))
 
     @app.exception_handler(StarletteHTTPException)

@@ -73,6 +73,11 @@ class LookupFastPath:
                 raise  # a bug: the app's 500 handler answers it
             await reply(scope, receive, send)
             return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*_JSON_HEADERS, (b"content-length", str(len(content)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*_JSON_HEADERS, (b"content-length", str(len(content)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": content})

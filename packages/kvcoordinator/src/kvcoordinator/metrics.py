@@ -39,12 +39,21 @@ class RegistryCollector(Collector):
             ("instances_replaced", "replaced", "Entries replaced by a new registration of the same server."),
         ):
             yield CounterMetricFamily(f"{PREFIX}_{name}", text, value=reg.counts[key])
-        yield GaugeMetricFamily(f"{PREFIX}_fleet_l1_capacity_bytes", "Sum of the instances' L1 capacity.",
-                                value=sum(i.l1_capacity_bytes for i in instances))
-        yield GaugeMetricFamily(f"{PREFIX}_fleet_l1_used_bytes", "Sum of L1 bytes used, as last heartbeated.",
-                                value=sum(i.l1_used_bytes for i in instances))
-        yield GaugeMetricFamily(f"{PREFIX}_fleet_objects", "Sum of L1 objects, as last heartbeated.",
-                                value=sum(i.objects for i in instances))
+        yield GaugeMetricFamily(
+            f"{PREFIX}_fleet_l1_capacity_bytes",
+            "Sum of the instances' L1 capacity.",
+            value=sum(i.l1_capacity_bytes for i in instances),
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_fleet_l1_used_bytes",
+            "Sum of L1 bytes used, as last heartbeated.",
+            value=sum(i.l1_used_bytes for i in instances),
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_fleet_objects",
+            "Sum of L1 objects, as last heartbeated.",
+            value=sum(i.objects for i in instances),
+        )
 
 
 class CoordinatorMetrics:
@@ -52,14 +61,21 @@ class CoordinatorMetrics:
         disable_created_metrics()  # *_created series only add noise here (process-wide switch)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RegistryCollector(registry, version))
-        self.fanout = Counter(f"{PREFIX}_fanout_requests", "Requests to instances, by endpoint and outcome.",
-                              ["endpoint", "outcome"], registry=self.registry)
+        self.fanout = Counter(
+            f"{PREFIX}_fanout_requests",
+            "Requests to instances, by endpoint and outcome.",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
         self.lookups = Counter(f"{PREFIX}_fleet_lookups", "Fleet lookups answered.", registry=self.registry)
-        self.lookup_tokens = Counter(f"{PREFIX}_fleet_lookup_tokens", "Tokens asked about by fleet lookups.",
-                                     registry=self.registry)
-        self.lookup_hit_tokens = Counter(f"{PREFIX}_fleet_lookup_hit_tokens",
-                                         "Longest prefix found per fleet lookup, summed (tokens).",
-                                         registry=self.registry)
+        self.lookup_tokens = Counter(
+            f"{PREFIX}_fleet_lookup_tokens", "Tokens asked about by fleet lookups.", registry=self.registry
+        )
+        self.lookup_hit_tokens = Counter(
+            f"{PREFIX}_fleet_lookup_hit_tokens",
+            "Longest prefix found per fleet lookup, summed (tokens).",
+            registry=self.registry,
+        )
 
     def outcome(self, endpoint: str, outcome: str) -> None:
         self.fanout.labels(endpoint, outcome).inc()

@@ -34,14 +34,18 @@ class KVEventsAd(BaseModel):
 
     endpoint: str = Field(pattern=r"^(tcp|ipc)://[^\s]{1,250}$", description="The PUB socket.")
     replay_endpoint: str | None = Field(default=None, pattern=r"^(tcp|ipc)://[^\s]{1,250}$")
-    topic: str = Field(min_length=7, max_length=300,
-                       description="The topic template with the host filled in, e.g. kv@node1@{model}.")
+    topic: str = Field(
+        min_length=7, max_length=300, description="The topic template with the host filled in, e.g. kv@node1@{model}."
+    )
 
 
 class Registration(Stats):
     zmq_url: str = Field(pattern=r"^(tcp|ipc)://[^\s]{1,250}$", description="Control-plane url of the server.")
-    http_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]{1,250}$",
-                                 description="Admin API base url (needed for fleet status and lookup).")
+    http_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s/]{1,250}$",
+        description="Admin API base url (needed for fleet status and lookup).",
+    )
     version: str = Field(min_length=1, max_length=64)
     l1_capacity_bytes: int = Field(ge=0)
     chunk_size: int | None = Field(default=None, ge=1, le=65536)
@@ -67,12 +71,20 @@ class LookupBody(msgspec.Struct, forbid_unknown_fields=True):
     model: str
     world_size: Annotated[int, Meta(ge=1)]
     groups: Annotated[list[str], Meta(min_length=1)]
-    tokens: Annotated[list[LookupToken], Meta(max_length=MAX_TOKENS)] | Annotated[bytes, Meta(
-        max_length=4 * MAX_TOKENS, description="or base64 of the ids packed as little-endian uint32")]
+    tokens: (
+        Annotated[list[LookupToken], Meta(max_length=MAX_TOKENS)]
+        | Annotated[
+            bytes, Meta(max_length=4 * MAX_TOKENS, description="or base64 of the ids packed as little-endian uint32")
+        ]
+    )
     salt: str | None = None
-    mode: Annotated[Literal["auto", "verify", "fanout"], Meta(
-        description="auto: index where in sync, else ask; verify: ask the index's best few; "
-                    "fanout: ask every instance.")] = "auto"
+    mode: Annotated[
+        Literal["auto", "verify", "fanout"],
+        Meta(
+            description="auto: index where in sync, else ask; verify: ask the index's best few; "
+            "fanout: ask every instance."
+        ),
+    ] = "auto"
 
     def check(self) -> None:
         """The values checks a server applies (kvprotocol's schema); raises kvprotocol ValidationError."""
@@ -80,9 +92,13 @@ class LookupBody(msgspec.Struct, forbid_unknown_fields=True):
         # only to check them would cost more than answering the lookup from the index
         if isinstance(self.tokens, bytes) and len(self.tokens) % 4:
             raise ValidationError(ErrorCode.BAD_FIELD, "packed tokens must be a multiple of 4 bytes long")
-        msg: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": 0, "op": "query", "tokens": b"",
-                               "keyspace": {"model": self.model, "world_size": self.world_size,
-                                            "groups": list(self.groups)}}
+        msg: dict[str, Any] = {
+            "v": PROTOCOL_VERSION,
+            "id": 0,
+            "op": "query",
+            "tokens": b"",
+            "keyspace": {"model": self.model, "world_size": self.world_size, "groups": list(self.groups)},
+        }
         if self.salt is not None:
             msg["salt"] = self.salt
         validate_request(msg)
@@ -94,8 +110,12 @@ class LookupBody(msgspec.Struct, forbid_unknown_fields=True):
     def query_body(self) -> dict[str, Any]:
         """The body of the instances' POST /v1/query (everything but `mode`; tokens as a list)."""
         tokens = list(unpack_tokens(self.tokens)) if isinstance(self.tokens, bytes) else self.tokens
-        out: dict[str, Any] = {"model": self.model, "world_size": self.world_size, "groups": self.groups,
-                               "tokens": tokens}
+        out: dict[str, Any] = {
+            "model": self.model,
+            "world_size": self.world_size,
+            "groups": self.groups,
+            "tokens": tokens,
+        }
         if self.salt is not None:
             out["salt"] = self.salt
         return out

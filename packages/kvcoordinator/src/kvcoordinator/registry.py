@@ -17,8 +17,11 @@ from typing import Any
 
 MAX_INSTANCES = 4096
 log = logging.getLogger("kvcoordinator")
-_DROP_WORDS = {"replaced": "replaced by a new registration of its url", "deregistrations": "deregistered",
-               "timeouts": "timed out (no heartbeat)"}
+_DROP_WORDS = {
+    "replaced": "replaced by a new registration of its url",
+    "deregistrations": "deregistered",
+    "timeouts": "timed out (no heartbeat)",
+}
 
 
 @dataclass
@@ -50,14 +53,21 @@ class RegistryFull(Exception):
 
 
 class Registry:
-    def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic,
-                 max_instances: int = MAX_INSTANCES) -> None:
+    def __init__(
+        self, timeout: float, clock: Callable[[], float] = time.monotonic, max_instances: int = MAX_INSTANCES
+    ) -> None:
         self.timeout = timeout
         self.clock = clock
         self.max_instances = max_instances
         self.instances: dict[str, Instance] = {}
-        self.counts = {"registrations": 0, "heartbeats": 0, "unknown_heartbeats": 0, "deregistrations": 0,
-                       "timeouts": 0, "replaced": 0}
+        self.counts = {
+            "registrations": 0,
+            "heartbeats": 0,
+            "unknown_heartbeats": 0,
+            "deregistrations": 0,
+            "timeouts": 0,
+            "replaced": 0,
+        }
         self.on_drop: list[Callable[[Instance, str], None]] = []
 
     def register(self, fields: dict[str, Any]) -> Instance:
@@ -72,8 +82,14 @@ class Registry:
         inst.last_seen = self.clock()
         self.instances[inst.id] = inst
         self.counts["registrations"] += 1
-        log.info("instance %s registered: zmq=%s http=%s version=%s (%d instances)", inst.id, inst.zmq_url,
-                 inst.http_url, inst.version, len(self.instances))
+        log.info(
+            "instance %s registered: zmq=%s http=%s version=%s (%d instances)",
+            inst.id,
+            inst.zmq_url,
+            inst.http_url,
+            inst.version,
+            len(self.instances),
+        )
         return inst
 
     def heartbeat(self, instance_id: str, stats: dict[str, Any]) -> Instance | None:
@@ -114,20 +130,34 @@ class Registry:
 
     def view(self, inst: Instance) -> dict[str, Any]:
         return {
-            "id": inst.id, "zmq_url": inst.zmq_url, "http_url": inst.http_url, "version": inst.version,
-            "models": list(inst.models), "chunk_size": inst.chunk_size,
-            "l1_capacity_bytes": inst.l1_capacity_bytes, "l1_used_bytes": inst.l1_used_bytes,
-            "objects": inst.objects, "registered_at": inst.registered_at, "last_seen": inst.last_seen_wall,
+            "id": inst.id,
+            "zmq_url": inst.zmq_url,
+            "http_url": inst.http_url,
+            "version": inst.version,
+            "models": list(inst.models),
+            "chunk_size": inst.chunk_size,
+            "l1_capacity_bytes": inst.l1_capacity_bytes,
+            "l1_used_bytes": inst.l1_used_bytes,
+            "objects": inst.objects,
+            "registered_at": inst.registered_at,
+            "last_seen": inst.last_seen_wall,
             "seconds_since_heartbeat": round(self.clock() - inst.last_seen, 3),
-            "heartbeat_interval": inst.heartbeat_interval, "heartbeats": inst.heartbeats,
+            "heartbeat_interval": inst.heartbeat_interval,
+            "heartbeats": inst.heartbeats,
             "liveness": self.liveness(inst),
         }
 
     def _drop(self, inst: Instance, why: str) -> None:
         del self.instances[inst.id]
         self.counts[why] += 1
-        log.info("instance %s %s: zmq=%s, last heartbeat %.1fs ago (%d instances)", inst.id, _DROP_WORDS[why],
-                 inst.zmq_url, self.clock() - inst.last_seen, len(self.instances))
+        log.info(
+            "instance %s %s: zmq=%s, last heartbeat %.1fs ago (%d instances)",
+            inst.id,
+            _DROP_WORDS[why],
+            inst.zmq_url,
+            self.clock() - inst.last_seen,
+            len(self.instances),
+        )
         for hook in self.on_drop:
             hook(inst, why)
 

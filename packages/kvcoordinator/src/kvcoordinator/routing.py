@@ -35,8 +35,9 @@ def _load(inst: Instance) -> float:
     return inst.l1_used_bytes / inst.l1_capacity_bytes if inst.l1_capacity_bytes else 1.0
 
 
-def from_index(feeds: EventFeeds, registry: Registry, model: str, tokens: list[int] | bytes,
-               best: int) -> dict[str, int]:
+def from_index(
+    feeds: EventFeeds, registry: Registry, model: str, tokens: list[int] | bytes, best: int
+) -> dict[str, int]:
     """Instance id -> reusable prefix (tokens) by the index, for fresh in-sync instances holding a chunk,
     best first: longest prefix, then least loaded, then id.
 
@@ -64,9 +65,15 @@ def from_index(feeds: EventFeeds, registry: Registry, model: str, tokens: list[i
     return {inst_id: -neg for neg, _, inst_id in heapq.nsmallest(best, found)}
 
 
-async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, feeds: EventFeeds | None,
-                       registry: Registry,
-                       body: LookupBody, timeout: float, outcome: Outcome) -> dict[str, Any]:
+async def fleet_lookup(
+    client: httpx.AsyncClient,
+    creds: InstanceCredentials,
+    feeds: EventFeeds | None,
+    registry: Registry,
+    body: LookupBody,
+    timeout: float,
+    outcome: Outcome,
+) -> dict[str, Any]:
     tokens, mode = body.tokens, body.mode
     if feeds is None or mode == "fanout":
         ask, indexed = registry.live(), 0
@@ -78,8 +85,9 @@ async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, fe
     rows: dict[str, dict[str, Any]] = {}
     known = registry.instances
     if indexed and feeds is not None:
-        prefixes = from_index(feeds, registry, body.model, tokens,
-                              VERIFY_CANDIDATES if mode == "verify" else MAX_LISTED)
+        prefixes = from_index(
+            feeds, registry, body.model, tokens, VERIFY_CANDIDATES if mode == "verify" else MAX_LISTED
+        )
         if mode == "verify":
             ask += [known[i] for i in prefixes]  # already the best VERIFY_CANDIDATES, best first
         else:
@@ -91,8 +99,9 @@ async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, fe
     for inst, asked_prefix, error in asked:
         rows[inst.id] = _row(inst, asked_prefix, error, "fanout")
     answered = [r for r in rows.values() if r["prefix_tokens"] is not None]
-    best = min(answered, key=lambda r: (-r["prefix_tokens"], _load(by_all[r["instance_id"]]), r["instance_id"]),
-               default=None)
+    best = min(
+        answered, key=lambda r: (-r["prefix_tokens"], _load(by_all[r["instance_id"]]), r["instance_id"]), default=None
+    )
     best_prefix: int = best["prefix_tokens"] if best else 0
     order = sorted(rows.values(), key=lambda r: (-(r["prefix_tokens"] or 0), r["instance_id"]))
     listed = [r for r in order if r["source"] == "fanout"]  # every instance asked, as before the index
@@ -100,10 +109,17 @@ async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, fe
     return {
         "num_tokens": body.num_tokens,
         "prefix_tokens": best_prefix,
-        "best": ({"instance_id": best["instance_id"], "zmq_url": best["zmq_url"],
-                  "http_url": by_all[best["instance_id"]].http_url, "prefix_tokens": best_prefix,
-                  "source": best["source"]}
-                 if best and best_prefix > 0 else None),
+        "best": (
+            {
+                "instance_id": best["instance_id"],
+                "zmq_url": best["zmq_url"],
+                "http_url": by_all[best["instance_id"]].http_url,
+                "prefix_tokens": best_prefix,
+                "source": best["source"],
+            }
+            if best and best_prefix > 0
+            else None
+        ),
         "instances": listed,
         "indexed": indexed if mode != "verify" else 0,
         "fanned_out": len(ask),
@@ -111,5 +127,11 @@ async def fleet_lookup(client: httpx.AsyncClient, creds: InstanceCredentials, fe
 
 
 def _row(inst: Instance, prefix: int | None, error: str | None, source: str) -> dict[str, Any]:
-    return {"instance_id": inst.id, "zmq_url": inst.zmq_url, "prefix_tokens": prefix, "reachable": error is None,
-            "error": error, "source": source}
+    return {
+        "instance_id": inst.id,
+        "zmq_url": inst.zmq_url,
+        "prefix_tokens": prefix,
+        "reachable": error is None,
+        "error": error,
+        "source": source,
+    }

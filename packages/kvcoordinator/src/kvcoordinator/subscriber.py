@@ -86,8 +86,13 @@ def endpoint_host(endpoint: str) -> str | None:
 class EventFeeds:
     """The SUB sockets, per-instance sync state and counters; the index they feed."""
 
-    def __init__(self, index: PrefixIndex, creds: InstanceCredentials, client: Callable[[], httpx.AsyncClient],
-                 timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        index: PrefixIndex,
+        creds: InstanceCredentials,
+        client: Callable[[], httpx.AsyncClient],
+        timeout: float = 2.0,
+    ) -> None:
         self.index = index
         self.creds = creds
         self.client = client
@@ -102,8 +107,16 @@ class EventFeeds:
         self._free: list[int] = []
         self._next_slot = 0
         self.lags: collections.deque[float] = collections.deque(maxlen=LAG_SAMPLES)
-        self.counts = {"batches": 0, "events": 0, "resyncs": 0, "resync_failures": 0, "gaps": 0, "bad": 0,
-                       "restarts": 0, "tail_losses": 0}
+        self.counts = {
+            "batches": 0,
+            "events": 0,
+            "resyncs": 0,
+            "resync_failures": 0,
+            "gaps": 0,
+            "bad": 0,
+            "restarts": 0,
+            "tail_losses": 0,
+        }
 
     # -- membership ------------------------------------------------------------------------------
     def add(self, inst: Instance) -> None:
@@ -111,8 +124,12 @@ class EventFeeds:
         prefix = topic_prefix(ad.topic) if ad is not None else None
         if ad is None or prefix is None or not inst.http_url or not inst.chunk_size:
             if ad is not None:
-                log.warning("instance %s: KV events not indexable (topic %r must end in {model}, http url and "
-                            "chunk size needed); its lookups use fan-out", inst.id, ad.topic)
+                log.warning(
+                    "instance %s: KV events not indexable (topic %r must end in {model}, http url and "
+                    "chunk size needed); its lookups use fan-out",
+                    inst.id,
+                    ad.topic,
+                )
             return
         sock = self.ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
@@ -169,8 +186,9 @@ class EventFeeds:
         self._mark(feed, None)
         feed.reason = why
         if feed.resync is None:
-            feed.resync = asyncio.get_running_loop().create_task(self._resync_until_done(feed),
-                                                                 name=f"kv-events-resync-{feed.inst.id}")
+            feed.resync = asyncio.get_running_loop().create_task(
+                self._resync_until_done(feed), name=f"kv-events-resync-{feed.inst.id}"
+            )
 
     def _mark(self, feed: Feed, expected: int | None) -> None:
         """Set the next seq to apply (None: out of sync), keeping the count of feeds in sync."""
@@ -258,8 +276,9 @@ class EventFeeds:
         except Exception:
             self.counts["bad"] += 1
             raise Resync(f"undecodable batch at seq {seq}") from None
-        restart = seq == 0 and bool(events) and isinstance(events[0], dict) and \
-            events[0].get("type") == "AllBlocksCleared"
+        restart = (
+            seq == 0 and bool(events) and isinstance(events[0], dict) and events[0].get("type") == "AllBlocksCleared"
+        )
         if restart:
             if feed.expected not in (None, 0):
                 self.counts["restarts"] += 1
@@ -271,7 +290,7 @@ class EventFeeds:
             self.counts["gaps"] += 1
             raise Resync(f"gap: expected seq {feed.expected}, got {seq}")
         topic = frames[0].decode(errors="replace")
-        model = topic[len(feed.prefix):] if topic.startswith(feed.prefix) else None
+        model = topic[len(feed.prefix) :] if topic.startswith(feed.prefix) else None
         self._events(feed, model, events, seq)
         self._mark(feed, seq + 1)
         self.counts["batches"] += 1
@@ -291,8 +310,12 @@ class EventFeeds:
             if ev.get("medium") != MEDIUM:
                 continue
             hashes = ev.get("block_hashes")
-            if model is None or not model or not isinstance(hashes, list) or \
-                    not all(isinstance(h, (bytes, int)) and not isinstance(h, bool) for h in hashes):
+            if (
+                model is None
+                or not model
+                or not isinstance(hashes, list)
+                or not all(isinstance(h, (bytes, int)) and not isinstance(h, bool) for h in hashes)
+            ):
                 self.counts["bad"] += 1
                 raise Resync(f"bad {kind} at seq {seq}")
             keys = index.keys(model, hashes)
@@ -310,8 +333,9 @@ class EventFeeds:
         self._mark(feed, None)
         url = f"{feed.inst.http_url.rstrip('/')}/v1/kv-events/snapshot"  # type: ignore[union-attr]
         try:
-            reply = await self.client().get(url, timeout=self.timeout,
-                                            headers=self.creds.headers_for(feed.inst.http_url or ""))
+            reply = await self.client().get(
+                url, timeout=self.timeout, headers=self.creds.headers_for(feed.inst.http_url or "")
+            )
             reply.raise_for_status()
             snap = reply.json()
             next_seq = snap["next_seq"]
@@ -326,18 +350,31 @@ class EventFeeds:
         except Exception as exc:
             self.counts["resync_failures"] += 1
             if self.counts["resync_failures"] <= 10 or self.counts["resync_failures"] % 1000 == 0:
-                log.warning("instance %s: KV events resync failed (%s: %s); lookups fan out to it meanwhile",
-                            feed.inst.id, type(exc).__name__, str(exc)[:200])
+                log.warning(
+                    "instance %s: KV events resync failed (%s: %s); lookups fan out to it meanwhile",
+                    feed.inst.id,
+                    type(exc).__name__,
+                    str(exc)[:200],
+                )
             return False
         self.index.add(feed.slot, keys)
         self._mark(feed, next_seq)
         self.counts["resyncs"] += 1
-        log.info("instance %s: index resynced (%s): %d chunks, stream from seq %d", feed.inst.id, feed.reason,
-                 len(keys), next_seq)
+        log.info(
+            "instance %s: index resynced (%s): %d chunks, stream from seq %d",
+            feed.inst.id,
+            feed.reason,
+            len(keys),
+            next_seq,
+        )
         return True
 
     def describe(self) -> dict[str, Any]:
         lags = sorted(self.lags)
-        return {"feeds": len(self.feeds), "synced": self.in_sync, **self.counts,
-                "lag_p50_ms": round(lags[len(lags) // 2] * 1e3, 3) if lags else None,
-                "lag_p99_ms": round(lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1e3, 3) if lags else None}
+        return {
+            "feeds": len(self.feeds),
+            "synced": self.in_sync,
+            **self.counts,
+            "lag_p50_ms": round(lags[len(lags) // 2] * 1e3, 3) if lags else None,
+            "lag_p99_ms": round(lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1e3, 3) if lags else None,
+        }

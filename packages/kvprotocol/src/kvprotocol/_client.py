@@ -109,8 +109,14 @@ class Client(TypedOps):
 
     new_session = staticmethod(new_session_id)
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, context: zmq.Context | None = None,
-                 token: str | None = None, server_key: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        context: zmq.Context | None = None,
+        token: str | None = None,
+        server_key: str | None = None,
+    ) -> None:
         self.url = url
         self.timeout = timeout
         self._token = _token(token, url)
@@ -125,8 +131,9 @@ class Client(TypedOps):
         """Send one untyped request (a map of fields) and wait for its reply; raises ServerError, RequestTimeout."""
         return self._roundtrip(op, lambda rid: _envelope(rid, op, fields, self._token), frames, timeout)
 
-    def send(self, req: Request, frames: Sequence[Buffer] = (), timeout: float | None = None
-             ) -> tuple[Reply_, list[memoryview]]:
+    def send(
+        self, req: Request, frames: Sequence[Buffer] = (), timeout: float | None = None
+    ) -> tuple[Reply_, list[memoryview]]:
         """Send one typed request; returns its typed reply (kvprotocol._replies) and any data frames."""
         reply = self._roundtrip(req.op_name(), lambda rid: _encode(req, rid, self._token), frames, timeout)
         return _typed(req, reply)
@@ -184,8 +191,9 @@ class AsyncClient(TypedOps):
 
     new_session = staticmethod(new_session_id)
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, token: str | None = None,
-                 server_key: str | None = None) -> None:
+    def __init__(
+        self, url: str, timeout: float = DEFAULT_TIMEOUT, token: str | None = None, server_key: str | None = None
+    ) -> None:
         self.url = url
         self.timeout = timeout
         self._token = _token(token, url)
@@ -200,8 +208,9 @@ class AsyncClient(TypedOps):
     async def call(self, op: str, frames: Sequence[Buffer] = (), timeout: float | None = None, **fields: Any) -> Reply:
         return await self._roundtrip(op, lambda rid: _envelope(rid, op, fields, self._token), frames, timeout)
 
-    async def send(self, req: Request, frames: Sequence[Buffer] = (), timeout: float | None = None
-                   ) -> tuple[Reply_, list[memoryview]]:
+    async def send(
+        self, req: Request, frames: Sequence[Buffer] = (), timeout: float | None = None
+    ) -> tuple[Reply_, list[memoryview]]:
         """Send one typed request; returns its typed reply (kvprotocol._replies) and any data frames."""
         reply = await self._roundtrip(req.op_name(), lambda rid: _encode(req, rid, self._token), frames, timeout)
         return _typed(req, reply)

@@ -139,7 +139,7 @@ def _proc_listeners() -> list[tuple[int, bytes, int, int]] | None:
                         continue
                     addr_hex, port_hex = cols[1].rsplit(":", 1)
                     raw = bytes.fromhex(addr_hex)  # the kernel prints each 32-bit word in host order
-                    packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                    packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
                     found.append((family, packed, int(port_hex, 16), int(cols[7])))
         except (OSError, ValueError, IndexError, StopIteration):
             continue
@@ -232,8 +232,9 @@ def legacy_token() -> str | None:
         if value:
             if name not in _WARNED:
                 _WARNED.add(name)
-                warnings.warn(f"${name} is deprecated: use ${TOKEN_ENV} (or ${TOKEN_FILE_ENV})", FutureWarning,
-                              stacklevel=3)
+                warnings.warn(
+                    f"${name} is deprecated: use ${TOKEN_ENV} (or ${TOKEN_FILE_ENV})", FutureWarning, stacklevel=3
+                )
             return value
     return None
 

@@ -90,8 +90,14 @@ EC_OPS: dict[str, dict[str, tuple[Callable[[Any], Any], bool]]] = {
     # Which items are ready; with readers > 0 each hit is also leased for that many release calls
     # (one per TP rank that will read it) or until the lease TTL ends.
     "ec_lookup": {**_KEY, "items": (_items, _REQ), "readers": (_uint(MAX_WORLD_SIZE), _OPT)},
-    "ec_store": {**_KEY, "item": (validate_item, _REQ), "dtype": (_dtype, _REQ), "shape": (_shape, _REQ),
-                 "size": (_uint(MAX_EC_BYTES), _REQ), "mode": (_mode, _OPT)},
+    "ec_store": {
+        **_KEY,
+        "item": (validate_item, _REQ),
+        "dtype": (_dtype, _REQ),
+        "shape": (_shape, _REQ),
+        "size": (_uint(MAX_EC_BYTES), _REQ),
+        "mode": (_mode, _OPT),
+    },
     "ec_commit": {"store_id": (_store_id, _REQ), "checksum": (_uint(U64_MAX), _REQ)},
     "ec_abort": {"store_id": (_store_id, _REQ)},
     "ec_retrieve": {**_KEY, "item": (validate_item, _REQ), "mode": (_mode, _OPT)},

@@ -32,9 +32,12 @@ class LeaseBroken(KVProtocolError):
     KIND = "lease_lost"
 
 
-def store_and_commit(send: Send, req: Store | BlendStore,
-                     fill: Callable[[StoreReply, list[StoreSlot]], tuple[Sequence[Any], list[int]]],
-                     abort_send: Send | None = None) -> StoreReply:
+def store_and_commit(
+    send: Send,
+    req: Store | BlendStore,
+    fill: Callable[[StoreReply, list[StoreSlot]], tuple[Sequence[Any], list[int]]],
+    abort_send: Send | None = None,
+) -> StoreReply:
     """Reserve the missing objects, let `fill` write the reserved slots, commit; abort on any failure.
 
     `fill(reply, reserved)` copies the bytes (into the arena at `slot.offset` in shm mode, or into
@@ -60,8 +63,9 @@ def store_and_commit(send: Send, req: Store | BlendStore,
     return reply
 
 
-def retrieve_leased(send: Send, req: Retrieve, relookup: Callable[[], None] | None = None
-                    ) -> tuple[RetrieveReply, list[memoryview]]:
+def retrieve_leased(
+    send: Send, req: Retrieve, relookup: Callable[[], None] | None = None
+) -> tuple[RetrieveReply, list[memoryview]]:
     """retrieve; when the reader holds no leases (expired, or never taken by this rank) and
     `relookup` is given, lease again through it (it raises if the range is no longer cached) and retry once."""
     try:
@@ -74,8 +78,15 @@ def retrieve_leased(send: Send, req: Retrieve, relookup: Callable[[], None] | No
     return cast(RetrieveReply, reply), frames
 
 
-def read_leased(send: Send, req: Retrieve, copy: Callable[[RetrieveReply, list[memoryview]], T], *,
-                prove: bool, relookup: Callable[[], None] | None = None, release_send: Send | None = None) -> T:
+def read_leased(
+    send: Send,
+    req: Retrieve,
+    copy: Callable[[RetrieveReply, list[memoryview]], T],
+    *,
+    prove: bool,
+    relookup: Callable[[], None] | None = None,
+    release_send: Send | None = None,
+) -> T:
     """retrieve -> copy -> release of one rank's leased chunks; returns what `copy` returns.
 
     Always ends this rank's leases of the session. With `prove` (copies out of shared memory), the
@@ -90,8 +101,10 @@ def read_leased(send: Send, req: Retrieve, copy: Callable[[RetrieveReply, list[m
             rel = send(Release(session=req.session, rank=req.rank, lease=reply.lease), ())[0]
             released = True
             if not getattr(rel, "intact", False):
-                raise LeaseBroken(f"the leases of session {req.session!r} ended before rank {req.rank}'s copy "
-                                  "finished (expired or dropped); the copied bytes are not trusted")
+                raise LeaseBroken(
+                    f"the leases of session {req.session!r} ended before rank {req.rank}'s copy "
+                    "finished (expired or dropped); the copied bytes are not trusted"
+                )
         return out
     finally:
         if not released:

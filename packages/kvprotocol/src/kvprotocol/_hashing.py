@@ -128,8 +128,14 @@ def check_extra(extra: Iterable[tuple[int, bytes]], num_chunks: int | None = Non
     return out
 
 
-def chunk_hashes(tokens: Sequence[int] | bytes | Any, chunk_size: int,
-                 extra: ExtraKeys = (), *, start: int = 0, prev: bytes = ZERO_HASH) -> list[bytes]:
+def chunk_hashes(
+    tokens: Sequence[int] | bytes | Any,
+    chunk_size: int,
+    extra: ExtraKeys = (),
+    *,
+    start: int = 0,
+    prev: bytes = ZERO_HASH,
+) -> list[bytes]:
     """32-byte rolling hashes of every full chunk.
 
     h_{-1} = 32 zero bytes; h_i = BLAKE3(h_{i-1} || tokens[iC:(i+1)C] as big-endian uint32 [|| x_i]),

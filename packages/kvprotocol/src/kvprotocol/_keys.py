@@ -63,8 +63,10 @@ class ObjectKey(NamedTuple):
         validate_fingerprint(self.layout_fingerprint)
         if not isinstance(self.salt, str) or not _KEY_SALT_RE.match(self.salt):
             raise ValidationError(ErrorCode.BAD_FIELD, "bad salt in an object key")
-        if not (1 <= self.world_size <= MAX_WORLD_SIZE
-                and (0 <= self.kv_rank < self.world_size or self.kv_rank == SHARED_RANK)):
+        if not (
+            1 <= self.world_size <= MAX_WORLD_SIZE
+            and (0 <= self.kv_rank < self.world_size or self.kv_rank == SHARED_RANK)
+        ):
             raise ValidationError(ErrorCode.OUT_OF_RANGE, "world_size/kv_rank out of range")
         if not 0 <= self.group < MAX_GROUPS:
             raise ValidationError(ErrorCode.OUT_OF_RANGE, "object group out of range")

@@ -56,14 +56,21 @@ class LayoutDescriptor:
         _check(1 <= self.block_bytes <= MAX_OBJECT_BYTES, "block_bytes out of range")
         _check(1 <= self.chunk_size <= 65536, "chunk_size out of range")
         _check(self.chunk_size % self.block_size == 0, "chunk_size must be a multiple of block_size")
-        _check(len(self.block_shape) <= MAX_BLOCK_DIMS, f"block_shape has more than {MAX_BLOCK_DIMS} dims",
-               ErrorCode.TOO_LARGE)
-        _check(all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= MAX_OBJECT_BYTES
-                   for d in self.block_shape), "bad block_shape")
+        _check(
+            len(self.block_shape) <= MAX_BLOCK_DIMS,
+            f"block_shape has more than {MAX_BLOCK_DIMS} dims",
+            ErrorCode.TOO_LARGE,
+        )
+        _check(
+            all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= MAX_OBJECT_BYTES for d in self.block_shape),
+            "bad block_shape",
+        )
         _check(self.object_bytes <= MAX_OBJECT_BYTES, "object too large")
         _check(self.kind in GROUP_KINDS, f"unknown group kind {self.kind!r}", ErrorCode.BAD_FIELD)
-        _check((self.kind == "sliding") == (self.window > 0) and 0 <= self.window <= 1 << 24,
-               "window must be > 0 exactly for sliding groups (and at most 2^24 tokens)")
+        _check(
+            (self.kind == "sliding") == (self.window > 0) and 0 <= self.window <= 1 << 24,
+            "window must be > 0 exactly for sliding groups (and at most 2^24 tokens)",
+        )
 
     @property
     def blocks_per_chunk(self) -> int:
@@ -80,8 +87,16 @@ class LayoutDescriptor:
     @property
     def fingerprint(self) -> str:
         """16 hex chars naming what the bytes mean; any change of layout or dtype changes it."""
-        parts: list[Any] = [self.tag, self.dtype, self.num_layers, self.block_size, self.block_bytes,
-                            self.chunk_size, list(self.block_shape), self.variant]
+        parts: list[Any] = [
+            self.tag,
+            self.dtype,
+            self.num_layers,
+            self.block_size,
+            self.block_bytes,
+            self.chunk_size,
+            list(self.block_shape),
+            self.variant,
+        ]
         if (self.kind, self.window, self.shared) != ("full", 0, False):  # full-attention fingerprints unchanged
             parts += [self.kind, self.window, self.shared]
         canon = msgpack.packb(parts)
@@ -96,9 +111,20 @@ class LayoutDescriptor:
     def from_wire(cls, data: Any) -> LayoutDescriptor:
         if not isinstance(data, dict):
             raise ValidationError(ErrorCode.BAD_FIELD, "layout must be a map")
-        fields = {"tag": str, "dtype": str, "num_layers": int, "block_size": int, "block_bytes": int,
-                  "chunk_size": int, "block_shape": list, "stacked": bool, "variant": str,
-                  "kind": str, "window": int, "shared": bool}
+        fields = {
+            "tag": str,
+            "dtype": str,
+            "num_layers": int,
+            "block_size": int,
+            "block_bytes": int,
+            "chunk_size": int,
+            "block_shape": list,
+            "stacked": bool,
+            "variant": str,
+            "kind": str,
+            "window": int,
+            "shared": bool,
+        }
         required = {"tag", "dtype", "num_layers", "block_size", "block_bytes", "chunk_size"}
         extra = set(data) - set(fields)
         _check(not extra, f"unexpected layout fields {sorted(map(str, extra))}", ErrorCode.BAD_FIELD)
@@ -109,8 +135,11 @@ class LayoutDescriptor:
                 value = data[name]
                 ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
                 _check(ok, f"layout field {name} must be {typ.__name__}", ErrorCode.BAD_FIELD)
-        _check(len(data.get("block_shape", ())) <= MAX_BLOCK_DIMS,
-               f"block_shape has more than {MAX_BLOCK_DIMS} dims", ErrorCode.TOO_LARGE)
+        _check(
+            len(data.get("block_shape", ())) <= MAX_BLOCK_DIMS,
+            f"block_shape has more than {MAX_BLOCK_DIMS} dims",
+            ErrorCode.TOO_LARGE,
+        )
         kwargs = dict(data)
         kwargs["block_shape"] = tuple(kwargs.get("block_shape", ()))
         return cls(**kwargs)

@@ -17,12 +17,40 @@ import msgpack
 import msgspec
 
 from ._errors import ErrorCode, ValidationError
-from ._requests import (MAX_CHECKSUMS, MAX_CHUNKS, MAX_HEADER_BYTES, MAX_ID, MAX_KEYS, MAX_TOKENS, MODES,
-                        PROTOCOL_VERSION, REQUESTS, U64_MAX, AnyRequest, Request)
+from ._requests import (
+    MAX_CHECKSUMS,
+    MAX_CHUNKS,
+    MAX_HEADER_BYTES,
+    MAX_ID,
+    MAX_KEYS,
+    MAX_TOKENS,
+    MODES,
+    PROTOCOL_VERSION,
+    REQUESTS,
+    U64_MAX,
+    AnyRequest,
+    Request,
+)
 
-__all__ = ["MAX_CHECKSUMS", "MAX_CHUNKS", "MAX_HEADER_BYTES", "MAX_ID", "MAX_KEYS", "MAX_TOKENS", "MODES",
-           "PROTOCOL_VERSION", "SCHEMA", "U64_MAX", "decode_request", "error_reply", "ok_reply", "pack",
-           "request_id_of", "unpack_header", "validate_request"]
+__all__ = [
+    "MAX_CHECKSUMS",
+    "MAX_CHUNKS",
+    "MAX_HEADER_BYTES",
+    "MAX_ID",
+    "MAX_KEYS",
+    "MAX_TOKENS",
+    "MODES",
+    "PROTOCOL_VERSION",
+    "SCHEMA",
+    "U64_MAX",
+    "decode_request",
+    "error_reply",
+    "ok_reply",
+    "pack",
+    "request_id_of",
+    "unpack_header",
+    "validate_request",
+]
 
 SCHEMA: dict[str, type[Request]] = REQUESTS  # op name -> its request Struct
 _DECODER = msgspec.msgpack.Decoder(AnyRequest)
@@ -40,11 +68,15 @@ def _code_of(exc: msgspec.ValidationError) -> ErrorCode:
     return ErrorCode.BAD_FIELD
 
 
-_HINTS = (("groups", "layout fingerprints are 16 lowercase hex chars"),
-          ("model", "model name must be 1-200 chars of [A-Za-z0-9._/:@+-]"),
-          ("salt", "cache salt must be 0-128 chars of [A-Za-z0-9._:@+=/-]"),
-          ("session", "session ids must be 22-128 chars of [A-Za-z0-9_-], 128 random bits or more "
-                      "(kvprotocol.new_session_id())"))
+_HINTS = (
+    ("groups", "layout fingerprints are 16 lowercase hex chars"),
+    ("model", "model name must be 1-200 chars of [A-Za-z0-9._/:@+-]"),
+    ("salt", "cache salt must be 0-128 chars of [A-Za-z0-9._:@+=/-]"),
+    (
+        "session",
+        "session ids must be 22-128 chars of [A-Za-z0-9_-], 128 random bits or more (kvprotocol.new_session_id())",
+    ),
+)
 
 
 def coded(exc: msgspec.ValidationError, op: str) -> ValidationError:

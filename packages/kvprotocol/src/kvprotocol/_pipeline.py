@@ -27,8 +27,9 @@ MAX_IN_FLIGHT = 4096  # requests awaiting a reply; past this, submit refuses (th
 
 
 class Pipeline:
-    def __init__(self, url: str, token: str | None = None, server_key: str | None = None,
-                 context: zmq.Context | None = None) -> None:
+    def __init__(
+        self, url: str, token: str | None = None, server_key: str | None = None, context: zmq.Context | None = None
+    ) -> None:
         self.url = url
         self._token = _token(token, url)
         self._sock = (context or zmq.Context.instance()).socket(zmq.DEALER)

@@ -181,12 +181,29 @@ class ECReleaseReply(Reply_):
 
 
 REPLIES: dict[str, type[Reply_]] = {
-    "ping": PingReply, "describe": DescribeReply, "clear": ClearReply, "register_engine": RegisterReply,
-    "lookup": LookupReply, "query": QueryReply, "store": StoreReply, "commit": CommitReply, "abort": AbortReply,
-    "retrieve": RetrieveReply, "release": ReleaseReply, "end_session": EndSessionReply, "pin": PinReply,
-    "unpin": PinReply, "blend_store": BlendStoreReply, "blend_lookup": BlendLookupReply, "ec_lookup": ECLookupReply,
-    "ec_store": ECStoreReply, "ec_commit": ECCommitReply, "ec_abort": ECAbortReply, "ec_retrieve": ECRetrieveReply,
-    "ec_release": ECReleaseReply, "ec_clear": ClearReply,
+    "ping": PingReply,
+    "describe": DescribeReply,
+    "clear": ClearReply,
+    "register_engine": RegisterReply,
+    "lookup": LookupReply,
+    "query": QueryReply,
+    "store": StoreReply,
+    "commit": CommitReply,
+    "abort": AbortReply,
+    "retrieve": RetrieveReply,
+    "release": ReleaseReply,
+    "end_session": EndSessionReply,
+    "pin": PinReply,
+    "unpin": PinReply,
+    "blend_store": BlendStoreReply,
+    "blend_lookup": BlendLookupReply,
+    "ec_lookup": ECLookupReply,
+    "ec_store": ECStoreReply,
+    "ec_commit": ECCommitReply,
+    "ec_abort": ECAbortReply,
+    "ec_retrieve": ECRetrieveReply,
+    "ec_release": ECReleaseReply,
+    "ec_clear": ClearReply,
 }
 assert set(REPLIES) == set(REQUESTS), "every op needs a reply Struct"
 

@@ -89,9 +89,20 @@ class LayoutW(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         self.descriptor()
 
     def descriptor(self) -> LayoutDescriptor:
-        return LayoutDescriptor(self.tag, self.dtype, self.num_layers, self.block_size, self.block_bytes,
-                                self.chunk_size, tuple(self.block_shape), self.stacked, self.variant,
-                                self.kind, self.window, self.shared)
+        return LayoutDescriptor(
+            self.tag,
+            self.dtype,
+            self.num_layers,
+            self.block_size,
+            self.block_bytes,
+            self.chunk_size,
+            tuple(self.block_shape),
+            self.stacked,
+            self.variant,
+            self.kind,
+            self.window,
+            self.shared,
+        )
 
 
 class Request(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_only=True):
@@ -319,13 +330,57 @@ class ECClear(Request, tag="ec_clear"):
 
 REQUESTS: dict[str, type[Request]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
-    for cls in (Ping, Describe, Clear, RegisterEngine, Lookup, Query, Store, Commit, Abort, Retrieve, Release,
-                EndSession, Pin, Unpin, BlendStore, BlendLookup, ECLookup, ECStore, ECCommit, ECAbort, ECRetrieve,
-                ECRelease, ECClear)
+    for cls in (
+        Ping,
+        Describe,
+        Clear,
+        RegisterEngine,
+        Lookup,
+        Query,
+        Store,
+        Commit,
+        Abort,
+        Retrieve,
+        Release,
+        EndSession,
+        Pin,
+        Unpin,
+        BlendStore,
+        BlendLookup,
+        ECLookup,
+        ECStore,
+        ECCommit,
+        ECAbort,
+        ECRetrieve,
+        ECRelease,
+        ECClear,
+    )
 }
-AnyRequest = (Ping | Describe | Clear | RegisterEngine | Lookup | Query | Store | Commit | Abort | Retrieve | Release
-              | EndSession | Pin | Unpin | BlendStore | BlendLookup | ECLookup | ECStore | ECCommit | ECAbort
-              | ECRetrieve | ECRelease | ECClear)
+AnyRequest = (
+    Ping
+    | Describe
+    | Clear
+    | RegisterEngine
+    | Lookup
+    | Query
+    | Store
+    | Commit
+    | Abort
+    | Retrieve
+    | Release
+    | EndSession
+    | Pin
+    | Unpin
+    | BlendStore
+    | BlendLookup
+    | ECLookup
+    | ECStore
+    | ECCommit
+    | ECAbort
+    | ECRetrieve
+    | ECRelease
+    | ECClear
+)
 
 
 def fields_of(req: Request) -> dict[str, Any]:
@@ -354,6 +409,9 @@ class KeysBody(msgspec.Struct, forbid_unknown_fields=True):
     def request(self, cls: type[KeysRequest]) -> KeysRequest:
         from ._hashing import pack_tokens
 
-        wire = {"keyspace": {"model": self.model, "world_size": self.world_size, "groups": self.groups},
-                "tokens": pack_tokens(self.tokens), "salt": self.salt or ""}
+        wire = {
+            "keyspace": {"model": self.model, "world_size": self.world_size, "groups": self.groups},
+            "tokens": pack_tokens(self.tokens),
+            "salt": self.salt or "",
+        }
         return msgspec.convert(wire, cls, strict=True)

@@ -64,6 +64,8 @@ def listen_socket(host: str, port: int, backlog: int = 128) -> socket.socket:
 
 def exposure_refusal(host: str, flag: str, token_env: str) -> str:
     """The one-line refusal for a non-loopback bind without a token."""
-    return (f"refusing to listen on non-loopback address {host} ({flag}) without an API token: set "
-            f"--api-token (or {token_env}), bind 127.0.0.1, or pass --insecure to accept an "
-            "unauthenticated endpoint")
+    return (
+        f"refusing to listen on non-loopback address {host} ({flag}) without an API token: set "
+        f"--api-token (or {token_env}), bind 127.0.0.1, or pass --insecure to accept an "
+        "unauthenticated endpoint"
+    )

@@ -71,8 +71,7 @@ class ShmMapping:
         try:
             fd = os.open(self.path, flags, 0o600)
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot open {self.path} (is the server on this host?): {exc.strerror}") \
-                from None
+            raise OSError(exc.errno, f"cannot open {self.path} (is the server on this host?): {exc.strerror}") from None
         try:
             try:
                 if create:
@@ -110,7 +109,7 @@ class ShmMapping:
     def nonce(self) -> str:
         """The instance nonce in the mapped arena's header (hex), or "" when there is no header."""
         head = bytes(self.mm[: len(MAGIC) + NONCE_BYTES])
-        return head[len(MAGIC):].hex() if head.startswith(MAGIC) else ""
+        return head[len(MAGIC) :].hex() if head.startswith(MAGIC) else ""
 
     def write_header(self, nonce: str) -> None:
         """The server stamps a new arena with the magic and its instance nonce."""
@@ -118,8 +117,12 @@ class ShmMapping:
 
     def check_range(self, offset: object, size: object) -> None:
         """Refuse offsets from a reply that would reach outside the mapping (never segfault)."""
-        if not (isinstance(offset, int) and isinstance(size, int)) or offset < 0 or size < 0 \
-                or offset + size > self.size:
+        if (
+            not (isinstance(offset, int) and isinstance(size, int))
+            or offset < 0
+            or size < 0
+            or offset + size > self.size
+        ):
             raise ValueError(f"object [{offset}, +{size}) lies outside the {self.size}-byte arena")
 
     def populate(self) -> int:

@@ -25,8 +25,16 @@ from kvprotocol._shm import HEADER_BYTES, NONCE_BYTES, SHM_DIR, ShmMapping
 
 log = logging.getLogger("kvserver.arena")
 
-__all__ = ["HEADER_BYTES", "SHM_DIR", "Arena", "ArenaBusy", "ArenaLock", "ShmTooSmall", "arena_name",
-           "check_free_space"]
+__all__ = [
+    "HEADER_BYTES",
+    "SHM_DIR",
+    "Arena",
+    "ArenaBusy",
+    "ArenaLock",
+    "ShmTooSmall",
+    "arena_name",
+    "check_free_space",
+]
 
 
 def arena_name(port: int, prefix: str = "kvserver") -> str:
@@ -59,9 +67,11 @@ class ArenaLock:
                 owner = _read_pid(fd)
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
-                    raise ArenaBusy(f"another kvserver{f' (pid {owner})' if owner else ''} owns the arena "
-                                    f"/dev/shm/{name}; stop it first, or start this one with another "
-                                    "--port or --shm-prefix") from None
+                    raise ArenaBusy(
+                        f"another kvserver{f' (pid {owner})' if owner else ''} owns the arena "
+                        f"/dev/shm/{name}; stop it first, or start this one with another "
+                        "--port or --shm-prefix"
+                    ) from None
                 raise
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
@@ -108,7 +118,8 @@ def check_free_space(name: str, size: int) -> None:
             f"--l1-size-gb needs {size / gib:.2f} GiB in /dev/shm but only {free / gib:.2f} GiB is free. "
             "Give the server more shared memory (docker run --shm-size=<size>, e.g. --shm-size=8g; "
             "Kubernetes: mount an emptyDir with medium: Memory and a sizeLimit at /dev/shm) "
-            "or lower --l1-size-gb.")
+            "or lower --l1-size-gb."
+        )
 
 
 class Arena:

@@ -114,8 +114,7 @@ class BlendService:
             sizes.append(c.object_sizes[layout_fp])
         chunks = len(f.tokens) // 4 // self.chunk_size
         if chunks * len(ks[2]) > MAX_KEYS:
-            raise TooLarge(f"{chunks} chunks x {len(ks[2])} groups is over "
-                           f"{MAX_KEYS} objects per request")
+            raise TooLarge(f"{chunks} chunks x {len(ks[2])} groups is over {MAX_KEYS} objects per request")
         pos_base = f.pos_base
         fps = blend_fingerprints(f.tokens, self.chunk_size)
         if fps and pos_base + len(fps) * self.chunk_size > 0xFFFFFFFF:
@@ -178,8 +177,7 @@ class BlendService:
         bounds = list(zip(starts, [*starts[1:], n_tokens]))
         candidates = sum((end - start) // self.chunk_size for start, end in bounds)
         if candidates * per_chunk > MAX_KEYS:
-            raise TooLarge(f"{candidates} chunks x {per_chunk} objects each is over "
-                           f"{MAX_KEYS} objects per request")
+            raise TooLarge(f"{candidates} chunks x {per_chunk} objects each is over {MAX_KEYS} objects per request")
         rank = f.rank
         if rank is not None and rank >= ks[1]:
             raise OutOfRange("rank must be < world_size")
@@ -207,8 +205,12 @@ class BlendService:
         n.hit_tokens += len(matches) * self.chunk_size
         if session is not None:
             c.leases.take(session, ks, salt, objects, len(objects), rank)
-        return {"matches": matches, "candidate_chunks": candidates, "hit_tokens": len(matches) * self.chunk_size,
-                "chunk_size": self.chunk_size}
+        return {
+            "matches": matches,
+            "candidate_chunks": candidates,
+            "hit_tokens": len(matches) * self.chunk_size,
+            "chunk_size": self.chunk_size,
+        }
 
     def describe(self) -> dict[str, Any]:
         return {"index_entries": len(self.index), "pending_stores": len(self._pending), **vars(self.counters)}

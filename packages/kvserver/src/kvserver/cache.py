@@ -26,8 +26,10 @@ class CacheService(WritePath):
         layouts = f.layouts()
         for layout in layouts:
             if layout.chunk_size % self.chunk_size:
-                raise LayoutMismatch(f"layout chunk_size {layout.chunk_size} is not a "
-                                     f"multiple of the server chunk_size {self.chunk_size}")
+                raise LayoutMismatch(
+                    f"layout chunk_size {layout.chunk_size} is not a "
+                    f"multiple of the server chunk_size {self.chunk_size}"
+                )
             if layout.object_bytes > self.l1.alloc.capacity:
                 raise NoSpace("one object is larger than the whole L1 arena")
         if f.rank >= f.world_size:
@@ -35,9 +37,10 @@ class CacheService(WritePath):
         for layout in layouts:
             self.object_sizes[layout.fingerprint] = layout.object_bytes
             self.groups.add(layout)
-        engine_id = self.engine_table.add(Engine(engine_id, f.model, f.world_size, f.rank,
-                                                 [g.to_wire() for g in layouts], f.host or "", f.pid or 0),
-                                          [g.fingerprint for g in layouts])
+        engine_id = self.engine_table.add(
+            Engine(engine_id, f.model, f.world_size, f.rank, [g.to_wire() for g in layouts], f.host or "", f.pid or 0),
+            [g.fingerprint for g in layouts],
+        )
         return {
             "engine_id": engine_id,
             "arena": {"name": self.l1.arena.name, "size": self.l1.arena.size, "nonce": self.l1.arena.nonce},
@@ -65,8 +68,12 @@ class CacheService(WritePath):
         rank = f.rank
         if rank is not None and rank >= ks[1]:
             raise OutOfRange("rank must be < world_size")
-        out = {"hit_tokens": hit * self.chunk_size, "hit_chunks": hit, "num_chunks": len(hashes),
-               "chunk_size": self.chunk_size}
+        out = {
+            "hit_tokens": hit * self.chunk_size,
+            "hit_chunks": hit,
+            "num_chunks": len(hashes),
+            "chunk_size": self.chunk_size,
+        }
         plan, keys_of = self.groups.plan(ks), None
         if plan is not None:  # per-group geometry: the objects this hit needs (groups.py)
             keys_of = plan.lease_keys(salt, hashes, hit)
@@ -110,8 +117,9 @@ class CacheService(WritePath):
 
             async def prefetch() -> None:
                 assert self.l2 is not None
-                await self.l2.prefetch(sets, hit if plan is None else 0, lambda key: self.object_sizes.get(key[1]),
-                                       leading=plan is None)
+                await self.l2.prefetch(
+                    sets, hit if plan is None else 0, lambda key: self.object_sizes.get(key[1]), leading=plan is None
+                )
                 self.l1.link_chain(ks[0], ks[1], salt, hashes)
                 for hook in self.on_prefetched:
                     hook(ks, salt, tokens, hashes, hit)
@@ -183,12 +191,12 @@ class CacheService(WritePath):
         start, end, rank = f.start_chunk, f.end_chunk, f.rank
         reader = self.leases.reader(who.scope(f.session), rank)
         if not start <= end <= reader.hit_chunks:
-            raise NotLeased(f"chunks [{start}, {end}) not within the leased prefix "
-                            f"of {reader.hit_chunks} chunks")
+            raise NotLeased(f"chunks [{start}, {end}) not within the leased prefix of {reader.hit_chunks} chunks")
         mode = f.mode
         objects, frames = [], []
-        for chunk, group, key in self.groups.retrieve_objects(reader.keyspace, reader.salt, reader.hashes,
-                                                              reader.hit_chunks, rank, start, end):
+        for chunk, group, key in self.groups.retrieve_objects(
+            reader.keyspace, reader.salt, reader.hashes, reader.hit_chunks, rank, start, end
+        ):
             entry = self.l1.entries[key]  # leased, so present and ready
             obj = {"chunk": chunk, "group": group, "size": entry.size, "checksum": entry.checksum}
             if mode == "shm":

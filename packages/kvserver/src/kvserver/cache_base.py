@@ -79,11 +79,15 @@ class CacheBase:
         if plan is not None:
             return plan.ending_at(salt, chunk_hash, c)
         model, world, groups = ks
-        return [tuple.__new__(ObjectKey, (model, fp, world, rank, g, salt, chunk_hash))  # hot: see ObjectKey
-                for rank in range(world) for g, fp in enumerate(groups)]
+        return [
+            tuple.__new__(ObjectKey, (model, fp, world, rank, g, salt, chunk_hash))  # hot: see ObjectKey
+            for rank in range(world)
+            for g, fp in enumerate(groups)
+        ]
 
-    def _prefix_hits(self, ks: KeySpace, salt: str, hashes: list[bytes],
-                     hit_keys: list[list[ObjectKey]] | None = None) -> int:
+    def _prefix_hits(
+        self, ks: KeySpace, salt: str, hashes: list[bytes], hit_keys: list[list[ObjectKey]] | None = None
+    ) -> int:
         """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1.
 
         With `hit_keys` (a keyspace without a geometry), the keys of chunks 0..k-1 are appended to it,
@@ -115,8 +119,7 @@ class CacheBase:
         """
         chunks = len(f.tokens) // 4 // self.chunk_size
         if chunks * per_chunk > MAX_KEYS:
-            raise TooLarge(f"{chunks} chunks x {per_chunk} objects each is over "
-                           f"{MAX_KEYS} objects per request")
+            raise TooLarge(f"{chunks} chunks x {per_chunk} objects each is over {MAX_KEYS} objects per request")
         try:
             return self.hash_memo.hashes(who.salt(f.salt), f.tokens, self.chunk_size, f.extra or ())
         except IndexError as exc:

@@ -34,76 +34,183 @@ def main() -> None:
 
 
 @main.command(context_settings={"auto_envvar_prefix": "KVSERVER"})  # KVSERVER_<OPTION>, not _START_
-@click.option("--config", type=click.Path(exists=True, dir_okay=False), is_eager=True, expose_value=False,
-              callback=_load_config_file, help="TOML file with option names as keys.")
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False),
+    is_eager=True,
+    expose_value=False,
+    callback=_load_config_file,
+    help="TOML file with option names as keys.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="ZMQ bind address.")
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, help="ZMQ port.")
 @click.option("--l1-size-gb", default=4.0, show_default=True, type=float, help="Shared-memory L1 size.")
-@click.option("--ec-size-gb", default=1.0, show_default=True, type=float,
-              help="Encoder-cache budget (its own shm segment, apart from L1).")
-@click.option("--prefault/--no-prefault", default=False, show_default=True,
-              help="Allocate the arenas' shared memory at start, in the background (about 0.3 s per GiB), "
-                   "so engines' first writes into L1 do not each fault in a fresh page.")
+@click.option(
+    "--ec-size-gb",
+    default=1.0,
+    show_default=True,
+    type=float,
+    help="Encoder-cache budget (its own shm segment, apart from L1).",
+)
+@click.option(
+    "--prefault/--no-prefault",
+    default=False,
+    show_default=True,
+    help="Allocate the arenas' shared memory at start, in the background (about 0.3 s per GiB), "
+    "so engines' first writes into L1 do not each fault in a fresh page.",
+)
 @click.option("--chunk-size", default=DEFAULT_CHUNK_SIZE, show_default=True, type=int, help="Tokens per cached chunk.")
 @click.option("--eviction-policy", default="lhd", show_default=True, type=click.Choice(sorted(POLICIES)))
 @click.option("--lease-ttl", default=30.0, show_default=True, type=float, help="Seconds a lease or reservation lives.")
-@click.option("--engine-ttl", default=600.0, show_default=True, type=float,
-              help="Seconds without a keyed request after which an engine registration this server cannot "
-                   "check (another host or container) expires; local engines expire when their process exits.")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option(
+    "--engine-ttl",
+    default=600.0,
+    show_default=True,
+    type=float,
+    help="Seconds without a keyed request after which an engine registration this server cannot "
+    "check (another host or container) expires; local engines expire when their process exits.",
+)
+@click.option(
+    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+)
 @click.option("--shm-prefix", default="kvserver", show_default=True, help="Prefix of the /dev/shm segment name.")
 @click.option("--http-host", default="127.0.0.1", show_default=True, help="Admin API bind address.")
-@click.option("--http-port", default=DEFAULT_HTTP_PORT, show_default=True, type=int,
-              help="Admin API port (0 disables it).")
-@click.option("--api-token", envvar="KVSERVER_API_TOKEN", show_envvar=True, default=None,
-              help="API token every ZMQ op but ping and every HTTP endpoint but probes/status/metrics "
-                   "need. Default: generated at first start into $KVSERVER_STATE_DIR/token-<port> (0600).")
-@click.option("--api-token-file", envvar="KVSERVER_API_TOKEN_FILE", show_envvar=True, default=None,
-              type=click.Path(dir_okay=False), metavar="PATH", help="Read the API token from this file.")
-@click.option("--tenants-file", default=None, type=click.Path(dir_okay=False), metavar="PATH",
-              help="Tenants and their token digests and limits (default: $KVSERVER_STATE_DIR/tenants-<port>.json, "
-                   "written by `kvserver tenant add`; re-read when it changes). See docs/security.md.")
-@click.option("--insecure", is_flag=True, default=False,
-              help="Allow a non-loopback bind without a configured API token (or without CURVE).")
-@click.option("--curve/--no-curve", default=None,
-              help="Encrypt the ZMQ plane with CURVE (default: on exactly when --host is not loopback); "
-                   "clients need the server's public key ($KVSERVER_SERVER_KEY).")
+@click.option(
+    "--http-port", default=DEFAULT_HTTP_PORT, show_default=True, type=int, help="Admin API port (0 disables it)."
+)
+@click.option(
+    "--api-token",
+    envvar="KVSERVER_API_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="API token every ZMQ op but ping and every HTTP endpoint but probes/status/metrics "
+    "need. Default: generated at first start into $KVSERVER_STATE_DIR/token-<port> (0600).",
+)
+@click.option(
+    "--api-token-file",
+    envvar="KVSERVER_API_TOKEN_FILE",
+    show_envvar=True,
+    default=None,
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="Read the API token from this file.",
+)
+@click.option(
+    "--tenants-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="Tenants and their token digests and limits (default: $KVSERVER_STATE_DIR/tenants-<port>.json, "
+    "written by `kvserver tenant add`; re-read when it changes). See docs/security.md.",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    default=False,
+    help="Allow a non-loopback bind without a configured API token (or without CURVE).",
+)
+@click.option(
+    "--curve/--no-curve",
+    default=None,
+    help="Encrypt the ZMQ plane with CURVE (default: on exactly when --host is not loopback); "
+    "clients need the server's public key ($KVSERVER_SERVER_KEY).",
+)
 @click.option("--coordinator", default=None, metavar="URL", help="Fleet coordinator to register with.")
-@click.option("--heartbeat-interval", default=5.0, show_default=True, type=float,
-              help="Seconds between coordinator heartbeats.")
-@click.option("--l2", multiple=True, metavar="URL",
-              help="L2 tier below L1, repeatable, in lookup order: fs:///path, redis://host:port/db, "
-                   "redis+cluster://host:port, s3://bucket/prefix (see docs/l2.md).")
-@click.option("--l2-compression", default="none", show_default=True, type=click.Choice(["none", "lz4", "zstd"]),
-              help="Compress objects written to L2 (kept only when smaller).")
-@click.option("--l2-encryption-key-file", default=None, type=click.Path(dir_okay=False), metavar="PATH",
-              help="AES-GCM key for L2 objects (hex, base64 or raw 16/24/32 bytes); or put the key itself "
-                   "in KVSERVER_L2_ENCRYPTION_KEY. Never logged or shown.")
-@click.option("--l2-queue-size", default=1024, show_default=True, type=click.IntRange(min=1),
-              help="Write-behind queue length (objects); overflow is dropped and counted.")
-@click.option("--l2-prefetch-timeout", default=0.5, show_default=True, type=click.FloatRange(min=0, min_open=True),
-              help="Seconds a lookup waits for L2 objects to load into L1.")
-@click.option("--l2-admission", default="all", show_default=True,
-              type=click.Choice(["all", "second-hit", "tinylfu"]),
-              help="Write every commit to L2; or only objects a lookup hit in L1 (second-hit), or also those "
-                   "stored before (tinylfu): no one-hit wonders in L2.")
-@click.option("--l2-negative-ttl", default=1.0, show_default=True, type=click.FloatRange(0, 3600),
-              help="Seconds an L2 tier's 'absent' answer is remembered, sparing lookups a round trip (0: off).")
-@click.option("--l2-retry-keys", default=4096, show_default=True, type=click.IntRange(0, 1 << 24),
-              help="Per tier: writes missed while it was down, written once it answers again.")
-@click.option("--kv-events-endpoint", default=None, metavar="URL",
-              help="Publish KV events for KV-aware routers on this ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 "
-                   "(off by default; see docs/kv-events.md).")
-@click.option("--kv-events-replay-endpoint", default=None, metavar="URL",
-              help="ZMQ ROUTER endpoint where subscribers fetch batches they missed, e.g. tcp://127.0.0.1:5558.")
-@click.option("--kv-events-buffer", default=10_000, show_default=True, type=click.IntRange(1, 1_000_000),
-              help="Event batches kept for replay.")
-@click.option("--kv-events-topic", default="kv@{host}@{model}", show_default=True,
-              help="ZMQ topic of each batch; {host} is this host's name, {model} the model of its events.")
-@click.option("--kv-events-hash-format", default="bytes", show_default=True, type=click.Choice(["bytes", "int"]),
-              help="Block hashes as our 32-byte chunk hashes, or their low 64 bits as ints (like "
-                   "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).")
+@click.option(
+    "--heartbeat-interval", default=5.0, show_default=True, type=float, help="Seconds between coordinator heartbeats."
+)
+@click.option(
+    "--l2",
+    multiple=True,
+    metavar="URL",
+    help="L2 tier below L1, repeatable, in lookup order: fs:///path, redis://host:port/db, "
+    "redis+cluster://host:port, s3://bucket/prefix (see docs/l2.md).",
+)
+@click.option(
+    "--l2-compression",
+    default="none",
+    show_default=True,
+    type=click.Choice(["none", "lz4", "zstd"]),
+    help="Compress objects written to L2 (kept only when smaller).",
+)
+@click.option(
+    "--l2-encryption-key-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="AES-GCM key for L2 objects (hex, base64 or raw 16/24/32 bytes); or put the key itself "
+    "in KVSERVER_L2_ENCRYPTION_KEY. Never logged or shown.",
+)
+@click.option(
+    "--l2-queue-size",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Write-behind queue length (objects); overflow is dropped and counted.",
+)
+@click.option(
+    "--l2-prefetch-timeout",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a lookup waits for L2 objects to load into L1.",
+)
+@click.option(
+    "--l2-admission",
+    default="all",
+    show_default=True,
+    type=click.Choice(["all", "second-hit", "tinylfu"]),
+    help="Write every commit to L2; or only objects a lookup hit in L1 (second-hit), or also those "
+    "stored before (tinylfu): no one-hit wonders in L2.",
+)
+@click.option(
+    "--l2-negative-ttl",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    help="Seconds an L2 tier's 'absent' answer is remembered, sparing lookups a round trip (0: off).",
+)
+@click.option(
+    "--l2-retry-keys",
+    default=4096,
+    show_default=True,
+    type=click.IntRange(0, 1 << 24),
+    help="Per tier: writes missed while it was down, written once it answers again.",
+)
+@click.option(
+    "--kv-events-endpoint",
+    default=None,
+    metavar="URL",
+    help="Publish KV events for KV-aware routers on this ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 "
+    "(off by default; see docs/kv-events.md).",
+)
+@click.option(
+    "--kv-events-replay-endpoint",
+    default=None,
+    metavar="URL",
+    help="ZMQ ROUTER endpoint where subscribers fetch batches they missed, e.g. tcp://127.0.0.1:5558.",
+)
+@click.option(
+    "--kv-events-buffer",
+    default=10_000,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="Event batches kept for replay.",
+)
+@click.option(
+    "--kv-events-topic",
+    default="kv@{host}@{model}",
+    show_default=True,
+    help="ZMQ topic of each batch; {host} is this host's name, {model} the model of its events.",
+)
+@click.option(
+    "--kv-events-hash-format",
+    default="bytes",
+    show_default=True,
+    type=click.Choice(["bytes", "int"]),
+    help="Block hashes as our 32-byte chunk hashes, or their low 64 bits as ints (like "
+    "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).",
+)
 def start(**options: Any) -> None:
     """Start the cache server in the foreground."""
     options["api_token"] = options.get("api_token") or None  # an empty env var means "no token"
@@ -132,8 +239,11 @@ def flag_names(message: str) -> str:
     from dataclasses import fields
 
     names = {f.name for f in fields(ServerConfig)}
-    return re.sub(r"(?<![\w-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+|port|host|l2|coordinator|curve|insecure)(?![\w-])",
-                  lambda m: "--" + m.group(1).replace("_", "-") if m.group(1) in names else m.group(1), message)
+    return re.sub(
+        r"(?<![\w-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+|port|host|l2|coordinator|curve|insecure)(?![\w-])",
+        lambda m: "--" + m.group(1).replace("_", "-") if m.group(1) in names else m.group(1),
+        message,
+    )
 
 
 @main.group()
@@ -147,10 +257,22 @@ def _tenants_file(port: int, path: str | None) -> Path:
     return Path(path) if path else tenants_path(port)
 
 
-_port_opt = click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, envvar="KVSERVER_PORT",
-                         help="The server's ZMQ port (names its default tenants file).")
-_file_opt = click.option("--tenants-file", default=None, type=click.Path(dir_okay=False), metavar="PATH",
-                         envvar="KVSERVER_TENANTS_FILE", help="Tenants file (default: per port, in the state dir).")
+_port_opt = click.option(
+    "--port",
+    default=DEFAULT_PORT,
+    show_default=True,
+    type=int,
+    envvar="KVSERVER_PORT",
+    help="The server's ZMQ port (names its default tenants file).",
+)
+_file_opt = click.option(
+    "--tenants-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    envvar="KVSERVER_TENANTS_FILE",
+    help="Tenants file (default: per port, in the state dir).",
+)
 
 
 def _finite(_ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -164,21 +286,54 @@ def _finite(_ctx: click.Context, param: click.Parameter, value: float | None) ->
 @click.argument("name")
 @_port_opt
 @_file_opt
-@click.option("--l1-quota-gb", type=click.FloatRange(min=0, max=1 << 20), default=None, callback=_finite,
-              help="L1 bytes this tenant may hold.")
+@click.option(
+    "--l1-quota-gb",
+    type=click.FloatRange(min=0, max=1 << 20),
+    default=None,
+    callback=_finite,
+    help="L1 bytes this tenant may hold.",
+)
 @click.option("--max-sessions", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
 @click.option("--max-stores", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
-@click.option("--ec-quota-gb", type=click.FloatRange(min=0, max=1 << 20), default=None, callback=_finite,
-              help="Encoder-cache bytes this tenant may hold (default: half the server's EC segment).")
-@click.option("--ec-max-stores", type=click.IntRange(1, 1 << 20), default=256, show_default=True,
-              help="EC stores in flight (the server holds at most 1024 in all).")
-@click.option("--ec-max-leases", type=click.IntRange(1, 1 << 20), default=1 << 14, show_default=True,
-              help="Live EC read leases (the server holds at most 65536 in all).")
-@click.option("--token-file", type=click.Path(dir_okay=False), default=None,
-              help="Write the new token into this 0600 file instead of printing it.")
-def tenant_add(name: str, port: int, tenants_file: str | None, l1_quota_gb: float | None, max_sessions: int,
-               max_stores: int, ec_quota_gb: float | None, ec_max_stores: int, ec_max_leases: int,
-               token_file: str | None) -> None:
+@click.option(
+    "--ec-quota-gb",
+    type=click.FloatRange(min=0, max=1 << 20),
+    default=None,
+    callback=_finite,
+    help="Encoder-cache bytes this tenant may hold (default: half the server's EC segment).",
+)
+@click.option(
+    "--ec-max-stores",
+    type=click.IntRange(1, 1 << 20),
+    default=256,
+    show_default=True,
+    help="EC stores in flight (the server holds at most 1024 in all).",
+)
+@click.option(
+    "--ec-max-leases",
+    type=click.IntRange(1, 1 << 20),
+    default=1 << 14,
+    show_default=True,
+    help="Live EC read leases (the server holds at most 65536 in all).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the new token into this 0600 file instead of printing it.",
+)
+def tenant_add(
+    name: str,
+    port: int,
+    tenants_file: str | None,
+    l1_quota_gb: float | None,
+    max_sessions: int,
+    max_stores: int,
+    ec_quota_gb: float | None,
+    ec_max_stores: int,
+    ec_max_leases: int,
+    token_file: str | None,
+) -> None:
     """Add a tenant (or give it a new token); prints its token once: only a digest is stored."""
     from kvprotocol._credentials import write_private
 
@@ -187,8 +342,16 @@ def tenant_add(name: str, port: int, tenants_file: str | None, l1_quota_gb: floa
     quota = None if l1_quota_gb is None else int(l1_quota_gb * (1 << 30))
     ec_quota = None if ec_quota_gb is None else int(ec_quota_gb * (1 << 30))
     try:
-        token = tenants.add(_tenants_file(port, tenants_file), name, quota, max_sessions, max_stores, ec_quota,
-                            ec_max_stores, ec_max_leases)
+        token = tenants.add(
+            _tenants_file(port, tenants_file),
+            name,
+            quota,
+            max_sessions,
+            max_stores,
+            ec_quota,
+            ec_max_stores,
+            ec_max_leases,
+        )
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     if token_file:
@@ -220,8 +383,10 @@ def tenant_list(port: int, tenants_file: str | None) -> None:
     for t in tenants.load(_tenants_file(port, tenants_file)).values():
         quota = "-" if t.l1_quota_bytes is None else f"{t.l1_quota_bytes / (1 << 30):.3f} GiB"
         ec_quota = "1/2 of the EC segment" if t.ec_quota_bytes is None else f"{t.ec_quota_bytes / (1 << 30):.3f} GiB"
-        click.echo(f"{t.name}\tl1_quota={quota}\tmax_sessions={t.max_sessions}\tmax_stores={t.max_stores}"
-                   f"\tec_quota={ec_quota}\tec_max_stores={t.ec_max_stores}\tec_max_leases={t.ec_max_leases}")
+        click.echo(
+            f"{t.name}\tl1_quota={quota}\tmax_sessions={t.max_sessions}\tmax_stores={t.max_stores}"
+            f"\tec_quota={ec_quota}\tec_max_stores={t.ec_max_stores}\tec_max_leases={t.ec_max_leases}"
+        )
 
 
 async def _run(config: ServerConfig) -> int:

@@ -91,8 +91,10 @@ class ServerConfig:
         if kv_events_problem:
             raise ValueError(kv_events_problem)
         if self.curve is False and not is_loopback(self.host) and not self.insecure:
-            raise ValueError(f"refusing to serve ZMQ on non-loopback address {self.host} without CURVE "
-                             "encryption (--no-curve): drop --no-curve, or pass --insecure")
+            raise ValueError(
+                f"refusing to serve ZMQ on non-loopback address {self.host} without CURVE "
+                "encryption (--no-curve): drop --no-curve, or pass --insecure"
+            )
         problem = exposure_problem(self)
         if problem:
             raise ValueError(problem)
@@ -138,11 +140,15 @@ def exposure_problem(config: ServerConfig) -> str | None:
     """
     if config.api_token or config.insecure:
         return None
-    exposed = [(flag, host) for flag, host, on in (("--host", config.host, True),
-                                                   ("--http-host", config.http_host, config.http_port != 0))
-               if on and not is_loopback(host)]
-    for flag, endpoint in (("--kv-events-endpoint", config.kv_events_endpoint),
-                           ("--kv-events-replay-endpoint", config.kv_events_replay_endpoint)):
+    exposed = [
+        (flag, host)
+        for flag, host, on in (("--host", config.host, True), ("--http-host", config.http_host, config.http_port != 0))
+        if on and not is_loopback(host)
+    ]
+    for flag, endpoint in (
+        ("--kv-events-endpoint", config.kv_events_endpoint),
+        ("--kv-events-replay-endpoint", config.kv_events_replay_endpoint),
+    ):
         host = endpoint_host(endpoint) if endpoint else None
         if host is not None and not is_loopback(host):
             exposed.append((flag, host))
@@ -162,8 +168,10 @@ def endpoint_host(endpoint: str) -> str | None:
 
 
 def _kv_events_problem(config: ServerConfig) -> str | None:
-    for flag, endpoint in (("--kv-events-endpoint", config.kv_events_endpoint),
-                           ("--kv-events-replay-endpoint", config.kv_events_replay_endpoint)):
+    for flag, endpoint in (
+        ("--kv-events-endpoint", config.kv_events_endpoint),
+        ("--kv-events-replay-endpoint", config.kv_events_replay_endpoint),
+    ):
         if endpoint is None:
             continue
         scheme, _, rest = endpoint.partition("://")

@@ -58,8 +58,11 @@ def describe_server(server: KVServer) -> dict[str, Any]:
 def fleet_stats(server: KVServer) -> dict[str, Any]:
     """A heartbeat's body for the fleet coordinator (http/fleet.py): cheap, sent every few seconds."""
     l1 = server.l1
-    out = {"models": sorted({e.model for e in server.cache.engines.values()})[:64],
-           "l1_used_bytes": l1.used_bytes, "objects": len(l1.entries)}
+    out = {
+        "models": sorted({e.model for e in server.cache.engines.values()})[:64],
+        "l1_used_bytes": l1.used_bytes,
+        "objects": len(l1.entries),
+    }
     if server.kv_events is not None:  # lets the coordinator notice a lost tail of the stream
         out["kv_events_seq"] = server.kv_events.publisher.next_seq
     return out
@@ -67,9 +70,14 @@ def fleet_stats(server: KVServer) -> dict[str, Any]:
 
 def describe_tenant(server: KVServer, who: Identity) -> dict[str, Any]:
     """What a tenant's token may see of describe: the server's identity and its own tenant only."""
-    return {"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION,
-            "uptime_s": round(time.time() - server.started, 3), "chunk_size": server.config.chunk_size,
-            "tenant": who.tenant, "tenants": tenant_rows(server, who.tenant)}
+    return {
+        "version": kvprotocol.__version__,
+        "protocol": kvprotocol.PROTOCOL_VERSION,
+        "uptime_s": round(time.time() - server.started, 3),
+        "chunk_size": server.config.chunk_size,
+        "tenant": who.tenant,
+        "tenants": tenant_rows(server, who.tenant),
+    }
 
 
 def tenant_rows(server: KVServer, only: str | None) -> dict[str, dict[str, Any]]:

@@ -54,9 +54,11 @@ def check_ec_space(name: str, size: int) -> None:
     except FileNotFoundError:
         pass
     if size > free:
-        raise RuntimeError(f"--ec-size-gb needs {size / (1 << 30):.2f} GiB more in /dev/shm but only "
-                           f"{free / (1 << 30):.2f} GiB is free; give the server more shared memory or "
-                           "lower --ec-size-gb")
+        raise RuntimeError(
+            f"--ec-size-gb needs {size / (1 << 30):.2f} GiB more in /dev/shm but only "
+            f"{free / (1 << 30):.2f} GiB is free; give the server more shared memory or "
+            "lower --ec-size-gb"
+        )
 
 
 @dataclass(slots=True)
@@ -145,8 +147,13 @@ class ECCache:
         return lru
 
     def _describe(self, e: ECEntry, lease: str | None) -> dict[str, Any]:
-        out: dict[str, Any] = {"size": e.size, "dtype": e.dtype, "shape": e.shape, "checksum": e.checksum,
-                               "offset": e.offset}
+        out: dict[str, Any] = {
+            "size": e.size,
+            "dtype": e.dtype,
+            "shape": e.shape,
+            "checksum": e.checksum,
+            "offset": e.offset,
+        }
         if lease is not None:
             out["lease"] = lease
         return out
@@ -265,8 +272,7 @@ class ECCache:
             raise UnknownStore(f"unknown or expired EC store {store_id}")
         return txn
 
-    def commit(self, store_id: str, frames: list[memoryview], checksum: int,
-               who: Identity = ADMIN) -> dict[str, Any]:
+    def commit(self, store_id: str, frames: list[memoryview], checksum: int, who: Identity = ADMIN) -> dict[str, Any]:
         txn = self._owned_store(store_id, who) if store_id in self.stores else None
         if txn is None or txn.expires <= time.monotonic():
             if txn is not None:

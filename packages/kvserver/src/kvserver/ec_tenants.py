@@ -68,8 +68,16 @@ class ECTenants:
         """The `ec_*` fields of a tenant's usage row (describe `tenants.<name>`, /metrics)."""
         quota, max_stores, max_leases = self.limits(tenant)
         u = self.usage.get(tenant) or ECTenantUsage()
-        return {"ec_used_bytes": u.used_bytes, "ec_quota_bytes": quota, "ec_leases": u.leases,
-                "ec_stores_in_flight": u.stores, "ec_max_leases": max_leases, "ec_max_stores": max_stores,
-                "ec_quota_evictions": u.quota_evictions, "ec_quota_refusals": u.quota_refusals,
-                "ec_fair_share_evictions": u.fair_share_evictions, "ec_refused_leases": u.refused_leases,
-                "ec_refused_stores": u.refused_stores}
+        return {
+            "ec_used_bytes": u.used_bytes,
+            "ec_quota_bytes": quota,
+            "ec_leases": u.leases,
+            "ec_stores_in_flight": u.stores,
+            "ec_max_leases": max_leases,
+            "ec_max_stores": max_stores,
+            "ec_quota_evictions": u.quota_evictions,
+            "ec_quota_refusals": u.quota_refusals,
+            "ec_fair_share_evictions": u.fair_share_evictions,
+            "ec_refused_leases": u.refused_leases,
+            "ec_refused_stores": u.refused_stores,
+        }

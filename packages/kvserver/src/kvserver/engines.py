@@ -38,7 +38,13 @@ class Engine:
 
     def same_process(self, other: Engine) -> bool:
         return bool(self.pid) and (self.model, self.world_size, self.rank, self.groups, self.host, self.pid) == (
-            other.model, other.world_size, other.rank, other.groups, other.host, other.pid)
+            other.model,
+            other.world_size,
+            other.rank,
+            other.groups,
+            other.host,
+            other.pid,
+        )
 
 
 def process_gone(pid: int, since: float) -> bool:
@@ -79,9 +85,17 @@ class EngineTable:
         if engine.pid > 0 and engine.host == _HOST and not process_gone(engine.pid, engine.registered_at):
             self.visible.add(engine.id)
         self.touch(engine.model, engine.world_size)
-        log.info("engine %s %s: model=%s rank=%d/%d host=%s pid=%d layouts=%s", engine.id,
-                 "registered again" if again else "registered", engine.model, engine.rank, engine.world_size,
-                 engine.host or "-", engine.pid, ",".join(fingerprints))
+        log.info(
+            "engine %s %s: model=%s rank=%d/%d host=%s pid=%d layouts=%s",
+            engine.id,
+            "registered again" if again else "registered",
+            engine.model,
+            engine.rank,
+            engine.world_size,
+            engine.host or "-",
+            engine.pid,
+            ",".join(fingerprints),
+        )
         while len(self.engines) > self.limit:
             self.visible.discard(self.engines.pop(next(iter(self.engines))).id)
         return engine.id
@@ -105,8 +119,16 @@ class EngineTable:
                 del self.engines[engine.id]
                 self.visible.discard(engine.id)
                 gone.append(engine.id)
-                log.info("engine %s expired (%s): model=%s rank=%d/%d host=%s pid=%d", engine.id, why,
-                         engine.model, engine.rank, engine.world_size, engine.host or "-", engine.pid)
+                log.info(
+                    "engine %s expired (%s): model=%s rank=%d/%d host=%s pid=%d",
+                    engine.id,
+                    why,
+                    engine.model,
+                    engine.rank,
+                    engine.world_size,
+                    engine.host or "-",
+                    engine.pid,
+                )
         live = {(e.model, e.world_size) for e in self.engines.values()}
         for key in [k for k in self.seen if k not in live]:
             del self.seen[key]

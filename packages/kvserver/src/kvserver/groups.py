@@ -42,12 +42,15 @@ class KeyPlan:
 
     def hit(self, salt: str, hashes: list[bytes], ready: Callable[[ObjectKey], object]) -> int:
         """Hit units: every group's needed objects ready for every rank (see kvprotocol.prefix_hit)."""
+
         def present(g: int, c: int) -> bool:
             return all(ready(self.key(g, r, salt, hashes[c])) is not None for r in self.ranks(g))
+
         return prefix_hit(self.geoms, len(hashes), self.unit, present)
 
-    def needed(self, salt: str, hashes: list[bytes], hit: int, rank: int | None,
-               start: int = 0, end: int | None = None) -> list[tuple[int, int, ObjectKey]]:
+    def needed(
+        self, salt: str, hashes: list[bytes], hit: int, rank: int | None, start: int = 0, end: int | None = None
+    ) -> list[tuple[int, int, ObjectKey]]:
         """(end unit, group, key) of every object a hit of `hit` units needs, in unit order, for one
         rank (None: every rank); restricted to the objects holding tokens of units [start, end)."""
         if hit <= 0:
@@ -60,8 +63,14 @@ class KeyPlan:
         out.sort(key=lambda o: (o[0], o[1]))
         return out
 
-    def touch_hit(self, salt: str, hashes: list[bytes], hit: int, touch: Callable[[ObjectKey], object],
-                  on_hit: list[Callable[[list[ObjectKey]], None]]) -> None:
+    def touch_hit(
+        self,
+        salt: str,
+        hashes: list[bytes],
+        hit: int,
+        touch: Callable[[ObjectKey], object],
+        on_hit: list[Callable[[list[ObjectKey]], None]],
+    ) -> None:
         """A lookup's bookkeeping: touch what the hit needs (tail first) and tell the hooks."""
         keys = [k for _, _, k in self.needed(salt, hashes, hit, None)]
         for key in reversed(keys):
@@ -78,8 +87,10 @@ class KeyPlan:
         """(end unit, group, key) of the objects a store of units [start, len(hashes)) by `rank` writes."""
         out = []
         for g, geo in enumerate(self.geoms):
-            out += [(geo.end_unit(j), g, self.key(g, rank, salt, hashes[geo.end_unit(j)]))
-                    for j in geo.stored(start, len(hashes), self.unit)]
+            out += [
+                (geo.end_unit(j), g, self.key(g, rank, salt, hashes[geo.end_unit(j)]))
+                for j in geo.stored(start, len(hashes), self.unit)
+            ]
         out.sort(key=lambda o: (o[0], o[1]))
         return out
 
@@ -103,8 +114,12 @@ class KeyPlan:
 
     def ending_at(self, salt: str, chunk_hash: bytes, c: int) -> list[ObjectKey]:
         """Every rank's objects of every group that end at unit c (query, pin, prefetch)."""
-        return [self.key(g, r, salt, chunk_hash) for g, geo in enumerate(self.geoms)
-                if (c + 1) % geo.units == 0 for r in self.ranks(g)]
+        return [
+            self.key(g, r, salt, chunk_hash)
+            for g, geo in enumerate(self.geoms)
+            if (c + 1) % geo.units == 0
+            for r in self.ranks(g)
+        ]
 
 
 class GroupBook:
@@ -138,12 +153,16 @@ class GroupBook:
         """What a store by `rank` of units [start, len(hashes)) reserves, in unit order."""
         plan = self.plan(ks)
         if plan is None:
-            return [(c, g, k) for c in range(start, len(hashes))
-                    for g, k in enumerate(rank_keys(ks, salt, rank, [hashes[c]]))]
+            return [
+                (c, g, k)
+                for c in range(start, len(hashes))
+                for g, k in enumerate(rank_keys(ks, salt, rank, [hashes[c]]))
+            ]
         return plan.stored(rank, salt, hashes, start)
 
-    def retrieve_objects(self, ks: KeySpace, salt: str, hashes: list[bytes], hit: int, rank: int,
-                         start: int, end: int) -> list[Obj]:
+    def retrieve_objects(
+        self, ks: KeySpace, salt: str, hashes: list[bytes], hit: int, rank: int, start: int, end: int
+    ) -> list[Obj]:
         """What a retrieve of units [start, end) by `rank` returns of a hit of `hit` units."""
         plan = self.plan(ks)
         if plan is None:

@@ -40,8 +40,13 @@ class HashMemo:
         return len(self._memo)
 
     def describe(self) -> dict[str, int]:
-        return {"chunks": len(self._memo), "bytes": self.bytes, "max_bytes": self.max_bytes,
-                "hits": self.hits, "misses": self.misses}
+        return {
+            "chunks": len(self._memo),
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+            "hits": self.hits,
+            "misses": self.misses,
+        }
 
     def hashes(self, scope: str, tokens: bytes, chunk_size: int, extra: ExtraKeys = ()) -> list[bytes]:
         """Every full chunk's hash: the remembered head of the chain, then the rest computed (and

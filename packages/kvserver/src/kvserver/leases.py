@@ -35,8 +35,11 @@ def shown(session_id: str) -> str:
 def rank_keys(ks: KeySpace, salt: str, rank: int, hashes: list[bytes]) -> list[ObjectKey]:
     """The objects of one rank, every group, for the given chunk hashes, in chunk order."""
     model, world, groups = ks
-    return [tuple.__new__(ObjectKey, (model, fp, world, rank, g, salt, h))  # hot: see ObjectKey
-            for h in hashes for g, fp in enumerate(groups)]
+    return [
+        tuple.__new__(ObjectKey, (model, fp, world, rank, g, salt, h))  # hot: see ObjectKey
+        for h in hashes
+        for g, fp in enumerate(groups)
+    ]
 
 
 class Leases:
@@ -46,8 +49,16 @@ class Leases:
         self.objects = 0  # chunk hashes + leased keys held by live readers (bounded by the cache's cap)
 
     # -- readers -------------------------------------------------------------------------------
-    def take(self, session_id: str, ks: KeySpace, salt: str, hashes: list[bytes], hit: int,
-             rank: int | None, keys_of: Callable[[int], list[ObjectKey]] | None = None) -> None:
+    def take(
+        self,
+        session_id: str,
+        ks: KeySpace,
+        salt: str,
+        hashes: list[bytes],
+        hit: int,
+        rank: int | None,
+        keys_of: Callable[[int], list[ObjectKey]] | None = None,
+    ) -> None:
         """Lease the hit prefix to the session: for every rank (replacing the whole session), or for
         one rank (replacing only that rank's reader). Runs in one event-loop step, so an object that
         is unleased and leased again here can never be evicted in between. `keys_of(rank)`: the
@@ -81,8 +92,7 @@ class Leases:
             world = next(iter(session.readers.values())).keyspace[1]
             if rank >= world:
                 raise OutOfRange("rank must be < world_size")
-            raise NotLeased(f"rank {rank} holds no leases in session {shown(session_id)!r} "
-                            "(released; lookup again)")
+            raise NotLeased(f"rank {rank} holds no leases in session {shown(session_id)!r} (released; lookup again)")
         session.expires = self.table.deadline()
         return reader
 

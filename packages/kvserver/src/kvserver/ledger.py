@@ -57,8 +57,7 @@ class TenantCounters:
 
 
 class TenantLedger:
-    def __init__(self, l1: L1Cache, table: SessionTable, book: TenantBook | None,
-                 server_caps: tuple[int, int]) -> None:
+    def __init__(self, l1: L1Cache, table: SessionTable, book: TenantBook | None, server_caps: tuple[int, int]) -> None:
         self.l1, self.table, self.book = l1, table, book
         self.server_caps = server_caps  # (sessions, stores): all a tenant without its own caps gets
         self.by_tenant: dict[str, TenantCounters] = {}
@@ -90,15 +89,13 @@ class TenantLedger:
         expire()
         if self._sessions_of(who) >= cap:
             self.counters(who).refused_sessions += 1
-            raise TooMany(f"tenant {who.tenant!r} has {cap} live sessions; "
-                          "end some first")
+            raise TooMany(f"tenant {who.tenant!r} has {cap} live sessions; end some first")
 
     def admit_store(self, who: Identity) -> None:
         cap = self.limits(who.tenant)[2]
         if len(self.table.stores) >= cap and sum(1 for t in self.table.stores.values() if t.owner == who.tenant) >= cap:
             self.counters(who).refused_stores += 1
-            raise TooMany(f"tenant {who.tenant!r} has {cap} stores in flight; "
-                          "commit or abort some first")
+            raise TooMany(f"tenant {who.tenant!r} has {cap} stores in flight; commit or abort some first")
 
     def make_room(self, who: Identity, size: int) -> bool:
         """Room for `size` more L1 bytes within the tenant's quota, evicting its own objects first;

@@ -70,8 +70,9 @@ class ReservationBook:
 
     # -- accounting ------------------------------------------------------------------------------
     def outstanding(self, exclude: str | None = None, tenant: str | None = None) -> int:
-        return sum(r.outstanding for r in self.live.values()
-                   if r.id != exclude and (tenant is None or r.owner == tenant))
+        return sum(
+            r.outstanding for r in self.live.values() if r.id != exclude and (tenant is None or r.owner == tenant)
+        )
 
     def pinned_bytes(self, tenant: str | None = None) -> int:
         """Bytes eviction cannot free now: writing, leased or pinned objects, and quarantined slots."""
@@ -88,12 +89,19 @@ class ReservationBook:
 
     def describe(self) -> dict[str, int]:
         """Live reservations, bytes still booked, and what happened to reservations so far."""
-        return {"live": len(self.live), "outstanding_bytes": self.outstanding(), "admitted": self.admitted,
-                "retry_later": self.retry_later, "completed": self.completed, "rolled_back": self.rolled_back}
+        return {
+            "live": len(self.live),
+            "outstanding_bytes": self.outstanding(),
+            "admitted": self.admitted,
+            "retry_later": self.retry_later,
+            "completed": self.completed,
+            "rolled_back": self.rolled_back,
+        }
 
     # -- admission -------------------------------------------------------------------------------
-    def admit(self, rid: str, owner: str, total_chunks: int | None, need_per_chunk: int, ranks: int,
-              quota: int | None) -> Reservation:
+    def admit(
+        self, rid: str, owner: str, total_chunks: int | None, need_per_chunk: int, ranks: int, quota: int | None
+    ) -> Reservation:
         """The live reservation `rid`, or a new one when all of its bytes fit (RETRY_LATER if not now)."""
         res = self.live.get(rid)
         if res is not None:
@@ -114,17 +122,27 @@ class ReservationBook:
             fits = need <= quota - self.pinned_bytes(owner) - self.outstanding(tenant=owner)
         if not fits:
             self.retry_later += 1
-            raise RetryLater(f"the request's {need} bytes do not fit next to the requests "
-                             "in flight; retry after one completes")
-        res = Reservation(rid, owner, total_chunks, need, time.monotonic() + self.ttl,
-                          objects=total_chunks * ranks)
+            raise RetryLater(
+                f"the request's {need} bytes do not fit next to the requests in flight; retry after one completes"
+            )
+        res = Reservation(rid, owner, total_chunks, need, time.monotonic() + self.ttl, objects=total_chunks * ranks)
         self.live[rid] = res
         self.admitted += 1
         return res
 
-    def for_store(self, rid: str, owner: str, total_chunks: int | None, sizes: list[int],
-                  ks: KeySpace, salt: str, rank: int, hashes: list[bytes], start: int,
-                  quota: int | None) -> Reservation:
+    def for_store(
+        self,
+        rid: str,
+        owner: str,
+        total_chunks: int | None,
+        sizes: list[int],
+        ks: KeySpace,
+        salt: str,
+        rank: int,
+        hashes: list[bytes],
+        start: int,
+        quota: int | None,
+    ) -> Reservation:
         """The reservation a store draws on (admitted now if new); chunks below start_chunk, which the
         producer found cached, count as covered."""
         slots = sum(self.l1.alloc.slot_size(n) for n in sizes)
@@ -224,4 +242,3 @@ class ReservationBook:
             if self.by_chunk.get(ref) == res.id:
                 del self.by_chunk[ref]
         self.advance(res, None)
-

@@ -138,11 +138,15 @@ class KVServer:
         """op -> handler(typed request, data frames, sender's identity)."""
         c = self.cache
         return {
-            "ping": lambda r, fr, w: ({"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION,
-                                       "time": time.time()}, []),
+            "ping": lambda r, fr, w: (
+                {"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION, "time": time.time()},
+                [],
+            ),
             "describe": lambda r, fr, w: (self.describe() if w.admin else describe_tenant(self, w), []),
-            "register_engine": lambda r, fr, w: (c.register_engine(r, f"eng-{os.getpid()}-{next(self._engine_ids)}"),
-                                                 []),
+            "register_engine": lambda r, fr, w: (
+                c.register_engine(r, f"eng-{os.getpid()}-{next(self._engine_ids)}"),
+                [],
+            ),
             "lookup": lambda r, fr, w: (c.lookup(r, w), []),
             "query": lambda r, fr, w: (c.query(r, w), []),
             "store": lambda r, fr, w: (c.store(r, w), []),
@@ -193,8 +197,10 @@ class KVServer:
             who = self.auth.identify(req.auth)
             if who is None:
                 if op not in OPEN_OPS:
-                    raise Unauthorized("this server needs an API token ('auth' field; "
-                                       "clients read $KVSERVER_API_TOKEN or the token file)")
+                    raise Unauthorized(
+                        "this server needs an API token ('auth' field; "
+                        "clients read $KVSERVER_API_TOKEN or the token file)"
+                    )
                 who = Identity("default")
             out = self._start(req, frames, who)
             if not isinstance(out, tuple):  # a handler that waits (an L2 lookup) gave an awaitable
@@ -246,8 +252,7 @@ class KVServer:
         """The checks every op passes, then its handler: a result, or a coroutine for a waiting one."""
         op = req.op_name()
         if op in ADMIN_OPS and not who.admin:
-            raise Forbidden(f"{op} is an admin op: it needs the server's own token, "
-                            "not a tenant's")
+            raise Forbidden(f"{op} is an admin op: it needs the server's own token, not a tenant's")
         if frames and not req.DATA_IN:
             raise BadField(f"{op} takes no data frames")
         keyspace = getattr(req, "keyspace", None)
@@ -295,8 +300,10 @@ class KVServer:
             await self.l2.start()
         if self.kv_events is not None:
             self.kv_events.start()
-        tasks = [asyncio.create_task(self._zmq.run(), name="zmq"),
-                 asyncio.create_task(self._expiry_loop(), name="expiry")]
+        tasks = [
+            asyncio.create_task(self._zmq.run(), name="zmq"),
+            asyncio.create_task(self._expiry_loop(), name="expiry"),
+        ]
         http = self.http
         http_task = asyncio.create_task(http.serve(), name="http") if http is not None else None
         fleet = fleet_task = None

@@ -124,8 +124,9 @@ def check_trusted(path: Path) -> None:
     if st.st_uid not in (os.getuid(), 0):
         raise ValueError(f"{path} belongs to uid {st.st_uid}, not to this user: not trusted")
     if st.st_mode & 0o022:
-        raise ValueError(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): not trusted "
-                         "(chmod 600 it)")
+        raise ValueError(
+            f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): not trusted (chmod 600 it)"
+        )
 
 
 def _tenant(name: Any, entry: Any) -> Tenant:
@@ -153,20 +154,29 @@ def load(path: Path) -> dict[str, Tenant]:
     check_trusted(path)
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or not isinstance(data.get("tenants", {}), dict):
-        raise ValueError(f"{path}: expected {{\"tenants\": {{name: limits}}}}")
+        raise ValueError(f'{path}: expected {{"tenants": {{name: limits}}}}')
     return {name: _tenant(name, entry) for name, entry in data.get("tenants", {}).items()}
 
 
 def save(path: Path, tenants: dict[str, Tenant]) -> None:
     private_dir(path.parent)
-    body = {"version": 1, "tenants": {t.name: {k: v for k, v in asdict(t).items() if k != "name"}
-                                      for t in tenants.values()}}
+    body = {
+        "version": 1,
+        "tenants": {t.name: {k: v for k, v in asdict(t).items() if k != "name"} for t in tenants.values()},
+    }
     write_private(path, json.dumps(body, indent=2) + "\n")
 
 
-def add(path: Path, name: str, l1_quota_bytes: int | None = None, max_sessions: int = DEFAULT_MAX_SESSIONS,
-        max_stores: int = DEFAULT_MAX_STORES, ec_quota_bytes: int | None = None,
-        ec_max_stores: int = DEFAULT_EC_MAX_STORES, ec_max_leases: int = DEFAULT_EC_MAX_LEASES) -> str:
+def add(
+    path: Path,
+    name: str,
+    l1_quota_bytes: int | None = None,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    max_stores: int = DEFAULT_MAX_STORES,
+    ec_quota_bytes: int | None = None,
+    ec_max_stores: int = DEFAULT_EC_MAX_STORES,
+    ec_max_leases: int = DEFAULT_EC_MAX_LEASES,
+) -> str:
     """Add (or re-key) a tenant; returns its new token, which is shown once and never stored."""
     if name == DEFAULT:
         raise ValueError("'default' is the server token's tenant; choose another name")
@@ -174,8 +184,16 @@ def add(path: Path, name: str, l1_quota_bytes: int | None = None, max_sessions: 
     if name not in tenants and len(tenants) >= MAX_TENANTS:
         raise ValueError(f"at most {MAX_TENANTS} tenants")
     token = "kvt-" + secrets.token_urlsafe(32)
-    tenants[name] = Tenant(name, token_digest(token), l1_quota_bytes, max_sessions, max_stores, ec_quota_bytes,
-                           ec_max_stores, ec_max_leases)
+    tenants[name] = Tenant(
+        name,
+        token_digest(token),
+        l1_quota_bytes,
+        max_sessions,
+        max_stores,
+        ec_quota_bytes,
+        ec_max_stores,
+        ec_max_leases,
+    )
     save(path, tenants)
     return token
 
@@ -235,7 +253,14 @@ class TenantBook:
         return self.tenants.get(name) or Tenant(name, max_sessions=1 << 20, max_stores=1 << 20)
 
     def describe(self) -> dict[str, Any]:
-        return {t.name: {"l1_quota_bytes": t.l1_quota_bytes, "max_sessions": t.max_sessions,
-                         "max_stores": t.max_stores, "ec_quota_bytes": t.ec_quota_bytes,
-                         "ec_max_stores": t.ec_max_stores, "ec_max_leases": t.ec_max_leases}
-                for t in self.tenants.values()}
+        return {
+            t.name: {
+                "l1_quota_bytes": t.l1_quota_bytes,
+                "max_sessions": t.max_sessions,
+                "max_stores": t.max_stores,
+                "ec_quota_bytes": t.ec_quota_bytes,
+                "ec_max_stores": t.ec_max_stores,
+                "ec_max_leases": t.ec_max_leases,
+            }
+            for t in self.tenants.values()
+        }

@@ -54,8 +54,9 @@ def conversations(trace: list[Request]) -> tuple[list[int], list[int]]:
     return turn, root
 
 
-def trace_classes(trace: list[Request]) -> tuple[int, Callable[[ObjectKey, int, int], int],
-                                                 Callable[[int, Request], None]]:
+def trace_classes(
+    trace: list[Request],
+) -> tuple[int, Callable[[ObjectKey, int, int], int], Callable[[int, Request], None]]:
     """(number of classes, classify, before each request) for classes from the trace's features."""
     turn, root = conversations(trace)
     seen: dict[int, int] = {}
@@ -81,8 +82,7 @@ def trace_classes(trace: list[Request]) -> tuple[int, Callable[[ObjectKey, int, 
     return own + 1, classify, before
 
 
-def calibrated(trace: list[Request], capacity_blocks: int, features: str = "lineage",
-               passes: int = 2) -> list[float]:
+def calibrated(trace: list[Request], capacity_blocks: int, features: str = "lineage", passes: int = 2) -> list[float]:
     """Token hit rates of `lhd` learning the whole trace's statistics (first), then of `passes`
     replays that use the statistics of the replay before, computed in advance."""
     if features == "lineage":

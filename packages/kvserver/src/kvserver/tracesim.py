@@ -68,8 +68,13 @@ class _SimArena:
         self.capacity = capacity
 
 
-def simulate(trace: list[Request], policy: str | EvictionPolicy[ObjectKey], capacity_blocks: int,
-             inherit: bool = False, on_request: Callable[[int, Request], None] | None = None) -> float:
+def simulate(
+    trace: list[Request],
+    policy: str | EvictionPolicy[ObjectKey],
+    capacity_blocks: int,
+    inherit: bool = False,
+    on_request: Callable[[int, Request], None] | None = None,
+) -> float:
     """Token hit rate of the server's own L1 code (lookup, touch, store, commit order as cache.py).
 
     `policy`: a name, or a policy object (tracebounds.py's calibrated ones); `on_request(i, request)`

@@ -45,12 +45,32 @@ class WritePath(CacheBase):
             raise OutOfRange("start_chunk beyond the last full chunk")
         book, res = self.reservations, None
         if f.reservation is not None:
-            res = book.for_store(who.scope(f.reservation), who.tenant, f.total_chunks, sizes, ks, salt, rank, hashes,
-                                 start, self.ledger.limits(who.tenant)[0])
+            res = book.for_store(
+                who.scope(f.reservation),
+                who.tenant,
+                f.total_chunks,
+                sizes,
+                ks,
+                salt,
+                rank,
+                hashes,
+                start,
+                self.ledger.limits(who.tenant)[0],
+            )
         budget = book.headroom() if res is None and book.live else None  # plain stores leave bookings alone
-        txn = StoreTxn(new_store_id(), f.mode, None if f.session is None else who.scope(f.session), [],
-                       self.table.deadline(), keyspace=ks, salt=salt, tokens=f.tokens, hashes=hashes,
-                       owner=who.tenant, reservation=None if res is None else res.id)
+        txn = StoreTxn(
+            new_store_id(),
+            f.mode,
+            None if f.session is None else who.scope(f.session),
+            [],
+            self.table.deadline(),
+            keyspace=ks,
+            salt=salt,
+            tokens=f.tokens,
+            hashes=hashes,
+            owner=who.tenant,
+            reservation=None if res is None else res.id,
+        )
         reply_slots = []
         for chunk, group, key in self.groups.store_objects(ks, salt, rank, hashes, start):
             existing = self.l1.entries.get(key)
@@ -98,8 +118,9 @@ class WritePath(CacheBase):
             raise UnknownStore(f"unknown or expired store {store_id}")
         return txn
 
-    def commit(self, store_id: str, frames: list[memoryview], checksums: list[int],
-               who: Identity = ADMIN) -> dict[str, Any]:
+    def commit(
+        self, store_id: str, frames: list[memoryview], checksums: list[int], who: Identity = ADMIN
+    ) -> dict[str, Any]:
         txn = self._own_store(store_id, who)
         if txn.expires <= time.monotonic():  # expired, the sweep just has not run yet: same answer
             del self.table.stores[store_id]
@@ -114,8 +135,7 @@ class WritePath(CacheBase):
                 raise BadField(f"expected {len(txn.slots)} data frames, got {len(frames)}")
             for slot, frame in zip(txn.slots, frames, strict=True):
                 if len(frame) != slot.entry.size:
-                    raise BadField(f"frame for chunk {slot.chunk} has {len(frame)} bytes, "
-                                   f"expected {slot.entry.size}")
+                    raise BadField(f"frame for chunk {slot.chunk} has {len(frame)} bytes, expected {slot.entry.size}")
             for slot, frame in zip(txn.slots, frames, strict=True):
                 self.l1.arena.write(slot.entry.offset, frame)
         elif frames:

@@ -21,13 +21,26 @@ def keyspace_options(func: F) -> F:
     options = [
         click.option("--model", required=True, help="Model name the engines registered."),
         click.option("--tokens", "tokens_text", default=None, help="Token ids, e.g. 1,2,3."),
-        click.option("--tokens-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-                     help="File of token ids (JSON list, or integers separated by commas/whitespace)."),
+        click.option(
+            "--tokens-file",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            default=None,
+            help="File of token ids (JSON list, or integers separated by commas/whitespace).",
+        ),
         click.option("--salt", default="", help="Cache salt (tenant isolation) the engine used."),
-        click.option("--layout-fingerprint", "fingerprints", multiple=True,
-                     help="Layout fingerprint per object group (repeat); default: from registered engines."),
-        click.option("--world-size", default=1, show_default=True, type=click.IntRange(1, 4096),
-                     help="With --layout-fingerprint."),
+        click.option(
+            "--layout-fingerprint",
+            "fingerprints",
+            multiple=True,
+            help="Layout fingerprint per object group (repeat); default: from registered engines.",
+        ),
+        click.option(
+            "--world-size",
+            default=1,
+            show_default=True,
+            type=click.IntRange(1, 4096),
+            help="With --layout-fingerprint.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -71,18 +84,21 @@ def keyspaces_for(status: dict[str, Any], model: str) -> list[dict[str, Any]]:
         if engine.get("model") != model:
             continue
         groups = tuple(LayoutDescriptor.from_wire(g).fingerprint for g in engine.get("groups", []))
-        seen.setdefault((engine["world_size"], groups),
-                        {"model": model, "world_size": engine["world_size"], "groups": list(groups)})
+        seen.setdefault(
+            (engine["world_size"], groups), {"model": model, "world_size": engine["world_size"], "groups": list(groups)}
+        )
     return list(seen.values())
 
 
-def resolve_keyspaces(url: str, model: str, fingerprints: tuple[str, ...], world_size: int,
-                      timeout: float) -> list[dict[str, Any]]:
+def resolve_keyspaces(
+    url: str, model: str, fingerprints: tuple[str, ...], world_size: int, timeout: float
+) -> list[dict[str, Any]]:
     """The named layouts, or those of the engines registered for the model (Unreachable if none)."""
     if fingerprints:
         return [{"model": model, "world_size": world_size, "groups": list(fingerprints)}]
     keyspaces = keyspaces_for(fetch_status(url, timeout), model)
     if not keyspaces:
-        raise Unreachable(f"no engine registered for model {model!r} on {url}; "
-                          "pass --layout-fingerprint to name the layout")
+        raise Unreachable(
+            f"no engine registered for model {model!r} on {url}; pass --layout-fingerprint to name the layout"
+        )
     return keyspaces

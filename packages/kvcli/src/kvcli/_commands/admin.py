@@ -21,11 +21,17 @@ from ._keyspace_args import keyspace_options, read_tokens, resolve_keyspaces
 
 def _common(func: Any) -> Any:
     func = token_options(func)
-    func = click.option("--json", "as_json", is_flag=True,
-                        help="Print JSON (also on failure: ok false and the reason).")(func)
+    func = click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON (also on failure: ok false and the reason)."
+    )(func)
     func = click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(0.01, 3600))(func)
-    func = click.option("--url", type=URL, default=DEFAULT_URL, show_default=True,
-                        help="Server: host:port, tcp://, ipc:// (ZMQ) or http(s):// (admin API).")(func)
+    func = click.option(
+        "--url",
+        type=URL,
+        default=DEFAULT_URL,
+        show_default=True,
+        help="Server: host:port, tcp://, ipc:// (ZMQ) or http(s):// (admin API).",
+    )(func)
     return func
 
 
@@ -60,8 +66,17 @@ def _keys_command(op: str, verb: str, doc: str) -> click.Command:
     @click.command(name=op, help=doc)
     @_common
     @keyspace_options
-    def command(url: str, timeout: float, as_json: bool, model: str, tokens_text: str | None,
-                tokens_file: Path | None, salt: str, fingerprints: tuple[str, ...], world_size: int) -> None:
+    def command(
+        url: str,
+        timeout: float,
+        as_json: bool,
+        model: str,
+        tokens_text: str | None,
+        tokens_file: Path | None,
+        salt: str,
+        fingerprints: tuple[str, ...],
+        world_size: int,
+    ) -> None:
         tokens = read_tokens(tokens_text, tokens_file)
         try:
             keyspaces = resolve_keyspaces(url, model, fingerprints, world_size, timeout)
@@ -78,15 +93,26 @@ def _keys_command(op: str, verb: str, doc: str) -> click.Command:
         except Unreachable as exc:
             fail(str(exc), as_json, url=url, model=model)
         if as_json:
-            emit_json({"ok": True, "url": url, "model": model, "tokens": len(tokens), "keyspaces": len(keyspaces),
-                       "objects": total})
+            emit_json(
+                {
+                    "ok": True,
+                    "url": url,
+                    "model": model,
+                    "tokens": len(tokens),
+                    "keyspaces": len(keyspaces),
+                    "objects": total,
+                }
+            )
         else:
             click.echo(f"{url}: {verb} {total} objects of {len(tokens)} tokens ({model})")
 
     return command
 
 
-pin_command = _keys_command("pin", "pinned", "Pin the ready objects of a token sequence in L1 so eviction never "
-                                             "takes them (until unpin or clear).")
+pin_command = _keys_command(
+    "pin",
+    "pinned",
+    "Pin the ready objects of a token sequence in L1 so eviction never takes them (until unpin or clear).",
+)
 unpin_command = _keys_command("unpin", "unpinned", "Make pinned objects of a token sequence evictable again.")
 command = clear_command

@@ -12,13 +12,17 @@ import click
 
 from .._output import fail
 
-MISSING = ("the coordinator is not installed here: install the kvcoordinator package "
-           "(pip install 'kvcli[coordinator]' or pip install kvcoordinator)")
+MISSING = (
+    "the coordinator is not installed here: install the kvcoordinator package "
+    "(pip install 'kvcli[coordinator]' or pip install kvcoordinator)"
+)
 
 
 def _missing_command() -> click.Command:
-    @click.command(name="coordinator", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                                         "help_option_names": []})
+    @click.command(
+        name="coordinator",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    )
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def missing(args: tuple[str, ...]) -> Any:
         """Run the fleet coordinator (needs the kvcoordinator package)."""

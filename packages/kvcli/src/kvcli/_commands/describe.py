@@ -41,34 +41,63 @@ def render(url: str, status: dict[str, Any]) -> list[Any]:
 
     d = derived(status)
     l1, c = status.get("l1", {}), status.get("counters", {})
-    out: list[Any] = [_kv_table(f"kvserver {status.get('version', '?')} at {url}", [
-        ("protocol", str(status.get("protocol"))),
-        ("uptime", f"{status.get('uptime_s', 0):.0f} s"),
-        ("engines", str(d["engines"])),
-        ("sessions", str(status.get("sessions", 0))),
-        ("stores in flight", str(status.get("stores_in_flight", 0))),
-        ("token hit rate", f"{percent(d['token_hit_rate'])} ({c.get('lookup_hit_tokens', 0)} of "
-                           f"{c.get('lookup_tokens', 0)} tokens)"),
-    ])]
+    out: list[Any] = [
+        _kv_table(
+            f"kvserver {status.get('version', '?')} at {url}",
+            [
+                ("protocol", str(status.get("protocol"))),
+                ("uptime", f"{status.get('uptime_s', 0):.0f} s"),
+                ("engines", str(d["engines"])),
+                ("sessions", str(status.get("sessions", 0))),
+                ("stores in flight", str(status.get("stores_in_flight", 0))),
+                (
+                    "token hit rate",
+                    f"{percent(d['token_hit_rate'])} ({c.get('lookup_hit_tokens', 0)} of "
+                    f"{c.get('lookup_tokens', 0)} tokens)",
+                ),
+            ],
+        )
+    ]
     cfg = status.get("config", {})
     out.append(_kv_table("config", [(k, str(v)) for k, v in cfg.items() if v not in (None, [], ())]))
-    out.append(_kv_table("L1", [
-        ("used", f"{human_bytes(l1.get('used_bytes'))} of {human_bytes(l1.get('capacity_bytes'))} "
-                 f"({percent(d['l1_used_fraction'])})"),
-        *[(k, str(l1.get(k))) for k in ("objects", "writing", "leased", "pinned", "evictions", "arena") if k in l1],
-    ]))
+    out.append(
+        _kv_table(
+            "L1",
+            [
+                (
+                    "used",
+                    f"{human_bytes(l1.get('used_bytes'))} of {human_bytes(l1.get('capacity_bytes'))} "
+                    f"({percent(d['l1_used_fraction'])})",
+                ),
+                *[
+                    (k, str(l1.get(k)))
+                    for k in ("objects", "writing", "leased", "pinned", "evictions", "arena")
+                    if k in l1
+                ],
+            ],
+        )
+    )
     ec = status.get("ec")
     if isinstance(ec, dict):  # the encoder cache: its own segment and budget, shown apart from L1's KV
         ec_c = ec.get("counters", {})
         asked = ec_c.get("hits", 0) + ec_c.get("misses", 0)
-        out.append(_kv_table("encoder cache (EC)", [
-            ("used", f"{human_bytes(ec.get('used_bytes'))} of {human_bytes(ec.get('capacity_bytes'))}"),
-            ("objects", f"{ec.get('objects', 0)} ({human_bytes(ec.get('object_bytes'))})"),
-            ("hit rate", f"{percent(ec_c.get('hits', 0) / asked if asked else None)} "
-                         f"({ec_c.get('hits', 0)} of {asked} items)"),
-            *[(k, str(ec_c.get(k))) for k in ("stores", "evictions", "no_space") if k in ec_c],
-            ("leases", str(ec.get("leases", 0))), ("arena", str(ec.get("arena", "-"))),
-        ]))
+        out.append(
+            _kv_table(
+                "encoder cache (EC)",
+                [
+                    ("used", f"{human_bytes(ec.get('used_bytes'))} of {human_bytes(ec.get('capacity_bytes'))}"),
+                    ("objects", f"{ec.get('objects', 0)} ({human_bytes(ec.get('object_bytes'))})"),
+                    (
+                        "hit rate",
+                        f"{percent(ec_c.get('hits', 0) / asked if asked else None)} "
+                        f"({ec_c.get('hits', 0)} of {asked} items)",
+                    ),
+                    *[(k, str(ec_c.get(k))) for k in ("stores", "evictions", "no_space") if k in ec_c],
+                    ("leases", str(ec.get("leases", 0))),
+                    ("arena", str(ec.get("arena", "-"))),
+                ],
+            )
+        )
     tiers = status.get("l2") or []
     if tiers:
         cols = ["url", "up", "objects", "bytes", "puts", "gets", "hits", "misses", "errors", "dropped"]
@@ -84,25 +113,39 @@ def render(url: str, status: dict[str, Any]) -> list[Any]:
         for col in ("id", "model", "world", "rank", "groups", "host", "pid"):
             table.add_column(col)
         for e in engines:
-            table.add_row(str(e.get("id")), str(e.get("model")), str(e.get("world_size")), str(e.get("rank")),
-                          str(len(e.get("groups", []))), str(e.get("host") or "-"), str(e.get("pid") or "-"))
+            table.add_row(
+                str(e.get("id")),
+                str(e.get("model")),
+                str(e.get("world_size")),
+                str(e.get("rank")),
+                str(len(e.get("groups", []))),
+                str(e.get("host") or "-"),
+                str(e.get("pid") or "-"),
+            )
         out.append(table)
     out.append(_kv_table("counters", [(k, str(v)) for k, v in c.items()]))
     blend = status.get("blend")
     if isinstance(blend, dict) and (blend.get("stores") or blend.get("lookups")):  # only once CacheBlend is used
-        out.append(_kv_table("blend (approximate reuse; not in the prefix counters)",
-                             [(k, str(v)) for k, v in blend.items()]))
+        out.append(
+            _kv_table("blend (approximate reuse; not in the prefix counters)", [(k, str(v)) for k, v in blend.items()])
+        )
     ops = status.get("ops", {})
     if ops:
         out.append(_kv_table("ops", [(k, str(v)) for k, v in sorted(ops.items())]))
-    out.append(_kv_table("errors", [(k, str(v)) for k, v in sorted(status.get("errors", {}).items())]
-                         or [("none", "")]))
+    out.append(
+        _kv_table("errors", [(k, str(v)) for k, v in sorted(status.get("errors", {}).items())] or [("none", "")])
+    )
     return out
 
 
 @click.command(name="describe")
-@click.option("--url", type=URL, default=DEFAULT_URL, show_default=True,
-              help="host:port, tcp:// or ipc:// (ZMQ) or http(s):// (/v1/status).")
+@click.option(
+    "--url",
+    type=URL,
+    default=DEFAULT_URL,
+    show_default=True,
+    help="host:port, tcp:// or ipc:// (ZMQ) or http(s):// (/v1/status).",
+)
 @click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(0.01, 3600))
 @click.option("--json", "as_json", is_flag=True, help="Print the server's status map plus derived figures as JSON.")
 @token_options

@@ -16,22 +16,39 @@ DEFAULT_COORDINATOR = "http://127.0.0.1:9090"
 def render(body: dict[str, Any]) -> Any:
     from rich.table import Table
 
-    table = Table(title=f"{len(body['instances'])} instances (timeout {body.get('instance_timeout', '-')} s)",
-                  title_justify="left")
+    table = Table(
+        title=f"{len(body['instances'])} instances (timeout {body.get('instance_timeout', '-')} s)",
+        title_justify="left",
+    )
     for col in ("id", "zmq", "http", "liveness", "last beat", "L1 used", "objects", "models"):
-        table.add_column(col, justify="right" if col in ("last beat", "L1 used", "objects") else "left",
-                         no_wrap=col in ("zmq", "http"))
+        table.add_column(
+            col,
+            justify="right" if col in ("last beat", "L1 used", "objects") else "left",
+            no_wrap=col in ("zmq", "http"),
+        )
     for inst in body["instances"]:
-        table.add_row(str(inst.get("id", "?"))[:12], str(inst.get("zmq_url") or "-"), str(inst.get("http_url") or "-"),
-                      str(inst.get("liveness", "?")), f"{inst.get('seconds_since_heartbeat', 0):.1f}s",
-                      human_bytes(inst.get("l1_used_bytes")), str(inst.get("objects", "-")),
-                      ",".join(inst.get("models") or []) or "-")
+        table.add_row(
+            str(inst.get("id", "?"))[:12],
+            str(inst.get("zmq_url") or "-"),
+            str(inst.get("http_url") or "-"),
+            str(inst.get("liveness", "?")),
+            f"{inst.get('seconds_since_heartbeat', 0):.1f}s",
+            human_bytes(inst.get("l1_used_bytes")),
+            str(inst.get("objects", "-")),
+            ",".join(inst.get("models") or []) or "-",
+        )
     return table
 
 
 @click.command(name="instances")
-@click.option("--coordinator", "url", type=HTTP_URL, default=DEFAULT_COORDINATOR, show_default=True,
-              help="Coordinator url (http://host:port, or host:port).")
+@click.option(
+    "--coordinator",
+    "url",
+    type=HTTP_URL,
+    default=DEFAULT_COORDINATOR,
+    show_default=True,
+    help="Coordinator url (http://host:port, or host:port).",
+)
 @click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(0.01, 3600))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (also on failure: ok false and the reason).")
 @token_options

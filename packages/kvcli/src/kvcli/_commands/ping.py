@@ -24,11 +24,17 @@ def ping_zmq(url: str, timeout: float, count: int) -> dict[str, Any]:
             result = zmq_call(client, "ping", timeout)
             rtts.append(time.perf_counter() - t0)
     if result.get("protocol") != PROTOCOL_VERSION:
-        raise Unreachable(f"protocol version mismatch: server speaks {result.get('protocol')!r}, "
-                          f"kvcli speaks {PROTOCOL_VERSION}")
-    return {"url": url, "version": result.get("version"), "protocol": result.get("protocol"),
-            "rtt_ms": round(1000 * min(rtts), 3), "rtt_ms_avg": round(1000 * sum(rtts) / len(rtts), 3),
-            "count": count}
+        raise Unreachable(
+            f"protocol version mismatch: server speaks {result.get('protocol')!r}, kvcli speaks {PROTOCOL_VERSION}"
+        )
+    return {
+        "url": url,
+        "version": result.get("version"),
+        "protocol": result.get("protocol"),
+        "rtt_ms": round(1000 * min(rtts), 3),
+        "rtt_ms_avg": round(1000 * sum(rtts) / len(rtts), 3),
+        "count": count,
+    }
 
 
 def ping_http(url: str, timeout: float, count: int = 1) -> dict[str, Any]:
@@ -38,9 +44,14 @@ def ping_http(url: str, timeout: float, count: int = 1) -> dict[str, Any]:
     for _ in range(count):
         status, body, elapsed = http_get(url, "/healthz", timeout)
         rtts.append(elapsed)
-    out: dict[str, Any] = {"url": url, "status": status, "rtt_ms": round(1000 * min(rtts), 3),
-                           "rtt_ms_avg": round(1000 * sum(rtts) / len(rtts), 3), "count": count,
-                           "healthy": status == 200}
+    out: dict[str, Any] = {
+        "url": url,
+        "status": status,
+        "rtt_ms": round(1000 * min(rtts), 3),
+        "rtt_ms_avg": round(1000 * sum(rtts) / len(rtts), 3),
+        "count": count,
+        "healthy": status == 200,
+    }
     if isinstance(body, dict):
         out["body"] = body
     if status != 200:
@@ -49,13 +60,29 @@ def ping_http(url: str, timeout: float, count: int = 1) -> dict[str, Any]:
 
 
 @click.command(name="ping")
-@click.option("--url", type=URL, default=DEFAULT_URL, show_default=True,
-              help="Server: host:port or tcp://host:port or ipc://path (ZMQ ping), http(s):// (HTTP /healthz).")
+@click.option(
+    "--url",
+    type=URL,
+    default=DEFAULT_URL,
+    show_default=True,
+    help="Server: host:port or tcp://host:port or ipc://path (ZMQ ping), http(s):// (HTTP /healthz).",
+)
 @click.option("--http-url", type=HTTP_URL, default=None, help="Also check HTTP health at this admin url.")
-@click.option("--timeout", default=2.0, show_default=True, type=click.FloatRange(0.01, 3600),
-              help="Seconds to wait for each answer.")
-@click.option("-c", "--count", default=1, show_default=True, type=click.IntRange(1, 1000),
-              help="Round trips to measure (the minimum is reported).")
+@click.option(
+    "--timeout",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(0.01, 3600),
+    help="Seconds to wait for each answer.",
+)
+@click.option(
+    "-c",
+    "--count",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Round trips to measure (the minimum is reported).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (also on failure: ok false and the reason).")
 @token_options
 def command(url: str, http_url: str | None, timeout: float, count: int, as_json: bool) -> None:

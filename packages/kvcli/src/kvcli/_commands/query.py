@@ -19,8 +19,9 @@ from ._keyspace_args import keyspace_options, read_tokens, resolve_keyspaces
 NON_TIER_FIELDS = {"hash", "objects", "index"}
 
 
-def run_query(url: str, model: str, tokens: list[int], salt: str, fingerprints: tuple[str, ...],
-              world_size: int, timeout: float) -> dict[str, Any]:
+def run_query(
+    url: str, model: str, tokens: list[int], salt: str, fingerprints: tuple[str, ...], world_size: int, timeout: float
+) -> dict[str, Any]:
     from kvprotocol import pack_tokens
 
     keyspaces = resolve_keyspaces(url, model, fingerprints, world_size, timeout)
@@ -32,8 +33,9 @@ def run_query(url: str, model: str, tokens: list[int], salt: str, fingerprints: 
             fields["salt"] = salt
         result, _ = zmq_request(url, "query", timeout, **fields)
         chunks = [{"index": i, **chunk} for i, chunk in enumerate(result["chunks"])]
-        answers.append({**ks, "chunk_size": result["chunk_size"], "prefix_tokens": result["prefix_tokens"],
-                        "chunks": chunks})
+        answers.append(
+            {**ks, "chunk_size": result["chunk_size"], "prefix_tokens": result["prefix_tokens"], "chunks": chunks}
+        )
     return {"url": url, "model": model, "tokens": len(tokens), "salt": bool(salt), "keyspaces": answers}
 
 
@@ -51,9 +53,11 @@ def render(answer: dict[str, Any]) -> list[Any]:
     out: list[Any] = []
     for ks in answer["keyspaces"]:
         tiers = _tiers(ks["chunks"])
-        title = (f"{answer['model']} world={ks['world_size']} layouts={','.join(ks['groups'])}: "
-                 f"reusable prefix {ks['prefix_tokens']} of {answer['tokens']} tokens "
-                 f"(chunk {ks['chunk_size']})")
+        title = (
+            f"{answer['model']} world={ks['world_size']} layouts={','.join(ks['groups'])}: "
+            f"reusable prefix {ks['prefix_tokens']} of {answer['tokens']} tokens "
+            f"(chunk {ks['chunk_size']})"
+        )
         out.append(Text(title, style="bold"))
         table = Table()
         table.add_column("chunk", justify="right")
@@ -66,21 +70,36 @@ def render(answer: dict[str, Any]) -> list[Any]:
         for chunk in ks["chunks"]:
             i, size = chunk["index"], ks["chunk_size"]
             cells = [f"{chunk.get(t, 0)}/{chunk['objects']}" for t in tiers]
-            table.add_row(str(i), f"{i * size}-{(i + 1) * size - 1}", chunk["hash"][:16], *cells,
-                          "yes" if i < prefix_chunks else "")
+            table.add_row(
+                str(i),
+                f"{i * size}-{(i + 1) * size - 1}",
+                chunk["hash"][:16],
+                *cells,
+                "yes" if i < prefix_chunks else "",
+            )
         out.append(table)
     return out
 
 
 @click.command(name="query")
-@click.option("--url", type=URL, default=DEFAULT_URL, show_default=True,
-              help="Server ZMQ url (host:port, tcp:// or ipc://).")
+@click.option(
+    "--url", type=URL, default=DEFAULT_URL, show_default=True, help="Server ZMQ url (host:port, tcp:// or ipc://)."
+)
 @keyspace_options
 @click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(0.01, 3600))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (also on failure: ok false and the reason).")
 @token_options
-def command(url: str, model: str, tokens_text: str | None, tokens_file: Path | None, salt: str,
-            fingerprints: tuple[str, ...], world_size: int, timeout: float, as_json: bool) -> None:
+def command(
+    url: str,
+    model: str,
+    tokens_text: str | None,
+    tokens_file: Path | None,
+    salt: str,
+    fingerprints: tuple[str, ...],
+    world_size: int,
+    timeout: float,
+    as_json: bool,
+) -> None:
     """Per-chunk hash and presence per tier of a token sequence, and its reusable prefix in tokens."""
     if is_http(url):
         raise click.UsageError("query speaks ZMQ: give the server's tcp:// url")

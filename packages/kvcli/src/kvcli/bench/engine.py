@@ -20,9 +20,32 @@ from .stats import Latencies
 from .workloads import VOCAB, WorkloadSpec
 
 WORDS = [
-    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
-    "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor",
-    "whiskey", "xray", "yankee", "zulu",
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+    "quebec",
+    "romeo",
+    "sierra",
+    "tango",
+    "uniform",
+    "victor",
+    "whiskey",
+    "xray",
+    "yankee",
+    "zulu",
 ]
 
 
@@ -69,10 +92,13 @@ class EngineBench:
             self.model = self.model or await self._default_model(client)
             rng = np.random.default_rng(self.spec.seed)
             shared = self._draw(rng, self.spec.context_tokens)
-            convs = [Conversation(self.prompt_format == "tokens",
-                                  self._draw(rng, self.spec.context_tokens)
-                                  if self.spec.name != "shared-prefix" else shared)
-                     for _ in range(self.spec.users)]
+            convs = [
+                Conversation(
+                    self.prompt_format == "tokens",
+                    self._draw(rng, self.spec.context_tokens) if self.spec.name != "shared-prefix" else shared,
+                )
+                for _ in range(self.spec.users)
+            ]
             sem = asyncio.Semaphore(self.concurrency)
             started = time.perf_counter()
 
@@ -115,8 +141,14 @@ class EngineBench:
         return str(data[0]["id"])
 
     async def _one(self, client: httpx.AsyncClient, prompt: Any, round_: int) -> str:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max(1, self.spec.answer_tokens),
-                "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max(1, self.spec.answer_tokens),
+            "stream": True,
+            "temperature": 0.0,
+            "stream_options": {"include_usage": True},
+        }
         t0 = time.perf_counter()
         first: float | None = None
         pieces: list[str] = []
@@ -162,18 +194,33 @@ class EngineBench:
     def report(self, elapsed: float) -> dict[str, Any]:
         ok = len(self.lat.samples.get("ttft", []))
         return {
-            "target": self.url, "model": self.model, "workload": self.spec.name, "prompt_format": self.prompt_format,
-            "spec": {"users": self.spec.users, "rounds": self.spec.rounds, "context_tokens": self.spec.context_tokens,
-                     "question_tokens": self.spec.question_tokens, "answer_tokens": self.spec.answer_tokens,
-                     "concurrency": self.concurrency, "seed": self.spec.seed},
-            "requests": self.requests, "completed": ok, "errors": dict(self.errors),
+            "target": self.url,
+            "model": self.model,
+            "workload": self.spec.name,
+            "prompt_format": self.prompt_format,
+            "spec": {
+                "users": self.spec.users,
+                "rounds": self.spec.rounds,
+                "context_tokens": self.spec.context_tokens,
+                "question_tokens": self.spec.question_tokens,
+                "answer_tokens": self.spec.answer_tokens,
+                "concurrency": self.concurrency,
+                "seed": self.spec.seed,
+            },
+            "requests": self.requests,
+            "completed": ok,
+            "errors": dict(self.errors),
             "duration_s": round(elapsed, 4),
             "ttft_ms": self.lat.summary(("ttft",))["ttft"],
             "latency_ms": self.lat.summary(("e2e",))["e2e"],
-            "ttft_p50_by_round_ms": {str(r): round(float(np.percentile(v, 50)) * 1000, 3)
-                                     for r, v in sorted(self.by_round.items())},
-            "throughput": {"requests_per_s": round(ok / elapsed, 4) if elapsed else None,
-                           "output_tokens_per_s": round(self.output_tokens / elapsed, 2) if elapsed else None,
-                           "prompt_tokens_per_s": round(self.prompt_tokens / elapsed, 2) if elapsed else None},
-            "output_tokens": self.output_tokens, "prompt_tokens": self.prompt_tokens,
+            "ttft_p50_by_round_ms": {
+                str(r): round(float(np.percentile(v, 50)) * 1000, 3) for r, v in sorted(self.by_round.items())
+            },
+            "throughput": {
+                "requests_per_s": round(ok / elapsed, 4) if elapsed else None,
+                "output_tokens_per_s": round(self.output_tokens / elapsed, 2) if elapsed else None,
+                "prompt_tokens_per_s": round(self.prompt_tokens / elapsed, 2) if elapsed else None,
+            },
+            "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
         }

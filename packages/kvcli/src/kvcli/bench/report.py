@@ -43,30 +43,47 @@ def _gbps(v: float | None) -> str:
 
 def server_report(r: dict[str, Any]) -> list[Any]:
     shape, thr, obj = r["kv_shape"], r["throughput_gbps"], r["objects"]
-    summary = _kv(f"bench server: {r['workload']} over {r['mode']} against {r['target']}", [
-        ("requests", f"{r['requests']} in {r['duration_s']:.2f} s"),
-        ("kv shape", f"{shape['layers']} layers x {shape['kv_heads']} kv heads x {shape['head_dim']} head dim, "
-                     f"{shape['dtype']}, block {shape['block_size']}, chunk {shape['chunk_size']} "
-                     f"({human_bytes(shape['object_bytes'])}/object)"),
-        ("token hit rate", f"{percent(r['token_hit_rate'])} ({r['hit_tokens']} of {r['prompt_tokens']} tokens)"),
-        ("stored", f"{human_bytes(r['bytes']['stored'])} ({obj['stored']} objects, {obj['deduplicated']} deduplicated,"
-                   f" {obj['no_space']} refused for space)"),
-        ("retrieved", f"{human_bytes(r['bytes']['retrieved'])} ({obj['retrieved']} objects)"),
-        ("throughput", f"store {_gbps(thr['store'])}, retrieve {_gbps(thr['retrieve'])}, "
-                       f"overall {_gbps(thr['overall'])}"),
-        ("verify errors", str(r["verify_errors"])),
-        ("errors", ", ".join(f"{k}={v}" for k, v in r["errors"].items()) or "none"),
-    ])
+    summary = _kv(
+        f"bench server: {r['workload']} over {r['mode']} against {r['target']}",
+        [
+            ("requests", f"{r['requests']} in {r['duration_s']:.2f} s"),
+            (
+                "kv shape",
+                f"{shape['layers']} layers x {shape['kv_heads']} kv heads x {shape['head_dim']} head dim, "
+                f"{shape['dtype']}, block {shape['block_size']}, chunk {shape['chunk_size']} "
+                f"({human_bytes(shape['object_bytes'])}/object)",
+            ),
+            ("token hit rate", f"{percent(r['token_hit_rate'])} ({r['hit_tokens']} of {r['prompt_tokens']} tokens)"),
+            (
+                "stored",
+                f"{human_bytes(r['bytes']['stored'])} ({obj['stored']} objects, {obj['deduplicated']} deduplicated,"
+                f" {obj['no_space']} refused for space)",
+            ),
+            ("retrieved", f"{human_bytes(r['bytes']['retrieved'])} ({obj['retrieved']} objects)"),
+            (
+                "throughput",
+                f"store {_gbps(thr['store'])}, retrieve {_gbps(thr['retrieve'])}, overall {_gbps(thr['overall'])}",
+            ),
+            ("verify errors", str(r["verify_errors"])),
+            ("errors", ", ".join(f"{k}={v}" for k, v in r["errors"].items()) or "none"),
+        ],
+    )
     return [summary, _latency_table("latency", r["latency_ms"])]
 
 
 def engine_report(r: dict[str, Any]) -> list[Any]:
     thr = r["throughput"]
-    summary = _kv(f"bench engine: {r['workload']} against {r['target']} (model {r['model']})", [
-        ("requests", f"{r['completed']} of {r['requests']} completed in {r['duration_s']:.2f} s"),
-        ("throughput", f"{_num(thr['requests_per_s'], 2)} req/s, {_num(thr['output_tokens_per_s'], 0)} output tok/s, "
-                       f"{_num(thr['prompt_tokens_per_s'], 0)} prompt tok/s"),
-        ("ttft p50 by round", ", ".join(f"r{k}: {v:.1f} ms" for k, v in r["ttft_p50_by_round_ms"].items()) or "-"),
-        ("errors", ", ".join(f"{k}={v}" for k, v in r["errors"].items()) or "none"),
-    ])
+    summary = _kv(
+        f"bench engine: {r['workload']} against {r['target']} (model {r['model']})",
+        [
+            ("requests", f"{r['completed']} of {r['requests']} completed in {r['duration_s']:.2f} s"),
+            (
+                "throughput",
+                f"{_num(thr['requests_per_s'], 2)} req/s, {_num(thr['output_tokens_per_s'], 0)} output tok/s, "
+                f"{_num(thr['prompt_tokens_per_s'], 0)} prompt tok/s",
+            ),
+            ("ttft p50 by round", ", ".join(f"r{k}: {v:.1f} ms" for k, v in r["ttft_p50_by_round_ms"].items()) or "-"),
+            ("errors", ", ".join(f"{k}={v}" for k, v in r["errors"].items()) or "none"),
+        ],
+    )
     return [summary, _latency_table("latency", {"ttft": r["ttft_ms"], "end-to-end": r["latency_ms"]})]

@@ -17,8 +17,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from kvprotocol import (Client, KeySpace, RequestTimeout, ServerError, chunk_hashes, flows, new_session_id,
-                        pack_tokens)
+from kvprotocol import Client, KeySpace, RequestTimeout, ServerError, chunk_hashes, flows, new_session_id, pack_tokens
 from kvprotocol import replies as rp
 from kvprotocol import requests as rq
 from kvprotocol.kvsum import kvsum64
@@ -73,8 +72,16 @@ class ServerBench:
         with Client(self.url, timeout=self.timeout, token=cli_token()) as client:
             chunk_size = int(self._call(client, "describe").result["config"]["chunk_size"])
             layout = self.shape.layout(chunk_size)
-            reg = self._call(client, "register_engine", model=self.model, world_size=1, rank=0,
-                             groups=[layout.to_wire()], host=socket.gethostname(), pid=os.getpid()).result
+            reg = self._call(
+                client,
+                "register_engine",
+                model=self.model,
+                world_size=1,
+                rank=0,
+                groups=[layout.to_wire()],
+                host=socket.gethostname(),
+                pid=os.getpid(),
+            ).result
             keyspace = KeySpace(self.model, 1, (layout.fingerprint,)).wire()
             arena = Arena(reg["arena"]["name"], reg["arena"]["size"]) if self.mode == "shm" else None
             payload = Payload(layout.object_bytes, self.spec.seed)
@@ -108,8 +115,18 @@ class ServerBench:
         except RequestTimeout as exc:
             raise BenchAborted(f"timeout: {exc}") from None
 
-    def _one(self, client: Client, arena: Arena | None, payload: Payload, sink: np.ndarray,
-             keyspace: rq.KeySpaceW, salt: str, chunk_size: int, req: Request, n: int) -> None:
+    def _one(
+        self,
+        client: Client,
+        arena: Arena | None,
+        payload: Payload,
+        sink: np.ndarray,
+        keyspace: rq.KeySpaceW,
+        salt: str,
+        chunk_size: int,
+        req: Request,
+        n: int,
+    ) -> None:
         tokens = pack_tokens(req.tokens)
         hashes = chunk_hashes(req.tokens, chunk_size)
         session = new_session_id()  # 128 random bits: the server refuses guessable session ids
@@ -134,8 +151,16 @@ class ServerBench:
             except ServerError as exc:
                 t.errors[str(exc.code)] = t.errors.get(str(exc.code), 0) + 1
 
-    def _retrieve(self, client: Client, arena: Arena | None, payload: Payload, sink: np.ndarray,
-                  session: str, hashes: list[bytes], end: int) -> None:
+    def _retrieve(
+        self,
+        client: Client,
+        arena: Arena | None,
+        payload: Payload,
+        sink: np.ndarray,
+        session: str,
+        hashes: list[bytes],
+        end: int,
+    ) -> None:
         t0 = time.perf_counter()
         mode: rq.Mode = "shm" if arena is not None else "tcp"
         req = rq.Retrieve(session=session, rank=0, start_chunk=0, end_chunk=end, mode=mode)
@@ -160,8 +185,16 @@ class ServerBench:
         self.tally.retrieved_objects += len(objects)
         self.tally.retrieved_bytes += sum(o.size for o in objects)
 
-    def _store(self, client: Client, arena: Arena | None, payload: Payload, session: str,
-               common: dict[str, Any], hashes: list[bytes], start: int) -> None:
+    def _store(
+        self,
+        client: Client,
+        arena: Arena | None,
+        payload: Payload,
+        session: str,
+        common: dict[str, Any],
+        hashes: list[bytes],
+        start: int,
+    ) -> None:
         t = self.tally
         t0 = time.perf_counter()
 
@@ -191,21 +224,37 @@ class ServerBench:
         t, lat = self.tally, self.lat
         moved = t.stored_bytes + t.retrieved_bytes
         return {
-            "target": self.url, "mode": self.mode, "workload": self.spec.name,
-            "spec": {"users": self.spec.users, "rounds": self.spec.rounds, "context_tokens": self.spec.context_tokens,
-                     "question_tokens": self.spec.question_tokens, "answer_tokens": self.spec.answer_tokens,
-                     "seed": self.spec.seed, "duration_limit_s": self.duration or None},
+            "target": self.url,
+            "mode": self.mode,
+            "workload": self.spec.name,
+            "spec": {
+                "users": self.spec.users,
+                "rounds": self.spec.rounds,
+                "context_tokens": self.spec.context_tokens,
+                "question_tokens": self.spec.question_tokens,
+                "answer_tokens": self.spec.answer_tokens,
+                "seed": self.spec.seed,
+                "duration_limit_s": self.duration or None,
+            },
             "kv_shape": self.shape.describe(chunk_size),
-            "requests": t.requests, "duration_s": round(elapsed, 4),
-            "prompt_tokens": t.prompt_tokens, "hit_tokens": t.hit_tokens,
+            "requests": t.requests,
+            "duration_s": round(elapsed, 4),
+            "prompt_tokens": t.prompt_tokens,
+            "hit_tokens": t.hit_tokens,
             "token_hit_rate": round(t.hit_tokens / t.prompt_tokens, 4) if t.prompt_tokens else None,
             "latency_ms": lat.summary(OPS),
-            "throughput_gbps": {"store": gbps(t.stored_bytes, lat.total("store")),
-                                "retrieve": gbps(t.retrieved_bytes, lat.total("retrieve")),
-                                "overall": gbps(moved, elapsed)},
+            "throughput_gbps": {
+                "store": gbps(t.stored_bytes, lat.total("store")),
+                "retrieve": gbps(t.retrieved_bytes, lat.total("retrieve")),
+                "overall": gbps(moved, elapsed),
+            },
             "bytes": {"stored": t.stored_bytes, "retrieved": t.retrieved_bytes},
-            "objects": {"stored": t.stored_objects, "retrieved": t.retrieved_objects,
-                        "deduplicated": t.deduplicated, "no_space": t.no_space},
-            "verify_errors": t.verify_errors, "errors": dict(t.errors),
+            "objects": {
+                "stored": t.stored_objects,
+                "retrieved": t.retrieved_objects,
+                "deduplicated": t.deduplicated,
+                "no_space": t.no_space,
+            },
+            "verify_errors": t.verify_errors,
+            "errors": dict(t.errors),
         }
-

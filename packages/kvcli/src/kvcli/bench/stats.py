@@ -26,8 +26,13 @@ class Latencies:
                 out[op] = {"count": 0, "p50": None, "p90": None, "p99": None, "mean": None}
                 continue
             p50, p90, p99 = np.percentile(values, [50, 90, 99])
-            out[op] = {"count": int(values.size), "p50": round(float(p50), 3), "p90": round(float(p90), 3),
-                       "p99": round(float(p99), 3), "mean": round(float(values.mean()), 3)}
+            out[op] = {
+                "count": int(values.size),
+                "p50": round(float(p50), 3),
+                "p90": round(float(p90), 3),
+                "p99": round(float(p99), 3),
+                "mean": round(float(values.mean()), 3),
+            }
         return out
 
     def total(self, op: str) -> float:

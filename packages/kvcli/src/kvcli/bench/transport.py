@@ -42,10 +42,10 @@ class Arena:
         self.view = np.frombuffer(self._map.mm, dtype=np.uint8)
 
     def write(self, offset: int, data: np.ndarray) -> None:
-        self.view[offset:offset + data.size] = data
+        self.view[offset : offset + data.size] = data
 
     def read_into(self, offset: int, out: np.ndarray) -> None:
-        np.copyto(out, self.view[offset:offset + out.size])
+        np.copyto(out, self.view[offset : offset + out.size])
 
     def close(self) -> None:
         del self.view

@@ -20,7 +20,6 @@ from .help import HELP
 from .sources import Source
 
 
-
 INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
@@ -35,8 +34,10 @@ def _mb_fmt(x: float) -> str:
 class DetailScreen(Screen[None]):
     """Everything one instance reports, with its own charts; escape goes back."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,backspace", "app.pop_screen", "back"),
-                                             Binding("q", "app.quit", "quit")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,backspace", "app.pop_screen", "back"),
+        Binding("q", "app.quit", "quit"),
+    ]
 
     def __init__(self, instance_id: str) -> None:
         super().__init__()
@@ -72,9 +73,11 @@ class DetailScreen(Screen[None]):
             return
         from rich.console import Group
 
-        head = Text(f"{view.id} is {'up' if view.up else 'DOWN: ' + str(view.reason)}"
-                    + ("" if view.up else " (last known status below)"),
-                    style="bold green" if view.up else "bold red")
+        head = Text(
+            f"{view.id} is {'up' if view.up else 'DOWN: ' + str(view.reason)}"
+            + ("" if view.up else " (last known status below)"),
+            style="bold green" if view.up else "bold red",
+        )
         body.update(Group(head, *render(view.url, view.status)))
 
 
@@ -189,8 +192,9 @@ class TopApp(App[None]):
         every = list(self.fleet.views.values())
         now = max((v.last_seen or 0.0 for v in every), default=0.0) or None
         shown = [(view, cells(view, now)) for view in rows]
-        columns, note_width = fit_columns([c for _, c in shown] or [cells(v, now) for v in every],
-                                          max(40, self.size.width - 2))
+        columns, note_width = fit_columns(
+            [c for _, c in shown] or [cells(v, now) for v in every], max(40, self.size.width - 2)
+        )
         if columns != self.columns:
             table.clear(columns=True)
             for col in columns:
@@ -199,8 +203,9 @@ class TopApp(App[None]):
         else:
             table.clear()
         for view, cell in shown:
-            table.add_row(*[clip(cell[c], note_width) if c == "note" else Text.from_markup(cell[c])
-                            for c in columns], key=view.id)
+            table.add_row(
+                *[clip(cell[c], note_width) if c == "note" else Text.from_markup(cell[c]) for c in columns], key=view.id
+            )
         ids = [v.id for v in rows]
         if selected in ids:
             table.move_cursor(row=ids.index(selected))
@@ -303,7 +308,15 @@ def screen_text(app: App[Any]) -> str:
     from rich.console import Console
 
     width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), record=True, force_terminal=True,
-                      color_system=None, legacy_windows=False, safe_box=False)
+    console = Console(
+        width=width,
+        height=height,
+        file=io.StringIO(),
+        record=True,
+        force_terminal=True,
+        color_system=None,
+        legacy_windows=False,
+        safe_box=False,
+    )
     console.print(app.screen._compositor.render_update(full=True))
     return "\n".join(line.rstrip() for line in console.export_text().splitlines())

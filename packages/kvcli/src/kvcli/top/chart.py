@@ -40,8 +40,9 @@ class Chart(Widget):
     Chart { height: 7; border: round $primary 60%; padding: 0 1; }
     """
 
-    def __init__(self, title: str, fmt: Callable[[float], str], fixed_max: float | None = None,
-                 id: str | None = None) -> None:
+    def __init__(
+        self, title: str, fmt: Callable[[float], str], fixed_max: float | None = None, id: str | None = None
+    ) -> None:
         super().__init__(id=id)
         self.border_title = title
         self.fmt = fmt
@@ -60,7 +61,9 @@ class Chart(Widget):
         top = self.fixed_max or max(shown, default=0.0) or 1.0
         text = Text("\n".join(bars(self.values, width, height, top)), style="bold cyan")
         latest = next((v for v in reversed(self.values) if v is not None), None)
-        legend = (f"now {self.fmt(latest) if latest is not None else '-'}   "
-                  f"scale {self.fmt(top)}   last {self.window_s / 60:.1f} min")
+        legend = (
+            f"now {self.fmt(latest) if latest is not None else '-'}   "
+            f"scale {self.fmt(top)}   last {self.window_s / 60:.1f} min"
+        )
         text.append("\n" + legend[:width], style="dim")
         return text

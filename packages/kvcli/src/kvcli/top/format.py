@@ -15,11 +15,46 @@ from .._output import human_bytes
 from .model import InstanceView
 
 # display order, left to right
-COLUMNS = ("instance", "state", "hit% int", "hit% all", "L1 used", "L1%", "p99 ms", "ops/s", "evict/s",
-           "nospace/s", "errors", "MB/s", "L2", "EC", "engines", "model", "tenants", "note")
+COLUMNS = (
+    "instance",
+    "state",
+    "hit% int",
+    "hit% all",
+    "L1 used",
+    "L1%",
+    "p99 ms",
+    "ops/s",
+    "evict/s",
+    "nospace/s",
+    "errors",
+    "MB/s",
+    "L2",
+    "EC",
+    "engines",
+    "model",
+    "tenants",
+    "note",
+)
 # which columns stay when the terminal is narrow: earlier ones first (the note takes what is left)
-PRIORITY = ("instance", "state", "hit% int", "L1%", "errors", "p99 ms", "ops/s", "nospace/s", "L2", "evict/s",
-            "MB/s", "engines", "model", "hit% all", "L1 used", "tenants", "EC")
+PRIORITY = (
+    "instance",
+    "state",
+    "hit% int",
+    "L1%",
+    "errors",
+    "p99 ms",
+    "ops/s",
+    "nospace/s",
+    "L2",
+    "evict/s",
+    "MB/s",
+    "engines",
+    "model",
+    "hit% all",
+    "L1 used",
+    "tenants",
+    "EC",
+)
 NOTE_MIN, NOTE_WANT = 8, 40
 KEY_COLUMNS = 7  # the first PRIORITY columns, kept even when the note must be cut to NOTE_MIN
 
@@ -57,8 +92,10 @@ def l2_cell(v: InstanceView) -> str:
     """Per-tier state: `fs redis` when all are up, a down tier in red, then queue depth and drops."""
     if not v.tiers:
         return "-"
-    names = [f"[bold red]{escape(str(t.get('tier')))}↓[/]" if t.get("up") is False else escape(str(t.get("tier")))
-             for t in v.tiers]
+    names = [
+        f"[bold red]{escape(str(t.get('tier')))}↓[/]" if t.get("up") is False else escape(str(t.get("tier")))
+        for t in v.tiers
+    ]
     extra = f" q{v.l2_queue}" if v.l2_queue else ""
     extra += f" [red]-{v.l2_dropped}[/]" if v.l2_dropped else ""
     return " ".join(names) + extra
@@ -107,20 +144,34 @@ def cells(v: InstanceView, now: float | None = None) -> dict[str, str]:
     out = {
         "instance": escape(v.id),
         "state": state,
-        "hit% int": _colour(pct(v.hit_rate), "bold red" if drop is not None and drop >= HIT_DROP_BAD
-                            else "yellow" if drop is not None and drop >= HIT_DROP_WARN else None),
+        "hit% int": _colour(
+            pct(v.hit_rate),
+            "bold red"
+            if drop is not None and drop >= HIT_DROP_BAD
+            else "yellow"
+            if drop is not None and drop >= HIT_DROP_WARN
+            else None,
+        ),
         "hit% all": pct(v.hit_rate_total),
         "L1 used": human_bytes(v.l1_used) if v.l1_capacity else "-",
-        "L1%": _colour(pct(frac), "bold red" if frac is not None and frac >= L1_FULL
-                       else "yellow" if frac is not None and frac >= L1_HIGH else None),
+        "L1%": _colour(
+            pct(frac),
+            "bold red"
+            if frac is not None and frac >= L1_FULL
+            else "yellow"
+            if frac is not None and frac >= L1_HIGH
+            else None,
+        ),
         "p99 ms": ms(v.p99_s),
         "ops/s": num(v.ops_s),
-        "evict/s": _colour(num(v.evictions_s), "yellow" if v.evictions_s and frac is not None and frac >= L1_FULL
-                           else None),
+        "evict/s": _colour(
+            num(v.evictions_s), "yellow" if v.evictions_s and frac is not None and frac >= L1_FULL else None
+        ),
         "nospace/s": _colour(num(v.no_space_s), "bold red" if v.no_space_s else None),
-        "errors": _colour(f"{v.errors_total}" + (f" +{num(v.errors_s, 0 if v.errors_s >= 9.95 else 1)}/s"
-                                                  if v.errors_s else ""),
-                          "bold red" if v.errors_s else None),
+        "errors": _colour(
+            f"{v.errors_total}" + (f" +{num(v.errors_s, 0 if v.errors_s >= 9.95 else 1)}/s" if v.errors_s else ""),
+            "bold red" if v.errors_s else None,
+        ),
         "MB/s": mbps(v.bytes_s),
         "L2": l2_cell(v),
         "EC": ec_cell(v),

@@ -231,8 +231,12 @@ class Fleet:
         views = [v for v in self.views.values() if matches(v, text)]
         if sort == "id":
             return sorted(views, key=lambda v: v.id)
-        key = {"hit": lambda v: v.hit_rate or 0.0, "ops": lambda v: v.ops_s or 0.0,
-               "l1": lambda v: v.l1_fraction or 0.0, "errors": lambda v: float(v.errors_total)}[sort]
+        key = {
+            "hit": lambda v: v.hit_rate or 0.0,
+            "ops": lambda v: v.ops_s or 0.0,
+            "l1": lambda v: v.l1_fraction or 0.0,
+            "errors": lambda v: float(v.errors_total),
+        }[sort]
         return sorted(views, key=lambda v: (not v.up, -key(v), v.id))
 
 
@@ -249,13 +253,17 @@ def matches(view: InstanceView, text: str) -> bool:
 
 def _fill_l2_and_names(view: InstanceView, status: dict[str, Any]) -> None:
     tiers = status.get("l2") or []
-    view.tiers = [{k: t.get(k) for k in ("tier", "url", "up", "dropped", "errors", "retry_pending")}
-                  for t in tiers if isinstance(t, dict)]
+    view.tiers = [
+        {k: t.get(k) for k in ("tier", "url", "up", "dropped", "errors", "retry_pending")}
+        for t in tiers
+        if isinstance(t, dict)
+    ]
     queue = status.get("l2_queue") if isinstance(status.get("l2_queue"), dict) else None
     view.l2_queue = int(queue.get("queued", 0)) if queue else None
     view.l2_dropped = int(queue.get("dropped", 0)) if queue else 0
     view.models = sorted({str(e.get("model")) for e in status.get("engines", []) if isinstance(e, dict)})
     raw = status.get("tenants")
     tenants: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    view.tenants = sorted(name for name, t in tenants.items()
-                          if isinstance(t, dict) and (t.get("l1_used_bytes") or t.get("sessions")))
+    view.tenants = sorted(
+        name for name, t in tenants.items() if isinstance(t, dict) and (t.get("l1_used_bytes") or t.get("sessions"))
+    )

@@ -21,11 +21,16 @@ def collect(source: Source, interval: float, sort: str = "id") -> Fleet:
 def as_json(fleet: Fleet, sort: str) -> dict[str, Any]:
     history = list(fleet.history)
     last = history[-1] if history else None
-    return {"instances": [v.to_json() for v in fleet.rows(sort)],
-            "fleet": {"bytes_s": last.bytes_s if last else None, "hit_rate": last.hit_rate if last else None,
-                      "ops_s": last.ops_s if last else None,
-                      "up": sum(v.up for v in fleet.views.values()),
-                      "down": sum(not v.up for v in fleet.views.values())}}
+    return {
+        "instances": [v.to_json() for v in fleet.rows(sort)],
+        "fleet": {
+            "bytes_s": last.bytes_s if last else None,
+            "hit_rate": last.hit_rate if last else None,
+            "ops_s": last.ops_s if last else None,
+            "up": sum(v.up for v in fleet.views.values()),
+            "down": sum(not v.up for v in fleet.views.values()),
+        },
+    }
 
 
 def table(fleet: Fleet, sort: str, title: str, width: int | None = None) -> Any:
@@ -40,8 +45,11 @@ def table(fleet: Fleet, sort: str, title: str, width: int | None = None) -> Any:
     columns, note_width = fit_columns(rows, width or 10_000, padding=3)  # 3: rich's borders and padding
     out = Table(title=title, title_justify="left")
     for col in columns:
-        out.add_column(col, justify="left" if col in ("instance", "state", "note", "L2", "model", "tenants")
-                       else "right", no_wrap=True)
+        out.add_column(
+            col,
+            justify="left" if col in ("instance", "state", "note", "L2", "model", "tenants") else "right",
+            no_wrap=True,
+        )
     for cell in rows:
         out.add_row(*[clip(cell[c], note_width) if c == "note" else Text.from_markup(cell[c]) for c in columns])
     return out

@@ -14,5 +14,13 @@ from .codec import ChunkCodec
 from .rope import rerope
 from .store import BlendMatch, BlendStore
 
-__all__ = ["BlendMatch", "BlendOutcome", "BlendStore", "ChunkCodec", "ReusedChunk", "blend_prefill", "full_prefill",
-           "rerope"]
+__all__ = [
+    "BlendMatch",
+    "BlendOutcome",
+    "BlendStore",
+    "ChunkCodec",
+    "ReusedChunk",
+    "blend_prefill",
+    "full_prefill",
+    "rerope",
+]

@@ -65,8 +65,9 @@ class _Shapes:
         return float(4.0 * self.heads * self.head_dim * (positions.double() + 1).sum())
 
 
-def _qkv(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s: _Shapes,
-         want_q: bool = True) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+def _qkv(
+    attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s: _Shapes, want_q: bool = True
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     t = x.shape[0]
     k = attn.k_proj(x).view(t, s.kv_heads, s.head_dim).transpose(0, 1)
     v = attn.v_proj(x).view(t, s.kv_heads, s.head_dim).transpose(0, 1)
@@ -77,8 +78,9 @@ def _qkv(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s: _S
     return q * cos + rotate_half(q) * sin, k, v
 
 
-def _attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-            s: _Shapes) -> torch.Tensor:
+def _attend(
+    attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, s: _Shapes
+) -> torch.Tensor:
     """Queries (heads, Tq, D) at positions q_pos over the whole prompt's K/V (kv_heads, N, D), causal."""
     groups = s.heads // s.kv_heads
     k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
@@ -112,8 +114,15 @@ def full_prefill(model: Any, input_ids: torch.Tensor) -> BlendOutcome:
 
 
 @torch.no_grad()
-def blend_prefill(model: Any, input_ids: torch.Tensor, chunks: Sequence[ReusedChunk], recompute_ratio: float, *,
-                  check_layer: int = 1, reuse_only: bool = False) -> BlendOutcome:
+def blend_prefill(
+    model: Any,
+    input_ids: torch.Tensor,
+    chunks: Sequence[ReusedChunk],
+    recompute_ratio: float,
+    *,
+    check_layer: int = 1,
+    reuse_only: bool = False,
+) -> BlendOutcome:
     """Prefill `input_ids` (1-D) reusing `chunks`, recomputing `recompute_ratio` of the reused tokens.
 
     Tokens no chunk covers are always computed; so is the last token (its logits are the answer). With

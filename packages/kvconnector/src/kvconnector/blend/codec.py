@@ -27,8 +27,16 @@ class ChunkCodec:
     def layout(self) -> LayoutDescriptor:
         c, h, d = self.chunk_size, self.num_kv_heads, self.head_dim
         item = torch.empty((), dtype=self.dtype).element_size()
-        return LayoutDescriptor("flash_attn", _DTYPES[self.dtype], self.num_layers, c, 2 * c * h * d * item, c,
-                                (2, c, h, d), variant="blend")
+        return LayoutDescriptor(
+            "flash_attn",
+            _DTYPES[self.dtype],
+            self.num_layers,
+            c,
+            2 * c * h * d * item,
+            c,
+            (2, c, h, d),
+            variant="blend",
+        )
 
     def encode(self, k: list[torch.Tensor], v: list[torch.Tensor]) -> bytes:
         """k, v: one (kv_heads, chunk_size, head_dim) tensor per layer (HF's per-layer cache layout)."""

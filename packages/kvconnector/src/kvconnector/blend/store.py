@@ -52,8 +52,16 @@ class BlendStoreStats:
 class BlendStore:
     """One model's blend chunks on one kvserver (rank 0 of world 1: a single-process torch model)."""
 
-    def __init__(self, url: str, model: str, codec: ChunkCodec, *, salt: str = "", timeout: float = 10.0,
-                 token: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        codec: ChunkCodec,
+        *,
+        salt: str = "",
+        timeout: float = 10.0,
+        token: str | None = None,
+    ) -> None:
         self.codec = codec
         self.salt = salt
         self.model = model
@@ -64,8 +72,9 @@ class BlendStore:
 
     def _ensure(self) -> None:
         if not self._registered:
-            reply = self._client.register_engine(model=self.model, world_size=1, rank=0,
-                                                 groups=[rq.LayoutW(**self.codec.layout.to_wire())])
+            reply = self._client.register_engine(
+                model=self.model, world_size=1, rank=0, groups=[rq.LayoutW(**self.codec.layout.to_wire())]
+            )
             if reply.chunk_size != self.codec.chunk_size:
                 raise ValueError(f"server chunk_size {reply.chunk_size} != codec {self.codec.chunk_size}")
             self._registered = True
@@ -75,16 +84,27 @@ class BlendStore:
         self.stats.errors[kind] = self.stats.errors.get(kind, 0) + 1
         log.warning("blend %s failed (a miss): %s", op, exc)
 
-    def store_document(self, tokens: Sequence[int] | np.ndarray, k: Sequence[torch.Tensor],
-                       v: Sequence[torch.Tensor], pos_base: int = 0) -> int:
+    def store_document(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        k: Sequence[torch.Tensor],
+        v: Sequence[torch.Tensor],
+        pos_base: int = 0,
+    ) -> int:
         """Store every full chunk of one document whose per-layer K/V (kv_heads, T, head_dim) were
         computed at positions pos_base.. (usually the document alone, from 0). Returns the chunks now
         cached (written here or already present); 0 on failure."""
         c = self.codec.chunk_size
         try:
             self._ensure()
-            req = rq.BlendStore(keyspace=self.keyspace.wire(), tokens=pack_tokens(tokens), rank=0, salt=self.salt,
-                                pos_base=pos_base, mode="tcp")
+            req = rq.BlendStore(
+                keyspace=self.keyspace.wire(),
+                tokens=pack_tokens(tokens),
+                rank=0,
+                salt=self.salt,
+                pos_base=pos_base,
+                mode="tcp",
+            )
 
             def fill(_reply: object, reserved: list[rp.StoreSlot]) -> tuple[list[bytes], list[int]]:
                 frames = []
@@ -105,8 +125,12 @@ class BlendStore:
         """Which chunks of the prompt's segments are cached (no lease); [] on any failure."""
         try:
             self._ensure()
-            result = self._client.blend_lookup(keyspace=self.keyspace.wire(), tokens=pack_tokens(tokens),
-                                               starts=[int(s) for s in starts], salt=self.salt)
+            result = self._client.blend_lookup(
+                keyspace=self.keyspace.wire(),
+                tokens=pack_tokens(tokens),
+                starts=[int(s) for s in starts],
+                salt=self.salt,
+            )
             return [BlendMatch(m["start"], m["ref_pos"]) for m in result.matches]
         except Exception as exc:
             self._error("lookup", exc)
@@ -118,8 +142,13 @@ class BlendStore:
         self.stats.lookups += 1
         try:
             self._ensure()
-            result = self._client.blend_lookup(keyspace=self.keyspace.wire(), tokens=pack_tokens(tokens),
-                                               starts=[int(s) for s in starts], salt=self.salt, session=session)
+            result = self._client.blend_lookup(
+                keyspace=self.keyspace.wire(),
+                tokens=pack_tokens(tokens),
+                starts=[int(s) for s in starts],
+                salt=self.salt,
+                session=session,
+            )
             matches = result.matches
             if not matches:
                 return []
@@ -136,9 +165,12 @@ class BlendStore:
                 return out
 
             # the release names the lease and must come back intact (flows.read_leased, prove=True)
-            out = flows.read_leased(self._client.send, rq.Retrieve(session=session, rank=0, start_chunk=0,
-                                                                   end_chunk=len(matches), mode="tcp"),
-                                    copy, prove=True)
+            out = flows.read_leased(
+                self._client.send,
+                rq.Retrieve(session=session, rank=0, start_chunk=0, end_chunk=len(matches), mode="tcp"),
+                copy,
+                prove=True,
+            )
             self.stats.hit_chunks += len(out)
             return out
         except Exception as exc:

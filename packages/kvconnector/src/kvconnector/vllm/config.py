@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvprotocol import DEFAULT_CHUNK_SIZE, DEFAULT_URL
+
 MODES = ("auto", "shm", "tcp")
 SAVE_POLICIES = ("prompt", "all", "none")
 
@@ -104,8 +105,9 @@ class ConnectorConfig:
         """kv_producer saves only (its prompts under whole-request reservations unless reserve is
         false), kv_consumer loads only, kv_both does both."""
         reserve = (is_producer and not is_consumer) if self.reserve is None else self.reserve
-        return dataclasses.replace(self, load=is_consumer, reserve=reserve,
-                                   save_policy=self.save_policy if is_producer else "none")
+        return dataclasses.replace(
+            self, load=is_consumer, reserve=reserve, save_policy=self.save_policy if is_producer else "none"
+        )
 
     def token(self) -> str | None:
         """The configured credential (api_token, or token_file's content); None: the client's defaults."""
@@ -126,13 +128,29 @@ class ConnectorConfig:
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
-    "kvserver_url": (str,), "mode": (str,), "timeout_s": (int, float), "save_policy": (str,),
-    "chunk_size": (int,), "model_name": (str, type(None)), "model_id": (str, type(None)), "retry_after_s": (int, float),
-    "api_token": (str, type(None)), "token_file": (str, type(None)),
-    "debug_fail_load_chunks": (list, tuple), "debug_fail_plan_loads": (bool,), "wait_for_l2": (bool,),
-    "async_loads": (bool,), "plan_loads": (bool,), "async_saves": (bool,), "debug_load_delay_s": (int, float),
-    "debug_save_delay_s": (int, float), "reserve": (bool, type(None)), "reserve_wait_s": (int, float),
-    "inflight_wait_s": (int, float), "lookup_wait_s": (int, float), "populate_arena": (bool,),
+    "kvserver_url": (str,),
+    "mode": (str,),
+    "timeout_s": (int, float),
+    "save_policy": (str,),
+    "chunk_size": (int,),
+    "model_name": (str, type(None)),
+    "model_id": (str, type(None)),
+    "retry_after_s": (int, float),
+    "api_token": (str, type(None)),
+    "token_file": (str, type(None)),
+    "debug_fail_load_chunks": (list, tuple),
+    "debug_fail_plan_loads": (bool,),
+    "wait_for_l2": (bool,),
+    "async_loads": (bool,),
+    "plan_loads": (bool,),
+    "async_saves": (bool,),
+    "debug_load_delay_s": (int, float),
+    "debug_save_delay_s": (int, float),
+    "reserve": (bool, type(None)),
+    "reserve_wait_s": (int, float),
+    "inflight_wait_s": (int, float),
+    "lookup_wait_s": (int, float),
+    "populate_arena": (bool,),
 }
 
 
@@ -150,14 +168,17 @@ def parse_config(extra: Mapping[str, Any] | None, environ: Mapping[str, str] | N
         extra["kvserver_url"] = env_url
     unknown = sorted(set(extra) - set(_TYPES))
     if unknown:
-        raise ValueError(f"KVServerConnector: unknown kv_connector_extra_config keys {unknown}; "
-                         f"known: {sorted(_TYPES)}")
+        raise ValueError(
+            f"KVServerConnector: unknown kv_connector_extra_config keys {unknown}; known: {sorted(_TYPES)}"
+        )
     for key, value in extra.items():
         ok = isinstance(value, _TYPES[key]) and (not isinstance(value, bool) or bool in _TYPES[key])
         if not ok:
             raise ValueError(f"KVServerConnector: {key} has type {type(value).__name__}")
-    cfg = ConnectorConfig(**{k: v for k, v in extra.items() if k != "debug_fail_load_chunks"},
-                          debug_fail_load_chunks=tuple(extra.get("debug_fail_load_chunks", ())))
+    cfg = ConnectorConfig(
+        **{k: v for k, v in extra.items() if k != "debug_fail_load_chunks"},
+        debug_fail_load_chunks=tuple(extra.get("debug_fail_load_chunks", ())),
+    )
     if not cfg.kvserver_url.startswith(("tcp://", "ipc://")):
         raise ValueError(f"KVServerConnector: kvserver_url must be tcp:// or ipc://, got {cfg.kvserver_url!r}")
     if cfg.mode not in MODES:

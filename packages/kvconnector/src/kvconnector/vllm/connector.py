@@ -52,7 +52,8 @@ class KVServerConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         tc = self._kv_transfer_config
         self.cfg: ConnectorConfig = parse_config(tc.kv_connector_extra_config).apply_role(
-            tc.is_kv_producer, tc.is_kv_consumer)
+            tc.is_kv_producer, tc.is_kv_consumer
+        )
         block_size = int(vllm_config.cache_config.block_size)
         self.cfg.check_block_size(block_size)
         self._scheduler: SchedulerSide | None = None
@@ -77,9 +78,14 @@ class KVServerConnector(KVConnectorBase_V1):
             if client is not None and ((self.cfg.async_loads and self.cfg.load) or self.cfg.async_saves):
                 load_client = _make_client(self.cfg, model, world or 1, rank, layout)
             self._worker = WorkerSide(self.cfg, client, layout, load_client)
-        log.info("KVServerConnector %s: server %s, mode %s, config layout %s (isa %s)", role.name.lower(),
-                 self.cfg.kvserver_url, self.cfg.mode, layout.fingerprint if layout else "unsupported",
-                 self._isa or "unknown")
+        log.info(
+            "KVServerConnector %s: server %s, mode %s, config layout %s (isa %s)",
+            role.name.lower(),
+            self.cfg.kvserver_url,
+            self.cfg.mode,
+            layout.fingerprint if layout else "unsupported",
+            self._isa or "unknown",
+        )
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -153,8 +159,9 @@ class KVServerConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads finished in start_load_kv
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
-                      **kwargs: Any) -> None:
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
         return  # stored once per step for all layers in wait_for_save
 
     def wait_for_save(self) -> None:
@@ -179,9 +186,13 @@ class KVServerConnector(KVConnectorBase_V1):
         return KVServerConnectorStats(data=dict(data or {}))
 
     @classmethod
-    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
-                           labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]
-                           ) -> KVConnectorPromMetrics | None:
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
         """The connector's counters as `vllm:kvserver_*` series in vLLM's own /metrics."""
         from .prom import KVServerPromMetrics
 
@@ -203,8 +214,11 @@ def _model_name(vllm_config: VllmConfig, cfg: ConnectorConfig) -> str:
     fp, files = model_fingerprint(config_parts(vllm_config), str(mc.model), cfg.model_id)
     key = model_key_with_fingerprint(name, fp)
     if cfg.model_id is None and files == 0:
-        log.warning("KVServerConnector: no local weight files under %r to fingerprint; cache keys depend on "
-                    "the model name and config only (set kv_connector_extra_config.model_id)", mc.model)
+        log.warning(
+            "KVServerConnector: no local weight files under %r to fingerprint; cache keys depend on "
+            "the model name and config only (set kv_connector_extra_config.model_id)",
+            mc.model,
+        )
     log.info("KVServerConnector: model key %s (%d weight files fingerprinted)", key, files)
     return key
 
@@ -225,5 +239,14 @@ def _world_and_rank(vllm_config: VllmConfig, role: KVConnectorRole) -> tuple[int
 def _make_client(cfg: ConnectorConfig, model: str, world: int, rank: int, layout: Any) -> Any:
     from ..engine_client import EngineClient
 
-    return EngineClient(cfg.kvserver_url, model, world, rank, [layout], mode=cfg.mode, timeout=cfg.timeout_s,
-                        token=cfg.token(), populate_arena=cfg.populate_arena)
+    return EngineClient(
+        cfg.kvserver_url,
+        model,
+        world,
+        rank,
+        [layout],
+        mode=cfg.mode,
+        timeout=cfg.timeout_s,
+        token=cfg.token(),
+        populate_arena=cfg.populate_arena,
+    )

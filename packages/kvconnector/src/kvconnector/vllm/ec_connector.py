@@ -73,14 +73,27 @@ class KVServerECConnector(ECConnectorBase):
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
             self._rank = int(get_tensor_model_parallel_rank())
-        self.client = ECClient(cfg.kvserver_url, model, space, mode=cfg.mode, timeout=cfg.timeout_s,
-                               retry_after_s=cfg.retry_after_s, token=cfg.token())
+        self.client = ECClient(
+            cfg.kvserver_url,
+            model,
+            space,
+            mode=cfg.mode,
+            timeout=cfg.timeout_s,
+            retry_after_s=cfg.retry_after_s,
+            token=cfg.token(),
+        )
         self._promised: dict[str, tuple[float, dict[str, Any]]] = {}  # scheduler: mm_hash -> (when, leased desc)
         self._loads: list[ECLoad] = []
         self._stats = StatDelta()  # scheduler side: what vLLM's stat loggers get (ec_stats.py)
         self.encoded_instead = 0  # worker: promised loads that failed and were encoded in the same step
-        log.info("KVServerECConnector %s: server %s, model %s, space %s, role %s", role.name.lower(),
-                 cfg.kvserver_url, model, space, tc.ec_role)
+        log.info(
+            "KVServerECConnector %s: server %s, model %s, space %s, role %s",
+            role.name.lower(),
+            cfg.kvserver_url,
+            model,
+            space,
+            tc.ec_role,
+        )
 
     # -- scheduler side ----------------------------------------------------------------------------
     def has_cache_item(self, identifier: str) -> bool:
@@ -105,8 +118,9 @@ class KVServerECConnector(ECConnectorBase):
         if seen is None or not self.is_consumer:
             return  # encoded locally
         self._stats.add("ec_loads_planned")
-        self._loads.append(ECLoad(mm_hash, int(request.get_num_encoder_embeds(index)), request.request_id,
-                                  index, seen[1]))
+        self._loads.append(
+            ECLoad(mm_hash, int(request.get_num_encoder_embeds(index)), request.request_id, index, seen[1])
+        )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ECConnectorMetadata:
         meta = KVServerECMetadata(self._loads)
@@ -144,14 +158,20 @@ class KVServerECConnector(ECConnectorBase):
         data, dtype, shape = got
         torch_dtype = getattr(torch, dtype, None)
         if not isinstance(torch_dtype, torch.dtype) or not shape or shape[0] != load.num_embeds:
-            log.error("kvserver EC item %s: stored as %s %s, the request needs %d embeddings; encoding instead",
-                      load.mm_hash, dtype, shape, load.num_embeds)
+            log.error(
+                "kvserver EC item %s: stored as %s %s, the request needs %d embeddings; encoding instead",
+                load.mm_hash,
+                dtype,
+                shape,
+                load.num_embeds,
+            )
             return None
         try:
             tensor = torch.from_numpy(data).view(torch_dtype).reshape(shape)
         except RuntimeError as exc:
-            log.error("kvserver EC item %s: cannot view %d bytes as %s %s (%s)", load.mm_hash, data.nbytes,
-                      dtype, shape, exc)
+            log.error(
+                "kvserver EC item %s: cannot view %d bytes as %s %s (%s)", load.mm_hash, data.nbytes, dtype, shape, exc
+            )
             return None
         from vllm.platforms import current_platform
 
@@ -179,16 +199,17 @@ class KVServerECConnector(ECConnectorBase):
                 break
             frame = frame.f_back
         if output is None:
-            raise RuntimeError("KVServerECConnector: encoder outputs promised by the scheduler could not be "
-                               f"loaded ({[x.mm_hash for x in failed]}) and this vLLM version offers no way to "
-                               "encode them instead")
+            raise RuntimeError(
+                "KVServerECConnector: encoder outputs promised by the scheduler could not be "
+                f"loaded ({[x.mm_hash for x in failed]}) and this vLLM version offers no way to "
+                "encode them instead"
+            )
         for load in failed:
             inputs = output.scheduled_encoder_inputs.setdefault(load.req_id, [])
             if load.input_id not in inputs:
                 inputs.append(load.input_id)
         self.encoded_instead += len(failed)
-        log.warning("kvserver EC: %d promised encoder outputs could not be loaded; encoding them instead",
-                    len(failed))
+        log.warning("kvserver EC: %d promised encoder outputs could not be loaded; encoding them instead", len(failed))
 
     def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str, **kwargs: Any) -> None:
         if not self.is_producer or self._rank != 0:  # TP ranks hold identical outputs: rank 0 stores

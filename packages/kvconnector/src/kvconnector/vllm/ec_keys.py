@@ -35,8 +35,9 @@ def ec_config_parts(vllm_config: Any) -> dict[str, str]:
 
 
 def ec_space(dtype: str) -> str:
-    return blake3(json.dumps({"scheme": "ec-v1", "dtype": dtype, "world": "*", "rank": "*"},
-                             sort_keys=True).encode()).hexdigest()[:16]
+    return blake3(
+        json.dumps({"scheme": "ec-v1", "dtype": dtype, "world": "*", "rank": "*"}, sort_keys=True).encode()
+    ).hexdigest()[:16]
 
 
 def ec_model_and_space(vllm_config: Any, model_name: str | None, model_id: str | None) -> tuple[str, str]:

@@ -43,13 +43,26 @@ def copy_job(client: Any, job: LoadJob, wanted: list[int], delay_s: float = 0.0)
         time.sleep(delay_s)  # TEST ONLY (debug_load_delay_s): a slow load on purpose
     before = client.verify_failures
     try:
-        res = client.load(job.session, job.tokens, job.block_ids, skip_tokens=job.skip_tokens,
-                          num_tokens=load_end(client, job), salt=job.salt, extra=job.extra)
+        res = client.load(
+            job.session,
+            job.tokens,
+            job.block_ids,
+            skip_tokens=job.skip_tokens,
+            num_tokens=load_end(client, job),
+            salt=job.salt,
+            extra=job.extra,
+        )
         out = LoadOutcome(res.ok, res.loaded_tokens, 0.0, res.error, list(res.failed_block_ids))
     except Exception as exc:  # noqa: BLE001 - load already gave this rank's leases back
         out = LoadOutcome(False, 0, 0.0, f"{type(exc).__name__}: {exc}", wanted)
-    return LoadOutcome(out.ok, out.loaded_tokens, time.perf_counter() - t, out.error, out.failed_block_ids,
-                       client.verify_failures - before)
+    return LoadOutcome(
+        out.ok,
+        out.loaded_tokens,
+        time.perf_counter() - t,
+        out.error,
+        out.failed_block_ids,
+        client.verify_failures - before,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +83,9 @@ def save_job(client: Any, job: SaveJob, delay_s: float = 0.0, reserve_wait_s: fl
     try:
         kw = {} if job.reservation is None else {"reservation": job.reservation, "total_chunks": job.total_chunks}
         while True:
-            res = client.save(job.tokens, job.block_ids, salt=job.salt, skip_tokens=job.skip_tokens, extra=job.extra,
-                              **kw)
+            res = client.save(
+                job.tokens, job.block_ids, salt=job.salt, skip_tokens=job.skip_tokens, extra=job.extra, **kw
+            )
             if not getattr(res, "retry_later", False) or time.perf_counter() - t >= reserve_wait_s:
                 break
             time.sleep(0.02)
@@ -84,8 +98,9 @@ def save_job(client: Any, job: SaveJob, delay_s: float = 0.0, reserve_wait_s: fl
 class BackgroundLoader:
     """Runs load and save jobs one at a time, in submission order, on a thread of its own."""
 
-    def __init__(self, client: Any, delay_s: float = 0.0, save_delay_s: float = 0.0,
-                 reserve_wait_s: float = 0.0) -> None:
+    def __init__(
+        self, client: Any, delay_s: float = 0.0, save_delay_s: float = 0.0, reserve_wait_s: float = 0.0
+    ) -> None:
         self.client = client
         self.reserve_wait_s = reserve_wait_s
         self.delay_s = delay_s
@@ -97,8 +112,7 @@ class BackgroundLoader:
         self._jobs.append((job, self._pool.submit(copy_job, self.client, job, wanted, self.delay_s)))
 
     def submit_save(self, job: SaveJob) -> None:
-        self._jobs.append((job, self._pool.submit(save_job, self.client, job, self.save_delay_s,
-                                                         self.reserve_wait_s)))
+        self._jobs.append((job, self._pool.submit(save_job, self.client, job, self.save_delay_s, self.reserve_wait_s)))
 
     def in_flight(self) -> int:
         return len(self._jobs)

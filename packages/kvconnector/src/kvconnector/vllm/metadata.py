@@ -84,8 +84,11 @@ class KVServerWorkerMetadata(KVConnectorWorkerMetadata):
         if isinstance(other, KVServerWorkerMetadata):
             self.load_tokens, self.load_s = max(self.load_tokens, other.load_tokens), max(self.load_s, other.load_s)
             self.step_tokens, self.step_s = max(self.step_tokens, other.step_tokens), max(self.step_s, other.step_s)
-            for mine, theirs in ((self.saved, other.saved), (self.save_failed, other.save_failed),
-                                 (self.load_failed, other.load_failed)):
+            for mine, theirs in (
+                (self.saved, other.saved),
+                (self.save_failed, other.save_failed),
+                (self.load_failed, other.load_failed),
+            ):
                 for req_id, pos in theirs.items():
                     mine[req_id] = min(pos, mine.get(req_id, pos))
         return self

@@ -52,13 +52,19 @@ def metric_name(counter: str) -> str:
 
 
 class KVServerPromMetrics(KVConnectorPromMetrics):
-    def __init__(self, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
-                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._bound: dict[tuple[int, str], Any] = {}
         for name in COUNTERS:
-            counter = self._counter_cls(name=metric_name(name), documentation=_HELP.get(name, name),
-                                        labelnames=labelnames)
+            counter = self._counter_cls(
+                name=metric_name(name), documentation=_HELP.get(name, name), labelnames=labelnames
+            )
             for engine_idx, values in per_engine_labelvalues.items():
                 self._bound[(engine_idx, name)] = counter.labels(*values)
 

@@ -139,8 +139,13 @@ class SchedulerSide:
         now = time.monotonic()
         if st.lookup_rid is None:
             self.stats.add("lookups")
-            sent = self.client.lookup_submit(list(request.all_token_ids[:n]), salt=st.salt, session=st.session,
-                                             extra=self._extra(st, n), wait=self.cfg.wait_for_l2)
+            sent = self.client.lookup_submit(
+                list(request.all_token_ids[:n]),
+                salt=st.salt,
+                session=st.session,
+                extra=self._extra(st, n),
+                wait=self.cfg.wait_for_l2,
+            )
             if isinstance(sent, LookupResult):
                 return sent  # it could not even be sent: the error
             st.lookup_rid, st.lookup_sent = sent, now
@@ -172,8 +177,9 @@ class SchedulerSide:
             st.pending_since = now
         return now - st.pending_since < (self.cfg.timeout_s if limit is None else limit)
 
-    def update_state_after_alloc(self, request: Any, num_external_tokens: int,
-                                 block_ids: list[int] | None = None) -> None:
+    def update_state_after_alloc(
+        self, request: Any, num_external_tokens: int, block_ids: list[int] | None = None
+    ) -> None:
         """With async_loads, vLLM parks the request until its load ends: the load is planned from the
         blocks allocated here (the request is not among the next step's scheduled ones); vLLM calls
         this again with 0 external tokens once the load is done."""
@@ -193,8 +199,10 @@ class SchedulerSide:
             self._release(st)
 
     def build_connector_meta(self, so: Any) -> KVServerConnectorMetadata:
-        meta = KVServerConnectorMetadata(scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
-                                         preempted=bool(getattr(so, "preempted_req_ids", None)))
+        meta = KVServerConnectorMetadata(
+            scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
+            preempted=bool(getattr(so, "preempted_req_ids", None)),
+        )
         for req_id in self._async:  # loads vLLM is waiting for (WAITING_FOR_REMOTE_KVS)
             st = self.reqs.get(req_id)
             if st is not None and st.load_pending:
@@ -205,8 +213,9 @@ class SchedulerSide:
             if st is None:  # never looked up (should not happen): without its Request, its keys are
                 st = self._new_state(new.req_id, None, None)  # unknown: never saved
             st.block_ids = list(new.block_ids[0])
-            self._plan(meta, st, int(new.num_computed_tokens), so.num_scheduled_tokens.get(new.req_id, 0),
-                       new.prompt_token_ids)
+            self._plan(
+                meta, st, int(new.num_computed_tokens), so.num_scheduled_tokens.get(new.req_id, 0), new.prompt_token_ids
+            )
         cached = so.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             st = self.reqs.get(req_id)
@@ -217,8 +226,7 @@ class SchedulerSide:
                 st.block_ids = list(new_blocks[0]) if new_blocks is not None else []
             elif new_blocks is not None:
                 st.block_ids.extend(new_blocks[0])
-            self._plan(meta, st, int(cached.num_computed_tokens[i]), so.num_scheduled_tokens.get(req_id, 0),
-                       None)
+            self._plan(meta, st, int(cached.num_computed_tokens[i]), so.num_scheduled_tokens.get(req_id, 0), None)
         meta.finished = list(getattr(so, "finished_req_ids", ()) or ())
         return meta
 
@@ -230,8 +238,12 @@ class SchedulerSide:
         """
         if report is None:
             return
-        self.costs.observe(getattr(report, "load_tokens", 0), getattr(report, "load_s", 0.0),
-                           getattr(report, "step_tokens", 0), getattr(report, "step_s", 0.0))
+        self.costs.observe(
+            getattr(report, "load_tokens", 0),
+            getattr(report, "load_s", 0.0),
+            getattr(report, "step_tokens", 0),
+            getattr(report, "step_s", 0.0),
+        )
         failed_saves = getattr(report, "save_failed", {})
         for req_id, end in getattr(report, "saved", {}).items():
             st = self.reqs.get(req_id)
@@ -260,9 +272,15 @@ class SchedulerSide:
             self.client.lookup_forget(st.lookup_rid)
             st.leased = True  # what that lookup leases is released right after it
         self._release(st)
-        return {"kvserver": {"hit_tokens": st.hit_tokens, "loaded_tokens": st.loaded_tokens,
-                             "l2_tokens": min(st.l2_tokens, st.loaded_tokens),
-                             "load_failed": st.load_failed, "stored_tokens": st.stored}}
+        return {
+            "kvserver": {
+                "hit_tokens": st.hit_tokens,
+                "loaded_tokens": st.loaded_tokens,
+                "l2_tokens": min(st.l2_tokens, st.loaded_tokens),
+                "load_failed": st.load_failed,
+                "stored_tokens": st.stored,
+            }
+        }
 
     def close(self) -> None:
         for st in self.reqs.values():
@@ -272,8 +290,14 @@ class SchedulerSide:
             self.client.close()
 
     # --- internals ------------------------------------------------------------------------
-    def _plan(self, meta: KVServerConnectorMetadata, st: _Req, num_computed: int, num_scheduled: int,
-              prompt_tokens: list[int] | None) -> None:
+    def _plan(
+        self,
+        meta: KVServerConnectorMetadata,
+        st: _Req,
+        num_computed: int,
+        num_scheduled: int,
+        prompt_tokens: list[int] | None,
+    ) -> None:
         if st.load_pending:
             self._plan_load(meta, st, prompt_tokens)
         if self.cfg.save_policy == "none" or self.client is None or not st.cacheable:
@@ -291,36 +315,77 @@ class SchedulerSide:
         reservation, total = None, 0
         if self.cfg.reserve and self.cfg.save_policy == "prompt":  # the total is known: the prompt's full chunks
             reservation, total = hashlib.sha256(st.session.encode()).hexdigest()[:32], limit // self.chunk
-        meta.saves.append(SaveJob(st.req_id, toks, st.block_ids[:nblocks], st.saved_upto, st.salt,
-                                  self._extra(st, end), st.epoch, reservation, total))
+        meta.saves.append(
+            SaveJob(
+                st.req_id,
+                toks,
+                st.block_ids[:nblocks],
+                st.saved_upto,
+                st.salt,
+                self._extra(st, end),
+                st.epoch,
+                reservation,
+                total,
+            )
+        )
         st.saved_upto = end
 
-    def _plan_load(self, meta: KVServerConnectorMetadata, st: _Req, prompt_tokens: list[int] | None,
-                   background: bool = False) -> None:
+    def _plan_load(
+        self, meta: KVServerConnectorMetadata, st: _Req, prompt_tokens: list[int] | None, background: bool = False
+    ) -> None:
         st.load_pending = False
         end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
         toks = self._tokens(st, end, prompt_tokens)
         nblocks = end // self.block_size
         if len(toks) == end and len(st.block_ids) >= nblocks and not self.cfg.debug_fail_plan_loads:
-            meta.loads.append(LoadJob(st.req_id, st.session, toks, st.block_ids[:nblocks], st.local_computed, end,
-                                      st.salt, self._extra(st, end), st.epoch, background=background,
-                                      compute_from=st.local_computed + st.external_tokens))
+            meta.loads.append(
+                LoadJob(
+                    st.req_id,
+                    st.session,
+                    toks,
+                    st.block_ids[:nblocks],
+                    st.local_computed,
+                    end,
+                    st.salt,
+                    self._extra(st, end),
+                    st.epoch,
+                    background=background,
+                    compute_from=st.local_computed + st.external_tokens,
+                )
+            )
             st.loaded_tokens = st.external_tokens
             st.leased = False  # the worker releases the session once the load is done
         else:
             self._fail_load(meta, st, end, nblocks, background)
 
-    def _fail_load(self, meta: KVServerConnectorMetadata, st: _Req, end: int, nblocks: int,
-                   background: bool = False) -> None:
+    def _fail_load(
+        self, meta: KVServerConnectorMetadata, st: _Req, end: int, nblocks: int, background: bool = False
+    ) -> None:
         """vLLM was promised external tokens that we cannot load (cannot happen with vLLM 0.32's
         allocation). Fail safe: the worker reports the blocks of the promised range as failed, so
         vLLM recomputes them instead of computing over uninitialised blocks, and nothing of the
         request from there on is saved before the scheduler hears of the failure."""
-        log.error("KVServerConnector: request %s has %d blocks for a %d-token load; reporting them failed",
-                  st.req_id, len(st.block_ids), end)
-        meta.loads.append(LoadJob(st.req_id, st.session, [], st.block_ids[:nblocks], st.local_computed, end,
-                                  st.salt, (), st.epoch, fail="blocks missing for the promised load",
-                                  background=background))
+        log.error(
+            "KVServerConnector: request %s has %d blocks for a %d-token load; reporting them failed",
+            st.req_id,
+            len(st.block_ids),
+            end,
+        )
+        meta.loads.append(
+            LoadJob(
+                st.req_id,
+                st.session,
+                [],
+                st.block_ids[:nblocks],
+                st.local_computed,
+                end,
+                st.salt,
+                (),
+                st.epoch,
+                fail="blocks missing for the promised load",
+                background=background,
+            )
+        )
         st.loaded_tokens = 0
 
     def _extra(self, st: _Req, num_tokens: int) -> tuple[tuple[int, bytes], ...]:
@@ -359,8 +424,9 @@ class SchedulerSide:
             log.debug("KVServerConnector: request %s is not cached (%s)", st.req_id, keys.reason)
 
     def _new_state(self, req_id: str, request: Any, cache_salt: str | None) -> _Req:
-        st = _Req(req_id=req_id, request=request, salt=plan.key_salt(cache_salt),
-                  session=new_session_id())  # 128 random bits: the server refuses guessable ids
+        st = _Req(
+            req_id=req_id, request=request, salt=plan.key_salt(cache_salt), session=new_session_id()
+        )  # 128 random bits: the server refuses guessable ids
         self.reqs[req_id] = st
         self._check_cacheable(st, request)
         return st

@@ -13,14 +13,30 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 COUNTERS = (
-    "lookups", "lookup_errors", "lookups_pending", "lookups_inflight", "lookup_tokens", "hit_tokens", "external_tokens",
-    "loads", "load_errors", "loaded_tokens", "failed_blocks", "load_s",
+    "lookups",
+    "lookup_errors",
+    "lookups_pending",
+    "lookups_inflight",
+    "lookup_tokens",
+    "hit_tokens",
+    "external_tokens",
+    "loads",
+    "load_errors",
+    "loaded_tokens",
+    "failed_blocks",
+    "load_s",
     "verify_failures",  # loads failed because cached bytes did not match their committed checksum
-    "saves", "save_errors", "saved_chunks", "save_s", "skipped_server_down", "uncacheable_requests",
+    "saves",
+    "save_errors",
+    "saved_chunks",
+    "save_s",
+    "skipped_server_down",
+    "uncacheable_requests",
     "unsafe_saves_dropped",
     "partial_saves",  # saves the server stored only in part: the cache had no room for the rest (NO_SPACE)
     "no_space_saves",  # saves of which nothing fitted (NO_SPACE); neither counts as save_errors
-    "declined_hits", "declined_tokens",  # hits plan_loads left to recompute (estimated cheaper)
+    "declined_hits",
+    "declined_tokens",  # hits plan_loads left to recompute (estimated cheaper)
     "save_drains",  # steps that waited for background saves (a preempted request's blocks get reused)
     "steps_during_loads",  # forward steps that ran while a background load (async_loads) was in flight
     "idle_waits",  # steps with nothing to compute that waited (up to 2 ms) for a background load or save

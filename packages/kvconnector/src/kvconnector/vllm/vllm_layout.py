@@ -70,8 +70,14 @@ def attention_isa(vllm_config: Any, kv_cache_config: Any) -> str:
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
     except ImportError as exc:  # never guess: without the ISA the bytes' meaning is unknown
         raise UnsupportedLayout(f"cannot tell vLLM's CPU attention ISA: {exc}") from exc
-    return str(_get_attn_isa(vllm_config.model_config.dtype, int(spec.block_size), int(spec.head_size),
-                             vllm_config.cache_config.cache_dtype))
+    return str(
+        _get_attn_isa(
+            vllm_config.model_config.dtype,
+            int(spec.block_size),
+            int(spec.head_size),
+            vllm_config.cache_config.cache_dtype,
+        )
+    )
 
 
 def _mla_variant(vllm_config: Any) -> str:
@@ -102,17 +108,29 @@ def _backend_name(vllm_config: Any) -> str:
 def scheduler_layout(kv_cache_config: Any, chunk_size: int, isa: str) -> LayoutDescriptor:
     layer_names, spec = attention_group(kv_cache_config)
     if is_mla(spec):  # [num_blocks, block_size, latent]: kv_lora_rank + rope dims, one object for all ranks
-        layout = mla_layout(num_layers=len(layer_names), latent_dim=int(spec.head_size),
-                            block_size=int(spec.block_size), dtype=spec.dtype, chunk_size=chunk_size, shared=True)
+        layout = mla_layout(
+            num_layers=len(layer_names),
+            latent_dim=int(spec.head_size),
+            block_size=int(spec.block_size),
+            dtype=spec.dtype,
+            chunk_size=chunk_size,
+            shared=True,
+        )
         return dataclasses.replace(layout, variant=isa)
-    layout = vllm_cpu_layout(num_layers=len(layer_names), num_kv_heads=int(spec.num_kv_heads),
-                             head_dim=int(spec.head_size), block_size=int(spec.block_size),
-                             dtype=spec.dtype, chunk_size=chunk_size)
+    layout = vllm_cpu_layout(
+        num_layers=len(layer_names),
+        num_kv_heads=int(spec.num_kv_heads),
+        head_dim=int(spec.head_size),
+        block_size=int(spec.block_size),
+        dtype=spec.dtype,
+        chunk_size=chunk_size,
+    )
     return _kind(dataclasses.replace(layout, variant=isa), spec)
 
 
-def worker_layout(kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
-                  ) -> tuple[LayoutDescriptor, list[Any]]:
+def worker_layout(
+    kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
+) -> tuple[LayoutDescriptor, list[Any]]:
     """Layout from the registered tensors, and the tensors in layer order (group 0's order)."""
     layer_names, spec = attention_group(kv_cache_config)
     missing = [n for n in layer_names if n not in kv_caches]
@@ -130,6 +148,5 @@ def worker_layout(kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size
             tensors = [t.view(t.shape[0], t.shape[2], t.shape[3]) for t in tensors]
         layout = layout_from_tensor(tensors[0], "mla", int(spec.block_size), chunk_size, num_layers=len(layer_names))
         return dataclasses.replace(layout, variant=isa, shared=True), tensors
-    layout = layout_from_tensor(first, "vllm_cpu", int(spec.block_size), chunk_size,
-                                num_layers=len(layer_names))
+    layout = layout_from_tensor(first, "vllm_cpu", int(spec.block_size), chunk_size, num_layers=len(layer_names))
     return _kind(dataclasses.replace(layout, variant=isa), spec), tensors

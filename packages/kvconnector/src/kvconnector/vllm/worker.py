@@ -27,13 +27,17 @@ IDLE_WAIT_S = 0.002  # how long a step with nothing scheduled waits for a backgr
 
 
 class WorkerSide:
-    def __init__(self, cfg: ConnectorConfig, client: Any, expected: LayoutDescriptor | None,
-                 load_client: Any = None) -> None:
+    def __init__(
+        self, cfg: ConnectorConfig, client: Any, expected: LayoutDescriptor | None, load_client: Any = None
+    ) -> None:
         self.cfg = cfg
         self.client = client
         # async_loads: background loads through a client of their own (see loader.py)
-        self.loader = (BackgroundLoader(load_client, cfg.debug_load_delay_s, cfg.debug_save_delay_s, cfg.reserve_wait_s)
-                       if load_client is not None else None)
+        self.loader = (
+            BackgroundLoader(load_client, cfg.debug_load_delay_s, cfg.debug_save_delay_s, cfg.reserve_wait_s)
+            if load_client is not None
+            else None
+        )
         self.received: set[str] = set()  # background loads that ended without a copy (reported next poll)
         self.saving: dict[str, int] = {}  # req id -> background saves in flight (async_saves)
         self.save_reqs: set[str] = set()  # requests with saves whose blocks vLLM keeps until we say "sent"
@@ -53,8 +57,11 @@ class WorkerSide:
 
     def register(self, layout: LayoutDescriptor, tensors: list[Any]) -> None:
         if self.expected is not None and layout.fingerprint != self.expected.fingerprint:
-            log.error("KVServerConnector: worker KV layout %s differs from the scheduler's %s; "
-                      "connector disabled", layout, self.expected)
+            log.error(
+                "KVServerConnector: worker KV layout %s differs from the scheduler's %s; connector disabled",
+                layout,
+                self.expected,
+            )
             self.enabled = False
             return
         self.layout, self.tensors = layout, tensors
@@ -70,8 +77,7 @@ class WorkerSide:
             if sample is not None:  # the planner's first load rate (reported with the first step)
                 self.report.load_tokens, self.report.load_s = sample
                 log.info("KVServerConnector worker: calibrated load %.1f us/token", 1e6 * sample[1] / sample[0])
-        log.info("KVServerConnector worker: registered %d layers, tensor layout %s", len(tensors),
-                 layout.fingerprint)
+        log.info("KVServerConnector worker: registered %d layers, tensor layout %s", len(tensors), layout.fingerprint)
 
     def start_load(self, meta: KVServerConnectorMetadata) -> None:
         self.failed_reqs.clear()
@@ -157,7 +163,7 @@ class WorkerSide:
     # --- internals ------------------------------------------------------------------------
     def _load(self, job: LoadJob) -> None:
         bs = self.layout.block_size if self.layout else 1
-        wanted = list(job.block_ids[job.skip_tokens // bs: job.num_tokens // bs])
+        wanted = list(job.block_ids[job.skip_tokens // bs : job.num_tokens // bs])
         if not self.enabled or self.layout is None or job.fail:
             self._release(job.session)
             self._fail(job, wanted, job.fail or "connector disabled on this worker")
@@ -195,7 +201,7 @@ class WorkerSide:
                     del self.saving[job.req_id]
                 self._finish_save(job, outcome)
                 continue
-            wanted = list(job.block_ids[job.skip_tokens // bs: job.num_tokens // bs])
+            wanted = list(job.block_ids[job.skip_tokens // bs : job.num_tokens // bs])
             self._finish_load(job, wanted, outcome)
             self.received.add(job.req_id)
         self.finishing |= finished & self.save_reqs
@@ -247,8 +253,11 @@ class WorkerSide:
         assert self.layout is not None
         bs, bpc = self.layout.block_size, self.layout.blocks_per_chunk
         first = job.skip_tokens // bs
-        bad = [b for j, b in enumerate(job.block_ids[: job.num_tokens // bs])
-               if j >= first and j // bpc in self.cfg.debug_fail_load_chunks]
+        bad = [
+            b
+            for j, b in enumerate(job.block_ids[: job.num_tokens // bs])
+            if j >= first and j // bpc in self.cfg.debug_fail_load_chunks
+        ]
         for t in self.tensors:
             for b in bad:
                 t[b].fill_(1.0e4)

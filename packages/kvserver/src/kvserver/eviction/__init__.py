@@ -23,5 +23,14 @@ def make_policy(name: str) -> EvictionPolicy[Any]:
         raise ValueError(f"unknown eviction policy {name!r}; choose from {sorted(POLICIES)}") from None
 
 
-__all__ = ["ARCPolicy", "EvictionPolicy", "LFUPolicy", "LHDPolicy", "LRUPolicy", "POLICIES", "S3FIFOPolicy",
-           "SLRUPolicy", "make_policy"]
+__all__ = [
+    "ARCPolicy",
+    "EvictionPolicy",
+    "LFUPolicy",
+    "LHDPolicy",
+    "LRUPolicy",
+    "POLICIES",
+    "S3FIFOPolicy",
+    "SLRUPolicy",
+    "make_policy",
+]

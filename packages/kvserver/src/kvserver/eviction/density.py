@@ -88,10 +88,14 @@ class HitDensity:
         Each class's hazard is shrunk toward that of all classes together where it has few
         objects at risk, and that one toward "never read again" where all classes have few.
         """
-        censored = self.censored if waiting is None else [
-            [a + b for a, b in zip(row, extra)] for row, extra in zip(self.censored, waiting)]
-        pooled = hazard([sum(col) for col in zip(*self.reuses)], [sum(col) for col in zip(*censored)],
-                        [0.0] * self.ages, PRIOR_ALL)
+        censored = (
+            self.censored
+            if waiting is None
+            else [[a + b for a, b in zip(row, extra)] for row, extra in zip(self.censored, waiting)]
+        )
+        pooled = hazard(
+            [sum(col) for col in zip(*self.reuses)], [sum(col) for col in zip(*censored)], [0.0] * self.ages, PRIOR_ALL
+        )
         return [density_curve(hazard(self.reuses[c], censored[c], pooled, PRIOR_CLASS)) for c in range(self.classes)]
 
     def frozen_copy(self, waiting: list[list[float]] | None = None) -> HitDensity:

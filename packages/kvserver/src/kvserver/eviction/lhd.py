@@ -224,8 +224,11 @@ class LHDPolicy(EvictionPolicy[K]):
     def _start(self, node: _Node[K]) -> None:
         """A ready key begins to wait for its next access, now."""
         node.last = self._now
-        node.cls = (default_class(node.level, node.span) if self._classify is None
-                    else self._classify(node.key, node.level, node.span))
+        node.cls = (
+            default_class(node.level, node.span)
+            if self._classify is None
+            else self._classify(node.key, node.level, node.span)
+        )
         self._start_wait(node.cls, node.last)
         if node.children == 0:
             self._leaves.add(node.key, node.cls, node.last)

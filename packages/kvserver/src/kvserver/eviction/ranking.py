@@ -106,7 +106,8 @@ class DensityRanking(Generic[K]):
 
     def _rerank(self, tick: int) -> None:
         density, oldest = self.est.density, self.est.ages - 1
-        self._entry = {(cls, start): (density[cls][min(tick - start, oldest)], start, cls)
-                       for cls, start in self._groups}
+        self._entry = {
+            (cls, start): (density[cls][min(tick - start, oldest)], start, cls) for cls, start in self._groups
+        }
         self._rank = sorted(self._entry.values())
         self._tick = tick

@@ -28,8 +28,9 @@ KEY_PATHS = frozenset({"/v1/query", "/v1/clear", "/v1/pin", "/v1/unpin"})  # tok
 MAX_BODY_BYTES = 8 << 20  # 1M tokens of up to 7 digits as a JSON list; refused before parsing beyond
 
 
-async def _keys_op(server: AdminBackend, request: Request,
-                   cls: type[KeysRequest]) -> tuple[KeysRequest, dict[str, Any]]:
+async def _keys_op(
+    server: AdminBackend, request: Request, cls: type[KeysRequest]
+) -> tuple[KeysRequest, dict[str, Any]]:
     """Decode a key endpoint's body and run it through the server's one dispatch (counted like ZMQ)."""
     try:
         req = decode_keys(await request.body(), cls)
@@ -43,8 +44,11 @@ def create_app(server: AdminBackend, metrics: ServerMetrics | None = None) -> Fa
     """Build the admin API of one server; `metrics` defaults to a fresh private registry."""
     metrics = metrics or ServerMetrics(server)
     guard = Guard(server.config, server.api_token)
-    app = FastAPI(title="kvserver admin API", version=kvprotocol.__version__,
-                  description="Health, status, metrics and key management of one kvserver.")
+    app = FastAPI(
+        title="kvserver admin API",
+        version=kvprotocol.__version__,
+        description="Health, status, metrics and key management of one kvserver.",
+    )
     install_error_handlers(app)
     app.add_middleware(BearerGate, token=server.api_token, paths=KEY_PATHS)
     app.add_middleware(RequestLimits, max_body=MAX_BODY_BYTES, counter=metrics.http_requests)
@@ -73,9 +77,17 @@ def create_app(server: AdminBackend, metrics: ServerMetrics | None = None) -> Fa
         """What `kvcli describe` shows: config (no secrets), L1 usage, engines, counters, errors."""
         return server.describe()
 
-    @app.post("/v1/query", tags=["keys"], dependencies=write,  # reveals cache contents: token always
-              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                  "schema": msgspec.json.schema(KeysBody)}}}})
+    @app.post(
+        "/v1/query",
+        tags=["keys"],
+        dependencies=write,  # reveals cache contents: token always
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": msgspec.json.schema(KeysBody)}},
+            }
+        },
+    )
     async def query(request: Request) -> Response:
         """Per-chunk presence of a token sequence and its reusable prefix; leases nothing.
 

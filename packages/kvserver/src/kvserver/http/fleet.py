@@ -43,10 +43,13 @@ def kv_events_ad(cfg: Any) -> dict[str, Any] | None:
     """Where this server's KV events are, for the coordinator's prefix index (None when they are off)."""
     if not cfg.kv_events_endpoint:
         return None
-    return {"endpoint": advertised_endpoint(cfg.kv_events_endpoint),
-            "replay_endpoint": (advertised_endpoint(cfg.kv_events_replay_endpoint)
-                                if cfg.kv_events_replay_endpoint else None),
-            "topic": cfg.kv_events_topic.format(host=socket.gethostname(), model="{model}")}
+    return {
+        "endpoint": advertised_endpoint(cfg.kv_events_endpoint),
+        "replay_endpoint": (
+            advertised_endpoint(cfg.kv_events_replay_endpoint) if cfg.kv_events_replay_endpoint else None
+        ),
+        "topic": cfg.kv_events_topic.format(host=socket.gethostname(), model="{model}"),
+    }
 
 
 def _why(exc: Exception) -> str:
@@ -81,17 +84,22 @@ class FleetAgent:
     def registration(self) -> dict[str, Any]:
         cfg = self.server.config
         capacity = self.server.describe()["l1"]["capacity_bytes"]  # once per registration: describe is cheap enough
-        out = {"zmq_url": self.zmq_url, "http_url": self.http_url, "l1_capacity_bytes": capacity,
-               "version": kvprotocol.__version__, "chunk_size": cfg.chunk_size,
-               "heartbeat_interval": cfg.heartbeat_interval, **self.server.fleet_stats()}
+        out = {
+            "zmq_url": self.zmq_url,
+            "http_url": self.http_url,
+            "l1_capacity_bytes": capacity,
+            "version": kvprotocol.__version__,
+            "chunk_size": cfg.chunk_size,
+            "heartbeat_interval": cfg.heartbeat_interval,
+            **self.server.fleet_stats(),
+        }
         events = kv_events_ad(cfg)
         if events is not None and self.http_url is not None:  # the coordinator resyncs over HTTP
             out["kv_events"] = events
         return out
 
     async def _register(self) -> None:
-        reply = await self._client.post(f"{self.base}/v1/instances", json=self.registration(),
-                                       headers=self.headers())
+        reply = await self._client.post(f"{self.base}/v1/instances", json=self.registration(), headers=self.headers())
         reply.raise_for_status()
         self.instance_id = str(reply.json()["instance_id"])
         self.registrations += 1
@@ -102,8 +110,11 @@ class FleetAgent:
         if self.instance_id is None:
             await self._register()
             return
-        reply = await self._client.put(f"{self.base}/v1/instances/{self.instance_id}/heartbeat",
-                                       json=self.server.fleet_stats(), headers=self.headers())
+        reply = await self._client.put(
+            f"{self.base}/v1/instances/{self.instance_id}/heartbeat",
+            json=self.server.fleet_stats(),
+            headers=self.headers(),
+        )
         if reply.status_code == 404:
             log.info("coordinator forgot instance %s (restarted or timed out); registering again", self.instance_id)
             self.instance_id = None
@@ -121,8 +132,9 @@ class FleetAgent:
                 self._outage = False
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 if not self._outage:
-                    log.warning("coordinator %s %s; serving continues, retrying every %.1fs",
-                                self.base, _why(exc), interval)
+                    log.warning(
+                        "coordinator %s %s; serving continues, retrying every %.1fs", self.base, _why(exc), interval
+                    )
                 self._outage = True
             await asyncio.sleep(interval)
 
@@ -130,8 +142,9 @@ class FleetAgent:
         """Deregister (best effort, short timeout) and close the client."""
         if self.instance_id is not None:
             try:
-                await self._client.delete(f"{self.base}/v1/instances/{self.instance_id}", timeout=1.0,
-                                          headers=self.headers())
+                await self._client.delete(
+                    f"{self.base}/v1/instances/{self.instance_id}", timeout=1.0, headers=self.headers()
+                )
             except httpx.HTTPError as exc:
                 log.info("could not deregister from coordinator: %s", exc)
         await self._client.aclose()

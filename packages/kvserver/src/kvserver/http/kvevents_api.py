@@ -30,8 +30,7 @@ def snapshot(server: AdminBackend) -> dict[str, Any]:
     for model, hashes in snap.models.items():
         low = np.frombuffer(b"".join(h[-8:] for h in hashes), dtype=">u8").astype("<u8")
         models[model] = base64.b64encode(low.tobytes()).decode()
-    return {"next_seq": snap.next_seq, "medium": snap.medium, "chunk_size": server.config.chunk_size,
-            "models": models}
+    return {"next_seq": snap.next_seq, "medium": snap.medium, "chunk_size": server.config.chunk_size, "models": models}
 
 
 def router(server: AdminBackend, read: list[Any]) -> APIRouter:
@@ -43,4 +42,3 @@ def router(server: AdminBackend, read: list[Any]) -> APIRouter:
         return snapshot(server)
 
     return api
-

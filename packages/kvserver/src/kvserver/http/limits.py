@@ -60,11 +60,17 @@ class RequestLimits:
         self._count(scope, int(status["code"]))
 
     async def _too_large(self, send: Send, status: dict[str, Any]) -> None:
-        body = json.dumps({"error": {"code": "TOO_LARGE",
-                                     "message": f"request body over {self.max_body} bytes"}}).encode()
+        body = json.dumps(
+            {"error": {"code": "TOO_LARGE", "message": f"request body over {self.max_body} bytes"}}
+        ).encode()
         status["code"] = 413
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     def _count(self, scope: Scope, code: int) -> None:

@@ -40,9 +40,15 @@ class HttpService:
         self.metrics = ServerMetrics(server)
         self.app = create_app(server, self.metrics)
         self.port = int(self.sock.getsockname()[1])
-        config = uvicorn.Config(self.app, lifespan="off", log_config=None, log_level=cfg.log_level,
-                                access_log=cfg.log_level == "debug", server_header=False,
-                                timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            self.app,
+            lifespan="off",
+            log_config=None,
+            log_level=cfg.log_level,
+            access_log=cfg.log_level == "debug",
+            server_header=False,
+            timeout_graceful_shutdown=2,
+        )
         self._uvicorn = _EmbeddedServer(config)
 
     async def serve(self) -> None:

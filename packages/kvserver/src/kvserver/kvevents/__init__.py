@@ -27,10 +27,20 @@ if TYPE_CHECKING:
     from ..l1 import L1Cache
     from ..l2 import TierManager
 
-__all__ = ["END_SEQ", "HASH_FORMATS", "MEDIUM_L1", "PLAIN_USER", "EventBatcher", "EventsSnapshot", "KVEvents",
-           "L1EventTracker",
-           "L2EventTracker",
-           "ZmqEventPublisher", "decode_batch", "encode_batch"]
+__all__ = [
+    "END_SEQ",
+    "HASH_FORMATS",
+    "MEDIUM_L1",
+    "PLAIN_USER",
+    "EventBatcher",
+    "EventsSnapshot",
+    "KVEvents",
+    "L1EventTracker",
+    "L2EventTracker",
+    "ZmqEventPublisher",
+    "decode_batch",
+    "encode_batch",
+]
 
 
 class EventsSnapshot(NamedTuple):
@@ -54,9 +64,12 @@ class KVEvents:
         assert config.kv_events_endpoint
         token = config.api_token  # None here means --insecure (config.py refuses the rest)
         self.publisher = ZmqEventPublisher(
-            config.kv_events_endpoint, config.kv_events_replay_endpoint, buffer_batches=config.kv_events_buffer,
+            config.kv_events_endpoint,
+            config.kv_events_replay_endpoint,
+            buffer_batches=config.kv_events_buffer,
             pub_password=token if needs_auth(config.kv_events_endpoint) else None,
-            replay_password=token if needs_auth(config.kv_events_replay_endpoint) else None)
+            replay_password=token if needs_auth(config.kv_events_replay_endpoint) else None,
+        )
         self.batcher = EventBatcher(self.publisher.publish, config.kv_events_topic, config.kv_events_hash_format)
         self.l1 = L1EventTracker(l1, self.batcher, config.chunk_size)
         self.failures = 0  # hook calls that raised (logged; the cache op goes on)
@@ -101,5 +114,9 @@ class KVEvents:
         return EventsSnapshot(self.publisher.next_seq, self.l1.medium, self.l1.snapshot())
 
     def describe(self) -> dict[str, Any]:
-        return {**self.publisher.describe(), "l1_blocks": self.l1.blocks, "hook_failures": self.failures,
-                **({"l2_blocks": self.l2.blocks()} if self.l2 is not None else {})}
+        return {
+            **self.publisher.describe(),
+            "l1_blocks": self.l1.blocks,
+            "hook_failures": self.failures,
+            **({"l2_blocks": self.l2.blocks()} if self.l2 is not None else {}),
+        }

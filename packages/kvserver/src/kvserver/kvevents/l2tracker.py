@@ -73,9 +73,16 @@ class L2EventTracker:
                         announced.popitem(last=False)
                     tokens, parent = info
                     ext = self.l1.ext
-                    self.batcher.add(ident[0], block_stored(
-                        [ext(ident[4])], ext(parent) if parent is not None else None,
-                        np.frombuffer(tokens, dtype="<u4"), self.chunk_size, self.media[tier]))
+                    self.batcher.add(
+                        ident[0],
+                        block_stored(
+                            [ext(ident[4])],
+                            ext(parent) if parent is not None else None,
+                            np.frombuffer(tokens, dtype="<u4"),
+                            self.chunk_size,
+                            self.media[tier],
+                        ),
+                    )
 
     def missing(self, tier: int, keys: list[ObjectKey]) -> None:
         written, announced = self._written[tier], self._announced[tier]

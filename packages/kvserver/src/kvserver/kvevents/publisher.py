@@ -34,9 +34,16 @@ REPLAY_YIELD_EVERY = 256  # batches sent before a long replay lets other work on
 
 
 class ZmqEventPublisher:
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, buffer_batches: int = 10_000,
-                 hwm: int = 100_000, pub_password: str | None = None,
-                 replay_password: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        *,
+        buffer_batches: int = 10_000,
+        hwm: int = 100_000,
+        pub_password: str | None = None,
+        replay_password: str | None = None,
+    ) -> None:
         # A context of its own: a ZAP authenticator applies to its whole context, and the control
         # plane must not be subjected to it.
         self._ctx = zmq.Context()
@@ -146,5 +153,11 @@ class ZmqEventPublisher:
         await self._replay.send_multipart([client, b"", b"", END_SEQ, b""])
 
     def describe(self) -> dict[str, int]:
-        return {"next_seq": self.next_seq, "published": self.published, "refused": self.refused,
-                "buffered": len(self._buffer), "replays": self.replays, "bad_replays": self.bad_replays}
+        return {
+            "next_seq": self.next_seq,
+            "published": self.published,
+            "refused": self.refused,
+            "buffered": len(self._buffer),
+            "replays": self.replays,
+            "bad_replays": self.bad_replays,
+        }

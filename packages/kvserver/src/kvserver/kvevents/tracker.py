@@ -40,8 +40,9 @@ NsChunk = tuple[str, int, tuple[str, ...], str, bytes]  # (model, world, group f
 class EventBatcher:
     """Pending events per topic, flushed as one batch each once the current loop iteration ends."""
 
-    def __init__(self, publish: Callable[[bytes, bytes], int], topic: str, hash_format: str = "bytes",
-                 host: str | None = None) -> None:
+    def __init__(
+        self, publish: Callable[[bytes, bytes], int], topic: str, hash_format: str = "bytes", host: str | None = None
+    ) -> None:
         self._publish = publish
         self._topic = topic
         self._host = host or socket.gethostname()
@@ -55,8 +56,12 @@ class EventBatcher:
     def add(self, model: str, event: Event) -> None:
         events = self._pending.setdefault(self.topic_for(model), [])
         last = events[-1] if events else None
-        if (event["type"] == "BlockRemoved" and last is not None and last["type"] == "BlockRemoved"
-                and last["medium"] == event["medium"]):
+        if (
+            event["type"] == "BlockRemoved"
+            and last is not None
+            and last["type"] == "BlockRemoved"
+            and last["medium"] == event["medium"]
+        ):
             last["block_hashes"].extend(event["block_hashes"])  # one removal event per run
         else:
             events.append(event)
@@ -121,15 +126,18 @@ class L1EventTracker:
             ident: NsChunk = (model, world, groups, salt, h)
             if ident in self._complete:
                 continue
-            keys = [ObjectKey(model, fp, world, rank, g, salt, h)
-                    for rank in range(world) for g, fp in enumerate(groups)]
+            keys = [
+                ObjectKey(model, fp, world, rank, g, salt, h) for rank in range(world) for g, fp in enumerate(groups)
+            ]
             if any(self.l1.ready(k) is None for k in keys):
                 continue  # other ranks or groups still to come
             self._complete[ident] = keys
             if self.keep_info:
                 c = self.chunk_size
-                self._info[ident] = (bytes(tokens[chunk * c * 4 : (chunk + 1) * c * 4]),
-                                     hashes[chunk - 1] if chunk > 0 else None)
+                self._info[ident] = (
+                    bytes(tokens[chunk * c * 4 : (chunk + 1) * c * 4]),
+                    hashes[chunk - 1] if chunk > 0 else None,
+                )
             for k in keys:
                 self._members.setdefault(k, []).append(ident)
             holders = self._holders.get((model, h), 0)
@@ -140,8 +148,9 @@ class L1EventTracker:
         for first, last in _runs(announced):
             ids = np.frombuffer(tokens, dtype="<u4", count=(last + 1 - first) * c, offset=first * c * 4)
             parent = self.ext(hashes[first - 1]) if first > 0 else None
-            self.batcher.add(model, block_stored([self.ext(h) for h in hashes[first : last + 1]], parent, ids, c,
-                                                 self.medium))
+            self.batcher.add(
+                model, block_stored([self.ext(h) for h in hashes[first : last + 1]], parent, ids, c, self.medium)
+            )
 
     def removed(self, key: ObjectKey) -> None:
         """After an object left L1 (evicted or cleared): the chunks it completed are gone."""

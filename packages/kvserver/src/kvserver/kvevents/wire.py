@@ -39,11 +39,25 @@ def external_hash(chunk_hash: bytes, fmt: str) -> ExternalHash:
     return chunk_hash
 
 
-def block_stored(block_hashes: list[ExternalHash], parent: ExternalHash | None, token_ids: list[int] | np.ndarray,
-                 block_size: int, medium: str, lora_id: int | None = None, lora_name: str | None = None) -> Event:
-    return {"type": "BlockStored", "block_hashes": block_hashes, "parent_block_hash": parent,
-            "token_ids": token_ids, "block_size": block_size, "lora_id": lora_id, "medium": medium,
-            "lora_name": lora_name}
+def block_stored(
+    block_hashes: list[ExternalHash],
+    parent: ExternalHash | None,
+    token_ids: list[int] | np.ndarray,
+    block_size: int,
+    medium: str,
+    lora_id: int | None = None,
+    lora_name: str | None = None,
+) -> Event:
+    return {
+        "type": "BlockStored",
+        "block_hashes": block_hashes,
+        "parent_block_hash": parent,
+        "token_ids": token_ids,
+        "block_size": block_size,
+        "lora_id": lora_id,
+        "medium": medium,
+        "lora_name": lora_name,
+    }
 
 
 def block_removed(block_hashes: list[ExternalHash], medium: str) -> Event:
@@ -65,8 +79,9 @@ def encode_batch(ts: float, events: list[Event], data_parallel_rank: int = 0) ->
         parts.append(_header(len(event), 0x80, 0xDE))
         for key, value in event.items():
             parts.append(msgpack.packb(key))
-            parts.append(pack_uint_array(value) if isinstance(value, np.ndarray) else
-                         msgpack.packb(value, use_bin_type=True))
+            parts.append(
+                pack_uint_array(value) if isinstance(value, np.ndarray) else msgpack.packb(value, use_bin_type=True)
+            )
     parts.append(msgpack.packb(data_parallel_rank))
     return b"".join(parts)
 

@@ -14,8 +14,20 @@ if TYPE_CHECKING:
     from ..config import ServerConfig
     from ..l1 import L1Cache
 
-__all__ = ["CorruptObject", "L2Adapter", "L2Error", "Serde", "TierManager", "UndecryptableObject", "Usage",
-           "build_tier_manager", "key_str", "load_key", "make_adapter", "redact"]
+__all__ = [
+    "CorruptObject",
+    "L2Adapter",
+    "L2Error",
+    "Serde",
+    "TierManager",
+    "UndecryptableObject",
+    "Usage",
+    "build_tier_manager",
+    "key_str",
+    "load_key",
+    "make_adapter",
+    "redact",
+]
 
 
 def build_tier_manager(config: ServerConfig, l1: L1Cache) -> TierManager | None:
@@ -24,6 +36,13 @@ def build_tier_manager(config: ServerConfig, l1: L1Cache) -> TierManager | None:
         return None
     serde = Serde(config.l2_compression, load_key(config.l2_encryption_key_file))
     adapters = [make_adapter(url) for url in config.l2]
-    return TierManager(adapters, serde, l1, queue_size=config.l2_queue_size,
-                       prefetch_timeout=config.l2_prefetch_timeout, admission=config.l2_admission,
-                       negative_ttl=config.l2_negative_ttl, retry_keys=config.l2_retry_keys)
+    return TierManager(
+        adapters,
+        serde,
+        l1,
+        queue_size=config.l2_queue_size,
+        prefetch_timeout=config.l2_prefetch_timeout,
+        admission=config.l2_admission,
+        negative_ttl=config.l2_negative_ttl,
+        retry_keys=config.l2_retry_keys,
+    )

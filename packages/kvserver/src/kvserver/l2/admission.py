@@ -98,5 +98,10 @@ class Admission:
             self.forgotten += 1
 
     def describe(self) -> dict[str, object]:
-        return {"mode": self.mode, "admitted": self.admitted, "deferred": self.deferred,
-                "pending": len(self._pending), "forgotten": self.forgotten}
+        return {
+            "mode": self.mode,
+            "admitted": self.admitted,
+            "deferred": self.deferred,
+            "pending": len(self._pending),
+            "forgotten": self.forgotten,
+        }

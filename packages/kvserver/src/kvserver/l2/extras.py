@@ -24,5 +24,7 @@ def require(module: str, feature: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         extra = EXTRAS.get(module.split(".")[0], "all")
-        raise MissingExtra(f"{feature} needs the Python package {module.split('.')[0]!r}: "
-                           f"install it with pip install 'kvserver[{extra}]'") from None
+        raise MissingExtra(
+            f"{feature} needs the Python package {module.split('.')[0]!r}: "
+            f"install it with pip install 'kvserver[{extra}]'"
+        ) from None

@@ -56,11 +56,14 @@ def _private_dir(path: Path, *, follow: bool = False) -> None:
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise UntrustedRoot(f"{path} is not a directory (a symlink or a file): refusing the fs tier")
     if st.st_uid != os.getuid():
-        raise UntrustedRoot(f"{path} belongs to uid {st.st_uid}, not to this user: refusing the fs tier "
-                      "(use a directory of your own)")
+        raise UntrustedRoot(
+            f"{path} belongs to uid {st.st_uid}, not to this user: refusing the fs tier (use a directory of your own)"
+        )
     if st.st_mode & 0o022 and not created:
-        raise UntrustedRoot(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), so its "
-                      "contents cannot be trusted: check it and chmod 700 it, or use a fresh directory")
+        raise UntrustedRoot(
+            f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), so its "
+            "contents cannot be trusted: check it and chmod 700 it, or use a fresh directory"
+        )
     if stat.S_IMODE(st.st_mode) != DIR_MODE:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | (0 if follow else os.O_NOFOLLOW))
         try:
@@ -70,8 +73,9 @@ def _private_dir(path: Path, *, follow: bool = False) -> None:
 
 
 class FsAdapter(L2Adapter):
-    def __init__(self, root: str | Path, *, fsync: bool = False, url: str | None = None,
-                 capacity: int | None = None) -> None:
+    def __init__(
+        self, root: str | Path, *, fsync: bool = False, url: str | None = None, capacity: int | None = None
+    ) -> None:
         self.root = Path(root)
         self.fsync = fsync
         self.capacity = capacity

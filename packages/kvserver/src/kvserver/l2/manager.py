@@ -37,10 +37,21 @@ QueueItem = tuple[ObjectKey, tuple[int, ...]]  # key, indexes of the tiers to wr
 
 
 class TierManager:
-    def __init__(self, adapters: Sequence[L2Adapter], serde: Serde, l1: L1Cache, *, queue_size: int = 1024,
-                 prefetch_timeout: float = 0.5, writers: int = 2, batch: int = 16,
-                 usage_interval: float = 1.0, admission: str = "all", negative_ttl: float = 1.0,
-                 retry_keys: int = 4096) -> None:
+    def __init__(
+        self,
+        adapters: Sequence[L2Adapter],
+        serde: Serde,
+        l1: L1Cache,
+        *,
+        queue_size: int = 1024,
+        prefetch_timeout: float = 0.5,
+        writers: int = 2,
+        batch: int = 16,
+        usage_interval: float = 1.0,
+        admission: str = "all",
+        negative_ttl: float = 1.0,
+        retry_keys: int = 4096,
+    ) -> None:
         if queue_size < 1:
             raise ValueError("l2 queue size must be at least 1")
         if not prefetch_timeout > 0:
@@ -214,8 +225,13 @@ class TierManager:
                 hook(index, written)
 
     # -- prefetch --------------------------------------------------------------------------------
-    async def prefetch(self, chunks: Sequence[Sequence[ObjectKey]], first_miss: int,
-                       size_of: Callable[[ObjectKey], int | None], leading: bool = True) -> None:
+    async def prefetch(
+        self,
+        chunks: Sequence[Sequence[ObjectKey]],
+        first_miss: int,
+        size_of: Callable[[ObjectKey], int | None],
+        leading: bool = True,
+    ) -> None:
         """Load into L1 what the tiers hold of the prefix after `first_miss` (see prefetch.py)."""
         await self.prefetcher.run(chunks, first_miss, size_of, self.prefetch_timeout, leading)
 

@@ -44,9 +44,15 @@ class _Loaded:
 
 
 class Prefetcher:
-    def __init__(self, l1: L1Cache, tiers: Sequence[Tier], serde: Serde, negative: NegativeCache,
-                 on_missing: list[Callable[[int, list[ObjectKey]], None]],
-                 enqueue: Callable[[Sequence[ObjectKey], tuple[int, ...]], Any]) -> None:
+    def __init__(
+        self,
+        l1: L1Cache,
+        tiers: Sequence[Tier],
+        serde: Serde,
+        negative: NegativeCache,
+        on_missing: list[Callable[[int, list[ObjectKey]], None]],
+        enqueue: Callable[[Sequence[ObjectKey], tuple[int, ...]], Any],
+    ) -> None:
         """`on_missing` is the manager's observer list (shared, so hooks added later are seen);
         `enqueue` queues writes of loaded keys to the upper tiers."""
         self.l1, self.tiers, self.serde, self.negative = l1, tiers, serde, negative
@@ -56,8 +62,14 @@ class Prefetcher:
         self.background: set[asyncio.Task[None]] = set()
         self.lookups = self.loaded = self.timeouts = 0
 
-    async def run(self, chunks: Sequence[Sequence[ObjectKey]], first_miss: int,
-                  size_of: Callable[[ObjectKey], int | None], timeout: float, leading: bool = True) -> None:
+    async def run(
+        self,
+        chunks: Sequence[Sequence[ObjectKey]],
+        first_miss: int,
+        size_of: Callable[[ObjectKey], int | None],
+        timeout: float,
+        leading: bool = True,
+    ) -> None:
         """`leading=False`: load every chunk L1 + L2 cover, not only the leading run (per-group
         geometry: a window snapshot or a state is useful on its own, see kvserver/groups.py)."""
         self.lookups += 1
@@ -134,8 +146,9 @@ class Prefetcher:
                 tier.failed(exc)
                 continue
             tier.succeeded()
-            self.negative.remember(index, (n for n, hit, gone in zip(names, present, known_absent, strict=True)
-                                             if not hit and not gone))
+            self.negative.remember(
+                index, (n for n, hit, gone in zip(names, present, known_absent, strict=True) if not hit and not gone)
+            )
             tier.stats.misses += present.count(False)
             rest = []
             for key, hit in zip(todo, present, strict=True):
@@ -148,8 +161,9 @@ class Prefetcher:
             todo = rest
         return where
 
-    def _start_loads(self, keys: list[ObjectKey], where: dict[ObjectKey, int],
-                     size_of: Callable[[ObjectKey], int | None]) -> dict[ObjectKey, asyncio.Future[bool]]:
+    def _start_loads(
+        self, keys: list[ObjectKey], where: dict[ObjectKey, int], size_of: Callable[[ObjectKey], int | None]
+    ) -> dict[ObjectKey, asyncio.Future[bool]]:
         l1, loop = self.l1, asyncio.get_running_loop()
         by_tier: dict[int, list[Item]] = {}
         futures: dict[ObjectKey, asyncio.Future[bool]] = {}
@@ -217,8 +231,7 @@ class Prefetcher:
                 if not future.done():
                     future.set_result(False)
 
-    def _decode(self, names: list[str], blobs: list[bytes | None],
-                entries: list[Entry | None]) -> list[object]:
+    def _decode(self, names: list[str], blobs: list[bytes | None], entries: list[Entry | None]) -> list[object]:
         """Worker thread: check and decode; copy straight into reserved slots whose size matches."""
         out: list[object] = []
         arena = self.l1.arena

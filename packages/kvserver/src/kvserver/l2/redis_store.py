@@ -27,15 +27,26 @@ T = TypeVar("T")
 
 
 class RedisAdapter(L2Adapter):
-    def __init__(self, client_url: str, *, url: str, cluster: bool = False, ttl: int | None = None,
-                 timeout: float = 2.0, prefix: str = "") -> None:
+    def __init__(
+        self,
+        client_url: str,
+        *,
+        url: str,
+        cluster: bool = False,
+        ttl: int | None = None,
+        timeout: float = 2.0,
+        prefix: str = "",
+    ) -> None:
         self.url = url
         self.prefix = prefix
         self.cluster = cluster
         self.ttl = ttl
         self.timeout = timeout
-        common: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
-                                  "retry": Retry(NoBackoff(), 1)}
+        common: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "retry": Retry(NoBackoff(), 1),
+        }
         if cluster:
             self._r: Any = RedisCluster.from_url(client_url, **common)
         else:

@@ -24,14 +24,24 @@ _ABSENT = {"404", "NoSuchKey", "NotFound"}
 
 
 class S3Adapter(L2Adapter):
-    def __init__(self, bucket: str, prefix: str, *, url: str, endpoint: str | None = None,
-                 region: str | None = None, timeout: float = 5.0, threads: int = 16) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        *,
+        url: str,
+        endpoint: str | None = None,
+        region: str | None = None,
+        timeout: float = 5.0,
+        threads: int = 16,
+    ) -> None:
         self.url = url
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="l2-s3")
-        config = Config(connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 2},
-                        max_pool_connections=threads)
+        config = Config(
+            connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 2}, max_pool_connections=threads
+        )
         self._s3 = boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region, config=config)
 
     def _key(self, key: str) -> str:
@@ -76,8 +86,10 @@ class S3Adapter(L2Adapter):
     async def delete(self, keys: Sequence[str]) -> None:
         for i in range(0, len(keys), 1000):
             batch = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
-            await self._run("delete", lambda b=batch: self._s3.delete_objects(
-                Bucket=self.bucket, Delete={"Objects": b, "Quiet": True}))
+            await self._run(
+                "delete",
+                lambda b=batch: self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": b, "Quiet": True}),
+            )
 
     async def usage(self) -> Usage:
         """Objects and bytes under the prefix, by listing (capped at 100k objects per refresh)."""
@@ -86,7 +98,8 @@ class S3Adapter(L2Adapter):
     def _usage(self) -> Usage:
         objects = size = 0
         for page in self._s3.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self.prefix, PaginationConfig={"MaxItems": 100_000}):
+            Bucket=self.bucket, Prefix=self.prefix, PaginationConfig={"MaxItems": 100_000}
+        ):
             for item in page.get("Contents", []):
                 objects += 1
                 size += int(item["Size"])

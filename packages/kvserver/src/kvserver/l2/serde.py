@@ -132,8 +132,11 @@ class Serde:
                 raise CorruptObject("encrypted body too short")
             aead = _aead()
             try:
-                body = memoryview(aead.AESGCM(self.key).decrypt(bytes(body[:NONCE_BYTES]), bytes(body[NONCE_BYTES:]),
-                                                                _aad(key, comp, enc)))
+                body = memoryview(
+                    aead.AESGCM(self.key).decrypt(
+                        bytes(body[:NONCE_BYTES]), bytes(body[NONCE_BYTES:]), _aad(key, comp, enc)
+                    )
+                )
             except aead.InvalidTag:
                 raise UndecryptableObject("AES-GCM authentication failed (wrong key or moved object)") from None
         elif self.key is not None:

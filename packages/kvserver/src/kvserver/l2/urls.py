@@ -1,9 +1,9 @@
 """`--l2` URLs -> adapters, and URL redaction (passwords never reach logs, describe or status).
 
-    fs:///path[?fsync=1&capacity_gb=G]        a directory, optionally bounded (LRU by access)
-    redis://[user:pass@]host:port/db[?ttl=S&timeout=S&prefix=P]   (rediss:// for TLS)
-    redis+cluster://host:port[?ttl=S&timeout=S&prefix=P]          Redis Cluster (any node as seed)
-    s3://bucket/prefix[?endpoint=URL&region=R&timeout=S]
+fs:///path[?fsync=1&capacity_gb=G]        a directory, optionally bounded (LRU by access)
+redis://[user:pass@]host:port/db[?ttl=S&timeout=S&prefix=P]   (rediss:// for TLS)
+redis+cluster://host:port[?ttl=S&timeout=S&prefix=P]          Redis Cluster (any node as seed)
+s3://bucket/prefix[?endpoint=URL&region=R&timeout=S]
 """
 
 from __future__ import annotations
@@ -68,8 +68,12 @@ def make_adapter(url: str) -> L2Adapter:
         if not path:
             raise ValueError(f"l2 url {safe}: needs a directory, e.g. fs:///var/cache/kv")
         gb = _positive(opts, "capacity_gb", url)
-        return FsAdapter(path, fsync=opts.get("fsync", "0") in ("1", "true", "yes"), url=safe,
-                         capacity=int(gb * (1 << 30)) if gb else None)
+        return FsAdapter(
+            path,
+            fsync=opts.get("fsync", "0") in ("1", "true", "yes"),
+            url=safe,
+            capacity=int(gb * (1 << 30)) if gb else None,
+        )
     if scheme == "s3":
         require("boto3", f"l2 url {safe}")
         from .s3 import S3Adapter
@@ -77,8 +81,14 @@ def make_adapter(url: str) -> L2Adapter:
         opts = _options(parts.query, ("endpoint", "region", "timeout"), url)
         if not parts.netloc:
             raise ValueError(f"l2 url {safe}: needs a bucket, e.g. s3://bucket/prefix")
-        return S3Adapter(parts.netloc, parts.path, url=safe, endpoint=opts.get("endpoint") or None,
-                         region=opts.get("region") or None, timeout=_positive(opts, "timeout", url) or 5.0)
+        return S3Adapter(
+            parts.netloc,
+            parts.path,
+            url=safe,
+            endpoint=opts.get("endpoint") or None,
+            region=opts.get("region") or None,
+            timeout=_positive(opts, "timeout", url) or 5.0,
+        )
     require("redis", f"l2 url {safe}")
     from .redis_store import RedisAdapter
 
@@ -92,7 +102,14 @@ def make_adapter(url: str) -> L2Adapter:
         raise ValueError(f"l2 url {safe}: the path must be a database number")
     ttl = _positive(opts, "ttl", url)
     rest = {k: v for k, v in parse_qsl(parts.query) if k not in ("ttl", "timeout", "prefix")}
-    client_url = urlunsplit(parts._replace(scheme=scheme.split("+")[0], query=urlencode(rest),
-                                           path="" if cluster else parts.path))
-    return RedisAdapter(client_url, url=safe, cluster=cluster, ttl=int(ttl) if ttl else None,
-                        timeout=_positive(opts, "timeout", url) or 2.0, prefix=opts.get("prefix", ""))
+    client_url = urlunsplit(
+        parts._replace(scheme=scheme.split("+")[0], query=urlencode(rest), path="" if cluster else parts.path)
+    )
+    return RedisAdapter(
+        client_url,
+        url=safe,
+        cluster=cluster,
+        ttl=int(ttl) if ttl else None,
+        timeout=_positive(opts, "timeout", url) or 2.0,
+        prefix=opts.get("prefix", ""),
+    )
