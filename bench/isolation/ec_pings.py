@@ -4,42 +4,23 @@ Starts a real kvserver with tenants alice and bob (the real CLI, a temporary sta
 alternates rounds: in "attack" rounds a thread runs bob's attack (stores through his 1 MiB EC
 quota, leasing past his cap, opening stores past his cap); in "quiet" rounds it does nothing. A
 bystander sends `ping` throughout; per condition it prints the ping median and range and the ratio.
-After the run it checks that alice's item is still intact. Run: `uv run python bench/isolation/ec_pings.py`.
+After the run it checks that alice's item is still intact (harness: bystander.py).
+Run: `uv run python bench/isolation/ec_pings.py`.
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import statistics
-import subprocess
-import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
+from bystander import Server, add_tenant, alternate, report
 from kvprotocol import Client, ServerError
 from kvprotocol.kvsum import kvsum64
 
-BIN = Path(sys.executable).parent
 KEY = {"model": "tiny-vlm@0123456789abcdef", "space": "fedcba9876543210"}
 MiB = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def add_tenant(tenants: Path, name: str, *flags: str) -> str:
-    return subprocess.run(
-        [str(BIN / "kvserver"), "tenant", "add", name, "--tenants-file", str(tenants), *flags],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
 
 
 def put(c: Client, item: str, data: bytes) -> str:
@@ -70,73 +51,23 @@ def main() -> None:
         bob_tok = add_tenant(
             tenants, "bob", "--ec-quota-gb", str(MiB / (1 << 30)), "--ec-max-stores", "8", "--ec-max-leases", "8"
         )
-        port = free_port()
-        env = {**os.environ, "KVSERVER_STATE_DIR": tmp}
-        proc = subprocess.Popen(
-            [
-                str(BIN / "kvserver"),
-                "start",
-                "--port",
-                str(port),
-                "--l1-size-gb",
-                "0.02",
-                "--ec-size-gb",
-                str(8 * MiB / (1 << 30)),
-                "--http-port",
-                "0",
-                "--lease-ttl",
-                "2",
-                "--tenants-file",
-                str(tenants),
-                "--log-level",
-                "warning",
-            ],
-            stdout=subprocess.DEVNULL,
-            env=env,
-        )
-        url = f"tcp://127.0.0.1:{port}"
+        flags = ["--l1-size-gb", "0.02", "--ec-size-gb", str(8 * MiB / (1 << 30)), "--lease-ttl", "2"]
+        srv = Server(Path(tmp), tenants, *flags)
         try:
-            pinger = Client(url, timeout=2.0, token=alice_tok)
-            for _ in range(200):
-                try:
-                    pinger.ping()
-                    break
-                except Exception:
-                    time.sleep(0.1)
-            alice, bob = Client(url, token=alice_tok), Client(url, token=bob_tok)
+            pinger = srv.client(alice_tok)
+            alice, bob = Client(srv.url, token=alice_tok), Client(srv.url, token=bob_tok)
             mine = os.urandom(MiB)
             put(alice, "a-keep", mine)
-            times: dict[str, list[float]] = {"quiet": [], "attack": []}
             ops = [0]
-            for _ in range(6):
-                for cond in ("quiet", "attack"):
-                    stop = threading.Event()
-                    t = threading.Thread(target=attack, args=(bob, stop, ops)) if cond == "attack" else None
-                    if t is not None:
-                        t.start()
-                    end = time.monotonic() + 0.5
-                    while time.monotonic() < end:
-                        t0 = time.perf_counter()
-                        pinger.ping()
-                        times[cond].append((time.perf_counter() - t0) * 1e3)
-                    stop.set()
-                    if t is not None:
-                        t.join()
-            for cond, v in times.items():
-                print(
-                    f"{cond:7s} pings={len(v):5d} median={statistics.median(v):.3f} ms "
-                    f"range=[{min(v):.3f}, {max(v):.3f}] ms"
-                )
+            times = alternate(pinger, lambda stop: attack(bob, stop, ops))
+            report("ec", times)
             print(f"attack iterations (store + lease + open): {ops[0]}")
-            ratio = statistics.median(times["attack"]) / statistics.median(times["quiet"])
-            print(f"ratio attack/quiet median: {ratio:.2f}")
             r = alice.call("ec_retrieve", **KEY, item="a-keep", mode="tcp")
             print("alice's item intact after the attack:", r.result["found"] and bytes(r.frames[0]) == mine)
             for c in (pinger, alice, bob):
                 c.close()
         finally:
-            proc.terminate()
-            proc.wait(10)
+            srv.stop()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,103 @@
+"""Shared harness of the isolation benches: a real kvserver with tenants, and bystander pings.
+
+Each `*_pings.py` script starts a server with `Server`, makes tenants with the real CLI
+(`add_tenant`), and hands `alternate` an attack: a function that runs until its stop event is set.
+`alternate` runs quiet and attack rounds in turn while a bystander pings, and `report` prints the
+ping median and range per condition and their ratio (one sitting: indicative, not a result).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kvprotocol import Client
+
+BIN = Path(sys.executable).parent
+Attack = Callable[[threading.Event], None]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def add_tenant(tenants: Path, name: str, *flags: str) -> str:
+    """A tenant made with the real `kvserver tenant add`; returns its token."""
+    return subprocess.run(
+        [str(BIN / "kvserver"), "tenant", "add", name, "--tenants-file", str(tenants), *flags],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+class Server:
+    """`kvserver start` on a free loopback port with the given state dir, tenants file and flags."""
+
+    def __init__(self, state_dir: Path, tenants: Path | None, *flags: str) -> None:
+        self.port = free_port()
+        self.http_port = free_port()
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        args = [str(BIN / "kvserver"), "start", "--port", str(self.port), "--http-port", str(self.http_port)]
+        if tenants is not None:
+            args += ["--tenants-file", str(tenants)]
+        env = {**os.environ, "KVSERVER_STATE_DIR": str(state_dir)}
+        self.proc = subprocess.Popen([*args, "--log-level", "warning", *flags], stdout=subprocess.DEVNULL, env=env)
+
+    def client(self, token: str | None, timeout: float = 2.0) -> Client:
+        """A client, once the server answers a ping."""
+        c = Client(self.url, timeout=timeout, token=token)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                c.ping()
+                return c
+            except Exception:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def alternate(pinger: Client, attack: Attack, rounds: int = 6, seconds: float = 0.5) -> dict[str, list[float]]:
+    """Ping latencies (ms) per condition over alternating quiet and attack rounds."""
+    times: dict[str, list[float]] = {"quiet": [], "attack": []}
+    for _ in range(rounds):
+        for cond in ("quiet", "attack"):
+            stop = threading.Event()
+            t = threading.Thread(target=attack, args=(stop,)) if cond == "attack" else None
+            if t is not None:
+                t.start()
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                t0 = time.perf_counter()
+                pinger.ping()
+                times[cond].append((time.perf_counter() - t0) * 1e3)
+            stop.set()
+            if t is not None:
+                t.join()
+    return times
+
+
+def report(name: str, times: dict[str, list[float]]) -> float:
+    """Print median and range per condition; return the attack/quiet ratio of medians."""
+    for cond, v in times.items():
+        print(
+            f"{name}: {cond:7s} pings={len(v):5d} median={statistics.median(v):.3f} ms "
+            f"range=[{min(v):.3f}, {max(v):.3f}] ms"
+        )
+    ratio = statistics.median(times["attack"]) / statistics.median(times["quiet"])
+    print(f"{name}: ratio attack/quiet median {ratio:.2f}")
+    return ratio
