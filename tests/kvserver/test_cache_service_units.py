@@ -16,7 +16,7 @@ import pytest
 
 from kvprotocol import ErrorCode, LayoutDescriptor, pack_tokens
 from kvprotocol._requests import KeySpaceW, LayoutW, Lookup, Pin, Query, RegisterEngine, Release, Retrieve, Store
-from kvserver import write_path
+from kvserver import store_admission
 from kvserver.arena import Arena
 from kvserver.cache import CacheService
 from kvserver.errors import (
@@ -199,7 +199,7 @@ def test_store_refuses_bad_requests_before_changing_anything(rig: Rig) -> None:
 
 
 def test_too_many_stores_in_flight(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(write_path, "MAX_STORES", 1)
+    monkeypatch.setattr(store_admission, "MAX_STORES", 1)
     first = rig.store(1)
     with pytest.raises(TooMany, match="1 stores are in flight") as busy:
         rig.store(1, seed=1)

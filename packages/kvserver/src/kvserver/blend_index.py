@@ -19,10 +19,9 @@ from typing import Any
 from kvprotocol import MAX_KEYS, ObjectKey, blend_fingerprints, blend_object_hash
 from kvprotocol._requests import BlendLookup, BlendStore
 
-from .errors import LayoutMismatch, OutOfRange, TooLarge, TooMany
+from .errors import OutOfRange, TooLarge
 from .cache import CacheService
-from .cache_base import MAX_STORES
-from .l1 import State
+from .store_admission import MAX_STORES
 from .leases import rank_keys
 from .tenants import Identity
 from .sessions import Slot, StoreTxn, new_store_id
@@ -107,11 +106,7 @@ class BlendService:
         ks, salt, rank = f.keyspace.key(), who.salt(f.salt), f.rank
         if rank >= ks[1]:
             raise OutOfRange("rank must be < world_size")
-        sizes = []
-        for layout_fp in ks[2]:
-            if layout_fp not in c.object_sizes:
-                raise LayoutMismatch(f"layout {layout_fp} is not registered by any engine")
-            sizes.append(c.object_sizes[layout_fp])
+        sizes = c.admission.sizes(ks)
         chunks = len(f.tokens) // 4 // self.chunk_size
         if chunks * len(ks[2]) > MAX_KEYS:
             raise TooLarge(f"{chunks} chunks x {len(ks[2])} groups is over {MAX_KEYS} objects per request")
@@ -119,11 +114,9 @@ class BlendService:
         fps = blend_fingerprints(f.tokens, self.chunk_size)
         if fps and pos_base + len(fps) * self.chunk_size > 0xFFFFFFFF:
             raise OutOfRange("pos_base + tokens beyond uint32 positions")
-        if len(c.table.stores) >= MAX_STORES or len(self._pending) >= MAX_PENDING:
-            c.expire()
-            self._sweep_pending()
-        if len(c.table.stores) >= MAX_STORES or len(self._pending) >= MAX_PENDING:
-            raise TooMany("too many stores in flight; commit or abort some first")
+        # the prefix stores' admission: store caps, then per object bookings, the tenant's quota, the arena
+        c.admission.open(who, full=lambda: len(self._pending) >= MAX_PENDING, sweep=self._sweep_pending)
+        admit = c.admission.objects(who)
         session = who.scope(f.session) if f.session is not None else None
         # like a prefix store, only its owner may commit or abort it
         txn = StoreTxn(new_store_id(), f.mode, session, [], c.table.deadline(), kind="blend", owner=who.tenant)
@@ -135,22 +128,19 @@ class BlendService:
             ik: IndexKey = (ks[0], ks[1], ks[2], salt, fp)
             reserved_here = False
             for group, key in enumerate(rank_keys(ks, salt, rank, [obj])):
-                existing = c.l1.entries.get(key)
-                if existing is not None:
-                    self.counters.deduplicated_objects += 1
-                    status = "present" if existing.state is State.READY else "writing"
-                    reply_slots.append({"chunk": chunk, "group": group, "status": status, "ref_pos": ref_pos})
-                    continue
-                entry = c.l1.reserve(key, sizes[group])
-                if entry is None:
-                    self.counters.no_space += 1
-                    reply_slots.append({"chunk": chunk, "group": group, "status": "no_space", "ref_pos": ref_pos})
+                got = admit.take(key, sizes[group])
+                if isinstance(got, str):
+                    if got == "no_space":
+                        self.counters.no_space += 1
+                    else:
+                        self.counters.deduplicated_objects += 1
+                    reply_slots.append({"chunk": chunk, "group": group, "status": got, "ref_pos": ref_pos})
                     continue
                 reserved_here = True
-                txn.slots.append(Slot(key, chunk, group, entry))
-                slot = {"chunk": chunk, "group": group, "status": "reserved", "size": entry.size, "ref_pos": ref_pos}
+                txn.slots.append(Slot(key, chunk, group, got))
+                slot = {"chunk": chunk, "group": group, "status": "reserved", "size": got.size, "ref_pos": ref_pos}
                 if txn.mode == "shm":
-                    slot["offset"] = entry.offset
+                    slot["offset"] = got.offset
                 reply_slots.append(slot)
             if reserved_here:
                 pending.append((ik, ref_pos, obj))
@@ -182,7 +172,7 @@ class BlendService:
         if rank is not None and rank >= ks[1]:
             raise OutOfRange("rank must be < world_size")
         if session is not None:
-            c._admit_session(session, candidates * (1 + per_chunk))
+            c._admit_session(session, candidates * (1 + per_chunk), who)  # the tenant's session cap too
         matches: list[dict[str, int]] = []
         objects: list[bytes] = []
         for start, end in bounds:

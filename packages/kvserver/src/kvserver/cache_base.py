@@ -26,6 +26,7 @@ from .leases import Leases
 from .sessions import SessionTable, StoreTxn
 from .ledger import Counters, TenantLedger
 from .reservations import ReservationBook
+from .store_admission import MAX_STORES, StoreAdmission
 from .tenants import ADMIN, Identity, TenantBook
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ log = logging.getLogger("kvserver")
 
 MAX_SESSIONS = 4096  # live read sessions per server, all tenants together (each tenant has its own cap too)
 MAX_SESSION_OBJECTS = 1 << 22  # chunk hashes + leased keys all live sessions keep, in total
-MAX_STORES = 4096  # store transactions in flight per server
 
 
 class CacheBase:
@@ -59,6 +59,8 @@ class CacheBase:
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
         self.background = BackgroundPrefetches()  # prefetches of lookups that did not wait
         self.reservations = ReservationBook(l1, lease_ttl)  # whole-request admission (kv_producer stores)
+        # what every store (prefix or blend) may take: caps, layout sizes, bookings, quota, arena
+        self.admission = StoreAdmission(l1, self.table, self.ledger, self.reservations, self.object_sizes, self.expire)
         self.hash_memo = HashMemo()  # chunk hashes computed lately (the same prompt's lookup, then its saves)
         self.defer: Defer = run_now  # what a reply need not wait for (the server: after it; after_reply.py)
 

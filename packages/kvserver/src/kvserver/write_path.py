@@ -12,11 +12,11 @@ from typing import Any
 
 from kvprotocol._requests import Store
 
-from .errors import BadField, LayoutMismatch, OutOfRange, TooMany, UnknownStore
-from .l1 import L1Cache, State
+from .errors import BadField, OutOfRange, UnknownStore
+from .l1 import L1Cache
 from .sessions import Slot, StoreTxn, new_store_id
 from .tenants import ADMIN, Identity, TenantBook
-from .cache_base import MAX_STORES, CacheBase
+from .cache_base import CacheBase
 
 
 class WritePath(CacheBase):
@@ -29,17 +29,9 @@ class WritePath(CacheBase):
         t = self.ledger.counters(who)
         if rank >= ks[1]:
             raise OutOfRange("rank must be < world_size")
-        sizes = []
-        for fp in ks[2]:
-            if fp not in self.object_sizes:
-                raise LayoutMismatch(f"layout {fp} is not registered by any engine")
-            sizes.append(self.object_sizes[fp])
+        sizes = self.admission.sizes(ks)
         hashes = self._hashes(f, len(ks[2]), who)
-        if len(self.table.stores) >= MAX_STORES:
-            self.expire()
-        if len(self.table.stores) >= MAX_STORES:
-            raise TooMany(f"{MAX_STORES} stores are in flight; commit or abort some first")
-        self.ledger.admit_store(who)
+        self.admission.open(who)
         start = f.start_chunk
         if start > len(hashes):
             raise OutOfRange("start_chunk beyond the last full chunk")
@@ -57,7 +49,7 @@ class WritePath(CacheBase):
                 start,
                 self.ledger.limits(who.tenant)[0],
             )
-        budget = book.headroom() if res is None and book.live else None  # plain stores leave bookings alone
+        admit = self.admission.objects(who, booked=res is not None)  # plain stores leave bookings alone
         txn = StoreTxn(
             new_store_id(),
             f.mode,
@@ -73,31 +65,22 @@ class WritePath(CacheBase):
         )
         reply_slots = []
         for chunk, group, key in self.groups.store_objects(ks, salt, rank, hashes, start):
-            existing = self.l1.entries.get(key)
-            if existing is not None:
-                status = "present" if existing.state is State.READY else "writing"
-                self.counters.deduplicated_objects += 1
-                reply_slots.append({"chunk": chunk, "group": group, "status": status})
-                if res is not None:
-                    book.draw(res, sizes[group], key, False, (ks[0], ks[1], salt, hashes[chunk]))
+            got = admit.take(key, sizes[group], hashes[chunk - 1] if chunk else None)
+            if isinstance(got, str):
+                if got == "no_space":
+                    self.counters.no_space += 1
+                else:
+                    self.counters.deduplicated_objects += 1
+                    if res is not None:
+                        book.draw(res, sizes[group], key, False, (ks[0], ks[1], salt, hashes[chunk]))
+                reply_slots.append({"chunk": chunk, "group": group, "status": got})
                 continue
-            if budget is not None:
-                budget -= self.l1.alloc.slot_size(sizes[group])
-            if (budget is not None and budget < 0) or not self.ledger.make_room(who, sizes[group]):
-                self.counters.no_space += 1
-                reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
-                continue
-            entry = self.l1.reserve(key, sizes[group], hashes[chunk - 1] if chunk else None)
-            if entry is None:
-                self.counters.no_space += 1
-                reply_slots.append({"chunk": chunk, "group": group, "status": "no_space"})
-                continue
-            txn.slots.append(Slot(key, chunk, group, entry))
+            txn.slots.append(Slot(key, chunk, group, got))
             if res is not None:
                 book.draw(res, sizes[group], key, True, (ks[0], ks[1], salt, hashes[chunk]))
-            slot = {"chunk": chunk, "group": group, "status": "reserved", "size": entry.size}
+            slot = {"chunk": chunk, "group": group, "status": "reserved", "size": got.size}
             if txn.mode == "shm":
-                slot["offset"] = entry.offset
+                slot["offset"] = got.offset
             reply_slots.append(slot)
         if txn.slots:
             self.table.stores[txn.id] = txn
