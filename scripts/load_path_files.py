@@ -24,12 +24,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+CSRC = "packages/kvconnector/csrc"
 # csrc/ files each extension function runs (kvcopy.cpp holds the bindings)
 _CPP = {
-    "copy_checksum": ["csrc/kvcopy.cpp", "csrc/checksum_copy.cpp", "csrc/checksum.cpp"],
-    "batch_copy": ["csrc/kvcopy.cpp", "csrc/batch_copy.cpp"],
-    "checksum": ["csrc/kvcopy.cpp", "csrc/checksum.cpp"],
-    "checksum_bytes": ["csrc/kvcopy.cpp", "csrc/checksum.cpp"],
+    "copy_checksum": [f"{CSRC}/kvcopy.cpp", f"{CSRC}/checksum_copy.cpp", f"{CSRC}/checksum.cpp"],
+    "batch_copy": [f"{CSRC}/kvcopy.cpp", f"{CSRC}/batch_copy.cpp"],
+    "checksum": [f"{CSRC}/kvcopy.cpp", f"{CSRC}/checksum.cpp"],
+    "checksum_bytes": [f"{CSRC}/kvcopy.cpp", f"{CSRC}/checksum.cpp"],
 }
 
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 if os.environ.get("TRACE_FUNCS"):
                     seen.add(f"{path.relative_to(ROOT)}:{frame.f_code.co_name}")
         elif event == "c_call" and getattr(arg, "__module__", "") == "kvconnector._kvcopy":
-            seen.update(_CPP.get(arg.__name__, ["csrc/kvcopy.cpp"]))
+            seen.update(_CPP.get(arg.__name__, [f"{CSRC}/kvcopy.cpp"]))
 
     log = Path(tempfile.mkdtemp(prefix="kvtrace-")) / "kvserver.log"
     server = ServerProc(free_port(), ["--l1-size-gb", "0.05", "--chunk-size", "64"], log, http_port=0, env={})

@@ -1,16 +1,15 @@
-"""Builds the `kvconnector._kvcopy` extension from the workspace's top-level csrc/.
+"""Builds the `kvconnector._kvcopy` extension from this package's csrc/ (so the sdist is self-contained).
 
-setuptools wants source paths relative to this file, so the csrc/ files are named as ../../csrc/*.
+setuptools wants source paths relative to this file.
 """
 
-import os
 from pathlib import Path
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
 _HERE = Path(__file__).resolve().parent
-_SOURCES = sorted(Path(os.path.relpath(p, _HERE)).as_posix() for p in (_HERE.parent.parent / "csrc").glob("*.cpp"))
+_SOURCES = sorted(p.relative_to(_HERE).as_posix() for p in (_HERE / "csrc").glob("*.cpp"))
 
 setup(
     ext_modules=[
