@@ -172,7 +172,7 @@ class BlendService:
         if rank is not None and rank >= ks[1]:
             raise OutOfRange("rank must be < world_size")
         if session is not None:
-            c._admit_session(session, candidates * (1 + per_chunk), who)  # the tenant's session cap too
+            c._admit_session(session, 0, who)  # the session counts (the tenant's cap too); its hits below
         matches: list[dict[str, int]] = []
         objects: list[bytes] = []
         for start, end in bounds:
@@ -193,7 +193,8 @@ class BlendService:
         n.candidate_chunks += candidates
         n.hit_chunks += len(matches)
         n.hit_tokens += len(matches) * self.chunk_size
-        if session is not None:
+        if session is not None:  # charged for what it holds: its matches, like a prefix lookup's hit
+            c._admit_session(session, len(objects) * (1 + per_chunk), who)
             c.leases.take(session, ks, salt, objects, len(objects), rank)
         return {
             "matches": matches,

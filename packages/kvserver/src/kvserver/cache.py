@@ -53,10 +53,10 @@ class CacheService(WritePath):
         ks, salt = f.keyspace.key(), who.salt(f.salt)
         hashes = self._hashes(f, self._per_chunk(f), who) if hashes is None else hashes
         session = None if f.session is None else who.scope(f.session)
-        if session is not None:
-            self._admit_session(session, len(hashes) * (1 + self._per_chunk(f)), who)
         chunk_keys: list[list[ObjectKey]] = []  # each hit chunk's keys (no geometry), built once
         hit = self._prefix_hits(ks, salt, hashes, chunk_keys)
+        if session is not None:  # charged for its hit only: a miss holds nothing
+            self._admit_session(session, hit * (1 + self._per_chunk(f)), who)
         c = self.counters
         c.lookups += 1
         c.lookup_tokens += len(f.tokens) // 4
@@ -107,7 +107,7 @@ class CacheService(WritePath):
         ks, salt = f.keyspace.key(), who.salt(f.salt)
         hashes = self._hashes(f, self._per_chunk(f), who)
         if f.session is not None:
-            self._admit_session(who.scope(f.session), len(hashes) * (1 + self._per_chunk(f)), who)
+            self._admit_session(who.scope(f.session), 0, who)  # the counts now; its hit's objects in lookup
         hit = self._prefix_hits(ks, salt, hashes)
         pending = False
         if self.l2 is not None and hit < len(hashes):

@@ -45,8 +45,9 @@ class CacheBase:
         self.l1 = l1
         self.chunk_size = chunk_size
         self.table = SessionTable(lease_ttl)
-        self.ledger = TenantLedger(l1, self.table, tenants, (MAX_SESSIONS, MAX_STORES))
+        self.ledger = TenantLedger(l1, self.table, tenants, (MAX_SESSIONS, MAX_STORES), MAX_SESSION_OBJECTS)
         self.leases = Leases(l1, self.table)
+        self.ledger.held_objects = self.leases.held
         self.engine_table = EngineTable()
         self.groups = GroupBook(chunk_size)  # per-group geometry (sliding, state, shared, chunk sizes)
         self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
@@ -59,6 +60,9 @@ class CacheBase:
         self.l2: TierManager | None = None  # L2 prefetch on lookup misses (set by the server)
         self.background = BackgroundPrefetches()  # prefetches of lookups that did not wait
         self.reservations = ReservationBook(l1, lease_ttl)  # whole-request admission (kv_producer stores)
+        self.reservations.cap_of = self.ledger.reservation_cap  # lifetime: set by the server (its config)
+        self.reservations.on_refused = self.ledger.refuse_reservation
+        self.ledger.booked_bytes = self.reservations.booked
         # what every store (prefix or blend) may take: caps, layout sizes, bookings, quota, arena
         self.admission = StoreAdmission(l1, self.table, self.ledger, self.reservations, self.object_sizes, self.expire)
         self.hash_memo = HashMemo()  # chunk hashes computed lately (the same prompt's lookup, then its saves)
@@ -132,20 +136,32 @@ class CacheBase:
         return f.keyspace.per_chunk
 
     def _admit_session(self, session_id: str, objects: int, who: Identity = ADMIN) -> None:
-        """Refuse a new session past the per-server and per-tenant caps (after sweeping expired ones)."""
-        if session_id in self.table.sessions:
+        """Refuse a session past the per-server and per-tenant caps (after sweeping expired ones):
+        a new session past the session counts, and `objects` more chunk hashes + leased keys (what
+        its hit will hold; a miss holds nothing) past the server's budget or the tenant's share of it.
+        A lookup replacing an existing session's leases is checked as if it kept them too."""
+        new = session_id not in self.table.sessions
+        if new:
+            self.ledger.admit_session(who, self.expire)
+            if len(self.table.sessions) >= MAX_SESSIONS:
+                self.expire()
+            if len(self.table.sessions) >= MAX_SESSIONS:
+                raise TooMany(f"{MAX_SESSIONS} sessions are live; end some first")
+        if not objects:
             return
-        self.ledger.admit_session(who, self.expire)
-        if len(self.table.sessions) >= MAX_SESSIONS or self.leases.objects + objects > MAX_SESSION_OBJECTS:
+        share = self.ledger.session_objects_cap(who.tenant)
+        leases = self.leases
+        if leases.objects + objects > MAX_SESSION_OBJECTS or leases.held(who.tenant) + objects > share:
             self.expire()
-        if len(self.table.sessions) >= MAX_SESSIONS:
-            raise TooMany(f"{MAX_SESSIONS} sessions are live; end some first")
-        if self.leases.objects + objects > MAX_SESSION_OBJECTS:
+        if leases.held(who.tenant) + objects > share:
+            self.ledger.counters(who).refused_session_objects += 1
+            raise TooMany(f"tenant {who.tenant!r}'s sessions hold {share} objects at most; end some first")
+        if leases.objects + objects > MAX_SESSION_OBJECTS:
             raise TooMany("live sessions hold too many objects; end some first")
 
     def expire(self, now: float | None = None) -> None:
-        for res in self.reservations.expired(time.monotonic() if now is None else now):
-            self.reservations.rollback(res)  # its producer went quiet: died or gave up
-        sessions, stores = self.leases.expire(now)
+        sessions, stores = self.leases.expire(now)  # first: a reservation's expired stores are no longer open
+        for res in self.reservations.expired(time.monotonic() if now is None else now, self.table.stores.__contains__):
+            self.reservations.rollback(res)  # its producer went quiet (died, gave up) or ran past its lifetime
         self.counters.expired_sessions += sessions
         self.counters.expired_stores += stores

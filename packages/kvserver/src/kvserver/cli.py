@@ -61,7 +61,20 @@ def main() -> None:
 )
 @click.option("--chunk-size", default=DEFAULT_CHUNK_SIZE, show_default=True, type=int, help="Tokens per cached chunk.")
 @click.option("--eviction-policy", default="lhd", show_default=True, type=click.Choice(sorted(POLICIES)))
-@click.option("--lease-ttl", default=30.0, show_default=True, type=float, help="Seconds a lease or reservation lives.")
+@click.option(
+    "--lease-ttl",
+    default=30.0,
+    show_default=True,
+    type=float,
+    help="Seconds a lease or store lives, and a whole-request reservation without a commit.",
+)
+@click.option(
+    "--reservation-lifetime",
+    default=300.0,
+    show_default=True,
+    type=float,
+    help="Seconds a whole-request reservation (kv_producer) may live in all, commits or not.",
+)
 @click.option(
     "--engine-ttl",
     default=600.0,
@@ -296,6 +309,20 @@ def _finite(_ctx: click.Context, param: click.Parameter, value: float | None) ->
 @click.option("--max-sessions", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
 @click.option("--max-stores", type=click.IntRange(1, 1 << 20), default=1024, show_default=True)
 @click.option(
+    "--max-session-objects",
+    type=click.IntRange(1, 1 << 22),
+    default=1 << 20,
+    show_default=True,
+    help="Chunk hashes + leased keys its live sessions may hold (the server holds 4194304 in all).",
+)
+@click.option(
+    "--max-reservation-gb",
+    type=click.FloatRange(min=0, max=1 << 20),
+    default=None,
+    callback=_finite,
+    help="L1 bytes its whole-request reservations may book together (default: 1/4 of L1, within its quota).",
+)
+@click.option(
     "--ec-quota-gb",
     type=click.FloatRange(min=0, max=1 << 20),
     default=None,
@@ -332,6 +359,8 @@ def tenant_add(
     ec_quota_gb: float | None,
     ec_max_stores: int,
     ec_max_leases: int,
+    max_session_objects: int,
+    max_reservation_gb: float | None,
     token_file: str | None,
 ) -> None:
     """Add a tenant (or give it a new token); prints its token once: only a digest is stored."""
@@ -351,6 +380,8 @@ def tenant_add(
             ec_quota,
             ec_max_stores,
             ec_max_leases,
+            max_session_objects,
+            None if max_reservation_gb is None else int(max_reservation_gb * (1 << 30)),
         )
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -382,10 +413,12 @@ def tenant_list(port: int, tenants_file: str | None) -> None:
 
     for t in tenants.load(_tenants_file(port, tenants_file)).values():
         quota = "-" if t.l1_quota_bytes is None else f"{t.l1_quota_bytes / (1 << 30):.3f} GiB"
+        reserve = "1/4 of L1" if t.max_reserved_bytes is None else f"{t.max_reserved_bytes / (1 << 30):.3f} GiB"
         ec_quota = "1/2 of the EC segment" if t.ec_quota_bytes is None else f"{t.ec_quota_bytes / (1 << 30):.3f} GiB"
         click.echo(
             f"{t.name}\tl1_quota={quota}\tmax_sessions={t.max_sessions}\tmax_stores={t.max_stores}"
             f"\tec_quota={ec_quota}\tec_max_stores={t.ec_max_stores}\tec_max_leases={t.ec_max_leases}"
+            f"\tmax_session_objects={t.max_session_objects}\tmax_reservation={reserve}"
         )
 
 

@@ -30,6 +30,7 @@ class ServerConfig:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     eviction_policy: str = "lhd"
     lease_ttl: float = 30.0
+    reservation_lifetime: float = 300.0  # seconds a whole-request reservation may live, progress or not
     engine_ttl: float = 600.0  # seconds of keyspace silence before a registration nobody can check expires
     log_level: str = "info"
     shm_prefix: str = "kvserver"
@@ -70,6 +71,8 @@ class ServerConfig:
             raise ValueError(f"eviction_policy must be one of {sorted(POLICIES)}")
         if not 0 < self.lease_ttl <= 3600:
             raise ValueError("lease_ttl must be in (0, 3600] seconds")
+        if not 0 < self.reservation_lifetime <= 86400:
+            raise ValueError("reservation_lifetime must be in (0, 86400] seconds")
         if not 1 <= self.engine_ttl <= 86400:
             raise ValueError("engine_ttl must be in [1, 86400] seconds")
         for name in ("port", "http_port"):

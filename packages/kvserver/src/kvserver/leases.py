@@ -32,6 +32,12 @@ def shown(session_id: str) -> str:
     return session_id.split("\x00", 1)[-1]
 
 
+def owner(session_id: str) -> str:
+    """The tenant of a scoped session id (tenant NUL id)."""
+    tenant, sep, _ = session_id.partition("\x00")
+    return tenant if sep else "default"
+
+
 def rank_keys(ks: KeySpace, salt: str, rank: int, hashes: list[bytes]) -> list[ObjectKey]:
     """The objects of one rank, every group, for the given chunk hashes, in chunk order."""
     model, world, groups = ks
@@ -47,6 +53,10 @@ class Leases:
         self.l1 = l1
         self.table = table
         self.objects = 0  # chunk hashes + leased keys held by live readers (bounded by the cache's cap)
+        self.by_tenant: dict[str, int] = {}  # the same, per tenant (bounded by its share)
+
+    def held(self, tenant: str) -> int:
+        return self.by_tenant.get(tenant, 0)
 
     # -- readers -------------------------------------------------------------------------------
     def take(
@@ -63,7 +73,8 @@ class Leases:
         one rank (replacing only that rank's reader). Runs in one event-loop step, so an object that
         is unleased and leased again here can never be evicted in between. `keys_of(rank)`: the
         objects a rank needs when the keyspace has a geometry (groups.KeyPlan.needed); a shared
-        object is leased once per reader, like any other."""
+        object is leased once per reader, like any other. A reader keeps only the hashes of its hit:
+        the chunks a lookup missed hold nothing."""
         session = self.table.sessions.get(session_id)
         if rank is None or session is None:
             self.drop(session_id)
@@ -73,13 +84,14 @@ class Leases:
             old = session.readers.pop(rank, None)
             if old is not None:
                 self._end_reader(old)
-        lease = self.l1.lease
+        lease, tenant, hit_hashes = self.l1.lease, owner(session_id), hashes[:hit]
         for r in range(ks[1]) if rank is None else (rank,):
-            keys = rank_keys(ks, salt, r, hashes[:hit]) if keys_of is None else keys_of(r)
+            keys = rank_keys(ks, salt, r, hit_hashes) if keys_of is None else keys_of(r)
             for key in keys:
                 lease(key)
-            session.readers[r] = Reader(ks, salt, hashes, hit, keys)
-            self.objects += len(hashes) + len(keys)
+            reader = session.readers[r] = Reader(ks, salt, hit_hashes, hit, keys, tenant=tenant)
+            self.objects += reader.charge
+            self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + reader.charge
         session.expires = self.table.deadline()
 
     def reader(self, session_id: str, rank: int) -> Reader:
@@ -131,7 +143,12 @@ class Leases:
         session.readers.clear()
 
     def _end_reader(self, reader: Reader) -> None:
-        self.objects -= len(reader.hashes) + len(reader.keys)
+        self.objects -= reader.charge
+        left = self.by_tenant[reader.tenant] - reader.charge
+        if left:
+            self.by_tenant[reader.tenant] = left
+        else:
+            del self.by_tenant[reader.tenant]
         unlease = self.l1.unlease
         for key in reader.keys:
             unlease(key)

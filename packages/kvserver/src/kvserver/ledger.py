@@ -15,7 +15,7 @@ from typing import Any
 from .errors import TooMany
 from .l1 import L1Cache, tenant_of
 from .sessions import SessionTable
-from .tenants import DEFAULT, Identity, TenantBook
+from .tenants import DEFAULT, RESERVATION_SHARE, Identity, TenantBook
 
 
 @dataclass
@@ -54,12 +54,24 @@ class TenantCounters:
     quota_refusals: int = 0  # object reservations refused because the tenant's quota was full
     refused_sessions: int = 0  # lookups refused at the tenant's session cap (TOO_MANY)
     refused_stores: int = 0  # stores refused at the tenant's reservation cap (TOO_MANY)
+    refused_session_objects: int = 0  # lookups refused at the tenant's share of session objects (TOO_MANY)
+    refused_reservations: int = 0  # reservations refused at the tenant's booking cap (RETRY_LATER, NO_SPACE)
 
 
 class TenantLedger:
-    def __init__(self, l1: L1Cache, table: SessionTable, book: TenantBook | None, server_caps: tuple[int, int]) -> None:
+    def __init__(
+        self,
+        l1: L1Cache,
+        table: SessionTable,
+        book: TenantBook | None,
+        server_caps: tuple[int, int],
+        session_objects: int = 1 << 22,
+    ) -> None:
         self.l1, self.table, self.book = l1, table, book
         self.server_caps = server_caps  # (sessions, stores): all a tenant without its own caps gets
+        self.session_objects = session_objects  # the server's session-object budget: the default tenant's cap
+        self.held_objects: Callable[[str], int] = lambda tenant: 0  # set by the cache service (leases.py)
+        self.booked_bytes: Callable[[str], int] = lambda tenant: 0  # set by the cache service (reservations.py)
         self.by_tenant: dict[str, TenantCounters] = {}
 
     def counters(self, who: Identity) -> TenantCounters:
@@ -74,6 +86,26 @@ class TenantLedger:
             return None, *self.server_caps
         t = self.book.tenants[tenant]
         return t.l1_quota_bytes, t.max_sessions, t.max_stores
+
+    def session_objects_cap(self, tenant: str) -> int:
+        """Chunk hashes + leased keys a tenant's live sessions may hold: its share of the server's
+        budget, so one tenant's sessions cannot leave another none."""
+        if self.book is None or tenant not in self.book.tenants:
+            return self.session_objects
+        return min(self.book.tenants[tenant].max_session_objects, self.session_objects)
+
+    def reservation_cap(self, tenant: str) -> int:
+        """L1 bytes a tenant's live whole-request reservations may book together: its own cap, else
+        1/RESERVATION_SHARE of L1, never more than its quota (the default tenant: all of L1)."""
+        capacity = self.l1.alloc.capacity
+        if self.book is None or tenant not in self.book.tenants:
+            return capacity
+        t = self.book.tenants[tenant]
+        cap = t.max_reserved_bytes if t.max_reserved_bytes is not None else capacity // RESERVATION_SHARE
+        return min(cap, capacity, capacity if t.l1_quota_bytes is None else t.l1_quota_bytes)
+
+    def refuse_reservation(self, tenant: str) -> None:
+        self.counters(Identity(tenant)).refused_reservations += 1
 
     def _sessions_of(self, who: Identity) -> int:
         prefix = who.scope("")
@@ -126,6 +158,10 @@ class TenantLedger:
                 "stores_in_flight": sum(1 for t in self.table.stores.values() if t.owner == name),
                 "max_sessions": max_sessions if configured else None,
                 "max_stores": max_stores if configured else None,
+                "session_objects": self.held_objects(name),
+                "max_session_objects": self.session_objects_cap(name),
+                "reserved_bytes": self.booked_bytes(name),
+                "max_reserved_bytes": self.reservation_cap(name),
                 **vars(self.by_tenant.get(name) or TenantCounters()),
             }
         return out

@@ -15,8 +15,13 @@ Accounting, all in arena slot bytes:
   admission must not evict the first half of a request to make room for itself.
 * A protocol violation (no total on a first store, a different total later, chunks beyond the total)
   rolls the reservation back: its open stores are aborted, its committed objects dropped (unless a
-  reader holds them), the booking released. An idle reservation (its producer died) is rolled back
-  after one lease TTL.
+  reader holds them), the booking released.
+
+Bounds, so a booking is never free (a producer that books and writes nothing would otherwise keep
+room from everyone else): a tenant's live reservations together book at most its cap (ledger.py
+`reservation_cap`: a share of L1, within its quota); a reservation is rolled back one lease TTL
+after its last progress (a commit; a store still open counts as work in progress, an empty store
+does not) and, whatever it does, at its maximum lifetime.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ class Reservation:
     owner: str  # tenant
     total_chunks: int
     need: int  # slot bytes booked: total_chunks x world_size x sum of group slot sizes
-    expires: float
+    expires: float  # idle deadline: moved by commits only
+    deadline: float  # the maximum lifetime's end: never moved
     drawn: int = 0
     covered: set[tuple[int, int]] = field(default_factory=set)  # (chunk, rank) a store of it reached
     objects: int = 0  # total_chunks x world_size: complete when covered reaches it
@@ -56,9 +62,10 @@ class Reservation:
 
 
 class ReservationBook:
-    def __init__(self, l1: L1Cache, ttl: float) -> None:
+    def __init__(self, l1: L1Cache, ttl: float, lifetime: float = 300.0) -> None:
         self.l1 = l1
-        self.ttl = ttl
+        self.ttl = ttl  # idle: rolled back this long after its last commit
+        self.lifetime = lifetime  # rolled back this long after admission, progress or not
         self.live: dict[str, Reservation] = {}
         self.by_chunk: dict[ChunkRef, str] = {}  # chunk -> reservation writing it
         self.frontiers: dict[ChunkRef, str] = {}  # last stored chunk -> its incomplete reservation
@@ -67,12 +74,18 @@ class ReservationBook:
         self.rolled_back = 0
         self.completed = 0
         self.abort_stores: Callable[[Iterable[str]], None] = lambda ids: None  # set by the cache service
+        self.cap_of: Callable[[str], int] = lambda tenant: l1.alloc.capacity  # a tenant's booking cap (ledger)
+        self.on_refused: Callable[[str], None] = lambda tenant: None  # count a refusal at that cap (ledger)
 
     # -- accounting ------------------------------------------------------------------------------
     def outstanding(self, exclude: str | None = None, tenant: str | None = None) -> int:
         return sum(
             r.outstanding for r in self.live.values() if r.id != exclude and (tenant is None or r.owner == tenant)
         )
+
+    def booked(self, tenant: str) -> int:
+        """Bytes a tenant's live reservations book (drawn or not): what its cap bounds."""
+        return sum(r.need for r in self.live.values() if r.owner == tenant)
 
     def pinned_bytes(self, tenant: str | None = None) -> int:
         """Bytes eviction cannot free now: writing, leased or pinned objects, and quarantined slots."""
@@ -109,14 +122,24 @@ class ReservationBook:
                 raise BadField("reservation belongs to another tenant")
             if total_chunks is not None and total_chunks != res.total_chunks:
                 self.violation(res, f"total_chunks changed from {res.total_chunks} to {total_chunks}")
-            res.expires = time.monotonic() + self.ttl
-            return res
+            return res  # a store alone is no progress: only its commit renews the reservation
         if total_chunks is None:
             raise BadField("the first store of a reservation must declare total_chunks")
         need = total_chunks * need_per_chunk
         cap = self.l1.alloc.capacity if quota is None else min(quota, self.l1.alloc.capacity)
         if need > cap:
             raise NoSpace(f"the request needs {need} bytes; L1 (or the tenant's quota) holds {cap}")
+        tenant_cap = self.cap_of(owner)
+        if need > tenant_cap:
+            self.on_refused(owner)
+            raise NoSpace(f"the request needs {need} bytes; tenant {owner!r} may book {tenant_cap} bytes at most")
+        if self.booked(owner) + need > tenant_cap:
+            self.on_refused(owner)
+            self.retry_later += 1
+            raise RetryLater(
+                f"tenant {owner!r}'s reservations in flight and this request's {need} bytes are over its "
+                f"{tenant_cap} bytes; retry after one completes"
+            )
         fits = need <= self.headroom()
         if fits and quota is not None:
             fits = need <= quota - self.pinned_bytes(owner) - self.outstanding(tenant=owner)
@@ -125,7 +148,10 @@ class ReservationBook:
             raise RetryLater(
                 f"the request's {need} bytes do not fit next to the requests in flight; retry after one completes"
             )
-        res = Reservation(rid, owner, total_chunks, need, time.monotonic() + self.ttl, objects=total_chunks * ranks)
+        now = time.monotonic()
+        res = Reservation(
+            rid, owner, total_chunks, need, now + self.ttl, now + self.lifetime, objects=total_chunks * ranks
+        )
         self.live[rid] = res
         self.admitted += 1
         return res
@@ -202,10 +228,11 @@ class ReservationBook:
             self.frontiers[ref] = res.id
 
     def settle(self, res: Reservation, store_id: str | None) -> None:
-        """A store of the reservation ended (committed); complete it once every object is covered."""
+        """A store of the reservation ended (`store_id`: committed, which renews its idle deadline;
+        None: a store call returned); complete it once every object is covered."""
         if store_id is not None:
             res.stores.discard(store_id)
-        res.expires = time.monotonic() + self.ttl
+            res.expires = time.monotonic() + self.ttl
         if not res.stores and len(res.covered) >= res.objects:
             self._forget(res)
             self.completed += 1
@@ -230,8 +257,13 @@ class ReservationBook:
             if e is not None and e.state is State.READY and not e.leases:
                 self.l1.remove(key)
 
-    def expired(self, now: float) -> list[Reservation]:
-        return [r for r in self.live.values() if r.expires <= now]
+    def expired(self, now: float, is_open: Callable[[str], bool]) -> list[Reservation]:
+        """Reservations past their lifetime, or idle past their deadline with no store still open."""
+        return [
+            r
+            for r in self.live.values()
+            if r.deadline <= now or (r.expires <= now and not any(is_open(sid) for sid in r.stores))
+        ]
 
     def _forget(self, res: Reservation) -> None:
         self.live.pop(res.id, None)

@@ -88,6 +88,7 @@ class KVServer:
             self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes, prefault=config.prefault)
             self.ec = ECCache(self.ec_arena, config.lease_ttl, self.auth.tenants)  # per tenant (ec_tenants.py)
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl, self.auth.tenants)
+            self.cache.reservations.lifetime = config.reservation_lifetime
             self.cache.engine_table.ttl = config.engine_ttl
             self.blend = BlendService(self.cache)  # content-keyed chunks (CacheBlend), opt-in per request
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings

@@ -37,6 +37,12 @@ class Reader:
     hit_chunks: int
     keys: list[ObjectKey]
     lease: int = field(default_factory=lambda: next(_lease_numbers))
+    tenant: str = "default"  # whose share of the session-object budget it is charged to
+
+    @property
+    def charge(self) -> int:
+        """What it counts against the session-object budget: its chunk hashes and leased keys."""
+        return len(self.hashes) + len(self.keys)
 
 
 @dataclass(slots=True)

@@ -10,7 +10,9 @@ everything from the credential, never from a field the client fills in:
 * handles: session ids live in the tenant's own namespace and stores record their owner, so an id
   of another tenant, guessed or replayed, is simply unknown (UNKNOWN_SESSION / UNKNOWN_STORE);
 * bounds: an L1 byte quota (stores evict the tenant's own objects first, then get `no_space`), and
-  caps on live sessions and store reservations (TOO_MANY);
+  caps on live sessions and store reservations (TOO_MANY), on the chunk hashes and leased keys its
+  sessions hold (its share of the server's session-object budget), and on the L1 bytes its
+  whole-request reservations book (a share of L1: one producer cannot book the arena for itself);
 * the encoder cache likewise (ec.py, ec_tenants.py): items are keyed under the tenant, lease and
   store ids are random and owned, and each tenant has an EC byte quota and caps on EC leases and
   EC stores (defaults: a share of the server's EC segment and caps, so no single tenant takes it all).
@@ -41,6 +43,8 @@ TENANT_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 MAX_TENANTS = 64  # tenant names become metric labels: a bounded set
 DEFAULT_MAX_SESSIONS = 1024
 DEFAULT_MAX_STORES = 1024
+DEFAULT_MAX_SESSION_OBJECTS = 1 << 20  # a quarter of the server's session-object budget (cache_base.py)
+RESERVATION_SHARE = 4  # without its own cap a tenant's reservations may book 1/4 of L1 (or its quota)
 DEFAULT_EC_MAX_STORES = 256  # a quarter of the server's 1024 EC stores in flight
 DEFAULT_EC_MAX_LEASES = 1 << 14  # a quarter of the server's 65536 live EC leases
 EC_QUOTA_SHARE = 2  # without its own EC quota a tenant may hold 1/2 of the EC segment
@@ -65,6 +69,8 @@ class Tenant:
     ec_quota_bytes: int | None = None  # None: 1/EC_QUOTA_SHARE of the server's EC segment
     ec_max_stores: int = DEFAULT_EC_MAX_STORES
     ec_max_leases: int = DEFAULT_EC_MAX_LEASES
+    max_session_objects: int = DEFAULT_MAX_SESSION_OBJECTS  # chunk hashes + leased keys of its sessions
+    max_reserved_bytes: int | None = None  # None: 1/RESERVATION_SHARE of L1 (never more than its quota)
 
     def __post_init__(self) -> None:
         if not TENANT_RE.match(self.name):
@@ -77,6 +83,10 @@ class Tenant:
             raise ValueError("ec_quota_bytes must be >= 0")
         if not (1 <= self.ec_max_stores <= 1 << 20 and 1 <= self.ec_max_leases <= 1 << 20):
             raise ValueError("ec_max_stores and ec_max_leases must be in [1, 2**20]")
+        if not 1 <= self.max_session_objects <= 1 << 22:
+            raise ValueError("max_session_objects must be in [1, 2**22]")
+        if self.max_reserved_bytes is not None and self.max_reserved_bytes < 0:
+            raise ValueError("max_reserved_bytes must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -107,8 +117,8 @@ def tenant_of_salt(salt: str) -> str:
     return DEFAULT
 
 
-_INT_FIELDS = ("max_sessions", "max_stores", "ec_max_stores", "ec_max_leases")
-_OPTIONAL_INT_FIELDS = ("l1_quota_bytes", "ec_quota_bytes")
+_INT_FIELDS = ("max_sessions", "max_stores", "ec_max_stores", "ec_max_leases", "max_session_objects")
+_OPTIONAL_INT_FIELDS = ("l1_quota_bytes", "ec_quota_bytes", "max_reserved_bytes")
 
 
 def check_trusted(path: Path) -> None:
@@ -176,6 +186,8 @@ def add(
     ec_quota_bytes: int | None = None,
     ec_max_stores: int = DEFAULT_EC_MAX_STORES,
     ec_max_leases: int = DEFAULT_EC_MAX_LEASES,
+    max_session_objects: int = DEFAULT_MAX_SESSION_OBJECTS,
+    max_reserved_bytes: int | None = None,
 ) -> str:
     """Add (or re-key) a tenant; returns its new token, which is shown once and never stored."""
     if name == DEFAULT:
@@ -193,6 +205,8 @@ def add(
         ec_quota_bytes,
         ec_max_stores,
         ec_max_leases,
+        max_session_objects,
+        max_reserved_bytes,
     )
     save(path, tenants)
     return token
@@ -250,7 +264,9 @@ class TenantBook:
 
     def get(self, name: str) -> Tenant:
         """A tenant's limits; the default tenant (the server token) has only the server-wide ones."""
-        return self.tenants.get(name) or Tenant(name, max_sessions=1 << 20, max_stores=1 << 20)
+        return self.tenants.get(name) or Tenant(
+            name, max_sessions=1 << 20, max_stores=1 << 20, max_session_objects=1 << 22
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -261,6 +277,8 @@ class TenantBook:
                 "ec_quota_bytes": t.ec_quota_bytes,
                 "ec_max_stores": t.ec_max_stores,
                 "ec_max_leases": t.ec_max_leases,
+                "max_session_objects": t.max_session_objects,
+                "max_reserved_bytes": t.max_reserved_bytes,
             }
             for t in self.tenants.values()
         }

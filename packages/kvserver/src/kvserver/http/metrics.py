@@ -266,6 +266,30 @@ _TENANT_SERIES = (  # describe key, metric name, kind, help; label `tenant` (ope
     ("refused_sessions", "kvserver_tenant_refused_sessions", "counter", "Lookups refused at the session cap."),
     ("refused_stores", "kvserver_tenant_refused_stores", "counter", "Stores refused at the reservation cap."),
     (
+        "session_objects",
+        "kvserver_tenant_session_objects",
+        "gauge",
+        "Chunk hashes and leased keys a tenant's sessions hold.",
+    ),
+    (
+        "reserved_bytes",
+        "kvserver_tenant_reserved_bytes",
+        "gauge",
+        "L1 bytes a tenant's whole-request reservations book.",
+    ),
+    (
+        "refused_session_objects",
+        "kvserver_tenant_refused_session_objects",
+        "counter",
+        "Lookups refused at the tenant's share of the session-object budget.",
+    ),
+    (
+        "refused_reservations",
+        "kvserver_tenant_refused_reservations",
+        "counter",
+        "Whole-request reservations refused at the tenant's booking cap.",
+    ),
+    (
         "ec_used_bytes",
         "kvserver_tenant_ec_used_bytes",
         "gauge",
