@@ -41,9 +41,9 @@ def pair(server_factory, tmp_path):
     tenants = tmp_path / "tenants.json"
     alice_token, mallory_token = add_tenant(tenants, "alice"), add_tenant(tenants, "mallory")
     srv = server_factory("--l1-size-gb", "0.05", "--tenants-file", str(tenants))
-    with Client(srv.url, token=alice_token) as alice, Client(srv.url, token=mallory_token) as mallory:
-        with srv.client() as admin:
-            yield admin, alice, mallory
+    alice, mallory = Client(srv.url, token=alice_token), Client(srv.url, token=mallory_token)
+    with alice, mallory, srv.client() as admin:
+        yield admin, alice, mallory
 
 
 def test_a_tenant_past_its_layout_and_engine_caps_pushes_out_only_its_own(pair) -> None:
