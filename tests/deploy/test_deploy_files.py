@@ -95,6 +95,17 @@ def test_compose_wires_vllm_to_the_server_arena() -> None:
     assert services["vllm"]["environment"]["KVSERVER_URL"].endswith(":5555")
 
 
+def test_compose_prometheus_scrapes_with_the_server_token() -> None:
+    """Without the token /metrics has no per-tenant series: Prometheus gets it as a compose secret."""
+    compose = yaml.safe_load((DEPLOY / "compose" / "docker-compose.yaml").read_text())
+    scrape = yaml.safe_load((DEPLOY / "compose" / "prometheus.yml").read_text())["scrape_configs"]
+    job = next(j for j in scrape if j["job_name"] == "kvserver")
+    secret = job["authorization"]["credentials_file"].removeprefix("/run/secrets/")
+    assert secret in compose["services"]["prometheus"]["secrets"]
+    assert compose["secrets"][secret]["environment"] == "KVSERVER_API_TOKEN"
+    assert compose["services"]["kvserver"]["environment"]["KVSERVER_API_TOKEN"].startswith("${KVSERVER_API_TOKEN")
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze (Debian: systemd) is missing")
 def test_systemd_unit_verifies(tmp_path: Path) -> None:
     unit = (DEPLOY / "systemd" / "kvserver.service").read_text()

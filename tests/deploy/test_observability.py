@@ -20,7 +20,7 @@ import yaml
 from coordproc import CoordinatorFactory, wait_for
 from httpkv import CHUNK, prompt
 from kvhelpers import lookup, register, store, tiny_layout
-from kvprotocol import ServerError
+from kvprotocol import ServerError, resolve_token
 from serverproc import ManagedProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,6 +133,8 @@ def prometheus(
         "0.5",
         http=True,
     )
+    token_file = tmp_path / "kvserver-token"
+    token_file.write_text(resolve_token(srv.token, srv.http_url) or "")
     config = tmp_path / "prometheus.yml"
     config.write_text(
         yaml.safe_dump(
@@ -140,7 +142,11 @@ def prometheus(
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                 "rule_files": [str(RULES)],
                 "scrape_configs": [
-                    {"job_name": "kvserver", "static_configs": [{"targets": [srv.http_url.removeprefix("http://")]}]},
+                    {  # with the server's token, as deploy/compose/prometheus.yml: per-tenant series too
+                        "job_name": "kvserver",
+                        "authorization": {"credentials_file": str(token_file)},
+                        "static_configs": [{"targets": [srv.http_url.removeprefix("http://")]}],
+                    },
                     {
                         "job_name": "kvcoordinator",
                         "static_configs": [{"targets": [coordinator.url.removeprefix("http://")]}],
@@ -187,6 +193,8 @@ def test_dashboard_and_alert_queries_return_data_from_a_real_prometheus(promethe
         timeout=20,
         what="two coordinator scrapes",
     )
+    # the scrape sends the server's token: per-tenant series arrive (a token-less one gets aggregates only)
+    assert prom.query('kvserver_tenant_lookup_requests_total{job="kvserver"}')
     for expr in dashboard_exprs():
         assert prom.query(grafana_to_promql(expr)), f"dashboard query returned nothing: {expr}"
     for name, expr in alert_exprs().items():

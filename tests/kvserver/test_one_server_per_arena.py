@@ -4,13 +4,18 @@ start leaves nothing behind, and an arena that /dev/shm cannot hold is refused w
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout, sid
 from serverproc import BIN
 
 OBJ = tiny_layout().object_bytes
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 def start_fails(*args: str) -> subprocess.CompletedProcess[str]:
@@ -79,3 +84,49 @@ def test_a_crashed_servers_lock_does_not_block_a_restart(server_factory):
         ks, _ = register(c)
         store(c, ks, list(range(256)), lambda ch, g: payload(7, OBJ))
         assert lookup(c, ks, list(range(256))) == 256
+
+
+_SQUAT = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, b"1", 0)  # a pid of its choosing: the refusal must not trust it
+print("ready", flush=True)
+sys.stdin.read()  # holds the lock until the test closes stdin
+"""
+
+
+def test_another_users_squatted_lock_or_segment_is_refused_naming_its_owner(server_factory):
+    """A real `nobody` squats the .lock (holding a flock) or the segment of a port; the server refuses
+    to start naming uid 65534 and the way out, touches neither file, and a running server keeps serving."""
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a process as another OS user")
+    bystander = server_factory("--l1-size-gb", "0.01")
+    port = server_factory(start=False).port
+    for path in (Path(f"/dev/shm/kvserver-{port}.lock"), Path(f"/dev/shm/kvserver-{port}")):
+        squatter = subprocess.Popen(
+            [*NOBODY, sys.executable, "-c", _SQUAT, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/",
+        )
+        try:
+            assert squatter.stdout is not None and squatter.stdout.readline().strip() == "ready"
+            done = start_fails("--port", str(port), "--l1-size-gb", "0.01")
+            assert "uid 65534" in done.stderr and "--shm-prefix" in done.stderr and str(path) in done.stderr
+            assert path.stat().st_uid == 65534  # not removed, not taken over
+            if not path.name.endswith(".lock"):  # the lock it did take is released on the way out
+                assert not Path(f"/dev/shm/kvserver-{port}.lock").exists()
+            with bystander.client() as c:
+                ks, _ = register(c)
+                store(c, ks, list(range(256)), lambda ch, g: payload(3, OBJ))
+                assert lookup(c, ks, list(range(256))) == 256
+        finally:
+            assert squatter.stdin is not None
+            squatter.stdin.close()
+            squatter.wait(timeout=10)
+            path.unlink(missing_ok=True)
+    again = server_factory("--l1-size-gb", "0.01", port=port)  # once the squatter is gone: starts
+    with again.client() as c:
+        assert c.call("ping").result["protocol"]

@@ -10,6 +10,12 @@ A second server for the same name finds the lock taken and stops without touchin
 first HEADER_BYTES of the segment carry a magic and a random instance nonce, which register_engine
 also returns: an engine that mapped some other file under the name (a stale or foreign arena)
 sees a different nonce and misses instead of reading it.
+
+/dev/shm is writable by every local user, so another user can create either name first (a
+squatter). The server never opens, locks or removes a file there that is not its own user's
+regular file: it refuses to start with an error naming the owner's uid and the way out
+(`ArenaSquatted`). Using a private 0700 directory instead would remove the squatting altogether,
+but engines find the arena by a name under /dev/shm, so it would change what they map.
 """
 
 from __future__ import annotations
@@ -18,8 +24,11 @@ import errno
 import fcntl
 import logging
 import os
+import pwd
 import secrets
+import stat
 import threading
+from pathlib import Path
 
 from kvprotocol._shm import HEADER_BYTES, NONCE_BYTES, SHM_DIR, ShmMapping
 
@@ -31,6 +40,7 @@ __all__ = [
     "Arena",
     "ArenaBusy",
     "ArenaLock",
+    "ArenaSquatted",
     "ShmTooSmall",
     "arena_name",
     "check_free_space",
@@ -43,6 +53,30 @@ def arena_name(port: int, prefix: str = "kvserver") -> str:
 
 class ArenaBusy(RuntimeError):
     """Another live server holds this arena's lock."""
+
+
+class ArenaSquatted(ArenaBusy):
+    """A file under the arena's name is another user's (or not a regular file): not ours to use."""
+
+
+def check_own(path: Path) -> None:
+    """Raise ArenaSquatted when `path` exists and is not a regular file of this process's user."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+        return
+    try:
+        who = f"uid {st.st_uid} ({pwd.getpwuid(st.st_uid).pw_name})"
+    except KeyError:
+        who = f"uid {st.st_uid}"
+    what = "a regular file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+    raise ArenaSquatted(
+        f"{path} belongs to {who} and is {what}; this server (uid {os.geteuid()}) will not use or remove "
+        f"another user's file. Remove it (as root or that user: rm {path}), or start this server "
+        "with another --port or --shm-prefix"
+    )
 
 
 class ShmTooSmall(RuntimeError):
@@ -60,7 +94,8 @@ class ArenaLock:
     def __init__(self, name: str) -> None:
         self.path = SHM_DIR / f"{name}.lock"
         for _ in range(100):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            check_own(self.path)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -73,6 +108,10 @@ class ArenaLock:
                         "--port or --shm-prefix"
                     ) from None
                 raise
+            if os.fstat(fd).st_uid != os.geteuid():  # created by another user between the check and the open
+                os.close(fd)
+                check_own(self.path)
+                raise ArenaSquatted(f"{self.path} is not this server's user's file")
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -137,6 +176,7 @@ class Arena:
         self.size = size = capacity + HEADER_BYTES  # what engines map
         self.path = SHM_DIR / name
         self.nonce = secrets.token_hex(NONCE_BYTES)
+        check_own(self.path)  # a stale segment of ours is removed below; another user's never
         self.removed_stale = self.path.exists()
         if self.removed_stale:
             self.path.unlink()  # its owner is gone: we hold the lock that every live owner holds

@@ -22,7 +22,7 @@ class CacheService(WritePath):
     """The cache ops the server dispatches to (the read path here; writes in write_path.py)."""
 
     # -- engines -------------------------------------------------------------------------------
-    def register_engine(self, f: RegisterEngine, engine_id: str) -> dict[str, Any]:
+    def register_engine(self, f: RegisterEngine, engine_id: str, who: Identity = ADMIN) -> dict[str, Any]:
         layouts = f.layouts()
         for layout in layouts:
             if layout.chunk_size % self.chunk_size:
@@ -34,11 +34,18 @@ class CacheService(WritePath):
                 raise NoSpace("one object is larger than the whole L1 arena")
         if f.rank >= f.world_size:
             raise OutOfRange("rank must be < world_size")
-        for layout in layouts:
-            self.object_sizes[layout.fingerprint] = layout.object_bytes
-            self.groups.add(layout)
+        self.layouts.admit(who.tenant, layouts, self.engine_table.in_use)
         engine_id = self.engine_table.add(
-            Engine(engine_id, f.model, f.world_size, f.rank, [g.to_wire() for g in layouts], f.host or "", f.pid or 0),
+            Engine(
+                engine_id,
+                f.model,
+                f.world_size,
+                f.rank,
+                [g.to_wire() for g in layouts],
+                f.host or "",
+                f.pid or 0,
+                tenant=who.tenant,
+            ),
             [g.fingerprint for g in layouts],
         )
         return {

@@ -21,6 +21,7 @@ from .engines import Engine, EngineTable
 from .groups import GroupBook
 from .hash_memo import HashMemo
 from .l1 import L1Cache, State
+from .layout_book import LayoutBook
 from .l2.background import BackgroundPrefetches
 from .leases import Leases
 from .sessions import SessionTable, StoreTxn
@@ -50,7 +51,8 @@ class CacheBase:
         self.ledger.held_objects = self.leases.held
         self.engine_table = EngineTable()
         self.groups = GroupBook(chunk_size)  # per-group geometry (sliding, state, shared, chunk sizes)
-        self.object_sizes: dict[str, int] = {}  # layout fingerprint -> object bytes
+        self.layouts = LayoutBook(self.groups)  # bounded per tenant and in total
+        self.object_sizes: dict[str, int] = self.layouts.sizes  # layout fingerprint -> object bytes
         self.counters = Counters()
         self.on_commit: list[Callable[[list[ObjectKey]], None]] = []  # e.g. L2 write-behind
         self.on_hit: list[Callable[[list[ObjectKey]], None]] = []  # objects a lookup hit (L2 admission)

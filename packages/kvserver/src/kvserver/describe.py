@@ -39,6 +39,7 @@ def describe_server(server: KVServer) -> dict[str, Any]:
         },
         "engines": [vars(e) for e in c.engines.values()],
         "engines_expired": c.engine_table.expired,
+        "layouts": c.layouts.describe(),
         "sessions": len(c.table.sessions),
         "stores_in_flight": len(c.table.stores),
         "counters": vars(c.counters),

@@ -1,7 +1,10 @@
 """The table of registered engine ranks, kept for describe, the fleet agent and logs.
 
 Why its own module: registration is bookkeeping beside the cache ops. A process that registers
-again (a reconnect) keeps its id, and the table stays bounded so exited engines cannot grow it.
+again (a reconnect) keeps its id, and the table stays bounded so exited engines cannot grow it. The
+table is shared by all tenants, so each tenant (but the server's own token) keeps at most
+`per_tenant` entries, its own oldest going first; past the whole table's limit the oldest entry of
+the tenant holding the most goes, so a tenant never pushes out another that holds fewer.
 
 Registrations expire, so describe, `kvcli top` and the `kvserver_engines` gauge count engines that
 exist: one whose process this server could see when it registered (same host name, its pid alive
@@ -16,11 +19,15 @@ import logging
 import os
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .tenants import DEFAULT
+
 log = logging.getLogger("kvserver")
-MAX_ENGINES = 256  # registrations kept; the oldest go first
+MAX_ENGINES = 256  # registrations kept, all tenants together
+MAX_TENANT_ENGINES = 64  # registrations kept per tenant (the server's own token: only MAX_ENGINES)
 ENGINE_TTL = 600.0  # default of --engine-ttl: silence after which a registration nobody can check goes
 _HOST = socket.gethostname()
 
@@ -35,15 +42,21 @@ class Engine:
     host: str
     pid: int
     registered_at: float = field(default_factory=time.time)
+    tenant: str = DEFAULT  # who registered it: only the same tenant re-registers (or displaces) it
 
     def same_process(self, other: Engine) -> bool:
-        return bool(self.pid) and (self.model, self.world_size, self.rank, self.groups, self.host, self.pid) == (
-            other.model,
-            other.world_size,
-            other.rank,
-            other.groups,
-            other.host,
-            other.pid,
+        return (
+            bool(self.pid)
+            and self.tenant == other.tenant
+            and (self.model, self.world_size, self.rank, self.groups, self.host, self.pid)
+            == (
+                other.model,
+                other.world_size,
+                other.rank,
+                other.groups,
+                other.host,
+                other.pid,
+            )
         )
 
 
@@ -66,10 +79,12 @@ def process_gone(pid: int, since: float) -> bool:
 
 
 class EngineTable:
-    def __init__(self, limit: int = MAX_ENGINES, ttl: float = ENGINE_TTL) -> None:
+    def __init__(self, limit: int = MAX_ENGINES, ttl: float = ENGINE_TTL, per_tenant: int = MAX_TENANT_ENGINES) -> None:
         self.limit = limit
         self.ttl = ttl
+        self.per_tenant = per_tenant
         self.engines: dict[str, Engine] = {}
+        self.layouts: dict[str, tuple[str, ...]] = {}  # id -> the layout fingerprints it registered
         self.seen: dict[tuple[str, int], float] = {}  # (model, world size) -> last keyed request (monotonic)
         self.visible: set[str] = set()  # ids whose process this server can check (see the module doc)
         self.expired = 0
@@ -81,6 +96,7 @@ class EngineTable:
             del self.engines[again.id]
             engine.id = again.id
         self.engines[engine.id] = engine
+        self.layouts[engine.id] = tuple(fingerprints)
         self.visible.discard(engine.id)
         if engine.pid > 0 and engine.host == _HOST and not process_gone(engine.pid, engine.registered_at):
             self.visible.add(engine.id)
@@ -96,9 +112,34 @@ class EngineTable:
             engine.pid,
             ",".join(fingerprints),
         )
-        while len(self.engines) > self.limit:
-            self.visible.discard(self.engines.pop(next(iter(self.engines))).id)
+        self._bound(engine.tenant)
         return engine.id
+
+    def _bound(self, tenant: str) -> None:
+        """Drop the registering tenant's oldest past its share, then the largest holder's oldest."""
+        if tenant != DEFAULT:
+            mine = [e.id for e in self.engines.values() if e.tenant == tenant]
+            for engine_id in mine[: max(0, len(mine) - self.per_tenant)]:
+                self._drop(engine_id)
+        while len(self.engines) > self.limit:
+            held = Counter(e.tenant for e in self.engines.values())
+            most = max(held.values())
+            victim = tenant if held[tenant] == most else next(t for t, n in held.items() if n == most)
+            self._drop(next(e.id for e in self.engines.values() if e.tenant == victim))
+
+    def _drop(self, engine_id: str) -> None:
+        del self.engines[engine_id]
+        self.layouts.pop(engine_id, None)
+        self.visible.discard(engine_id)
+
+    def in_use(self, tenant: str | None = None) -> set[str]:
+        """Layout fingerprints the registered engines (of one tenant; None: of all) use."""
+        return {
+            fp
+            for engine_id, fps in self.layouts.items()
+            if tenant is None or self.engines[engine_id].tenant == tenant
+            for fp in fps
+        }
 
     def touch(self, model: str, world_size: int, now: float | None = None) -> None:
         """A keyed request for this keyspace: its engines are alive (one dict store, on every request)."""
@@ -116,8 +157,7 @@ class EngineTable:
             else:
                 why = None
             if why:
-                del self.engines[engine.id]
-                self.visible.discard(engine.id)
+                self._drop(engine.id)
                 gone.append(engine.id)
                 log.info(
                     "engine %s expired (%s): model=%s rank=%d/%d host=%s pid=%d",

@@ -136,6 +136,11 @@ class GroupBook:
             self.geoms[layout.fingerprint] = geo
             self._plans.clear()
 
+    def forget(self, fingerprints: list[str]) -> None:
+        """Layouts no longer registered (layout_book.py): their keyspaces plan as full attention."""
+        if any(self.geoms.pop(fp, None) is not None for fp in fingerprints):
+            self._plans.clear()
+
     def plan(self, ks: KeySpace) -> KeyPlan | None:
         """None when every group is plain full attention (the original per-chunk rule applies)."""
         if not self.geoms:

@@ -145,7 +145,7 @@ class KVServer:
             ),
             "describe": lambda r, fr, w: (self.describe() if w.admin else describe_tenant(self, w), []),
             "register_engine": lambda r, fr, w: (
-                c.register_engine(r, f"eng-{os.getpid()}-{next(self._engine_ids)}"),
+                c.register_engine(r, f"eng-{os.getpid()}-{next(self._engine_ids)}", w),
                 [],
             ),
             "lookup": lambda r, fr, w: (c.lookup(r, w), []),

@@ -23,6 +23,7 @@ from .limits import RequestLimits
 from .metrics import ServerMetrics
 from .models import decode_keys
 from .security import BearerGate, Guard
+from .views import AggregateRegistry, aggregate_status
 
 KEY_PATHS = frozenset({"/v1/query", "/v1/clear", "/v1/pin", "/v1/unpin"})  # token checked before the body
 MAX_BODY_BYTES = 8 << 20  # 1M tokens of up to 7 digits as a JSON list; refused before parsing beyond
@@ -52,7 +53,7 @@ def create_app(server: AdminBackend, metrics: ServerMetrics | None = None) -> Fa
     install_error_handlers(app)
     app.add_middleware(BearerGate, token=server.api_token, paths=KEY_PATHS)
     app.add_middleware(RequestLimits, max_body=MAX_BODY_BYTES, counter=metrics.http_requests)
-    read, write = [Depends(guard.read)], [Depends(guard.write)]
+    write = [Depends(guard.write)]
 
     @app.get("/healthz", tags=["probes"])
     async def healthz() -> dict[str, str]:
@@ -66,16 +67,22 @@ def create_app(server: AdminBackend, metrics: ServerMetrics | None = None) -> Fa
         response.status_code = 200 if ready else 503
         return {"ready": ready}
 
-    @app.get("/metrics", tags=["metrics"], dependencies=read, response_class=Response)
-    async def prometheus(request: Request) -> Response:
-        """Prometheus text exposition of this server's private registry (OpenMetrics if asked for)."""
-        encoder, content_type = choose_encoder(request.headers.get("accept") or "")
-        return Response(encoder(metrics.registry), headers={"Content-Type": content_type})
+    aggregates = AggregateRegistry(metrics.registry)
 
-    @app.get("/v1/status", tags=["status"], dependencies=read)
-    async def status() -> dict[str, Any]:
-        """What `kvcli describe` shows: config (no secrets), L1 usage, engines, counters, errors."""
-        return server.describe()
+    @app.get("/metrics", tags=["metrics"], response_class=Response)
+    async def prometheus(request: Request, full: bool = Depends(guard.full_view)) -> Response:
+        """Prometheus text exposition of this server's private registry (OpenMetrics if asked for);
+        per-tenant series only with the token (Prometheus: `authorization.credentials_file`)."""
+        encoder, content_type = choose_encoder(request.headers.get("accept") or "")
+        body = encoder(metrics.registry if full else aggregates)
+        return Response(body, headers={"Content-Type": content_type})
+
+    @app.get("/v1/status", tags=["status"])
+    async def status(full: bool = Depends(guard.full_view)) -> dict[str, Any]:
+        """What `kvcli describe` shows: config (no secrets), L1 usage, engines, counters, errors;
+        tenants and engine ids, hosts and pids only with the token."""
+        described = server.describe()
+        return described if full else aggregate_status(described)
 
     @app.post(
         "/v1/query",

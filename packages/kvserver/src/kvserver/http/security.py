@@ -1,7 +1,8 @@
 """Bearer-token checks for the admin API.
 
-Health probes are always open. Status and metrics (aggregates, no cache contents) are open while
-the API listens on loopback; beyond loopback they need the token too. Key queries (they reveal what
+Health probes are always open. Status and metrics are open as aggregates while the API listens on
+loopback (any local user reaches it, so tenant rows, per-tenant series and engine pids need the
+token: views.py); beyond loopback they need the token too. Key queries (they reveal what
 is cached) and mutations need the server's token always: the configured one, or the one generated
 into the default 0600 token file.
 """
@@ -24,17 +25,22 @@ def check_bearer(request: Request, token: str | None) -> None:
 
 
 class Guard:
-    """FastAPI dependencies for the two access levels, bound to one server's config."""
+    """FastAPI dependencies for the access levels, bound to one server's config."""
 
     def __init__(self, config: ServerConfig, token: str) -> None:
         self.token = token
         self.read_token = None if is_loopback(config.http_host) else token
 
-    async def read(self, request: Request) -> None:  # async: a sync dependency costs a threadpool hop
-        check_bearer(request, self.read_token)
-
     async def write(self, request: Request) -> None:
         check_bearer(request, self.token)
+
+    async def full_view(self, request: Request) -> bool:  # async: a sync dependency costs a threadpool hop
+        """Whether a status/metrics read holds the token (full view) or is a token-less loopback read
+        (aggregates); a wrong token is refused, not downgraded, so a misconfigured scraper notices."""
+        if self.read_token is None and not request.headers.get("authorization"):
+            return False
+        check_bearer(request, self.token)
+        return True
 
 
 class BearerGate:
