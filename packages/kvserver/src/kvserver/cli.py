@@ -317,6 +317,13 @@ def _finite(_ctx: click.Context, param: click.Parameter, value: float | None) ->
     help="Live EC read leases (the server holds at most 65536 in all).",
 )
 @click.option(
+    "--allow-shm",
+    is_flag=True,
+    default=False,
+    help="Let this tenant use shm mode. An shm client maps the whole arena and can read and overwrite "
+    "every tenant's objects: only for a tenant trusted with all of them (see docs/security.md).",
+)
+@click.option(
     "--token-file",
     type=click.Path(dir_okay=False),
     default=None,
@@ -332,6 +339,7 @@ def tenant_add(
     ec_quota_gb: float | None,
     ec_max_stores: int,
     ec_max_leases: int,
+    allow_shm: bool,
     token_file: str | None,
 ) -> None:
     """Add a tenant (or give it a new token); prints its token once: only a digest is stored."""
@@ -351,6 +359,7 @@ def tenant_add(
             ec_quota,
             ec_max_stores,
             ec_max_leases,
+            allow_shm,
         )
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -386,6 +395,7 @@ def tenant_list(port: int, tenants_file: str | None) -> None:
         click.echo(
             f"{t.name}\tl1_quota={quota}\tmax_sessions={t.max_sessions}\tmax_stores={t.max_stores}"
             f"\tec_quota={ec_quota}\tec_max_stores={t.ec_max_stores}\tec_max_leases={t.ec_max_leases}"
+            f"\tshm={'allowed' if t.allow_shm else 'no'}"
         )
 
 

@@ -35,6 +35,7 @@ from .eviction import make_policy
 from .l1 import L1Cache
 from .l2 import build_tier_manager
 from .latency import LatencyBuckets
+from .shm import check_mode
 from .tenants import ADMIN, Identity
 from .zmq_loop import Answer, ZmqLoop
 
@@ -144,7 +145,7 @@ class KVServer:
             ),
             "describe": lambda r, fr, w: (self.describe() if w.admin else describe_tenant(self, w), []),
             "register_engine": lambda r, fr, w: (
-                c.register_engine(r, f"eng-{os.getpid()}-{next(self._engine_ids)}"),
+                c.register_engine(r, f"eng-{os.getpid()}-{next(self._engine_ids)}", w),
                 [],
             ),
             "lookup": lambda r, fr, w: (c.lookup(r, w), []),
@@ -255,6 +256,7 @@ class KVServer:
             raise Forbidden(f"{op} is an admin op: it needs the server's own token, not a tenant's")
         if frames and not req.DATA_IN:
             raise BadField(f"{op} takes no data frames")
+        check_mode(op, req, who)  # shm mode maps the whole arena: only for identities allowed it (shm.py)
         keyspace = getattr(req, "keyspace", None)
         model, world = getattr(keyspace, "model", None), getattr(keyspace, "world_size", None)
         if isinstance(model, str) and isinstance(world, int) and op not in OPERATOR_OPS:

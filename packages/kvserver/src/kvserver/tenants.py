@@ -13,7 +13,9 @@ everything from the credential, never from a field the client fills in:
   caps on live sessions and store reservations (TOO_MANY);
 * the encoder cache likewise (ec.py, ec_tenants.py): items are keyed under the tenant, lease and
   store ids are random and owned, and each tenant has an EC byte quota and caps on EC leases and
-  EC stores (defaults: a share of the server's EC segment and caps, so no single tenant takes it all).
+  EC stores (defaults: a share of the server's EC segment and caps, so no single tenant takes it all);
+* the data plane: shm mode hands out offsets into the one arena every shm client maps whole, so a
+  tenant gets it only when added with `--allow-shm` (shm.py); the others move bytes over tcp.
 
 The server's own token is the `default` tenant with admin rights (clear, describe of everything).
 """
@@ -65,6 +67,7 @@ class Tenant:
     ec_quota_bytes: int | None = None  # None: 1/EC_QUOTA_SHARE of the server's EC segment
     ec_max_stores: int = DEFAULT_EC_MAX_STORES
     ec_max_leases: int = DEFAULT_EC_MAX_LEASES
+    allow_shm: bool = False  # shm mode maps the whole arena: only for tenants trusted with all of it
 
     def __post_init__(self) -> None:
         if not TENANT_RE.match(self.name):
@@ -85,6 +88,7 @@ class Identity:
 
     tenant: str
     admin: bool = False
+    shm: bool = True  # may use shm mode (the server's own token; a tenant only with allow_shm)
 
     def salt(self, salt: str) -> str:
         """The key-space salt: the client's salt inside the tenant's namespace."""
@@ -134,11 +138,13 @@ def _tenant(name: Any, entry: Any) -> Tenant:
     if not isinstance(name, str) or not isinstance(entry, dict):
         raise ValueError(f"tenant {name!r}: an entry must be an object of limits")
     fields_ = {k: v for k, v in entry.items() if k != "name"}
-    unknown = set(fields_) - {"token_sha256", *_INT_FIELDS, *_OPTIONAL_INT_FIELDS}
+    unknown = set(fields_) - {"token_sha256", "allow_shm", *_INT_FIELDS, *_OPTIONAL_INT_FIELDS}
     if unknown:
         raise ValueError(f"tenant {name!r}: unknown fields {sorted(unknown)}")
     if not isinstance(fields_.get("token_sha256", ""), str):
         raise ValueError(f"tenant {name!r}: token_sha256 must be a string")
+    if not isinstance(fields_.get("allow_shm", False), bool):
+        raise ValueError(f"tenant {name!r}: allow_shm must be true or false")
     for key in (*_INT_FIELDS, *_OPTIONAL_INT_FIELDS):
         value = fields_.get(key)
         if value is None and key in _OPTIONAL_INT_FIELDS:
@@ -176,6 +182,7 @@ def add(
     ec_quota_bytes: int | None = None,
     ec_max_stores: int = DEFAULT_EC_MAX_STORES,
     ec_max_leases: int = DEFAULT_EC_MAX_LEASES,
+    allow_shm: bool = False,
 ) -> str:
     """Add (or re-key) a tenant; returns its new token, which is shown once and never stored."""
     if name == DEFAULT:
@@ -193,6 +200,7 @@ def add(
         ec_quota_bytes,
         ec_max_stores,
         ec_max_leases,
+        allow_shm,
     )
     save(path, tenants)
     return token
@@ -261,6 +269,7 @@ class TenantBook:
                 "ec_quota_bytes": t.ec_quota_bytes,
                 "ec_max_stores": t.ec_max_stores,
                 "ec_max_leases": t.ec_max_leases,
+                "allow_shm": t.allow_shm,
             }
             for t in self.tenants.values()
         }
