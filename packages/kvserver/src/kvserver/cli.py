@@ -104,6 +104,21 @@ def main() -> None:
     "written by `kvserver tenant add`; re-read when it changes). See docs/security.md.",
 )
 @click.option(
+    "--idle-timeout",
+    default=10.0,
+    show_default=True,
+    type=float,
+    help="Seconds a connection may stay without a complete HTTP request head or a finished ZMQ "
+    "handshake before it is closed (connections that never speak hold no descriptor for long).",
+)
+@click.option(
+    "--http-max-connections",
+    default=1024,
+    show_default=True,
+    type=int,
+    help="HTTP connections held at once; a new one past it closes the longest-idle one.",
+)
+@click.option(
     "--insecure",
     is_flag=True,
     default=False,
