@@ -25,12 +25,21 @@ GiB = 1 << 30
 @pytest.fixture
 def ec_tenancy(server_factory: Any, tmp_path: Path):
     """A 4 MiB EC segment; alice with the defaults (quota: half the segment), bob with a 1 MiB EC quota,
-    4 EC stores and 4 EC leases, carol with the defaults (to show the default caps bind)."""
+    4 EC stores and 4 EC leases, carol with the defaults (to show the default caps bind). alice and bob
+    may use shm mode (the attacks here include shm-mode reads)."""
     tenants = tmp_path / "tenants.json"
     tokens = {
-        "alice": add_tenant(tenants, "alice"),
+        "alice": add_tenant(tenants, "alice", "--allow-shm"),
         "bob": add_tenant(
-            tenants, "bob", "--ec-quota-gb", str(MiB / GiB), "--ec-max-stores", "4", "--ec-max-leases", "4"
+            tenants,
+            "bob",
+            "--ec-quota-gb",
+            str(MiB / GiB),
+            "--ec-max-stores",
+            "4",
+            "--ec-max-leases",
+            "4",
+            "--allow-shm",
         ),
         "carol": add_tenant(tenants, "carol"),
     }
@@ -176,7 +185,10 @@ def test_one_tenant_cannot_take_every_lease_or_store_slot(ec_tenancy: Any) -> No
             ]
             == "reserved"
         )
-    assert code_of(lambda: carol.call("ec_store", **KEY, item="c-x", dtype="uint8", shape=[64], size=64)) == "TOO_MANY"
+    assert (
+        code_of(lambda: carol.call("ec_store", **KEY, item="c-x", dtype="uint8", shape=[64], size=64, mode="tcp"))
+        == "TOO_MANY"
+    )
     row = ec_row(admin, "carol")
     assert row["ec_stores_in_flight"] == 256 and row["ec_refused_stores"] == 1
     # alice still stores, leases and reads

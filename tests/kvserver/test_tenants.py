@@ -39,13 +39,22 @@ def add_tenant(tenants: Path, name: str, *flags: str) -> str:
 
 @pytest.fixture
 def tenancy(server_factory, tmp_path):
-    """A server with tenants alice (no limits), bob, and carol (a 3-object quota, 2 sessions, 1 store)."""
+    """A server with tenants alice (no limits), bob, and carol (a 3-object quota, 2 sessions, 1 store,
+    and shm mode)."""
     tenants = tmp_path / "tenants.json"
     tokens = {
         "alice": add_tenant(tenants, "alice"),
         "bob": add_tenant(tenants, "bob"),
         "carol": add_tenant(
-            tenants, "carol", "--l1-quota-gb", str(3 * OBJ / (1 << 30)), "--max-sessions", "2", "--max-stores", "1"
+            tenants,
+            "carol",
+            "--l1-quota-gb",
+            str(3 * OBJ / (1 << 30)),
+            "--max-sessions",
+            "2",
+            "--max-stores",
+            "1",
+            "--allow-shm",
         ),
     }
     srv = server_factory("--l1-size-gb", "0.05", "--lease-ttl", "30", "--tenants-file", str(tenants), http=True)

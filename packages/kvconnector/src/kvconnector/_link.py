@@ -67,6 +67,13 @@ class ArenaChanged(EngineError):
         self.arena = arena  # the /dev/shm name that no longer leads to the server's arena, where known
 
 
+class ShmRefused(EngineError):
+    """mode "shm" was asked for, but the server offers this tenant no arena (not added with
+    `kvserver tenant add --allow-shm`): use mode "tcp" or "auto"."""
+
+    KIND = "shm_refused"
+
+
 class LeaseLost(EngineError):
     """The server dropped this rank's leases before its copy finished: the bytes may be foreign."""
 
@@ -236,6 +243,11 @@ class EngineLink:
             self.registration = self._register(deadline)
         reg = self.registration
         mode = self.requested_mode
+        if mode == "shm" and not reg.arena_name:
+            raise ShmRefused(
+                f"server {self.server.url} offers this tenant no shm arena (the operator must add it with "
+                "'kvserver tenant add --allow-shm'); set mode 'tcp' or 'auto'"
+            )
         if mode == "auto":
             mode = "shm" if self.local and reg.arena_name and shm_exists(reg.arena_name) else "tcp"
         if mode == "tcp":

@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 import numpy as np
 
-from kvprotocol import Client, KVProtocolError
+from kvprotocol import Client, ErrorCode, KVProtocolError, ServerError
 from kvprotocol._shm import ShmMapping as ArenaMap
 from kvprotocol._shm import shm_exists
 
@@ -75,6 +75,8 @@ class ECClient:
         try:
             reply = run(self._client)
         except KVProtocolError as exc:
+            if self._shm_refused(exc):
+                return None
             self.stats.failures += 1
             self._breaker.failed()
             log.warning("kvserver EC %s failed (%s: %s); encoding instead", op, type(exc).__name__, exc)
@@ -110,6 +112,17 @@ class ECClient:
             self._seg = seg
         return seg
 
+    def _shm_refused(self, exc: KVProtocolError) -> bool:
+        """In auto mode, an shm op the server refuses to this tenant (FORBIDDEN: not added with
+        --allow-shm) switches this client to tcp for good, without tripping the breaker."""
+        if self.mode != "auto" or not self._shm_ok:
+            return False
+        if not isinstance(exc, ServerError) or exc.code != ErrorCode.FORBIDDEN:
+            return False
+        self._shm_ok = False
+        log.info("kvserver refuses shm mode to this tenant (%s); using tcp", exc.message)
+        return True
+
     # -- ops -----------------------------------------------------------------------------------
     def lookup(self, items: list[str], readers: int = 0) -> list[dict[str, Any] | None]:
         """Per item: None (miss) or its descriptor; with readers > 0 each hit is leased until released."""
@@ -138,8 +151,8 @@ class ECClient:
                 model=self.model, space=self.space, item=item, dtype=dtype, shape=list(shape), size=size, mode=mode
             ),
         )
-        if r is None:
-            return False
+        if r is None:  # an shm store refused to this tenant (auto mode): the same store over tcp
+            return mode == "shm" and not self._shm_ok and self.save(item, data, dtype, shape)
         if r.status != "reserved" or r.store_id is None:
             self.stats.present += r.status in ("present", "writing")
             return False

@@ -60,7 +60,7 @@ class ServerAuth:
         if tokens_equal(auth, self.token):
             return ADMIN
         tenant = self.tenants.identify(auth)
-        return None if tenant is None else Identity(tenant.name)
+        return None if tenant is None else Identity(tenant.name, shm=tenant.allow_shm)
 
     def describe(self) -> str:
         """One line for the start banner: where clients find the credentials."""

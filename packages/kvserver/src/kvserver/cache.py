@@ -14,6 +14,7 @@ from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Rel
 
 from .errors import LayoutMismatch, NoSpace, NotLeased, OutOfRange
 from .engines import Engine
+from .shm import arena_for
 from .tenants import ADMIN, Identity
 from .write_path import WritePath
 
@@ -50,7 +51,9 @@ class CacheService(WritePath):
         )
         return {
             "engine_id": engine_id,
-            "arena": {"name": self.l1.arena.name, "size": self.l1.arena.size, "nonce": self.l1.arena.nonce},
+            "arena": arena_for(
+                who, {"name": self.l1.arena.name, "size": self.l1.arena.size, "nonce": self.l1.arena.nonce}
+            ),
             "chunk_size": self.chunk_size,
             "groups": [g.fingerprint for g in layouts],
         }

@@ -117,6 +117,21 @@ def main() -> None:
     "written by `kvserver tenant add`; re-read when it changes). See docs/security.md.",
 )
 @click.option(
+    "--idle-timeout",
+    default=10.0,
+    show_default=True,
+    type=float,
+    help="Seconds a connection may stay without a complete HTTP request head or a finished ZMQ "
+    "handshake before it is closed (connections that never speak hold no descriptor for long).",
+)
+@click.option(
+    "--http-max-connections",
+    default=1024,
+    show_default=True,
+    type=int,
+    help="HTTP connections held at once; a new one past it closes the longest-idle one.",
+)
+@click.option(
     "--insecure",
     is_flag=True,
     default=False,
@@ -344,6 +359,13 @@ def _finite(_ctx: click.Context, param: click.Parameter, value: float | None) ->
     help="Live EC read leases (the server holds at most 65536 in all).",
 )
 @click.option(
+    "--allow-shm",
+    is_flag=True,
+    default=False,
+    help="Let this tenant use shm mode. An shm client maps the whole arena and can read and overwrite "
+    "every tenant's objects: only for a tenant trusted with all of them (see docs/security.md).",
+)
+@click.option(
     "--token-file",
     type=click.Path(dir_okay=False),
     default=None,
@@ -361,6 +383,7 @@ def tenant_add(
     ec_max_leases: int,
     max_session_objects: int,
     max_reservation_gb: float | None,
+    allow_shm: bool,
     token_file: str | None,
 ) -> None:
     """Add a tenant (or give it a new token); prints its token once: only a digest is stored."""
@@ -382,6 +405,7 @@ def tenant_add(
             ec_max_leases,
             max_session_objects,
             None if max_reservation_gb is None else int(max_reservation_gb * (1 << 30)),
+            allow_shm,
         )
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -419,6 +443,7 @@ def tenant_list(port: int, tenants_file: str | None) -> None:
             f"{t.name}\tl1_quota={quota}\tmax_sessions={t.max_sessions}\tmax_stores={t.max_stores}"
             f"\tec_quota={ec_quota}\tec_max_stores={t.ec_max_stores}\tec_max_leases={t.ec_max_leases}"
             f"\tmax_session_objects={t.max_session_objects}\tmax_reservation={reserve}"
+            f"\tshm={'allowed' if t.allow_shm else 'no'}"
         )
 
 

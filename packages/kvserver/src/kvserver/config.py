@@ -39,6 +39,8 @@ class ServerConfig:
     http_port: int = DEFAULT_HTTP_PORT
     api_token: str | None = None  # None: a token is generated into the default 0600 file (see auth.py)
     insecure: bool = False
+    idle_timeout: float = 10.0  # seconds a connection may go without a request head (HTTP) or handshake (ZMQ)
+    http_max_connections: int = 1024  # HTTP connections held; past it the longest-idle one is closed
     tenants_file: str | None = None  # None: $KVSERVER_STATE_DIR/tenants-<port>.json (kvserver tenant add)
     curve: bool | None = None  # ZMQ CURVE encryption; None: on exactly when --host is not loopback
     # L2 tiers, in order: fs:///path, redis://host:port/db, redis+cluster://..., s3://bucket/prefix
@@ -75,6 +77,10 @@ class ServerConfig:
             raise ValueError("reservation_lifetime must be in (0, 86400] seconds")
         if not 1 <= self.engine_ttl <= 86400:
             raise ValueError("engine_ttl must be in [1, 86400] seconds")
+        if not 0.1 <= self.idle_timeout <= 3600:
+            raise ValueError("idle_timeout must be in [0.1, 3600] seconds")
+        if not 8 <= self.http_max_connections <= 1 << 20:
+            raise ValueError("http_max_connections must be in [8, 2**20]")
         for name in ("port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{name} out of range")

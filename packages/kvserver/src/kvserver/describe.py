@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import kvprotocol
 
 from .l1 import State
+from .tenants import DEFAULT
 
 if TYPE_CHECKING:
     from .server import KVServer
@@ -82,7 +83,8 @@ def describe_tenant(server: KVServer, who: Identity) -> dict[str, Any]:
 
 
 def tenant_rows(server: KVServer, only: str | None) -> dict[str, dict[str, Any]]:
-    """Per-tenant usage: the KV ledger's row (ledger.py) and the encoder cache's `ec_*` fields (ec_tenants.py)."""
+    """Per-tenant usage: the KV ledger's row (ledger.py), the encoder cache's `ec_*` fields (ec_tenants.py)
+    and whether the tenant may use shm mode (the server's own token always may)."""
     rows = server.cache.ledger.usage(only)
     if only is None:  # tenants active only in the encoder cache get a row too
         for name in server.ec.tenants.usage.keys() - rows.keys():
@@ -90,4 +92,5 @@ def tenant_rows(server: KVServer, only: str | None) -> dict[str, dict[str, Any]]
         rows = dict(sorted(rows.items()))
     for name, row in rows.items():
         row.update(server.ec.tenants.describe(name))
+        row["allow_shm"] = name == DEFAULT or server.auth.tenants.get(name).allow_shm
     return rows

@@ -29,10 +29,11 @@ from typing import Any
 from kvprotocol._requests import ECLookup, ECRetrieve, ECStore
 from kvprotocol.kvsum import kvsum64
 
-from .errors import BadField, OutOfRange, TooMany, UnknownStore
+from .errors import BadField, Forbidden, OutOfRange, TooMany, UnknownStore
 from .arena import HEADER_BYTES, SHM_DIR, Arena
 from .ec_alloc import FirstFitAllocator
 from .ec_tenants import ECTenants
+from .shm import arena_for
 from .tenants import ADMIN, Identity, TenantBook
 
 ECKey = tuple[str, str, str, str]  # (tenant, model, space, item): key[0] owns the object
@@ -146,14 +147,10 @@ class ECCache:
             lru = self.lru[tenant] = OrderedDict()
         return lru
 
-    def _describe(self, e: ECEntry, lease: str | None) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "size": e.size,
-            "dtype": e.dtype,
-            "shape": e.shape,
-            "checksum": e.checksum,
-            "offset": e.offset,
-        }
+    def _describe(self, e: ECEntry, lease: str | None, who: Identity) -> dict[str, Any]:
+        out: dict[str, Any] = {"size": e.size, "dtype": e.dtype, "shape": e.shape, "checksum": e.checksum}
+        if who.shm:  # an offset is only of use to (and only told to) a client that maps the segment
+            out["offset"] = e.offset
         if lease is not None:
             out["lease"] = lease
         return out
@@ -186,8 +183,8 @@ class ECCache:
                 lease = self._lease(key, e, readers)
             c.hits += 1
             lru.move_to_end(key)
-            out.append(self._describe(e, lease))
-        return {"items": out, "arena": self.arena_info()}
+            out.append(self._describe(e, lease, who))
+        return {"items": out, "arena": arena_for(who, self.arena_info())}
 
     def _lease(self, key: ECKey, e: ECEntry, readers: int) -> str:
         lease = secrets.token_urlsafe(16)  # 128 random bits: not guessable, and owned by key[0]
@@ -288,6 +285,8 @@ class ECCache:
             self.arena.write(e.offset, frames[0])
         elif frames:
             raise BadField("ec_commit in shm mode takes no data frames")
+        elif not who.shm:  # shm taken away since the store began: the slot holds no bytes of this tenant's
+            raise Forbidden(f"tenant {who.tenant!r} may no longer commit an shm-mode EC store; store over tcp")
         del self.stores[store_id]
         self.tenants.of(txn.key[0]).stores -= 1
         e.ready, e.checksum = True, checksum
@@ -325,7 +324,7 @@ class ECCache:
         c.retrieved_bytes += e.size
         self._lru(who.tenant).move_to_end(key)
         if mode == "tcp":
-            return {"found": True, **self._describe(e, None)}, [bytes(self.arena.read(e.offset, e.size))]
+            return {"found": True, **self._describe(e, None, who)}, [bytes(self.arena.read(e.offset, e.size))]
         usage, cap = self.tenants.of(who.tenant), self.tenants.limits(who.tenant)[2]
         if len(self.leases) >= MAX_EC_LEASES or usage.leases >= cap:
             self._sweep()
@@ -334,7 +333,7 @@ class ECCache:
             raise TooMany(f"tenant {who.tenant!r} holds {cap} EC leases; release some first")
         if len(self.leases) >= MAX_EC_LEASES:
             raise TooMany(f"{MAX_EC_LEASES} EC leases are live; release some first")
-        return {"found": True, **self._describe(e, self._lease(key, e, 1)), "arena": self.arena_info()}, []
+        return {"found": True, **self._describe(e, self._lease(key, e, 1), who), "arena": self.arena_info()}, []
 
     def release(self, lease_id: str, who: Identity = ADMIN) -> dict[str, Any]:
         """One reader is done; the lease ends when all its readers are (or at its TTL). Another

@@ -35,6 +35,7 @@ from .eviction import make_policy
 from .l1 import L1Cache
 from .l2 import build_tier_manager
 from .latency import LatencyBuckets
+from .shm import check_mode
 from .tenants import ADMIN, Identity
 from .zmq_loop import Answer, ZmqLoop
 
@@ -47,6 +48,7 @@ Result = tuple[dict[str, Any], list[Any]]
 Handler = Callable[[Any, list[memoryview], Identity], Result | Awaitable[Result]]
 OPERATOR_OPS = frozenset({"query", "pin", "unpin"})  # an operator's look at a keyspace, not engine traffic
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
+HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 10_000, 30_000  # ZMTP pings to every peer; silent ones are dropped
 ADMIN_OPS = frozenset({"clear", "ec_clear"})  # touch every tenant's objects: the server's own token only
 
 
@@ -73,6 +75,12 @@ class KVServer:
             # No frame can be larger than the largest object this arena can hold (or a header): ZMQ
             # drops the connection of a peer that sends one, after buffering at most that much.
             self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(max(config.l1_bytes, config.ec_bytes)))
+            # A connection that never finishes the ZMTP handshake is closed after idle_timeout, one whose
+            # peer stops answering heartbeats after HEARTBEAT_TIMEOUT_MS (an idle engine's libzmq answers
+            # them by itself, so engines may idle between requests as long as they like).
+            self._sock.setsockopt(zmq.HANDSHAKE_IVL, int(config.idle_timeout * 1000))
+            self._sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+            self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
             self.auth.secure(self._sock)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
             try:
@@ -256,6 +264,7 @@ class KVServer:
             raise Forbidden(f"{op} is an admin op: it needs the server's own token, not a tenant's")
         if frames and not req.DATA_IN:
             raise BadField(f"{op} takes no data frames")
+        check_mode(op, req, who)  # shm mode maps the whole arena: only for identities allowed it (shm.py)
         keyspace = getattr(req, "keyspace", None)
         model, world = getattr(keyspace, "model", None), getattr(keyspace, "world_size", None)
         if isinstance(model, str) and isinstance(world, int) and op not in OPERATOR_OPS:

@@ -15,7 +15,9 @@ everything from the credential, never from a field the client fills in:
   whole-request reservations book (a share of L1: one producer cannot book the arena for itself);
 * the encoder cache likewise (ec.py, ec_tenants.py): items are keyed under the tenant, lease and
   store ids are random and owned, and each tenant has an EC byte quota and caps on EC leases and
-  EC stores (defaults: a share of the server's EC segment and caps, so no single tenant takes it all).
+  EC stores (defaults: a share of the server's EC segment and caps, so no single tenant takes it all);
+* the data plane: shm mode hands out offsets into the one arena every shm client maps whole, so a
+  tenant gets it only when added with `--allow-shm` (shm.py); the others move bytes over tcp.
 
 The server's own token is the `default` tenant with admin rights (clear, describe of everything).
 """
@@ -71,6 +73,7 @@ class Tenant:
     ec_max_leases: int = DEFAULT_EC_MAX_LEASES
     max_session_objects: int = DEFAULT_MAX_SESSION_OBJECTS  # chunk hashes + leased keys of its sessions
     max_reserved_bytes: int | None = None  # None: 1/RESERVATION_SHARE of L1 (never more than its quota)
+    allow_shm: bool = False  # shm mode maps the whole arena: only for tenants trusted with all of it
 
     def __post_init__(self) -> None:
         if not TENANT_RE.match(self.name):
@@ -95,6 +98,7 @@ class Identity:
 
     tenant: str
     admin: bool = False
+    shm: bool = True  # may use shm mode (the server's own token; a tenant only with allow_shm)
 
     def salt(self, salt: str) -> str:
         """The key-space salt: the client's salt inside the tenant's namespace."""
@@ -144,11 +148,13 @@ def _tenant(name: Any, entry: Any) -> Tenant:
     if not isinstance(name, str) or not isinstance(entry, dict):
         raise ValueError(f"tenant {name!r}: an entry must be an object of limits")
     fields_ = {k: v for k, v in entry.items() if k != "name"}
-    unknown = set(fields_) - {"token_sha256", *_INT_FIELDS, *_OPTIONAL_INT_FIELDS}
+    unknown = set(fields_) - {"token_sha256", "allow_shm", *_INT_FIELDS, *_OPTIONAL_INT_FIELDS}
     if unknown:
         raise ValueError(f"tenant {name!r}: unknown fields {sorted(unknown)}")
     if not isinstance(fields_.get("token_sha256", ""), str):
         raise ValueError(f"tenant {name!r}: token_sha256 must be a string")
+    if not isinstance(fields_.get("allow_shm", False), bool):
+        raise ValueError(f"tenant {name!r}: allow_shm must be true or false")
     for key in (*_INT_FIELDS, *_OPTIONAL_INT_FIELDS):
         value = fields_.get(key)
         if value is None and key in _OPTIONAL_INT_FIELDS:
@@ -188,6 +194,7 @@ def add(
     ec_max_leases: int = DEFAULT_EC_MAX_LEASES,
     max_session_objects: int = DEFAULT_MAX_SESSION_OBJECTS,
     max_reserved_bytes: int | None = None,
+    allow_shm: bool = False,
 ) -> str:
     """Add (or re-key) a tenant; returns its new token, which is shown once and never stored."""
     if name == DEFAULT:
@@ -207,6 +214,7 @@ def add(
         ec_max_leases,
         max_session_objects,
         max_reserved_bytes,
+        allow_shm,
     )
     save(path, tenants)
     return token
@@ -279,6 +287,7 @@ class TenantBook:
                 "ec_max_leases": t.ec_max_leases,
                 "max_session_objects": t.max_session_objects,
                 "max_reserved_bytes": t.max_reserved_bytes,
+                "allow_shm": t.allow_shm,
             }
             for t in self.tenants.values()
         }

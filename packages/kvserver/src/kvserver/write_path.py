@@ -12,7 +12,7 @@ from typing import Any
 
 from kvprotocol._requests import Store
 
-from .errors import BadField, OutOfRange, UnknownStore
+from .errors import BadField, Forbidden, OutOfRange, UnknownStore
 from .l1 import L1Cache
 from .sessions import Slot, StoreTxn, new_store_id
 from .tenants import ADMIN, Identity, TenantBook
@@ -123,6 +123,10 @@ class WritePath(CacheBase):
                 self.l1.arena.write(slot.entry.offset, frame)
         elif frames:
             raise BadField("shm-mode commit takes no data frames")
+        elif not who.shm:  # shm taken away since the store began: its slots hold no bytes of this tenant's
+            raise Forbidden(
+                f"tenant {who.tenant!r} may no longer commit an shm-mode store; abort it and store over tcp"
+            )
         del self.table.stores[store_id]
         for slot, checksum in zip(txn.slots, checksums, strict=True):
             slot.entry.checksum = checksum  # never verified here: the server does not read the bytes

@@ -18,6 +18,7 @@ from kvprotocol import listen_socket
 
 from .app import create_app
 from .backend import AdminBackend
+from .idle import guarded_protocol
 from .metrics import ServerMetrics
 
 log = logging.getLogger("kvserver.http")
@@ -48,6 +49,7 @@ class HttpService:
             access_log=cfg.log_level == "debug",
             server_header=False,
             timeout_graceful_shutdown=2,
+            http=guarded_protocol(cfg.idle_timeout, cfg.http_max_connections),  # idle.py: no idle fd is kept
         )
         self._uvicorn = _EmbeddedServer(config)
 
