@@ -164,9 +164,9 @@ class ZmqEventPublisher:
             await self._pacer.spend(size + REPLAY_FRAME_COST)
             await self._replay.send_multipart([client, b"", topic, seq.to_bytes(8, "big"), payload])
             sent += size
+            self.replay_bytes += size
             if i % REPLAY_YIELD_EVERY == REPLAY_YIELD_EVERY - 1:
                 await asyncio.sleep(0)
-        self.replay_bytes += sent
         await self._replay.send_multipart([client, b"", b"", END_SEQ, b""])
 
     def describe(self) -> dict[str, float]:
