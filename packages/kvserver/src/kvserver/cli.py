@@ -199,7 +199,7 @@ def main() -> None:
 )
 @click.option(
     "--kv-events-replay-max-bytes",
-    default=16 << 20,
+    default=4 << 20,
     show_default=True,
     type=click.IntRange(1 << 16, 1 << 30),
     help="Bytes of batches one replay request is answered with (at least one batch); the subscriber "
@@ -207,7 +207,7 @@ def main() -> None:
 )
 @click.option(
     "--kv-events-replay-rate",
-    default=64 << 20,
+    default=16 << 20,
     show_default=True,
     type=click.IntRange(1 << 16, 1 << 34),
     help="Bytes a second the replay socket sends, all requests together.",

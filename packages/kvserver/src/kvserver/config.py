@@ -56,8 +56,8 @@ class ServerConfig:
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
     kv_events_buffer: int = 10_000
-    kv_events_replay_max_bytes: int = 16 << 20  # per replay answer; the client asks again for the rest
-    kv_events_replay_rate: int = 64 << 20  # bytes a second, all replay answers together
+    kv_events_replay_max_bytes: int = 4 << 20  # per replay answer; the client asks again for the rest
+    kv_events_replay_rate: int = 16 << 20  # bytes a second, all replay answers together
     kv_events_topic: str = "kv@{host}@{model}"
     kv_events_hash_format: str = "bytes"
 

@@ -48,8 +48,8 @@ class ZmqEventPublisher:
         buffer_batches: int = 10_000,
         hwm: int = 100_000,
         password: str | None = None,
-        replay_max_bytes: int = 16 << 20,
-        replay_rate: float = 64 << 20,
+        replay_max_bytes: int = 4 << 20,
+        replay_rate: float = 16 << 20,
     ) -> None:
         # A context of its own: a ZAP authenticator applies to its whole context, and the control
         # plane must not be subjected to it.
