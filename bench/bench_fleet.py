@@ -70,9 +70,10 @@ def worker(
 ) -> None:
     import zmq
 
-    from siminstance import SimInstance
+    from siminstance import SimInstance, plain_auth
 
     ctx = zmq.Context()
+    plain_auth(ctx, os.environ["KVSERVER_API_TOKEN"])  # the sims' event sockets take the fleet token
     rng = np.random.default_rng(k)
     prompts = [low64(prompt(p)) for p in range(PROMPTS)]
     sims = []

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests/kvserver/kvevents")]
 
 from kvhelpers import payload, register, store, tiny_layout  # noqa: E402
+from kvprotocol import resolve_token  # noqa: E402
 from kvsub import Subscriber  # noqa: E402
 from serverproc import ServerProc, free_port  # noqa: E402
 
@@ -34,7 +35,8 @@ def run(events: bool, prompts: int, chunks: int, tmp: Path) -> tuple[float, int]
     proc = ServerProc(free_port(), args, tmp / f"bench-{events}.log").start()
     received = multiprocessing.Value("q", 0)
     stop = multiprocessing.Event()
-    drainer = multiprocessing.Process(target=_drain, args=(endpoint, received, stop)) if events else None
+    plain = ("kvserver", resolve_token(None, proc.url) or "")  # the event sockets take the server's token
+    drainer = multiprocessing.Process(target=_drain, args=(endpoint, plain, received, stop)) if events else None
     if drainer:
         drainer.start()  # its own process: decoding must not take the client's GIL
     try:
@@ -63,8 +65,8 @@ def run(events: bool, prompts: int, chunks: int, tmp: Path) -> tuple[float, int]
     return prompts / elapsed, int(received.value)
 
 
-def _drain(endpoint: str, received, stop) -> None:  # type: ignore[no-untyped-def]
-    sub = Subscriber(endpoint)
+def _drain(endpoint: str, plain: tuple[str, str], received, stop) -> None:  # type: ignore[no-untyped-def]
+    sub = Subscriber(endpoint, plain=plain)
     while not stop.is_set():
         b = sub.recv(timeout_ms=100)
         if b is not None:

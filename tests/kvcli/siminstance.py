@@ -20,8 +20,18 @@ import httpx
 import msgpack
 import numpy as np
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 MEDIUM = "kvserver_l1"
+
+
+def plain_auth(ctx: zmq.Context, token: str) -> ThreadAuthenticator:
+    """The ZAP handler of a context whose sims take PLAIN `kvserver` / `token`, as kvserver's event
+    sockets do (stop it before destroying the context)."""
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_plain(domain="*", passwords={"kvserver": token})
+    return auth
 
 
 class SimInstance:
@@ -30,6 +40,7 @@ class SimInstance:
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 100_000)
+        self.pub.plain_server = True  # like kvserver's event sockets; the context's ZAP handler: plain_auth
         port = self.pub.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
         self.topic = f"kv@{name}@{{model}}"

@@ -13,7 +13,7 @@ import zmq
 
 from coordproc import CoordinatorProc, wait_for
 from kvprotocol import chunk_hashes
-from siminstance import SimInstance
+from siminstance import SimInstance, plain_auth
 
 CHUNK = 256
 MODEL = "sim-model"
@@ -29,9 +29,12 @@ def low64(toks: list[int]) -> list[int]:
 
 
 @pytest.fixture
-def zctx() -> Iterator[zmq.Context]:
+def zctx(fleet_token: str) -> Iterator[zmq.Context]:
+    """The sims' context; their event sockets take the fleet token, as a kvserver's do."""
     ctx = zmq.Context()
+    auth = plain_auth(ctx, fleet_token)
     yield ctx
+    auth.stop()
     ctx.destroy(linger=0)
 
 
@@ -168,8 +171,8 @@ def test_a_restart_on_the_same_endpoint_clears_the_old_claims(coordinator_factor
     assert coord.prefix(old) == 0
 
 
-def test_only_credentialed_registrations_feed_the_index(coordinator_factory, zctx, sims) -> None:
-    token = "fleet-tok-5150ab"
+def test_only_credentialed_registrations_feed_the_index(coordinator_factory, zctx, sims, fleet_token) -> None:
+    token = fleet_token
     coord, member = start(coordinator_factory, zctx, sims, token=token)
     a = tokens(2, 9)
     settle(coord, member, a, 2 * CHUNK)

@@ -24,6 +24,6 @@ def synced(event_server: EventServer) -> Iterator[tuple[Subscriber, Client, KeyS
     with event_server.proc.client() as c:
         ks, _ = register(c, layouts=[tiny_layout()])
         index = BlockIndex()
-        index.apply(sync(sub, c, ks, event_server.replay_endpoint))
+        index.apply(sync(sub, c, ks, event_server.replay_endpoint, plain=event_server.plain))
         yield sub, c, ks, index
     sub.close()

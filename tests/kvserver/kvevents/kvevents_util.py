@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvhelpers import payload, store, tiny_layout
-from kvprotocol import Client, KeySpace
+from kvprotocol import Client, KeySpace, resolve_token
 from kvsub import Batch, Subscriber, replay
 from serverproc import ServerProc, free_port
 
@@ -22,8 +22,18 @@ class EventServer:
     endpoint: str
     replay_endpoint: str
 
+    @property
+    def plain(self) -> tuple[str, str]:
+        """The PLAIN credentials the event sockets take: user kvserver, the server's token."""
+        token = resolve_token(self.proc.token, self.proc.url)
+        assert token
+        return ("kvserver", token)
+
     def subscriber(self, **kw: Any) -> Subscriber:
-        return Subscriber(self.endpoint, **kw)
+        return Subscriber(self.endpoint, **{"plain": self.plain, **kw})
+
+    def replay(self, start: int, **kw: Any) -> list[Batch]:
+        return replay(self.replay_endpoint, start, **{"plain": self.plain, **kw})
 
 
 @dataclass

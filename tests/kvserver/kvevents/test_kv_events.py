@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvevents_util import CHUNK, PROBE, BlockIndex, EventServer, start_event_server, sync
 from kvhelpers import lookup, payload, register, store, tiny_layout
 from kvprotocol import chunk_hashes, pack_tokens
-from kvsub import Subscriber, replay
+from kvsub import Subscriber
 
 TOKENS = list(range(1000, 1000 + CHUNK * 4 + 100))  # four full chunks and a tail
 SIZE = tiny_layout().object_bytes
@@ -60,7 +60,7 @@ def test_a_chunk_is_a_block_only_when_every_rank_and_group_is_in(event_server: E
     sub = event_server.subscriber()
     with event_server.proc.client() as c:
         ks, _ = register(c, layouts=[tiny_layout()])
-        sync(sub, c, ks, event_server.replay_endpoint)
+        sync(sub, c, ks, event_server.replay_endpoint, plain=event_server.plain)
         layouts = [tiny_layout(), tiny_layout(block_bytes=2048, tag="mla")]
         ks2, _ = register(c, model="big", layouts=layouts, world_size=2)
         size = {0: layouts[0].object_bytes, 1: layouts[1].object_bytes}
@@ -88,7 +88,7 @@ def test_evictions_remove_blocks_and_events_track_the_cache(server_factory):
     with srv.proc.client() as c:
         ks, _ = register(c, layouts=[tiny_layout()])
         index = BlockIndex()
-        index.apply(sync(sub, c, ks, srv.replay_endpoint))
+        index.apply(sync(sub, c, ks, srv.replay_endpoint, plain=srv.plain))
         prompts = [[p * 10_000 + t for t in range(CHUNK * 4)] for p in range(1, 41)]  # 160 objects
         for prompt in prompts:
             store(c, ks, prompt, _data)
@@ -136,7 +136,7 @@ def test_late_subscriber_replays_what_it_missed(event_server: EventServer):
         ks, _ = register(c, layouts=[tiny_layout()])
         store(c, ks, TOKENS, _data)  # nobody listens yet
         c.call("clear")
-    everything = replay(event_server.replay_endpoint, 0)
+    everything = event_server.replay(0)
     assert [b.seq for b in everything] == list(range(len(everything)))
     assert everything[0].events == [{"type": "AllBlocksCleared"}]  # a fresh server holds nothing
     assert _stored(everything)[0]["token_ids"] == TOKENS[: 4 * CHUNK]
@@ -145,9 +145,9 @@ def test_late_subscriber_replays_what_it_missed(event_server: EventServer):
     assert index.blocks == {}  # the clear removed what the store added
 
     # a restarted subscriber asks only from where it stopped
-    tail = replay(event_server.replay_endpoint, everything[-1].seq)
+    tail = event_server.replay(everything[-1].seq)
     assert [(b.seq, b.payload) for b in tail] == [(everything[-1].seq, everything[-1].payload)]
-    assert replay(event_server.replay_endpoint, 10**9) == []
+    assert event_server.replay(10**9) == []
     assert event_server.proc.stop() == 0  # the sockets close cleanly on SIGTERM
 
 
@@ -158,13 +158,14 @@ def test_malformed_replay_requests_are_ignored(event_server: EventServer):
     try:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.plain_username, sock.plain_password = (p.encode() for p in event_server.plain)
         sock.connect(event_server.replay_endpoint)
         sock.send_multipart([b"", b"\x00\x01"])  # not 8 bytes
         sock.send_multipart([b"", b"x" * 2000])  # over the size limit: the connection is dropped
         assert not sock.poll(300)
     finally:
         ctx.destroy(linger=0)
-    assert replay(event_server.replay_endpoint, 0)[0].events == [{"type": "AllBlocksCleared"}]
+    assert event_server.replay(0)[0].events == [{"type": "AllBlocksCleared"}]
     with event_server.proc.client() as c:
         kv = c.call("describe").result["kv_events"]
     assert kv["bad_replays"] >= 1 and kv["replays"] >= 1
@@ -175,7 +176,7 @@ def test_a_restarted_subscriber_replays_exactly_what_it_missed(event_server: Eve
     with event_server.proc.client() as c:
         ks, _ = register(c, layouts=[tiny_layout()])
         index = BlockIndex()
-        index.apply(sync(sub, c, ks, event_server.replay_endpoint))
+        index.apply(sync(sub, c, ks, event_server.replay_endpoint, plain=event_server.plain))
         store(c, ks, TOKENS, _data)
         index.apply(sub.recv_until(lambda bs: len(bs) == 1))
         sub.close()  # the router restarts; meanwhile the cache moves on
@@ -185,7 +186,7 @@ def test_a_restarted_subscriber_replays_exactly_what_it_missed(event_server: Eve
         store(c, ks, TOKENS[:CHUNK], _data)
 
         sub = event_server.subscriber()
-        missed = sync(sub, c, ks, event_server.replay_endpoint, start=index.seqs[-1] + 1)
+        missed = sync(sub, c, ks, event_server.replay_endpoint, plain=event_server.plain, start=index.seqs[-1] + 1)
         events = [ev for b in missed for ev in b.events]
         assert events[0]["type"] == "BlockStored" and events[0]["token_ids"] == longer[4 * CHUNK :]
         assert events[1]["type"] == "BlockRemoved" and set(index.blocks) <= set(events[1]["block_hashes"])

@@ -10,6 +10,7 @@ import pytest
 
 from kvevents_util import sync
 from kvhelpers import register, tiny_layout
+from kvprotocol import resolve_token
 from kvserver.config import ServerConfig
 from kvserver.kvevents import PLAIN_USER
 from kvsub import Subscriber, replay
@@ -100,9 +101,10 @@ def test_ipv6_loopback_and_ipc_endpoints(server_factory, tmp_path):
     srv = server_factory(
         "--kv-events-endpoint", f"ipc://{tmp_path}/events.ipc", "--kv-events-replay-endpoint", f"tcp://[::1]:{rep}"
     )
-    assert replay(f"tcp://[::1]:{rep}", 0)[0].events == [{"type": "AllBlocksCleared"}]
-    sub = Subscriber(f"ipc://{tmp_path}/events.ipc")
+    creds = (PLAIN_USER, resolve_token(None, srv.url) or "")  # the server's generated token, on loopback too
+    assert replay(f"tcp://[::1]:{rep}", 0, plain=creds)[0].events == [{"type": "AllBlocksCleared"}]
+    sub = Subscriber(f"ipc://{tmp_path}/events.ipc", plain=creds)
     with srv.client() as c:
         ks, _ = register(c, layouts=[tiny_layout()])
-        assert sync(sub, c, ks, f"tcp://[::1]:{rep}")[0].seq == 0
+        assert sync(sub, c, ks, f"tcp://[::1]:{rep}", plain=creds)[0].seq == 0
     sub.close()

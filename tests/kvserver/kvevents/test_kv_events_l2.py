@@ -25,7 +25,7 @@ def test_fs_tier_blocks_follow_write_behind_and_observed_misses(server_factory, 
     with srv.proc.client() as c:
         ks, _ = register(c, layouts=[tiny_layout()])
         index = BlockIndex()
-        index.apply(sync(sub, c, ks, srv.replay_endpoint))
+        index.apply(sync(sub, c, ks, srv.replay_endpoint, plain=srv.plain))
         store(c, ks, TOKENS, lambda ch, g: payload(ch, SIZE))
 
         # L1 at commit, then each chunk for the fs tier once its object is on disk

@@ -14,7 +14,6 @@ from kvevents_util import CHUNK, start_event_server
 from kvhelpers import payload, register, store, tiny_layout
 from kvprotocol import chunk_hashes, pack_tokens
 from kvserver.kvevents import END_SEQ
-from kvsub import replay
 
 REPO = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = Path(os.environ.get("KV_VLLM_VENV", REPO / ".venv-vllm")) / "bin" / "python"
@@ -44,7 +43,7 @@ def test_vllm_decodes_our_batches_byte_for_byte(server_factory, tmp_path, hash_f
         store(c, ks, TOKENS[: 2 * CHUNK], lambda ch, g: payload(ch, size))
         store(c, ks, TOKENS, lambda ch, g: payload(ch, size))
         c.call("clear")
-    batches = replay(srv.replay_endpoint, 0)
+    batches = srv.replay(0)
     decoded = _vllm_decode([b.payload for b in batches], tmp_path)
     assert decoded["end_seq"] == END_SEQ.hex()
 

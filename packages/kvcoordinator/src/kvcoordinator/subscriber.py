@@ -1,9 +1,10 @@
 """Feeds the prefix index from each instance's KV-events stream, and keeps it honest.
 
 One SUB socket per instance that advertised KV events at registration (the coordinator connects
-out, so only endpoints a credentialed registration named can ever feed the index; beyond loopback
-the socket presents the coordinator's token with ZMQ PLAIN, as kvserver requires, to hosts trusted
-with --trust-host only, like the fan-out's bearer token). Per instance:
+out, so only endpoints a credentialed registration named can ever feed the index). The socket
+presents the instance token with ZMQ PLAIN, as kvserver requires on every endpoint, only where the
+fan-out would send it (credentials.py: a bound socket of this user, or a --trust-host host). Per
+instance:
 
 - the stream's sequence numbers must follow each other. Anything else (a gap from a slow join or
   a high-water-mark drop, a batch out of order, a payload that does not decode, a topic or hash of
@@ -36,8 +37,6 @@ import httpx
 import msgpack
 import numpy as np
 import zmq
-
-from kvprotocol import is_loopback
 
 from .credentials import InstanceCredentials
 from .index import PrefixIndex
@@ -73,14 +72,6 @@ def topic_prefix(template: str) -> str | None:
     if not template.endswith("{model}") or template.count("{model}") != 1:
         return None
     return template[: -len("{model}")]
-
-
-def endpoint_host(endpoint: str) -> str | None:
-    scheme, _, rest = endpoint.partition("://")
-    if scheme != "tcp":
-        return None
-    host = rest.rpartition(":")[0]
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 class EventFeeds:
@@ -135,10 +126,9 @@ class EventFeeds:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, RCVHWM)
         sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
-        host = endpoint_host(ad.endpoint)
-        if host is not None and not is_loopback(host) and self.creds.token and host.lower() in self.creds.trusted:
-            # the fleet token goes only where the fan-out would send it (--trust-host), as PLAIN
-            sock.plain_username, sock.plain_password = PLAIN_USER, self.creds.token.encode()
+        token = self.creds.token_for_events(ad.endpoint)
+        if token is not None:  # kvserver's event sockets take its token as PLAIN, on loopback too
+            sock.plain_username, sock.plain_password = PLAIN_USER, token.encode()
         sock.setsockopt(zmq.IPV6, int("[" in ad.endpoint))
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(ad.endpoint)

@@ -226,6 +226,21 @@ def main() -> None:
     help="Event batches kept for replay.",
 )
 @click.option(
+    "--kv-events-replay-max-bytes",
+    default=4 << 20,
+    show_default=True,
+    type=click.IntRange(1 << 16, 1 << 30),
+    help="Bytes of batches one replay request is answered with (at least one batch); the subscriber "
+    "asks again from the next seq for the rest.",
+)
+@click.option(
+    "--kv-events-replay-rate",
+    default=16 << 20,
+    show_default=True,
+    type=click.IntRange(1 << 16, 1 << 34),
+    help="Bytes a second the replay socket sends, all requests together.",
+)
+@click.option(
     "--kv-events-topic",
     default="kv@{host}@{model}",
     show_default=True,

@@ -59,6 +59,8 @@ class ServerConfig:
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
     kv_events_buffer: int = 10_000
+    kv_events_replay_max_bytes: int = 4 << 20  # per replay answer; the client asks again for the rest
+    kv_events_replay_rate: int = 16 << 20  # bytes a second, all replay answers together
     kv_events_topic: str = "kv@{host}@{model}"
     kv_events_hash_format: str = "bytes"
 
@@ -195,6 +197,10 @@ def _kv_events_problem(config: ServerConfig) -> str | None:
         return "--kv-events-endpoint and --kv-events-replay-endpoint must differ"
     if not 1 <= config.kv_events_buffer <= 1_000_000:
         return "kv_events_buffer must be in [1, 1000000] batches"
+    if not 1 << 16 <= config.kv_events_replay_max_bytes <= 1 << 30:
+        return "kv_events_replay_max_bytes must be in [65536, 1073741824]"
+    if not 1 << 16 <= config.kv_events_replay_rate <= 1 << 34:
+        return "kv_events_replay_rate must be in [65536, 17179869184] bytes a second"
     if config.kv_events_hash_format not in ("bytes", "int"):
         return "kv_events_hash_format must be 'bytes' or 'int'"
     try:

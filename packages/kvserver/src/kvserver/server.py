@@ -127,7 +127,7 @@ class KVServer:
             from .kvevents import KVEvents
 
             try:
-                self.kv_events = KVEvents(config, self.l1, self.cache, self.l2)
+                self.kv_events = KVEvents(config, self.l1, self.cache, self.l2, token=self.auth.token)
             except Exception:
                 self.close()
                 raise

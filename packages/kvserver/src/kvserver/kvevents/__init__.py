@@ -10,10 +10,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from kvprotocol import is_loopback
-
-from ..config import endpoint_host
-
 from .publisher import PLAIN_USER, ZmqEventPublisher
 from .l2tracker import L2EventTracker, tier_media
 from .tracker import EventBatcher, L1EventTracker
@@ -51,24 +47,33 @@ class EventsSnapshot(NamedTuple):
     models: dict[str, list[bytes]]  # model -> chunk hashes
 
 
-def needs_auth(endpoint: str | None) -> bool:
-    """Beyond loopback, the sockets take the API token (config.py refuses them without one or --insecure)."""
-    host = endpoint_host(endpoint) if endpoint else None
-    return host is not None and not is_loopback(host)
+def events_password(config: ServerConfig, token: str) -> str | None:
+    """The PLAIN password of both event sockets: the server's token, on loopback and ipc:// too (the
+    stream carries every tenant's token ids); None (open) only with --insecure and no configured token,
+    the operator's explicit choice for routers that cannot send credentials."""
+    return None if config.insecure and not config.api_token else token
 
 
 class KVEvents:
     """The publisher, batcher and L1 tracker of one server, hooked into its cache."""
 
-    def __init__(self, config: ServerConfig, l1: L1Cache, cache: CacheService, l2: TierManager | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        l1: L1Cache,
+        cache: CacheService,
+        l2: TierManager | None = None,
+        *,
+        token: str,
+    ) -> None:
         assert config.kv_events_endpoint
-        token = config.api_token  # None here means --insecure (config.py refuses the rest)
         self.publisher = ZmqEventPublisher(
             config.kv_events_endpoint,
             config.kv_events_replay_endpoint,
             buffer_batches=config.kv_events_buffer,
-            pub_password=token if needs_auth(config.kv_events_endpoint) else None,
-            replay_password=token if needs_auth(config.kv_events_replay_endpoint) else None,
+            password=events_password(config, token),
+            replay_max_bytes=config.kv_events_replay_max_bytes,
+            replay_rate=config.kv_events_replay_rate,
         )
         self.batcher = EventBatcher(self.publisher.publish, config.kv_events_topic, config.kv_events_hash_format)
         self.l1 = L1EventTracker(l1, self.batcher, config.chunk_size)

@@ -6,12 +6,16 @@
   dropped by ZMQ for that subscriber (it can ask the replay socket for it) and counted here when
   ZMQ refuses it outright.
 - Replay (optional, ROUTER): a client (REQ, or DEALER sending an empty delimiter frame first)
-  sends the first sequence number it wants as 8 bytes big-endian; it gets every buffered batch from
-  there on as `(topic, seq, payload)` and then the end marker `(b"", -1 as 8 bytes signed, b"")`.
-  The buffer keeps the last `buffer_batches` batches.
-- Beyond loopback (allowed only with an API token or --insecure, like the other planes), a token
-  turns on ZMQ PLAIN authentication for both sockets: user "kvserver", password the token (checked
-  by pyzmq's ZAP authenticator thread, started before the sockets bind).
+  sends the first sequence number it wants as 8 bytes big-endian; it gets the buffered batches from
+  there on as `(topic, seq, payload)`, up to `replay_max_bytes` per request (always at least one
+  batch; it asks again from the next seq for the rest), then the end marker
+  `(b"", -1 as 8 bytes signed, b"")`. All replay answers together are paced to `replay_rate`
+  bytes a second. The buffer keeps the last `buffer_batches` batches.
+- With a password (the server's token, on loopback too: the stream carries every tenant's token
+  ids), both sockets take ZMQ PLAIN authentication only: user "kvserver", password the token,
+  checked by pyzmq's ZAP authenticator thread (started before the sockets bind). A peer without it
+  never completes the handshake and receives nothing. The frames are unchanged: PLAIN is a ZMTP
+  handshake mechanism, not part of vLLM's format.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ import zmq
 import zmq.asyncio
 from zmq.auth.thread import ThreadAuthenticator
 
+from .pacer import BytePacer
 from .wire import END_SEQ
 
 log = logging.getLogger("kvserver.kvevents")
 PLAIN_USER = "kvserver"
 REPLAY_YIELD_EVERY = 256  # batches sent before a long replay lets other work on the loop run
+REPLAY_FRAME_COST = 256  # bytes each replayed batch is charged beyond its own (the loop's work per message)
 
 
 class ZmqEventPublisher:
@@ -41,8 +47,9 @@ class ZmqEventPublisher:
         *,
         buffer_batches: int = 10_000,
         hwm: int = 100_000,
-        pub_password: str | None = None,
-        replay_password: str | None = None,
+        password: str | None = None,
+        replay_max_bytes: int = 4 << 20,
+        replay_rate: float = 16 << 20,
     ) -> None:
         # A context of its own: a ZAP authenticator applies to its whole context, and the control
         # plane must not be subjected to it.
@@ -55,25 +62,27 @@ class ZmqEventPublisher:
         self.refused = 0  # batches ZMQ refused to queue at once (counted, never waited for)
         self.replays = 0  # replay requests served
         self.bad_replays = 0  # malformed replay requests (ignored, as vLLM does)
+        self.replays_cut = 0  # replay answers that stopped at replay_max_bytes
+        self.replay_bytes = 0  # payload and topic bytes replayed
+        self._replay_max_bytes = replay_max_bytes
+        self._pacer = BytePacer(replay_rate)
         self._replay_task: asyncio.Task[None] | None = None
         self._pub = self._ctx.socket(zmq.PUB)
         self._replay = self._actx.socket(zmq.ROUTER) if replay_endpoint else None
         try:
-            if pub_password is not None or replay_password is not None:  # before any bind
+            if password is not None:  # before any bind
                 self._auth = ThreadAuthenticator(self._ctx)
                 self._auth.start()
-                for domain, password in (("pub", pub_password), ("replay", replay_password)):
-                    if password is not None:
-                        self._auth.configure_plain(domain=domain, passwords={PLAIN_USER: password})
+                self._auth.configure_plain(domain="kv-events", passwords={PLAIN_USER: password})
             self._pub.setsockopt(zmq.LINGER, 0)
             self._pub.setsockopt(zmq.SNDHWM, hwm)
-            self._secure(self._pub, "pub", pub_password)
+            self._secure(self._pub, password)
             self._pub.setsockopt(zmq.IPV6, int("[" in endpoint))  # tcp://[::1]:5557 needs it
             self._pub.bind(endpoint)
             if self._replay is not None and replay_endpoint:
                 self._replay.setsockopt(zmq.LINGER, 0)
                 self._replay.setsockopt(zmq.MAXMSGSIZE, 1024)  # a request is 8 bytes
-                self._secure(self._replay, "replay", replay_password)
+                self._secure(self._replay, password)
                 self._replay.setsockopt(zmq.IPV6, int("[" in replay_endpoint))
                 self._replay.bind(replay_endpoint)
         except Exception:
@@ -81,10 +90,10 @@ class ZmqEventPublisher:
             raise
 
     @staticmethod
-    def _secure(sock: zmq.Socket, domain: str, password: str | None) -> None:
+    def _secure(sock: zmq.Socket, password: str | None) -> None:
         if password is not None:
             sock.plain_server = True
-            sock.zap_domain = domain.encode()
+            sock.zap_domain = b"kv-events"
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -146,13 +155,21 @@ class ZmqEventPublisher:
         self.replays += 1
         first = self._buffer[0][0] if self._buffer else 0
         skip = min(max(0, start - first), len(self._buffer))
+        sent = 0
         for i, (seq, topic, payload) in enumerate(itertools.islice(list(self._buffer), skip, None)):
+            size = len(topic) + len(payload)
+            if sent and sent + size > self._replay_max_bytes:  # the client asks again from seq
+                self.replays_cut += 1
+                break
+            await self._pacer.spend(size + REPLAY_FRAME_COST)
             await self._replay.send_multipart([client, b"", topic, seq.to_bytes(8, "big"), payload])
+            sent += size
+            self.replay_bytes += size
             if i % REPLAY_YIELD_EVERY == REPLAY_YIELD_EVERY - 1:
                 await asyncio.sleep(0)
         await self._replay.send_multipart([client, b"", b"", END_SEQ, b""])
 
-    def describe(self) -> dict[str, int]:
+    def describe(self) -> dict[str, float]:
         return {
             "next_seq": self.next_seq,
             "published": self.published,
@@ -160,4 +177,7 @@ class ZmqEventPublisher:
             "buffered": len(self._buffer),
             "replays": self.replays,
             "bad_replays": self.bad_replays,
+            "replays_cut": self.replays_cut,
+            "replay_bytes": self.replay_bytes,
+            "replay_paced_s": round(self._pacer.waited, 3),
         }
