@@ -80,3 +80,35 @@ def test_a_tenant_holds_at_most_its_share_while_another_keeps_reading(server_fac
     assert lookup(bob, ks, T_BOB, session="b-again") == 512
     for c in (alice, bob, admin):
         c.close()
+
+
+def test_sessions_of_misses_end_cleanly_in_any_order(server_factory, tmp_path):
+    """Readers of a miss (a lookup with `rank`, or a blend lookup that matched nothing) hold nothing
+    and are never counted: ending several of them (release, end, a later lookup replacing one) must
+    not fail the server's bookkeeping (it once answered INTERNAL from the second on), and a hit's
+    charge still comes and goes exactly."""
+    tenants = tmp_path / "tenants.json"
+    token = add_tenant(tenants, "mallory")
+    srv = server_factory("--l1-size-gb", "0.05", "--lease-ttl", "30", "--tenants-file", str(tenants))
+    admin = srv.client()
+    mallory = Client(srv.url, token=token)
+    ks, _ = register(admin)
+    store(mallory, ks, T_BOB[:256], lambda ch, g: payload(ch, OBJ))
+
+    def look(tokens: list[int], name: str) -> int:
+        fields = {"keyspace": ks.to_wire(), "tokens": pack_tokens(tokens), "session": sid(name), "rank": 0}
+        return int(mallory.call("lookup", **fields).result["hit_tokens"])
+
+    for name in ("m1", "m2", "m3", "m4"):
+        assert look(T_ALICE, name) == 0  # misses: each session keeps a reader holding nothing
+    mallory.call("release", session=sid("m1"), rank=0)
+    mallory.call("end_session", session=sid("m2"))
+    assert look(T_BOB, "h1") == 256  # a hit: charged
+    assert look(T_BOB, "m3") == 256  # replaces a miss's reader with a hit's
+    mallory.call("end_session", session=sid("h1"))
+    mallory.call("end_session", session=sid("m3"))
+    row = admin.call("describe").result["tenants"]["mallory"]
+    assert row["session_objects"] == 0 and row["sessions"] == 1  # m4 is left, holding nothing
+    assert look(T_BOB, "h2") == 256  # the server still serves her
+    for c in (mallory, admin):
+        c.close()

@@ -90,8 +90,9 @@ class Leases:
             for key in keys:
                 lease(key)
             reader = session.readers[r] = Reader(ks, salt, hit_hashes, hit, keys, tenant=tenant)
-            self.objects += reader.charge
-            self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + reader.charge
+            if reader.charge:
+                self.objects += reader.charge
+                self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + reader.charge
         session.expires = self.table.deadline()
 
     def reader(self, session_id: str, rank: int) -> Reader:
@@ -143,12 +144,13 @@ class Leases:
         session.readers.clear()
 
     def _end_reader(self, reader: Reader) -> None:
-        self.objects -= reader.charge
-        left = self.by_tenant[reader.tenant] - reader.charge
-        if left:
-            self.by_tenant[reader.tenant] = left
-        else:
-            del self.by_tenant[reader.tenant]
+        if reader.charge:  # a reader of a miss holds nothing, and was never counted
+            self.objects -= reader.charge
+            left = self.by_tenant[reader.tenant] - reader.charge
+            if left:
+                self.by_tenant[reader.tenant] = left
+            else:
+                del self.by_tenant[reader.tenant]
         unlease = self.l1.unlease
         for key in reader.keys:
             unlease(key)
