@@ -601,8 +601,8 @@ def _bandwidth_row(url: str, case: Case, m: Model, sz: Sizes, device: Any) -> di
             equal &= eq
         row.update(bytes=nbytes, pinned=rig.pinned, bitwise_equal=equal)
         row.update(raw_h2d_gbps=spread(h2d), load_gbps=spread(loads), raw_d2h_gbps=spread(d2h), save_gbps=spread(saves))
-        row["load_ratio"] = round(statistics.median(loads) / statistics.median(h2d), 3)
-        row["save_ratio"] = round(statistics.median(saves) / statistics.median(d2h), 3)
+        row["load_ratio"] = round(statistics.median(loads) / statistics.median(h2d), 4)
+        row["save_ratio"] = round(statistics.median(saves) / statistics.median(d2h), 4)
         return row
     except Exception as exc:
         return {**row, "error": f"{type(exc).__name__}: {exc}"}
