@@ -28,7 +28,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from kvserver.eviction import POLICIES
+from kvserver.l1.eviction import POLICIES
 from kvserver.tracebounds import FEATURES, calibrated
 from kvserver.tracesim import (
     BLOCK_TOKENS,

@@ -85,8 +85,8 @@ def stages(c: Client, lookup: rq.Lookup, n: int) -> None:
     }
     from kvprotocol import chunk_hashes
 
-    from kvserver.eviction.lhd import LHDPolicy
-    from kvserver.hash_memo import HashMemo
+    from kvserver.l1.eviction.lhd import LHDPolicy
+    from kvserver.service.hash_memo import HashMemo
 
     toks = np.arange(4096, dtype=np.uint32)
     rows["chunk hashes 4096 tokens"] = timed(lambda: chunk_hashes(toks, CHUNK), n)

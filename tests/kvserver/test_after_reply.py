@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from kvserver.after_reply import AfterReply
+from kvserver.service.after_reply import AfterReply
 
 
 def test_work_runs_in_order_including_work_queued_while_running():

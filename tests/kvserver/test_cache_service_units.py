@@ -16,9 +16,9 @@ import pytest
 
 from kvprotocol import ErrorCode, LayoutDescriptor, pack_tokens
 from kvprotocol._requests import KeySpaceW, LayoutW, Lookup, Pin, Query, RegisterEngine, Release, Retrieve, Store
-from kvserver import store_admission
-from kvserver.arena import Arena
-from kvserver.cache import CacheService
+from kvserver.service import admission as store_admission
+from kvserver.l1.arena import Arena
+from kvserver.service.cache import CacheService
 from kvserver.errors import (
     BadField,
     KVServerError,
@@ -33,10 +33,10 @@ from kvserver.errors import (
     UnknownStore,
     wire_error,
 )
-from kvserver.eviction import LRUPolicy
-from kvserver.l1 import L1Cache
-from kvserver.slab import ALIGN
-from kvserver.tenants import ADMIN, Identity
+from kvserver.l1.eviction import LRUPolicy
+from kvserver.l1.cache import L1Cache
+from kvserver.l1.slab import ALIGN
+from kvserver.security.tenants import ADMIN, Identity
 
 CHUNK = 16  # tokens per chunk
 SLOTS = 8  # the arena holds this many one-chunk objects

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from kvserver.ec_alloc import ALIGN, FirstFitAllocator
+from kvserver.ec.alloc import ALIGN, FirstFitAllocator
 
 
 def test_random_alloc_free_never_overlaps_and_coalesces() -> None:

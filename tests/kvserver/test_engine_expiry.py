@@ -11,7 +11,7 @@ import time
 from httpkv import parse_metrics, value
 from kvhelpers import tiny_layout
 from kvprotocol import Client
-from kvserver.engines import Engine, EngineTable, process_gone
+from kvserver.service.engines import Engine, EngineTable, process_gone
 
 REGISTER = """
 import os, socket, sys

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from kvprotocol import chunk_hashes, pack_tokens
-from kvserver.hash_memo import ENTRY_OVERHEAD, HashMemo
+from kvserver.service.hash_memo import ENTRY_OVERHEAD, HashMemo
 
 C = 16  # tokens per chunk: small, so many chunks are cheap
 

@@ -8,10 +8,10 @@ import random
 import pytest
 
 from kvprotocol import ObjectKey
-from kvserver.arena import Arena
-from kvserver.eviction import LRUPolicy
-from kvserver.l1 import L1Cache, State
-from kvserver.slab import ALIGN, ArenaAllocator as SlabAllocator, ExtentAllocator
+from kvserver.l1.arena import Arena
+from kvserver.l1.eviction import LRUPolicy
+from kvserver.l1.cache import L1Cache, State
+from kvserver.l1.slab import ALIGN, ArenaAllocator as SlabAllocator, ExtentAllocator
 
 
 def test_extent_allocator_coalesces_back_to_one_extent():

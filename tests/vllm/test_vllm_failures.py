@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvprotocol import Client
-from kvserver.arena import HEADER_BYTES
+from kvserver.l1.arena import HEADER_BYTES
 from kvserver_proc import ServerFactory
 from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_TURN1, confirmed, kv_config
 from vllm_harness import EngineRun, prompt, run_engine

@@ -9,10 +9,10 @@ import pytest
 
 from kvprotocol import ObjectKey
 from kvhelpers import lookup, payload, register, store, tiny_layout
-from kvserver.arena import Arena
-from kvserver.eviction import POLICIES, make_policy
-from kvserver.l1 import L1Cache
-from kvserver.slab import ALIGN
+from kvserver.l1.arena import Arena
+from kvserver.l1.eviction import POLICIES, make_policy
+from kvserver.l1.cache import L1Cache
+from kvserver.l1.slab import ALIGN
 
 MIB = 1 << 20
 

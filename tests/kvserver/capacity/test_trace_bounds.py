@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvprotocol import ObjectKey
-from kvserver.eviction.density import HitDensity
+from kvserver.l1.eviction.density import HitDensity
 from kvserver.tracebounds import calibrated, conversations, trace_classes
 from kvserver.tracesim import Request, belady, load_trace, unique_blocks
 

@@ -12,7 +12,7 @@ import pytest
 from kvhelpers import register
 from kvprotocol import LayoutDescriptor, pack_tokens
 from kvprotocol.kvsum import kvsum64
-from kvserver.eviction import POLICIES
+from kvserver.l1.eviction import POLICIES
 from kvserver.tracesim import BLOCK_TOKENS, OBJECT_BYTES, belady, load_trace, plain_lru, simulate, unique_blocks
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from kvserver.eviction import POLICIES, LRUPolicy, make_policy
-from kvserver.eviction import lhd
-from kvserver.eviction.density import HitDensity, density_curve, hazard
-from kvserver.eviction.lhd import LEVELS, REFRESH, SPANS, LHDPolicy, default_class
+from kvserver.l1.eviction import POLICIES, LRUPolicy, make_policy
+from kvserver.l1.eviction import lhd
+from kvserver.l1.eviction.density import HitDensity, density_curve, hazard
+from kvserver.l1.eviction.lhd import LEVELS, REFRESH, SPANS, LHDPolicy, default_class
 
 from policy_helpers import ALL, drain
 
@@ -222,9 +222,9 @@ def test_learned_density_keeps_a_returning_conversation_over_newer_one_offs(poli
 def test_until_its_first_refresh_it_evicts_exactly_like_lru():
     """Before any statistics, every class ranks alike and older is worse: LRU, leaves only."""
     from kvprotocol import ObjectKey
-    from kvserver.arena import Arena
-    from kvserver.l1 import L1Cache
-    from kvserver.slab import ALIGN
+    from kvserver.l1.arena import Arena
+    from kvserver.l1.cache import L1Cache
+    from kvserver.l1.slab import ALIGN
 
     def key(i: int) -> ObjectKey:
         return ObjectKey("m", "0" * 16, 1, 0, 0, "", i.to_bytes(32, "big"))

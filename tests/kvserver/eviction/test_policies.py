@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvserver.eviction import POLICIES, ARCPolicy, LFUPolicy, LRUPolicy, S3FIFOPolicy, make_policy
+from kvserver.l1.eviction import POLICIES, ARCPolicy, LFUPolicy, LRUPolicy, S3FIFOPolicy, make_policy
 
 from policy_helpers import ALL, drain
 

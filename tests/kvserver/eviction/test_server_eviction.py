@@ -78,7 +78,7 @@ def test_pinned_objects_survive_and_clear_spares_leases(server_factory):
 
 
 def test_requests_in_one_burst_see_the_touches_of_those_before_them(server_factory):
-    """A lookup's touches run after its reply (after_reply.py), yet before the server reads the next
+    """A lookup's touches run after its reply (service/after_reply.py), yet before the server reads the next
     request: a store sent right behind lookups, in the same burst, evicts what they did not touch."""
     import asyncio
 

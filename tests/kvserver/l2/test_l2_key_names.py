@@ -8,9 +8,9 @@ pinned here as literals, taken from the release whose keys were still plain tupl
 from __future__ import annotations
 
 from kvprotocol import SHARED_RANK, KeySpace, LayoutDescriptor, ObjectKey
-from kvserver.groups import GroupBook
+from kvserver.service.groups import GroupBook
 from kvserver.l2.keys import key_str
-from kvserver.leases import rank_keys
+from kvserver.service.leases import rank_keys
 
 H = bytes(range(32))
 

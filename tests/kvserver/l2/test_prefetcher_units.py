@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 from kvprotocol import ObjectKey
-from kvserver.arena import Arena
-from kvserver.eviction import LRUPolicy
-from kvserver.l1 import L1Cache, State
+from kvserver.l1.arena import Arena
+from kvserver.l1.eviction import LRUPolicy
+from kvserver.l1.cache import L1Cache, State
 from kvserver.l2.fs import FsAdapter
 from kvserver.l2.keys import key_str
 from kvserver.l2.negcache import NegativeCache
 from kvserver.l2.prefetch import Prefetcher
 from kvserver.l2.serde import Serde
 from kvserver.l2.tier import Tier
-from kvserver.slab import ALIGN
+from kvserver.l1.slab import ALIGN
 
 SIZE = ALIGN  # one object per chunk, one slab each
 

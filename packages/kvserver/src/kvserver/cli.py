@@ -15,7 +15,7 @@ import click
 from kvprotocol import DEFAULT_CHUNK_SIZE, DEFAULT_HTTP_PORT, DEFAULT_PORT
 
 from .config import ServerConfig, load_config_file
-from .eviction import POLICIES
+from .l1.eviction import POLICIES
 
 
 def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
@@ -295,7 +295,7 @@ def tenant() -> None:
 
 
 def _tenants_file(port: int, path: str | None) -> Path:
-    from .tenants import tenants_path
+    from .security.tenants import tenants_path
 
     return Path(path) if path else tenants_path(port)
 
@@ -404,7 +404,7 @@ def tenant_add(
     """Add a tenant (or give it a new token); prints its token once: only a digest is stored."""
     from kvprotocol._credentials import write_private
 
-    from . import tenants
+    from .security import tenants
 
     quota = None if l1_quota_gb is None else int(l1_quota_gb * (1 << 30))
     ec_quota = None if ec_quota_gb is None else int(ec_quota_gb * (1 << 30))
@@ -437,7 +437,7 @@ def tenant_add(
 @_file_opt
 def tenant_remove(name: str, port: int, tenants_file: str | None) -> None:
     """Remove a tenant: its token stops working within a second; its cached objects age out."""
-    from . import tenants
+    from .security import tenants
 
     if not tenants.remove(_tenants_file(port, tenants_file), name):
         raise click.ClickException(f"no tenant {name!r}")
@@ -448,7 +448,7 @@ def tenant_remove(name: str, port: int, tenants_file: str | None) -> None:
 @_file_opt
 def tenant_list(port: int, tenants_file: str | None) -> None:
     """Tenants and their limits (never tokens)."""
-    from . import tenants
+    from .security import tenants
 
     for t in tenants.load(_tenants_file(port, tenants_file)).values():
         quota = "-" if t.l1_quota_bytes is None else f"{t.l1_quota_bytes / (1 << 30):.3f} GiB"
@@ -463,7 +463,7 @@ def tenant_list(port: int, tenants_file: str | None) -> None:
 
 
 async def _run(config: ServerConfig) -> int:
-    from .server import KVServer
+    from .runtime.server import KVServer
 
     t0 = time.perf_counter()
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from kvprotocol import DEFAULT_CHUNK_SIZE, DEFAULT_HTTP_PORT, DEFAULT_PORT, exposure_refusal, is_loopback
 
-from .eviction import POLICIES
+from .l1.eviction import POLICIES
 
 SECRET_FIELDS = ("api_token",)
 

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 from kvprotocol import ObjectKey
 
-from .eviction.density import HitDensity
-from .eviction.lhd import CLASSES, LHDPolicy
+from .l1.eviction.density import HitDensity
+from .l1.eviction.lhd import CLASSES, LHDPolicy
 from .tracesim import Request, block_of, simulate
 
 TURNS = 4  # turn classes: 1, 2, 3, 4 or more

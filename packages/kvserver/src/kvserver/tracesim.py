@@ -20,9 +20,9 @@ from typing import Any, cast
 
 from kvprotocol import ObjectKey
 
-from .arena import Arena
-from .eviction import EvictionPolicy, make_policy
-from .l1 import L1Cache
+from .l1.arena import Arena
+from .l1.eviction import EvictionPolicy, make_policy
+from .l1.cache import L1Cache
 
 BLOCK_TOKENS = 512
 OBJECT_BYTES = 4096  # one allocation unit per block: capacity in blocks = arena bytes / 4096

@@ -18,9 +18,9 @@ from .wire import END_SEQ, HASH_FORMATS, MEDIUM_L1, decode_batch, encode_batch
 log = logging.getLogger("kvserver.kvevents")
 
 if TYPE_CHECKING:
-    from ..cache import CacheService
+    from ..service.cache import CacheService
     from ..config import ServerConfig
-    from ..l1 import L1Cache
+    from ..l1.cache import L1Cache
     from ..l2 import TierManager
 
 __all__ = [

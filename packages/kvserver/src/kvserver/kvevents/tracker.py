@@ -31,8 +31,8 @@ from .wire import MEDIUM_L1, Event, all_blocks_cleared, block_removed, block_sto
 if TYPE_CHECKING:
     from kvprotocol import KeySpace
 
-    from ..l1 import L1Cache
-    from ..sessions import StoreTxn
+    from ..l1.cache import L1Cache
+    from ..service.sessions import StoreTxn
 
 NsChunk = tuple[str, int, tuple[str, ...], str, bytes]  # (model, world, group fingerprints, salt, chunk hash)
 

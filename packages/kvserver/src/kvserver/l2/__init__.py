@@ -12,7 +12,7 @@ from .urls import make_adapter, redact
 
 if TYPE_CHECKING:
     from ..config import ServerConfig
-    from ..l1 import L1Cache
+    from ..l1.cache import L1Cache
 
 __all__ = [
     "CorruptObject",

@@ -23,7 +23,7 @@ from typing import Any
 
 from kvprotocol import ObjectKey
 
-from ..l1 import L1Cache
+from ..l1.cache import L1Cache
 from .admission import Admission
 from .base import L2Adapter, L2Error
 from .keys import key_str

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvprotocol import ObjectKey
 
-from ..l1 import Entry, L1Cache, State
+from ..l1.cache import Entry, L1Cache, State
 from .base import L2Error
 from .keys import key_str
 from .serde import CorruptObject, Serde, UndecryptableObject
@@ -71,7 +71,7 @@ class Prefetcher:
         leading: bool = True,
     ) -> None:
         """`leading=False`: load every chunk L1 + L2 cover, not only the leading run (per-group
-        geometry: a window snapshot or a state is useful on its own, see kvserver/groups.py)."""
+        geometry: a window snapshot or a state is useful on its own, see kvserver/service/groups.py)."""
         self.lookups += 1
         deadline = time.monotonic() + timeout
         l1 = self.l1

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import kvprotocol
 
-from .l1 import State
-from .tenants import DEFAULT
+from ..l1.cache import State
+from ..security.tenants import DEFAULT
 
 if TYPE_CHECKING:
     from .server import KVServer
-    from .tenants import Identity
+    from ..security.tenants import Identity
 
 
 def describe_server(server: KVServer) -> dict[str, Any]:

@@ -22,8 +22,8 @@ from typing import Any
 
 from kvprotocol import KeySpace, ObjectKey
 
-from .errors import NotLeased, OutOfRange, UnknownSession
-from .l1 import L1Cache
+from ..errors import NotLeased, OutOfRange, UnknownSession
+from ..l1.cache import L1Cache
 from .sessions import Reader, Session, SessionTable, StoreTxn
 
 

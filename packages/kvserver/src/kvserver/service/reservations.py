@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 from kvprotocol import KeySpace, ObjectKey
 
-from .errors import BadField, NoSpace, RetryLater
-from .l1 import L1Cache, State, tenant_of
+from ..errors import BadField, NoSpace, RetryLater
+from ..l1.cache import L1Cache, State, tenant_of
 
 ChunkRef = tuple[str, int, str, bytes]  # (model, world_size, salt, chunk hash): a chunk of any rank or group
 

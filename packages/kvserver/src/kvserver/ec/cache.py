@@ -29,12 +29,12 @@ from typing import Any
 from kvprotocol._requests import ECLookup, ECRetrieve, ECStore
 from kvprotocol.kvsum import kvsum64
 
-from .errors import BadField, Forbidden, OutOfRange, TooMany, UnknownStore
-from .arena import HEADER_BYTES, SHM_DIR, Arena
-from .ec_alloc import FirstFitAllocator
-from .ec_tenants import ECTenants
-from .shm import arena_for
-from .tenants import ADMIN, Identity, TenantBook
+from ..errors import BadField, Forbidden, OutOfRange, TooMany, UnknownStore
+from ..l1.arena import HEADER_BYTES, SHM_DIR, Arena
+from .alloc import FirstFitAllocator
+from .tenants import ECTenants
+from ..security.shm import arena_for
+from ..security.tenants import ADMIN, Identity, TenantBook
 
 ECKey = tuple[str, str, str, str]  # (tenant, model, space, item): key[0] owns the object
 MAX_EC_STORES = 1024  # reservations in flight, all tenants together

@@ -22,26 +22,26 @@ from kvprotocol import ValidationError
 from kvprotocol._messages import MAX_HEADER_BYTES, decode_request, error_reply, ok_reply
 from kvprotocol._requests import Request
 
-from .after_reply import AfterReply
-from .arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
-from .auth import ServerAuth
-from .blend_index import BlendService
-from .cache import CacheService
-from .config import ServerConfig
+from ..service.after_reply import AfterReply
+from ..l1.arena import HEADER_BYTES, Arena, ArenaLock, arena_name, check_free_space
+from ..security.auth import ServerAuth
+from ..blend.index import BlendService
+from ..service.cache import CacheService
+from ..config import ServerConfig
 from .describe import describe_server, describe_tenant, fleet_stats
-from .ec import ECCache, check_ec_space, ec_arena_name
-from .errors import BadField, Forbidden, Unauthorized, internal_error, wire_error
-from .eviction import make_policy
-from .l1 import L1Cache
-from .l2 import build_tier_manager
+from ..ec.cache import ECCache, check_ec_space, ec_arena_name
+from ..errors import BadField, Forbidden, Unauthorized, internal_error, wire_error
+from ..l1.eviction import make_policy
+from ..l1.cache import L1Cache
+from ..l2 import build_tier_manager
 from .latency import LatencyBuckets
-from .shm import check_mode
-from .tenants import ADMIN, Identity
+from ..security.shm import check_mode
+from ..security.tenants import ADMIN, Identity
 from .zmq_loop import Answer, ZmqLoop
 
 if TYPE_CHECKING:
-    from .http.service import HttpService
-    from .kvevents import EventsSnapshot, KVEvents
+    from ..http.service import HttpService
+    from ..kvevents import EventsSnapshot, KVEvents
 
 log = logging.getLogger("kvserver")
 Result = tuple[dict[str, Any], list[Any]]
@@ -124,7 +124,7 @@ class KVServer:
             self.handlers["query"] = self._query_l2
         self.kv_events: KVEvents | None = None
         if config.kv_events_endpoint:
-            from .kvevents import KVEvents
+            from ..kvevents import KVEvents
 
             try:
                 self.kv_events = KVEvents(config, self.l1, self.cache, self.l2, token=self.auth.token)
@@ -133,7 +133,7 @@ class KVServer:
                 raise
         self.ready = False  # true while the control plane serves (the HTTP /readyz answer)
         if config.http_port:
-            from .http.service import HttpService  # FastAPI is only imported when the API is on
+            from ..http.service import HttpService  # FastAPI is only imported when the API is on
 
             try:
                 self.http = HttpService(self)
@@ -318,7 +318,7 @@ class KVServer:
         http_task = asyncio.create_task(http.serve(), name="http") if http is not None else None
         fleet = fleet_task = None
         if self.config.coordinator:
-            from .http.fleet import FleetAgent
+            from ..http.fleet import FleetAgent
 
             fleet = FleetAgent(self, self.config.coordinator, http.port if http is not None else None)
             fleet_task = asyncio.create_task(fleet.run(), name="fleet")

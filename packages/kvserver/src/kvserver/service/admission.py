@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 from kvprotocol import KeySpace, ObjectKey
 
-from .errors import LayoutMismatch, TooMany
-from .l1 import Entry, L1Cache, State
+from ..errors import LayoutMismatch, TooMany
+from ..l1.cache import Entry, L1Cache, State
 from .ledger import TenantLedger
 from .reservations import ReservationBook
 from .sessions import SessionTable
-from .tenants import Identity
+from ..security.tenants import Identity
 
 MAX_STORES = 4096  # store transactions in flight per server, all tenants and kinds together
 

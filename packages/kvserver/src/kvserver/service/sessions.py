@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from kvprotocol import KeySpace, ObjectKey
 
-from .l1 import Entry
+from ..l1.cache import Entry
 
 _lease_numbers = itertools.count(1)  # never repeats within a server process
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 
-from .errors import TooMany
-from .l1 import L1Cache, tenant_of
+from ..errors import TooMany
+from ..l1.cache import L1Cache, tenant_of
 from .sessions import SessionTable
-from .tenants import DEFAULT, RESERVATION_SHARE, Identity, TenantBook
+from ..security.tenants import DEFAULT, RESERVATION_SHARE, Identity, TenantBook
 
 
 @dataclass

@@ -16,22 +16,22 @@ from kvprotocol import MAX_KEYS, KeySpace, ObjectKey
 from kvprotocol._requests import KeysRequest
 
 from .after_reply import Defer, run_now
-from .errors import OutOfRange, TooLarge, TooMany
+from ..errors import OutOfRange, TooLarge, TooMany
 from .engines import Engine, EngineTable
 from .groups import GroupBook
 from .hash_memo import HashMemo
-from .l1 import L1Cache, State
-from .layout_book import LayoutBook
-from .l2.background import BackgroundPrefetches
+from ..l1.cache import L1Cache, State
+from .layouts import LayoutBook
+from ..l2.background import BackgroundPrefetches
 from .leases import Leases
 from .sessions import SessionTable, StoreTxn
 from .ledger import Counters, TenantLedger
 from .reservations import ReservationBook
-from .store_admission import MAX_STORES, StoreAdmission
-from .tenants import ADMIN, Identity, TenantBook
+from .admission import MAX_STORES, StoreAdmission
+from ..security.tenants import ADMIN, Identity, TenantBook
 
 if TYPE_CHECKING:
-    from .l2 import TierManager
+    from ..l2 import TierManager
 
 
 log = logging.getLogger("kvserver")

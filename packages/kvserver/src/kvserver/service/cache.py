@@ -12,10 +12,10 @@ from typing import Any
 from kvprotocol import ObjectKey
 from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve
 
-from .errors import LayoutMismatch, NoSpace, NotLeased, OutOfRange
+from ..errors import LayoutMismatch, NoSpace, NotLeased, OutOfRange
 from .engines import Engine
-from .shm import arena_for
-from .tenants import ADMIN, Identity
+from ..security.shm import arena_for
+from ..security.tenants import ADMIN, Identity
 from .write_path import WritePath
 
 

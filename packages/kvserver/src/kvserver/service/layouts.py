@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable
 
 from kvprotocol import LayoutDescriptor
 
-from .errors import TooMany
+from ..errors import TooMany
 from .groups import GroupBook
-from .tenants import DEFAULT
+from ..security.tenants import DEFAULT
 
 MAX_TENANT_LAYOUTS = 256  # distinct layouts one tenant may hold registered (a model has a few)
 MAX_LAYOUTS = 16384  # all tenants together: 64 tenants x 256, so only the server's own token reaches it

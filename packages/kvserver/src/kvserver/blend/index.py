@@ -19,12 +19,12 @@ from typing import Any
 from kvprotocol import MAX_KEYS, ObjectKey, blend_fingerprints, blend_object_hash
 from kvprotocol._requests import BlendLookup, BlendStore
 
-from .errors import OutOfRange, TooLarge
-from .cache import CacheService
-from .store_admission import MAX_STORES
-from .leases import rank_keys
-from .tenants import Identity
-from .sessions import Slot, StoreTxn, new_store_id
+from ..errors import OutOfRange, TooLarge
+from ..service.cache import CacheService
+from ..service.admission import MAX_STORES
+from ..service.leases import rank_keys
+from ..security.tenants import Identity
+from ..service.sessions import Slot, StoreTxn, new_store_id
 
 IndexKey = tuple[str, int, tuple[str, ...], str, bytes]  # (model, world, groups, salt, fingerprint)
 MAX_PENDING = MAX_STORES  # blend stores awaiting commit whose index entries are held back

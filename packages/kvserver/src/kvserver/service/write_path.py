@@ -12,11 +12,11 @@ from typing import Any
 
 from kvprotocol._requests import Store
 
-from .errors import BadField, Forbidden, OutOfRange, UnknownStore
-from .l1 import L1Cache
+from ..errors import BadField, Forbidden, OutOfRange, UnknownStore
+from ..l1.cache import L1Cache
 from .sessions import Slot, StoreTxn, new_store_id
-from .tenants import ADMIN, Identity, TenantBook
-from .cache_base import CacheBase
+from ..security.tenants import ADMIN, Identity, TenantBook
+from .base import CacheBase
 
 
 class WritePath(CacheBase):

@@ -22,7 +22,7 @@ import zmq
 
 from kvprotocol._messages import pack
 
-from .after_reply import AfterReply
+from ..service.after_reply import AfterReply
 
 log = logging.getLogger("kvserver")
 Answer = tuple[dict[str, Any], list[Any]]  # a reply header map and its data frames

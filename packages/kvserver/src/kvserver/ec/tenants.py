@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .tenants import DEFAULT, EC_QUOTA_SHARE, Tenant, TenantBook
+from ..security.tenants import DEFAULT, EC_QUOTA_SHARE, Tenant, TenantBook
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import Forbidden
+from ..errors import Forbidden
 from .tenants import Identity
 
 NO_ARENA = {"name": "", "size": 0, "nonce": ""}  # what a tenant without shm learns of an arena

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tenants import DEFAULT
+from ..security.tenants import DEFAULT
 
 log = logging.getLogger("kvserver")
 MAX_ENGINES = 256  # registrations kept, all tenants together

@@ -17,7 +17,7 @@ import zmq
 from kvprotocol import is_loopback, tokens_equal
 from kvprotocol._credentials import curve_paths, ensure_server_keypair, load_or_new_token, publish_token, token_path
 
-from .config import ServerConfig
+from ..config import ServerConfig
 from .tenants import ADMIN, Identity, TenantBook, tenants_path
 
 log = logging.getLogger("kvserver")

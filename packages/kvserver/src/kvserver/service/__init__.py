@@ -1,0 +1,7 @@
+"""The cache service over L1: what each KV op does, without sockets.
+
+Lookups, stores (one admission path for every kind of store), commits, retrieves, read sessions and
+their leases, whole-request reservations, per-group geometry, the engine and layout tables, and the
+counters. Ops take a typed request and the caller's `Identity` and return the reply map.
+May import: `l1`, `security` (identities, limits), `l2` (prefetch on a miss), `errors`.
+"""
