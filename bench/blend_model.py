@@ -1,4 +1,4 @@
-"""The small model and RAG-style data of the CacheBlend evaluation (bench/bench_blend.py).
+"""The small model and RAG-style data of the CacheBlend evaluation (bench/blend.py).
 
 No pretrained weights can be installed here, so the model is a Llama-architecture transformer from
 transformers, randomly initialised and then trained for a few hundred steps on synthetic documents

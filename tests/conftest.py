@@ -1,18 +1,19 @@
-"""Shared fixtures: real kvserver processes on free ports."""
+"""Shared fixtures: real kvserver and coordinator processes on free ports."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Any
 import os
+import secrets
 from pathlib import Path
 
 import pytest
 
-from serverproc import ServerProc, free_port
+from kvtestkit.coordproc import CoordinatorFactory, CoordinatorProc
+from kvtestkit.serverproc import ServerProc, free_port
 
 ServerFactory = Callable[..., ServerProc]
-pytest_plugins = ["coordproc"]  # coordinator_factory: real `kvcli coordinator` processes
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -59,6 +60,36 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
 @pytest.fixture
 def server(server_factory: ServerFactory) -> ServerProc:
     return server_factory("--l1-size-gb", "0.25", "--lease-ttl", "30")
+
+
+@pytest.fixture
+def fleet_token(monkeypatch: pytest.MonkeyPatch) -> str:
+    """One fleet token for the test: the coordinator's API and instance token, and (through the
+    environment) the token of every server and client the test starts, as an operator deploys a fleet."""
+    token = f"fleet-{secrets.token_hex(8)}"
+    monkeypatch.setenv("KVSERVER_API_TOKEN", token)
+    return token
+
+
+@pytest.fixture
+def coordinator_factory(tmp_path: Path, fleet_token: str) -> Iterator[CoordinatorFactory]:
+    """Start coordinators: `coordinator_factory("--instance-timeout", "1")`; all stopped afterwards.
+
+    Without `env`, a coordinator gets the test's fleet token; `env={}` starts one with none (it
+    then generates its own)."""
+    started: list[CoordinatorProc] = []
+
+    def make(
+        *args: str, port: int | None = None, env: dict[str, str] | None = None, start: bool = True
+    ) -> CoordinatorProc:
+        env = {"KVSERVER_API_TOKEN": fleet_token} if env is None else env
+        proc = CoordinatorProc(port or free_port(), list(args), tmp_path / f"coordinator-{len(started)}.log", env=env)
+        started.append(proc)
+        return proc.start() if start else proc
+
+    yield make
+    for proc in started:
+        proc.stop()
 
 
 ENGINE_SCOPE = "tests/vllm/"

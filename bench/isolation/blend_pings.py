@@ -6,7 +6,7 @@ flight, 16 sessions), then alternates rounds: in "attack" rounds a thread runs m
 session); in "quiet" rounds it does nothing. A bystander pings throughout; per condition it prints
 the ping median and range and the ratio. After the run it checks mallory's usage stayed within her
 limits and that alice still blend-stores and finds her document (harness: bystander.py).
-Run: `uv run python bench/isolation/blend_pings.py`.
+Run: `uv run python -m bench.isolation.blend_pings`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bystander import Server, add_tenant, alternate, report
+from bench.isolation.bystander import Server, add_tenant, alternate, report
 from kvprotocol import Client, KeySpace, LayoutDescriptor, ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 

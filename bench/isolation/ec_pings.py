@@ -5,7 +5,7 @@ alternates rounds: in "attack" rounds a thread runs bob's attack (stores through
 quota, leasing past his cap, opening stores past his cap); in "quiet" rounds it does nothing. A
 bystander sends `ping` throughout; per condition it prints the ping median and range and the ratio.
 After the run it checks that alice's item is still intact (harness: bystander.py).
-Run: `uv run python bench/isolation/ec_pings.py`.
+Run: `uv run python -m bench.isolation.ec_pings`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bystander import Server, add_tenant, alternate, report
+from bench.isolation.bystander import Server, add_tenant, alternate, report
 from kvprotocol import Client, ServerError
 from kvprotocol.kvsum import kvsum64
 

@@ -7,24 +7,22 @@ KV events on loopback, fills its replay buffer, then alternates rounds (harness:
 handshake) and another sends replay requests from seq 0 as fast as it can and drains the answers;
 in "quiet" rounds nothing. Alice pings throughout. Afterwards it prints what the strangers received
 and what the server replayed against what was asked.
-Run: `uv run python bench/isolation/events_pings.py`.
+Run: `uv run python -m bench.isolation.events_pings`.
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import zmq
-from bystander import Server, add_tenant, alternate, free_port, report
+from bench.isolation.bystander import Server, add_tenant, alternate, free_port, report
 
 from kvprotocol import Client, KeySpace, resolve_token
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from kvhelpers import payload, register, store, tiny_layout  # noqa: E402
+from kvtestkit.kvhelpers import payload, register, store, tiny_layout
 
 
 def strangers(pub: str, rep: str, stop: threading.Event, got: list[int]) -> None:

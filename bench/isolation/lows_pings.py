@@ -7,7 +7,7 @@ and /metrics; in "quiet" rounds nothing. A bystander (alice) sends `ping` throug
 it prints the ping median and range and the ratio. Afterwards it checks that alice's engine is still
 registered, that she can register and store, and that the anonymous reader saw no tenant name.
 (The arena squatting finding stops a start, so it has no rounds here.) Harness: bystander.py.
-Run: `uv run python bench/isolation/lows_pings.py`.
+Run: `uv run python -m bench.isolation.lows_pings`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import threading
 import urllib.request
 from pathlib import Path
 
-from bystander import Server, add_tenant, alternate, report
+from bench.isolation.bystander import Server, add_tenant, alternate, report
 from kvprotocol import Client, LayoutDescriptor, ServerError
 
 

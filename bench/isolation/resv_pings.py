@@ -6,7 +6,7 @@ L1, one of her whole cap kept up by empty stores, and sessions of 65536-chunk mi
 `rank`); in "quiet" rounds it does nothing. A bystander sends `ping` throughout; per condition it
 prints the ping median and range and the ratio. After the run it checks that alice can still store a
 whole request and read it through a session (harness: bystander.py).
-Run: `uv run python bench/isolation/resv_pings.py`.
+Run: `uv run python -m bench.isolation.resv_pings`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bystander import Server, add_tenant, alternate, report
+from bench.isolation.bystander import Server, add_tenant, alternate, report
 from kvprotocol import Client, KeySpace, LayoutDescriptor, ServerError, pack_tokens
 from kvprotocol import requests as rq
 
@@ -51,7 +51,7 @@ def attack(mallory: Client, ks: KeySpace, capacity: int, cap: int, stop: threadi
 
 def alice_whole_request(alice: Client, ks: KeySpace) -> bool:
     """Store four chunks as one reservation (tcp), then read them whole through a session."""
-    from kvhelpers import payload, retrieve, store
+    from kvtestkit.kvhelpers import payload, retrieve, store
 
     tokens = list(range(900_000, 900_000 + 4 * 256))
     store(alice, ks, tokens, lambda ch, g: payload(ch, OBJ), reservation="a-" + secrets.token_hex(12), total_chunks=4)
@@ -63,9 +63,7 @@ def alice_whole_request(alice: Client, ks: KeySpace) -> bool:
 
 
 def main() -> None:
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     with tempfile.TemporaryDirectory() as tmp:
         tenants = Path(tmp) / "tenants.json"
         alice_tok, mallory_tok = add_tenant(tenants, "alice"), add_tenant(tenants, "mallory")

@@ -7,7 +7,7 @@ bystander.py). "shm": bob asks for shm stores (refused, FORBIDDEN) and stores ov
 "conns": 200 connections per round that never send a request, half to the ZMQ port, half to the
 HTTP port (half of those with an unfinished request head), held open by the attacker. Prints the
 ping figures, the refusals, and the server's descriptor count at its peak and after the attack.
-Run: `uv run python bench/isolation/shm_pings.py`.
+Run: `uv run python -m bench.isolation.shm_pings`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from bystander import Server, add_tenant, alternate, report
+from bench.isolation.bystander import Server, add_tenant, alternate, report
 from kvprotocol import Client, LayoutDescriptor, ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
+from bench import gpu_check
 
-import gpu_check  # noqa: E402
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 SECTIONS = ("roundtrip", "bandwidth", "register", "overlap", "prefix")
 

@@ -1,17 +1,14 @@
-"""The kvscore router's choice (bench/serving_scorer.py): session affinity beyond what the index can
+"""The kvscore router's choice (bench/serving/scorer.py): session affinity beyond what the index can
 tell apart, load against hits, and a bounded memory. Pure logic: the router's I/O is exercised by
 tests/vllm/test_bench_serving_kv_routing.py against real engines and a real coordinator."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from serving_scorer import Choice, PrefixMemory, Scorer, block_keys  # noqa: E402
+from bench.serving.scorer import Choice, PrefixMemory, Scorer, block_keys
 
 SYSTEM = list(range(100, 100 + 768))  # a shared system prompt: 3 chunks of 256
 

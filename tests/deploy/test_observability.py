@@ -17,11 +17,11 @@ import httpx
 import pytest
 import yaml
 
-from coordproc import CoordinatorFactory, wait_for
-from httpkv import CHUNK, prompt
-from kvhelpers import lookup, register, store, tiny_layout
+from kvtestkit.coordproc import CoordinatorFactory, wait_for
+from kvtestkit.httpkv import CHUNK, prompt
+from kvtestkit.kvhelpers import lookup, register, store, tiny_layout
 from kvprotocol import ServerError, resolve_token
-from serverproc import ManagedProcess, free_port
+from kvtestkit.serverproc import ManagedProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "kvserver-alerts.yaml"

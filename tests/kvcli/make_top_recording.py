@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from serverproc import ServerProc, free_port  # noqa: E402
+from kvtestkit.serverproc import ServerProc, free_port
 
 from kvcli.bench.kvshape import KVShape  # noqa: E402
 from kvcli.bench.server import ServerBench  # noqa: E402

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from coordproc import wait_for
+from kvtestkit.coordproc import wait_for
 from kvcli.main import main
 from kvcli_testutil import CLI, Run, assert_one_line_error, assert_usage_error
-from kvhelpers import register, store, tiny_layout
+from kvtestkit.kvhelpers import register, store, tiny_layout
 from kvprotocol import Client
 
 TOKENS = list(range(3000, 3000 + 768))

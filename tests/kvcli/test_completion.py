@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from serverproc import BIN
+from kvtestkit.serverproc import BIN
 
 
 def complete(*words: str) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvprotocol import Client
-from kvhelpers import register, store, tiny_layout
+from kvtestkit.kvhelpers import register, store, tiny_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 ABSENT = (
@@ -140,7 +140,7 @@ def test_a_tier_without_its_extra_is_refused_naming_the_extra(
         "('boto3', 'redis', 'zstandard', 'cryptography'))"
     )
     subprocess.run([str(server_venv / "bin" / "python"), "-c", code], check=True, timeout=60)
-    from serverproc import free_port
+    from kvtestkit.serverproc import free_port
 
     key = tmp_path / "l2.key"
     key.write_text("00" * 32)

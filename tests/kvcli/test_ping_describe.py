@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvprotocol import PROTOCOL_VERSION, Client
 
 from kvcli_testutil import CLI, assert_one_line_error, assert_usage_error
-from kvhelpers import register, store, tiny_layout
+from kvtestkit.kvhelpers import register, store, tiny_layout
 
 
 def test_ping_reports_version_and_rtt(cli: CLI, server) -> None:

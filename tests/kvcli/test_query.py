@@ -7,7 +7,7 @@ from pathlib import Path
 from kvprotocol import Client, chunk_hashes
 
 from kvcli_testutil import CLI, assert_one_line_error
-from kvhelpers import register, store, tiny_layout
+from kvtestkit.kvhelpers import register, store, tiny_layout
 
 TOKENS = list(range(1000, 1000 + 1100))  # 4 full chunks of 256 and a tail
 

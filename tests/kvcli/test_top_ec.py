@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvcli_testutil import CLI
-from kvhelpers import payload
+from kvtestkit.kvhelpers import payload
 from kvprotocol.kvsum import kvsum64
 
 KEY = {"model": "vlm@0123456789abcdef", "space": "fedcba9876543210"}

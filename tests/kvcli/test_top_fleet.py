@@ -16,7 +16,7 @@ import pytest
 from kvcli.top.app import TopApp, screen_text
 from kvcli.top.sources import CoordinatorSource
 from kvcli_testutil import CLI, assert_one_line_error
-from serverproc import free_port
+from kvtestkit.serverproc import free_port
 from test_top_pilot import SIZE, cells, traffic, until
 
 KVCLI = str(Path(sys.executable).parent / "kvcli")

@@ -12,7 +12,7 @@ from textual.widgets import DataTable
 
 from kvcli.top.app import DetailScreen, TopApp, screen_text
 from kvcli.top.sources import DirectSource
-from kvhelpers import register, store, tiny_layout
+from kvtestkit.kvhelpers import register, store, tiny_layout
 
 SIZE = (160, 40)
 

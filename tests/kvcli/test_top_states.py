@@ -15,9 +15,9 @@ from textual.widgets import DataTable
 from kvcli.top.app import HelpScreen, TopApp, screen_text
 from kvcli.top.format import cells as format_cells
 from kvcli.top.sources import DirectSource
-from kvhelpers import register, store, tiny_layout
+from kvtestkit.kvhelpers import register, store, tiny_layout
 from kvprotocol import Client, pack_tokens
-from serverproc import free_port
+from kvtestkit.serverproc import free_port
 from test_top_pilot import SIZE, cells, until
 
 

@@ -11,7 +11,7 @@ import torch
 
 from kvconnector.layouts import flash_attn_layout, mla_layout, vllm_cpu_layout
 from kvprotocol import LayoutDescriptor
-from serverproc import ServerProc, free_port
+from kvtestkit.serverproc import ServerProc, free_port
 
 TAGS = ("vllm_cpu", "flash_attn", "mla")
 SENTINEL = -7.25  # what untouched destination blocks hold

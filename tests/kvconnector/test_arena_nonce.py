@@ -3,7 +3,7 @@ a mapping of any other file under the arena's name (stale, foreign, tampered) be
 or falls back to tcp (auto), never a read of someone else's bytes."""
 
 from __future__ import annotations
-from kvhelpers import sid
+from kvtestkit.kvhelpers import sid
 
 import os
 

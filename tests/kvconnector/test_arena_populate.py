@@ -11,7 +11,7 @@ import pytest
 
 from engine_kv_helpers import Geometry
 from kvconnector.engine_client import EngineClient
-from kvhelpers import mapped_rss, wait_allocated
+from kvtestkit.kvhelpers import mapped_rss, wait_allocated
 
 GEO = Geometry("vllm_cpu")
 

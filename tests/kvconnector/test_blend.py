@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kvconnector.blend import BlendStore, ChunkCodec, ReusedChunk, blend_prefill, full_prefill, rerope  # noqa: E402
-from serverproc import free_port  # noqa: E402
+from kvtestkit.serverproc import free_port  # noqa: E402
 
 C = 64
 

@@ -7,7 +7,7 @@ from engine_kv_helpers import Geometry, module_server
 from kvconnector.engine_client import EngineClient
 from kvconnector.vllm.calibrate import calibrate_load
 from kvprotocol import Client
-from serverproc import free_port
+from kvtestkit.serverproc import free_port
 
 kv_server = module_server("--l1-size-gb", "0.05", "--chunk-size", "64")
 

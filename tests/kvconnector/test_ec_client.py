@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvconnector.ec_client import ECClient
-from kvhelpers import ArenaMap
+from kvtestkit.kvhelpers import ArenaMap
 
 MODEL, SPACE = "tiny-vlm@0123456789abcdef", "fedcba9876543210"
 

@@ -2,7 +2,7 @@
 data-plane modes and both copy paths; untouched blocks; lookup, save and load semantics."""
 
 from __future__ import annotations
-from kvhelpers import sid
+from kvtestkit.kvhelpers import sid
 
 import itertools
 

@@ -2,7 +2,7 @@
 never found or loaded under another, and the load's re-lookup path carries them too."""
 
 from __future__ import annotations
-from kvhelpers import sid
+from kvtestkit.kvhelpers import sid
 
 import numpy as np
 import torch

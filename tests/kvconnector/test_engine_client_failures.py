@@ -3,7 +3,7 @@ point outside the arena. The client must answer with typed errors, within its ti
 never report half-written blocks as loaded, and recover by itself."""
 
 from __future__ import annotations
-from kvhelpers import sid
+from kvtestkit.kvhelpers import sid
 
 import logging
 import os
@@ -23,7 +23,7 @@ from engine_kv_helpers import Geometry, untouched
 from kvprotocol._shm import SHM_DIR
 from kvprotocol._shm import ShmMapping as ArenaMap
 from kvconnector.engine_client import EngineClient
-from serverproc import free_port
+from kvtestkit.serverproc import free_port
 
 GEO = Geometry("vllm_cpu", chunk_size=64)
 TIMEOUT = 0.5

@@ -17,8 +17,8 @@ import torch
 
 from engine_kv_helpers import SENTINEL, Geometry, module_server
 from kvconnector.engine_client import EngineClient
-from kvhelpers import lookup as raw_lookup, sid
-from kvhelpers import retrieve as raw_retrieve
+from kvtestkit.kvhelpers import lookup as raw_lookup, sid
+from kvtestkit.kvhelpers import retrieve as raw_retrieve
 from kvprotocol import Client, KeySpace, pack_tokens
 
 server = module_server("--chunk-size", "64")

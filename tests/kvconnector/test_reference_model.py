@@ -8,7 +8,7 @@ the one a full run does; the only difference is where the prefix K/V came from.
 """
 
 from __future__ import annotations
-from kvhelpers import sid
+from kvtestkit.kvhelpers import sid
 
 import math
 

@@ -13,7 +13,7 @@ import torch
 
 from engine_kv_helpers import SENTINEL, Geometry, module_server
 from kvconnector.engine_client import EngineClient
-from kvhelpers import register as plain_register, sid
+from kvtestkit.kvhelpers import register as plain_register, sid
 from kvprotocol import SHARED_RANK, Client, KeySpace, ObjectKey, ServerError, ValidationError, pack_tokens
 from kvprotocol import requests as rq
 

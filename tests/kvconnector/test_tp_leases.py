@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvhelpers import lookup, payload, register, store, sid
+from kvtestkit.kvhelpers import lookup, payload, register, store, sid
 from kvprotocol import KeySpace
 
 WORLD = 3

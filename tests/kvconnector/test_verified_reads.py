@@ -7,7 +7,7 @@ round trip across a server restart.
 """
 
 from __future__ import annotations
-from kvhelpers import sid
+from kvtestkit.kvhelpers import sid
 
 import mmap
 import os

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from kvprotocol import AsyncClient, Client, RequestTimeout
-from serverproc import free_port
+from kvtestkit.serverproc import free_port
 
 
 def test_kvprotocol_is_torch_free_in_a_fresh_interpreter():

@@ -1,7 +1,7 @@
 """`listen_socket` (the HTTP planes of kvserver and the coordinator): accepted connections get TCP_NODELAY.
 
 Without it, Nagle's algorithm and the client's delayed ACK add ~40 ms to every HTTP reply
-(bench/bench_http.py measures it); asyncio only sets the option on sockets whose proto is TCP.
+(bench/http_api.py measures it); asyncio only sets the option on sockets whose proto is TCP.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from kvhelpers import register, sid, store, payload, tiny_layout
+from kvtestkit.kvhelpers import register, sid, store, payload, tiny_layout
 from kvprotocol import Pipeline, ServerError, pack_tokens
 from kvprotocol import replies as rp
 from kvprotocol import requests as rq

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvhelpers import mapped_rss
+from kvtestkit.kvhelpers import mapped_rss
 from kvprotocol._shm import POPULATE_STEP, SHM_DIR, ShmMapping
 
 MIB = 1 << 20

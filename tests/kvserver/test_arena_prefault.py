@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvhelpers import wait_allocated
+from kvtestkit.kvhelpers import wait_allocated
 
 
 def allocated(path: Path) -> int:

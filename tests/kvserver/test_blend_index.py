@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout, sid
+from kvtestkit.kvhelpers import lookup, payload, register, retrieve, store, tiny_layout, sid
 from kvprotocol import Client, KeySpace, ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 
@@ -183,7 +183,7 @@ def test_prefix_store_unaffected_by_blend_corpus(server):
 def test_blend_metrics_are_apart_from_prefix_metrics(server_factory):
     import httpx
 
-    from httpkv import parse_metrics, value
+    from kvtestkit.httpkv import parse_metrics, value
 
     srv = server_factory("--l1-size-gb", "0.05", http=True)
     with srv.client() as c:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvhelpers import payload, register, sid, store
+from kvtestkit.kvhelpers import payload, register, sid, store
 from kvprotocol import Client, pack_tokens
 from test_blend_index import blend_lookup, blend_store, docs, prompt_of
 import test_tenants

@@ -16,7 +16,7 @@ import msgpack
 import pytest
 import zmq
 
-from kvhelpers import payload, register, sid, store, tiny_layout
+from kvtestkit.kvhelpers import payload, register, sid, store, tiny_layout
 from kvprotocol import MAX_KEYS, PROTOCOL_VERSION, Client, pack_tokens, resolve_token
 
 GENEROUS_S = 1.0

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from serverproc import BIN, free_port
+from kvtestkit.serverproc import BIN, free_port
 
 
 @pytest.mark.parametrize(

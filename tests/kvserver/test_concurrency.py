@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kvhelpers import lookup, payload, register, tiny_layout, sid
+from kvtestkit.kvhelpers import lookup, payload, register, tiny_layout, sid
 from kvprotocol import AsyncClient, pack_tokens
 from kvprotocol.kvsum import kvsum64
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvhelpers import ArenaMap, payload, register, store, tiny_layout
+from kvtestkit.kvhelpers import ArenaMap, payload, register, store, tiny_layout
 from kvprotocol import Client, ServerError
 from kvprotocol.kvsum import kvsum64
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kvconnector.ec_client import ECClient
-from kvhelpers import ArenaMap, payload
+from kvtestkit.kvhelpers import ArenaMap, payload
 from kvprotocol import Client, ServerError
 from kvprotocol.kvsum import kvsum64
 from test_ec import KEY, MiB, ec_get, ec_put

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from httpkv import parse_metrics, value
-from kvhelpers import tiny_layout
+from kvtestkit.httpkv import parse_metrics, value
+from kvtestkit.kvhelpers import tiny_layout
 from kvprotocol import Client
 from kvserver.service.engines import Engine, EngineTable, process_gone
 

@@ -95,7 +95,7 @@ def test_an_extra_key_past_the_last_chunk_raises_like_chunk_hashes():
 
 
 def test_a_prompts_save_after_its_lookup_hashes_nothing_again_and_salts_stay_apart(server):
-    from kvhelpers import lookup, payload, register, store, tiny_layout
+    from kvtestkit.kvhelpers import lookup, payload, register, store, tiny_layout
 
     layout = tiny_layout()
     prompt = tokens(4 * 256, 11)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from coordproc import wait_for
+from kvtestkit.coordproc import wait_for
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 INTRUDER = Path(__file__).with_name("idle_intruder.py")

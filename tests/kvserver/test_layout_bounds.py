@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kvhelpers import lookup, payload, register, store, tiny_layout
+from kvtestkit.kvhelpers import lookup, payload, register, store, tiny_layout
 from kvprotocol import Client, KeySpace, ServerError
-from serverproc import BIN
+from kvtestkit.serverproc import BIN
 
 PER_TENANT_LAYOUTS, PER_TENANT_ENGINES = 256, 64  # service/layouts.py, service/engines.py defaults
 TOKENS = list(range(9000, 9000 + 512))

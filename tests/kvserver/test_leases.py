@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout, sid
+from kvtestkit.kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout, sid
 from kvprotocol import ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvhelpers import tiny_layout
-from serverproc import BIN, free_port
+from kvtestkit.kvhelpers import tiny_layout
+from kvtestkit.serverproc import BIN, free_port
 
 
 def shm(port):

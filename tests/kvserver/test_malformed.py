@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import zmq
 
-from kvhelpers import lookup, payload, register, retrieve, sid, store, tiny_layout
+from kvtestkit.kvhelpers import lookup, payload, register, retrieve, sid, store, tiny_layout
 from kvprotocol import MAX_TOKENS, PROTOCOL_VERSION, ErrorCode, ServerError, resolve_token
 
 TOKENS = list(range(777, 777 + 512))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout, sid
-from serverproc import BIN
+from kvtestkit.kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout, sid
+from kvtestkit.serverproc import BIN
 
 OBJ = tiny_layout().object_bytes
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

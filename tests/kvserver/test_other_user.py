@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvhelpers import lookup, payload, register, retrieve, store, tiny_layout, sid
+from kvtestkit.kvhelpers import lookup, payload, register, retrieve, store, tiny_layout, sid
 from kvprotocol import pack_tokens
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from kvhelpers import lookup, payload, register, sid, store, tiny_layout
+from kvtestkit.kvhelpers import lookup, payload, register, sid, store, tiny_layout
 from kvprotocol import Client, ServerError
 from test_tenants import add_tenant
 

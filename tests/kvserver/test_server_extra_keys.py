@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from blake3 import blake3
 
-from kvhelpers import lookup, payload, register, retrieve, sid
+from kvtestkit.kvhelpers import lookup, payload, register, retrieve, sid
 from kvprotocol import ServerError, chunk_hashes, pack_tokens
 from kvprotocol.kvsum import kvsum64
 

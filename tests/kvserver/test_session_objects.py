@@ -7,7 +7,7 @@ lookup is charged for its hit only, and each tenant holds at most its share of t
 
 from __future__ import annotations
 
-from kvhelpers import lookup, payload, register, retrieve, sid, store, tiny_layout
+from kvtestkit.kvhelpers import lookup, payload, register, retrieve, sid, store, tiny_layout
 from kvprotocol import Client, ServerError, pack_tokens
 from test_tenants import add_tenant
 

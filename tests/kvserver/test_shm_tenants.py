@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kvhelpers import ArenaMap, lookup, payload, register, retrieve, sid, store, tiny_layout
+from kvtestkit.kvhelpers import ArenaMap, lookup, payload, register, retrieve, sid, store, tiny_layout
 from kvprotocol import Client, ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 from test_ec import KEY, ec_get, ec_put

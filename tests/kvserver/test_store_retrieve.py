@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout, sid
+from kvtestkit.kvhelpers import ArenaMap, lookup, payload, register, retrieve, store, tiny_layout, sid
 from kvprotocol import KeySpace, ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 

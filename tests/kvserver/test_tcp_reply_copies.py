@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 
-from kvhelpers import lookup, payload, register, store, tiny_layout, sid
+from kvtestkit.kvhelpers import lookup, payload, register, store, tiny_layout, sid
 from kvprotocol import Client, resolve_token
 
 BIG = tiny_layout(block_bytes=2 << 20)  # 2 layers x 8 blocks x 2 MiB = one 32 MiB object per chunk

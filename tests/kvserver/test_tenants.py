@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from coordproc import wait_for
-from httpkv import parse_metrics, value
-from kvhelpers import lookup, payload, register, retrieve, sid, store, tiny_layout
+from kvtestkit.coordproc import wait_for
+from kvtestkit.httpkv import parse_metrics, value
+from kvtestkit.kvhelpers import lookup, payload, register, retrieve, sid, store, tiny_layout
 from kvprotocol import Client, ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 

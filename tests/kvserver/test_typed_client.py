@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from kvhelpers import payload, register, tiny_layout
+from kvtestkit.kvhelpers import payload, register, tiny_layout
 from kvprotocol import AsyncClient, ServerError, flows, new_session_id, pack_tokens
 from kvprotocol import replies as rp
 from kvprotocol import requests as rq

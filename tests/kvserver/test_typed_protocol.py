@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvhelpers import ArenaMap, payload, register, tiny_layout, sid
+from kvtestkit.kvhelpers import ArenaMap, payload, register, tiny_layout, sid
 from kvprotocol import pack_tokens, replies as rp, requests as rq
 from kvprotocol.kvsum import kvsum64
 

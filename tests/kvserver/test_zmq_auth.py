@@ -12,9 +12,9 @@ import msgpack
 import pytest
 import zmq
 
-from kvhelpers import register
+from kvtestkit.kvhelpers import register
 from kvprotocol import PROTOCOL_VERSION, Client, RequestTimeout, ServerError
-from serverproc import BIN, free_port
+from kvtestkit.serverproc import BIN, free_port
 
 TOKEN = "s3cret-token-for-tests"
 
@@ -115,7 +115,7 @@ def test_beyond_loopback_curve_is_on_and_a_client_without_the_key_gets_nothing(s
 
 def test_curve_on_loopback_carries_kv(server_factory):
     srv = server_factory("--l1-size-gb", "0.01", "--curve")
-    from kvhelpers import lookup, store, tiny_layout
+    from kvtestkit.kvhelpers import lookup, store, tiny_layout
 
     with srv.client() as c:
         ks, _ = register(c, layouts=[tiny_layout()])

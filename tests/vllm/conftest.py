@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kvserver_proc import KVServer, ServerFactory
+from kvtestkit.serverproc import KVServer, ServerFactory
 from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT
-from vllm_harness import (
+from kvtestkit.engines.vllm_harness import (
     SHARED_CACHE_ENV,
     VLLM_PYTHON,
     EngineRun,

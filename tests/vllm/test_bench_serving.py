@@ -1,4 +1,4 @@
-"""bench/bench_serving.py --smoke end to end: two real vLLM OpenAI servers behind the round-robin
+"""`python -m bench.serving --smoke` end to end: two real vLLM OpenAI servers behind the round-robin
 router, one kvserver, a short multi-round chat. The benchmark's numbers must add up (prompt tokens =
 prefix cache + kvserver + recomputed, from vLLM's own /metrics, and equal to the per-request
 `cached_tokens` the servers streamed), and the second engine must load the shared system prompt
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvserver_proc import KVSERVER_BIN
-from vllm_harness import REPO_ROOT, VLLM_PYTHON
+from kvtestkit.serverproc import KVSERVER_BIN
+from kvtestkit.engines.vllm_harness import REPO_ROOT, VLLM_PYTHON
 
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.timeout(900)]
 
@@ -24,7 +24,8 @@ def test_smoke_run_adds_up_and_hits_kvserver(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             str(VLLM_PYTHON),
-            str(REPO_ROOT / "bench" / "bench_serving.py"),
+            "-m",
+            "bench.serving",
             "--smoke",
             "--json",
             str(out),

@@ -1,4 +1,4 @@
-"""bench/bench_serving.py --smoke with a kvserver per engine, round robin against KV-aware routing.
+"""`python -m bench.serving --smoke` with a kvserver per engine, round robin against KV-aware routing.
 
 Two real vLLM OpenAI servers, each with its own kvserver registered with a real kvcoordinator and
 publishing KV events to it; one user chats four rounds. Round robin sends the rounds to alternating
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kvserver_proc import KVSERVER_BIN
-from vllm_harness import REPO_ROOT, VLLM_PYTHON
+from kvtestkit.serverproc import KVSERVER_BIN
+from kvtestkit.engines.vllm_harness import REPO_ROOT, VLLM_PYTHON
 
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.timeout(900)]
 
@@ -28,7 +28,8 @@ def test_kv_routing_keeps_chat_on_its_engine(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             str(VLLM_PYTHON),
-            str(REPO_ROOT / "bench" / "bench_serving.py"),
+            "-m",
+            "bench.serving",
             "--smoke",
             "--topology",
             "per-engine",

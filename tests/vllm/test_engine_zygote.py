@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vllm_cases import MAX_TOKENS, P_LONG
-from vllm_harness import EngineRun, engine_zygote_pids, prompt, run_engine
+from kvtestkit.engines.vllm_harness import EngineRun, engine_zygote_pids, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
 

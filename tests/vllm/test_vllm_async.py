@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from kvprotocol import Client
-from kvserver_proc import ServerFactory
-from tiny_model import random_prompt
+from kvtestkit.serverproc import ServerFactory
+from kvtestkit.engines.tiny_model import random_prompt
 from vllm_cases import MAX_TOKENS, kv_config
-from vllm_harness import prompt, run_engine
+from kvtestkit.engines.vllm_harness import prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
 

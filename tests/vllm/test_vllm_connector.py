@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvserver_proc import ServerFactory
+from kvtestkit.serverproc import ServerFactory
 from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT, confirmed, kv_config
-from vllm_harness import EngineRun, prompt, run_engine
+from kvtestkit.engines.vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
 

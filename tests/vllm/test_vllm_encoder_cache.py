@@ -13,17 +13,16 @@ The encoder runs are counted inside the engine (each output vLLM's model runner 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvprotocol import Client
-from kvserver_proc import ServerFactory
+from kvtestkit.serverproc import ServerFactory
 from vllm_cases import MAX_TOKENS, kv_config
 from test_vllm_tp import _remove_vllm_dist_segments  # noqa: F401 - autouse: cleans up after the TP run
-from vllm_harness import build_vlm, run_engine
+from kvtestkit.engines.vllm_harness import build_vlm, run_engine
 
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.timeout(1200)]  # several engines, ~20-140 s each
 
@@ -46,8 +45,7 @@ def vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_second_engine_skips_the_encoder_and_images_never_share(vlm_dir: Path, kvserver_factory: ServerFactory) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tiny_vlm import words
+    from kvtestkit.engines.tiny_vlm import words
 
     text = words(90, 1) + " <image> " + words(25, 2)  # chunk 0 (64 tokens) text only, the image in chunk 1
     a, b = {"text": text, "image_seed": 1}, {"text": text, "image_seed": 2}
@@ -96,7 +94,7 @@ def test_tp2_ranks_store_once_and_both_load(vlm_dir: Path, kvserver_factory: Ser
     """TP ranks compute bit-identical encoder outputs: rank 0 stores one object, every rank loads it,
     and the engine that loaded gives the tokens of the engine that encoded."""
     from test_vllm_tp import TP, tp_env
-    from tiny_vlm import words
+    from kvtestkit.engines.tiny_vlm import words
 
     a = {"text": words(90, 1) + " <image> " + words(25, 2), "image_seed": 1}
     env = tp_env(tmp_path)

@@ -11,9 +11,9 @@ import pytest
 
 from kvprotocol import Client
 from kvserver.l1.arena import HEADER_BYTES
-from kvserver_proc import ServerFactory
+from kvtestkit.serverproc import ServerFactory
 from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_TURN1, confirmed, kv_config
-from vllm_harness import EngineRun, prompt, run_engine
+from kvtestkit.engines.vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
 
@@ -93,7 +93,7 @@ def test_server_absent_at_start_then_back(
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from kvserver_proc import KVServer
+    from kvtestkit.serverproc import KVServer
 
     server = KVServer(tmp_path / "kvserver.log", "--l1-size-gb", "0.25")  # its port, not started yet
     gate = tmp_path / "server-up"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvserver_proc import ServerFactory
+from kvtestkit.serverproc import ServerFactory
 from vllm_cases import MAX_TOKENS, P_LONG, confirmed, kv_config
-from vllm_harness import EngineRun, build_adapter, prompt, run_engine
+from kvtestkit.engines.vllm_harness import EngineRun, build_adapter, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
 
@@ -65,7 +65,7 @@ def test_lora_adapters_never_share_kv_and_reuse_their_own(
 
 def test_weights_updated_in_place_are_another_model(kvserver_factory: ServerFactory, tmp_path: Path) -> None:
     """Same path, same served name, new weights (a persistent cache would otherwise serve stale KV)."""
-    from vllm_harness import build_model
+    from kvtestkit.engines.vllm_harness import build_model
 
     path = tmp_path / "model"
     build_model(path, {"seed": 1})

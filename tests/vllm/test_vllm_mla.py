@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from kvprotocol import Client
-from kvserver_proc import ServerFactory
+from kvtestkit.serverproc import ServerFactory
 from test_vllm_tp import TP, _remove_vllm_dist_segments, tp_env  # noqa: F401 - the fixture cleans up TP runs
-from tiny_model import random_prompt
+from kvtestkit.engines.tiny_model import random_prompt
 from vllm_cases import confirmed, kv_config
-from vllm_harness import VLLM_PYTHON, build_variant, prompt, run_engine
+from kvtestkit.engines.vllm_harness import VLLM_PYTHON, build_variant, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_harness import VLLM_PYTHON, build_adapter, engine_env
+from kvtestkit.engines.vllm_harness import VLLM_PYTHON, build_adapter, engine_env
 
 pytestmark = pytest.mark.vllm_engine
 PROBE = Path(__file__).resolve().parent / "mm_keys_probe.py"

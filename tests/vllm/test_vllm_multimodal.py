@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kvserver_proc import ServerFactory
+from kvtestkit.serverproc import ServerFactory
 from vllm_cases import MAX_TOKENS, kv_config
-from vllm_harness import build_vlm, run_engine
+from kvtestkit.engines.vllm_harness import build_vlm, run_engine
 
 pytestmark = pytest.mark.vllm_engine
 
@@ -25,10 +25,8 @@ def vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_images_behind_the_same_placeholders_never_share_kv(vlm_dir: Path, kvserver_factory: ServerFactory) -> None:
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tiny_vlm import words
+    from kvtestkit.engines.tiny_vlm import words
 
     # Chunks of 64 tokens keep the prompt short, so that 16 image tokens visibly change the output:
     # chunk 0 is text only, the image's placeholders lie in chunk 1, the prompt holds 2 full chunks.

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from kvprotocol import Client
-from kvserver_proc import ServerFactory
+from kvtestkit.serverproc import ServerFactory
 from vllm_cases import MAX_TOKENS, P_LONG, kv_config
-from vllm_harness import EngineRun, prompt, run_engine
+from kvtestkit.engines.vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
 

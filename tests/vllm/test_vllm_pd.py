@@ -1,11 +1,10 @@
-"""Prefill/decode disaggregation through kvserver with real vLLM (bench/pd_proxy.py): a kv_producer
+"""Prefill/decode disaggregation through kvserver with real vLLM (bench/pd/proxy.py): a kv_producer
 engine prefills each request (max_tokens=1) and stores its full chunks under a whole-request
 reservation; a kv_consumer engine in another process loads them and computes only the tail."""
 
 from __future__ import annotations
 
 import secrets
-import sys
 import threading
 import time
 from pathlib import Path
@@ -13,15 +12,14 @@ from typing import Any
 
 import pytest
 
-from kvhelpers import payload, store
+from kvtestkit.kvhelpers import payload, store
 from kvprotocol import Client, KeySpace, LayoutDescriptor, pack_tokens
-from kvserver_proc import ServerFactory
-from tiny_model import random_prompt
+from kvtestkit.serverproc import ServerFactory
+from kvtestkit.engines.tiny_model import random_prompt
 from vllm_cases import MAX_TOKENS, P_LONG
-from vllm_harness import VLLM_PYTHON, EngineRun, engine_env, prompt, run_engine
+from kvtestkit.engines.vllm_harness import VLLM_PYTHON, EngineRun, engine_env, prompt, run_engine
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from pd_proxy import Engine, kv_config, run_pd, run_single  # noqa: E402
+from bench.pd.proxy import Engine, kv_config, run_pd, run_single
 
 pytestmark = pytest.mark.vllm_engine
 CHUNK = 256

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvserver_proc import KVSERVER_BIN, ServerFactory
+from kvtestkit.serverproc import KVSERVER_BIN, ServerFactory
 from vllm_cases import MAX_TOKENS, P_LONG, kv_config
-from vllm_harness import EngineRun, prompt, run_engine
+from kvtestkit.engines.vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
 CHUNK = 256

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvprotocol import Client
-from kvserver_proc import ServerFactory
+from kvtestkit.serverproc import ServerFactory
 from vllm_cases import MAX_TOKENS, P_LONG, confirmed, kv_config
-from vllm_harness import prompt, run_engine
+from kvtestkit.engines.vllm_harness import prompt, run_engine
 
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.timeout(1200)]  # two TP=2 engines, minutes each on 2 cores
 

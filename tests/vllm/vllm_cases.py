@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiny_model import random_prompt
+from kvtestkit.engines.tiny_model import random_prompt
 
 # Prompts shared by the tests. Chunk size 256, block size 32: 700 tokens hold 2 full chunks.
 P_LONG = random_prompt(700, seed=11)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from kvprotocol import ObjectKey
-from kvhelpers import lookup, payload, register, store, tiny_layout
+from kvtestkit.kvhelpers import lookup, payload, register, store, tiny_layout
 from kvserver.l1.arena import Arena
 from kvserver.l1.eviction import POLICIES, make_policy
 from kvserver.l1.cache import L1Cache

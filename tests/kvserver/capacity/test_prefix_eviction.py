@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvhelpers import lookup, payload, register, store, tiny_layout
+from kvtestkit.kvhelpers import lookup, payload, register, store, tiny_layout
 from kvprotocol import pack_tokens
 
 POLICIES = ["lru", "lfu", "arc", "s3fifo", "lhd"]

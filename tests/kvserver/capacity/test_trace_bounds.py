@@ -9,8 +9,8 @@ import pytest
 
 from kvprotocol import ObjectKey
 from kvserver.l1.eviction.density import HitDensity
-from kvserver.tracebounds import calibrated, conversations, trace_classes
-from kvserver.tracesim import Request, belady, load_trace, unique_blocks
+from kvtestkit.tracebounds import calibrated, conversations, trace_classes
+from kvtestkit.tracesim import Request, belady, load_trace, unique_blocks
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kvhelpers import register
+from kvtestkit.kvhelpers import register
 from kvprotocol import LayoutDescriptor, pack_tokens
 from kvprotocol.kvsum import kvsum64
 from kvserver.l1.eviction import POLICIES
-from kvserver.tracesim import BLOCK_TOKENS, OBJECT_BYTES, belady, load_trace, plain_lru, simulate, unique_blocks
+from kvtestkit.tracesim import BLOCK_TOKENS, OBJECT_BYTES, belady, load_trace, plain_lru, simulate, unique_blocks
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 

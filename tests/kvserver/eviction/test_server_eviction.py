@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvhelpers import lookup, payload, register, store, tiny_layout, sid
+from kvtestkit.kvhelpers import lookup, payload, register, store, tiny_layout, sid
 from kvprotocol import pack_tokens
 
 # 1 MiB objects (32 layers x 8 blocks x 4 KiB) in an arena of 8 MiB: 8 slots

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from kvhelpers import lookup, payload, register, store, tiny_layout
+from kvtestkit.kvhelpers import lookup, payload, register, store, tiny_layout
 
 LAYOUT = tiny_layout()  # 16 KiB objects
 SLOTS = 64

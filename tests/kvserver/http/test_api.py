@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from httpkv import CHUNK, fill, keys_body, prompt
-from kvhelpers import register, store, tiny_layout
-from serverproc import ServerProc, free_port
+from kvtestkit.httpkv import CHUNK, fill, keys_body, prompt
+from kvtestkit.kvhelpers import register, store, tiny_layout
+from kvtestkit.serverproc import ServerProc, free_port
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from httpkv import CHUNK, fill, keys_body, prompt
-from kvhelpers import register, store, tiny_layout
-from serverproc import BIN, free_port
+from kvtestkit.httpkv import CHUNK, fill, keys_body, prompt
+from kvtestkit.kvhelpers import register, store, tiny_layout
+from kvtestkit.serverproc import BIN, free_port
 
 TOKEN = "tok-3f9c2a7b1e"
 MUTATING = ("/v1/clear", "/v1/pin", "/v1/unpin", "/v1/query")  # a key query reveals cache contents

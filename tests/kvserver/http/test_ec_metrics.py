@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from httpkv import parse_metrics, value
-from kvhelpers import payload
+from kvtestkit.httpkv import parse_metrics, value
+from kvtestkit.kvhelpers import payload
 from kvprotocol.kvsum import kvsum64
 
 KEY = {"model": "vlm@0123456789abcdef", "space": "fedcba9876543210"}

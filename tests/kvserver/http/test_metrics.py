@@ -8,12 +8,12 @@ import httpx
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
-from coordproc import wait_for
-from httpkv import CHUNK, Samples, fill, parse_metrics, prompt, value
-from kvhelpers import lookup, register, retrieve, store, tiny_layout, sid
+from kvtestkit.coordproc import wait_for
+from kvtestkit.httpkv import CHUNK, Samples, fill, parse_metrics, prompt, value
+from kvtestkit.kvhelpers import lookup, register, retrieve, store, tiny_layout, sid
 from kvprotocol import ServerError
 from kvserver.http.metrics import tier_stats
-from serverproc import ServerProc, free_port
+from kvtestkit.serverproc import ServerProc, free_port
 
 REQUIRED = (
     "kvserver_lookup_requests_total",

@@ -15,10 +15,10 @@ import sys
 
 import pytest
 
-from httpkv import parse_metrics
-from kvhelpers import lookup, payload, store, tiny_layout
+from kvtestkit.httpkv import parse_metrics
+from kvtestkit.kvhelpers import lookup, payload, store, tiny_layout
 from kvprotocol import Client, KeySpace
-from serverproc import BIN
+from kvtestkit.serverproc import BIN
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 TENANT = "alice-secret-tenant"

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 from kvevents_util import BlockIndex, EventServer, start_event_server, sync
-from kvhelpers import register, tiny_layout
+from kvtestkit.kvhelpers import register, tiny_layout
 from kvprotocol import Client, KeySpace
-from kvsub import Subscriber
+from kvtestkit.kvsub import Subscriber
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvhelpers import payload, store, tiny_layout
+from kvtestkit.kvhelpers import payload, store, tiny_layout
 from kvprotocol import Client, KeySpace, resolve_token
-from kvsub import Batch, Subscriber, replay
-from serverproc import ServerProc, free_port
+from kvtestkit.kvsub import Batch, Subscriber, replay
+from kvtestkit.serverproc import ServerProc, free_port
 
 CHUNK = 256
 PROBE = 900_000  # token ids of the sync probes

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from kvevents_util import CHUNK, PROBE, BlockIndex, EventServer, start_event_server, sync
-from kvhelpers import lookup, payload, register, store, tiny_layout
+from kvtestkit.kvhelpers import lookup, payload, register, store, tiny_layout
 from kvprotocol import chunk_hashes, pack_tokens
-from kvsub import Subscriber
+from kvtestkit.kvsub import Subscriber
 
 TOKENS = list(range(1000, 1000 + CHUNK * 4 + 100))  # four full chunks and a tail
 SIZE = tiny_layout().object_bytes

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from kvevents_util import sync
-from kvhelpers import register, tiny_layout
+from kvtestkit.kvhelpers import register, tiny_layout
 from kvprotocol import resolve_token
 from kvserver.config import ServerConfig
 from kvserver.kvevents import PLAIN_USER
-from kvsub import Subscriber, replay
-from serverproc import free_port
+from kvtestkit.kvsub import Subscriber, replay
+from kvtestkit.serverproc import free_port
 
 KVSERVER = Path(sys.executable).parent / "kvserver"
 

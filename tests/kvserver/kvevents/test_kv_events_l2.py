@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from kvevents_util import CHUNK, BlockIndex, start_event_server, sync
-from kvhelpers import lookup, payload, register, store, tiny_layout
+from kvtestkit.kvhelpers import lookup, payload, register, store, tiny_layout
 from kvprotocol import chunk_hashes, pack_tokens
 
 TOKENS = list(range(3000, 3000 + CHUNK * 3))

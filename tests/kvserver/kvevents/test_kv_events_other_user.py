@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from kvhelpers import register, store, tiny_layout, payload
+from kvtestkit.kvhelpers import register, store, tiny_layout, payload
 from kvprotocol import Client, resolve_token
 from kvserver.kvevents import PLAIN_USER
-from kvsub import Subscriber, replay
+from kvtestkit.kvsub import Subscriber, replay
 from kvevents_util import sync
-from serverproc import ServerProc, free_port
+from kvtestkit.serverproc import ServerProc, free_port
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 BIN = Path(sys.executable).parent

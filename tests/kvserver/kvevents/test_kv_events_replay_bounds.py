@@ -16,7 +16,7 @@ from pathlib import Path
 import zmq
 
 from kvevents_util import EventServer, start_event_server
-from kvhelpers import payload, register, store, tiny_layout
+from kvtestkit.kvhelpers import payload, register, store, tiny_layout
 from kvprotocol import Client
 
 BIN = Path(sys.executable).parent

@@ -9,9 +9,9 @@ import httpx
 import numpy as np
 
 from kvevents_util import CHUNK
-from kvhelpers import payload, register, store, tiny_layout
+from kvtestkit.kvhelpers import payload, register, store, tiny_layout
 from kvprotocol import chunk_hashes
-from serverproc import free_port
+from kvtestkit.serverproc import free_port
 
 
 def _blocks(snap: dict[str, Any]) -> dict[str, set[int]]:

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 from kvevents_util import CHUNK, start_event_server
-from kvhelpers import payload, register, store, tiny_layout
+from kvtestkit.kvhelpers import payload, register, store, tiny_layout
 from kvprotocol import chunk_hashes, pack_tokens
 from kvserver.kvevents import END_SEQ
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 from l2util import S3_ENV, wait_until
-from serverproc import free_port
+from kvtestkit.serverproc import free_port
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")

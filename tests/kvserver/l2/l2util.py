@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvhelpers import payload, tiny_layout
+from kvtestkit.kvhelpers import payload, tiny_layout
 from kvprotocol import Client, KeySpace, ObjectKey, chunk_hashes, pack_tokens
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}

@@ -63,7 +63,7 @@ async def test_empty_batches_are_no_ops(adapter: L2Adapter) -> None:
 
 
 async def test_unreachable_redis_raises_l2error_quickly() -> None:
-    from serverproc import free_port
+    from kvtestkit.serverproc import free_port
 
     a = make_adapter(f"redis://127.0.0.1:{free_port()}/0?timeout=0.5")
     await a.start()

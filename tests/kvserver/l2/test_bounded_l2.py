@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvhelpers import lookup, register, store
+from kvtestkit.kvhelpers import lookup, register, store
 from kvserver.l2.serde import HEADER_BYTES
 from l2util import SIZE, data, object_keys, prompt, tier, wait_tier, wait_until
 

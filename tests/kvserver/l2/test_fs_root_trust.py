@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from coordproc import wait_for
+from kvtestkit.coordproc import wait_for
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 

@@ -10,11 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvhelpers import lookup, register, retrieve, store, sid
+from kvtestkit.kvhelpers import lookup, register, retrieve, store, sid
 from kvserver.l2 import Serde
 from kvserver.l2.fs import FsAdapter
 from l2util import SIZE, data, object_keys, prompt, tier, wait_tier, wait_until
-from serverproc import free_port
+from kvtestkit.serverproc import free_port
 
 L1 = ("--l1-size-gb", "0.02")
 
@@ -159,7 +159,7 @@ def test_bad_l2_settings_are_refused_with_a_clear_error(tmp_path: Path) -> None:
 
 
 async def test_concurrent_lookups_share_one_load(server_factory, tmp_path: Path) -> None:
-    from kvhelpers import tiny_layout
+    from kvtestkit.kvhelpers import tiny_layout
     from kvprotocol import AsyncClient, pack_tokens
 
     s = server_factory(*L1, "--l2", f"fs://{tmp_path}/l2")

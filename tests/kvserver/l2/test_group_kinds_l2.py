@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from kvhelpers import lookup, register, retrieve, sid, store, tiny_layout
+from kvtestkit.kvhelpers import lookup, register, retrieve, sid, store, tiny_layout
 from l2util import data, prompt, wait_tier
 
 L1 = ("--l1-size-gb", "0.02")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kvhelpers import register, retrieve, store
-from kvhelpers import sid
+from kvtestkit.kvhelpers import register, retrieve, store
+from kvtestkit.kvhelpers import sid
 from kvprotocol import ServerError, pack_tokens
 from l2util import data, prompt, wait_tier, wait_until
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvhelpers import register, store
+from kvtestkit.kvhelpers import register, store
 from kvprotocol import pack_tokens
 from l2util import data, prompt, wait_tier
 
@@ -29,7 +29,7 @@ def test_query_shows_l1_and_l2_presence(server_factory, tmp_path: Path) -> None:
 
 
 def test_query_with_an_unreachable_tier_reports_l1_only(server_factory) -> None:
-    from serverproc import free_port
+    from kvtestkit.serverproc import free_port
 
     s = server_factory("--l1-size-gb", "0.01", "--l2", f"redis://127.0.0.1:{free_port()}/0")  # nothing there
     with s.client() as c:

@@ -9,7 +9,7 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kvhelpers import lookup, register, retrieve, store, sid
+from kvtestkit.kvhelpers import lookup, register, retrieve, store, sid
 from l2util import S3_ENV, data, object_keys, prompt, tier, wait_tier, wait_until
 
 L1 = ("--l1-size-gb", "0.02")

@@ -178,5 +178,5 @@ def create_app(settings: CoordinatorSettings, registry: Registry | None = None) 
     app.add_middleware(LookupFastPath, answer=answer_lookup, token=guard.token)
     app.add_middleware(BodyLimit, max_body=MAX_BODY_BYTES)  # the outer one: lookups are capped too
     app.state.registry = registry
-    app.state.feeds = feeds  # {"index": EventFeeds} while running (bench/bench_fleet_lookup.py reads it)
+    app.state.feeds = feeds  # {"index": EventFeeds} while running (bench/fleet_lookup.py reads it)
     return app

@@ -148,7 +148,7 @@ class Client(TypedOps):
             rid = next(self._ids)
             # frame by frame, with plain int flags and a receive timeout rather than a Poller: pyzmq's
             # send_multipart, recv_multipart and poll cost ~10 us of Python per round trip (a ping's
-            # client side is ~45 us of CPU in all on a 2-vCPU VM; bench/bench_server.py)
+            # client side is ~45 us of CPU in all on a 2-vCPU VM; bench/server.py)
             sock = self._sock
             try:
                 sock.send(header(rid), _MORE if frames else _NOBLOCK, copy=False)

