@@ -15,7 +15,6 @@ the wall-clock ratio of the prefill, measured in the same run, is printed next t
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,15 +28,10 @@ from bench.blend_model import BOS, QUERY, Topic, load_or_train, make_model
 
 from kvconnector.blend import BlendStore, ChunkCodec, ReusedChunk, blend_prefill, full_prefill
 from kvprotocol import Client
+from kvtestkit.ports import free_port
 
 CHUNK = 64
 RATIOS = (0.0, 0.05, 0.15, 0.30)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_server() -> tuple[subprocess.Popen[bytes], str]:

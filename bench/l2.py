@@ -32,6 +32,7 @@ import numpy as np
 from kvserver.l2 import L2Adapter, Serde, make_adapter
 from rich.console import Console
 from rich.progress import Progress
+from kvtestkit.ports import free_port
 
 BATCH = 16  # objects per put/get call, as the write-behind writers batch
 AES = bytes(range(32))
@@ -43,12 +44,6 @@ CHAINS = {
     "zstd+aes-gcm": Serde("zstd", AES),
 }
 console = Console(stderr=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_objects(kind: str, n: int, size: int) -> list[bytes]:

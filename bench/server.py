@@ -13,7 +13,6 @@ import argparse
 import json
 import mmap
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,16 +27,11 @@ from kvprotocol import requests as rq
 from kvprotocol.kvsum import kvsum64
 
 from kvconnector import copy as kvcopy
+from kvtestkit.ports import free_port
 
 THREADS = 1  # the engine's copy kernel on one thread: the same work as the single-thread memcpy baseline
 
 CHUNK = 256
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 KVSERVER = str(Path(sys.executable).parent / "kvserver")  # --kvserver: another build (a before/after comparison)

@@ -9,7 +9,6 @@ ping median and range per condition and their ratio (one sitting: indicative, no
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -19,25 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvprotocol import Client
+from kvtestkit.ports import free_port
 
 BIN = Path(sys.executable).parent
 Attack = Callable[[threading.Event], None]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def add_tenant(tenants: Path, name: str, *flags: str) -> str:
-    """A tenant made with the real `kvserver tenant add`; returns its token."""
-    return subprocess.run(
-        [str(BIN / "kvserver"), "tenant", "add", name, "--tenants-file", str(tenants), *flags],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
 
 
 class Server:

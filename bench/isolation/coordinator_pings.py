@@ -7,7 +7,7 @@ feed's claims through registration, ask `/v1/fleet/lookup` in fan-out mode as a 
 read `/v1/fleet/status`), each answered 401; in "quiet" rounds it does nothing. The bystander is
 the owner's authenticated `GET /v1/instances`; per condition it prints its median and range and the
 ratio. After the run it checks that nothing of the attacker was registered (harness: bystander.py).
-Run: `uv run python bench/isolation/coordinator_pings.py`.
+Run: `uv run python -m bench.isolation.coordinator_pings`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 import httpx
-from bystander import Server, alternate, free_port, report
+from bench.isolation.bystander import Server, alternate, report
+from kvtestkit.ports import free_port
 
 BIN = Path(sys.executable).parent
 

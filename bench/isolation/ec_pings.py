@@ -15,7 +15,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bench.isolation.bystander import Server, add_tenant, alternate, report
+from bench.isolation.bystander import Server, alternate, report
+from kvtestkit.tenants import add_tenant
 from kvprotocol import Client, ServerError
 from kvprotocol.kvsum import kvsum64
 

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import zmq
-from bench.isolation.bystander import Server, add_tenant, alternate, free_port, report
+from bench.isolation.bystander import Server, alternate, free_port, report
+from kvtestkit.tenants import add_tenant
 
 from kvprotocol import Client, KeySpace, resolve_token
 

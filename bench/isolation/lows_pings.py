@@ -19,7 +19,8 @@ import threading
 import urllib.request
 from pathlib import Path
 
-from bench.isolation.bystander import Server, add_tenant, alternate, report
+from bench.isolation.bystander import Server, alternate, report
+from kvtestkit.tenants import add_tenant
 from kvprotocol import Client, LayoutDescriptor, ServerError
 
 

@@ -6,7 +6,7 @@ abort it, again and again (aborted shm slots are quarantined, since the writer m
 copying, and stay charged to her until freed); in "quiet" rounds it does nothing. A bystander pings
 throughout; per condition it prints the ping median and range and the ratio. After the run it
 checks that carol's charged bytes stayed within her quota, the quarantine held no more, and alice
-still stores (harness: bystander.py). Run: `uv run python bench/isolation/quota_pings.py`.
+still stores (harness: bystander.py). Run: `uv run python -m bench.isolation.quota_pings`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bystander import Server, add_tenant, alternate, report
+from bench.isolation.bystander import Server, alternate, report
+from kvtestkit.tenants import add_tenant
 from kvprotocol import Client, KeySpace, LayoutDescriptor, ServerError, pack_tokens
 
 LAYOUT = LayoutDescriptor("vllm_cpu", "float32", 2, 32, 1024, 256, (256,))

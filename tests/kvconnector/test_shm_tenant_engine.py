@@ -3,8 +3,6 @@ error in mode "shm"; a tenant added with --allow-shm maps the arena as before. R
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +11,10 @@ import numpy as np
 from engine_kv_helpers import Geometry
 from kvconnector.ec_client import ECClient
 from kvconnector.engine_client import EngineClient
+from kvtestkit.tenants import add_tenant
 
 GEO = Geometry("vllm_cpu", chunk_size=64)
 TOKENS = np.arange(128) + 11
-
-
-def add_tenant(tenants: Path, name: str, *flags: str) -> str:
-    kvserver = Path(sys.executable).parent / "kvserver"
-    cmd = [str(kvserver), "tenant", "add", name, "--tenants-file", str(tenants), *flags]
-    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def engine(server: Any, token: str, mode: str) -> EngineClient:

@@ -17,7 +17,7 @@ from kvtestkit.kvhelpers import ArenaMap, payload
 from kvprotocol import Client, ServerError
 from kvprotocol.kvsum import kvsum64
 from test_ec import KEY, MiB, ec_get, ec_put
-from test_tenants import add_tenant
+from kvtestkit.tenants import add_tenant
 
 GiB = 1 << 30
 

@@ -10,22 +10,15 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from kvtestkit.kvhelpers import lookup, payload, register, store, tiny_layout
 from kvprotocol import Client, KeySpace, ServerError
-from kvtestkit.serverproc import BIN
+from kvtestkit.tenants import add_tenant
 
 PER_TENANT_LAYOUTS, PER_TENANT_ENGINES = 256, 64  # service/layouts.py, service/engines.py defaults
 TOKENS = list(range(9000, 9000 + 512))
-
-
-def add_tenant(tenants_file: Path, name: str) -> str:
-    args = [str(BIN / "kvserver"), "tenant", "add", name, "--tenants-file", str(tenants_file)]
-    return subprocess.run(args, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def layouts(first: int, n: int) -> list:

@@ -12,7 +12,7 @@ import time
 
 from kvtestkit.kvhelpers import lookup, payload, register, sid, store, tiny_layout
 from kvprotocol import Client, ServerError
-from test_tenants import add_tenant
+from kvtestkit.tenants import add_tenant
 
 OBJ = tiny_layout().object_bytes
 CHUNK = 256

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from kvtestkit.kvhelpers import lookup, payload, register, retrieve, sid, store, tiny_layout
 from kvprotocol import Client, ServerError, pack_tokens
-from test_tenants import add_tenant
+from kvtestkit.tenants import add_tenant
 
 OBJ = tiny_layout().object_bytes
 T_ALICE = list(range(5000, 5000 + 512))  # two chunks at the default chunk size

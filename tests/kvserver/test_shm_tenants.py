@@ -17,7 +17,8 @@ from kvtestkit.kvhelpers import ArenaMap, lookup, payload, register, retrieve, s
 from kvprotocol import Client, ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
 from test_ec import KEY, ec_get, ec_put
-from test_tenants import BIN, add_tenant
+from kvtestkit.tenants import add_tenant
+from test_tenants import BIN
 
 OBJ = tiny_layout().object_bytes
 SECRET = list(range(7000, 7000 + 256))  # one chunk of alice's

@@ -21,20 +21,11 @@ from kvtestkit.httpkv import parse_metrics, value
 from kvtestkit.kvhelpers import lookup, payload, register, retrieve, sid, store, tiny_layout
 from kvprotocol import Client, ServerError, pack_tokens
 from kvprotocol.kvsum import kvsum64
+from kvtestkit.tenants import add_tenant
 
 OBJ = tiny_layout().object_bytes
 T1 = list(range(5000, 5000 + 512))  # two chunks
 BIN = Path(sys.executable).parent
-
-
-def add_tenant(tenants: Path, name: str, *flags: str) -> str:
-    out = subprocess.run(
-        [str(BIN / "kvserver"), "tenant", "add", name, "--tenants-file", str(tenants), *flags],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.strip()
 
 
 @pytest.fixture

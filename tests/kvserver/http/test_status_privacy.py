@@ -17,8 +17,8 @@ import pytest
 
 from kvtestkit.httpkv import parse_metrics
 from kvtestkit.kvhelpers import lookup, payload, store, tiny_layout
+from kvtestkit.tenants import add_tenant
 from kvprotocol import Client, KeySpace
-from kvtestkit.serverproc import BIN
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 TENANT = "alice-secret-tenant"
@@ -38,12 +38,6 @@ for path in ("/v1/status", "/metrics"):
             out[f"{name}{path}"] = [exc.code, exc.read().decode()]
 print(json.dumps(out))
 """
-
-
-def add_tenant(tenants_file, name: str, *flags: str) -> str:
-    """A tenant made with the real CLI; its token."""
-    args = [str(BIN / "kvserver"), "tenant", "add", name, "--tenants-file", str(tenants_file), *flags]
-    return subprocess.run(args, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def _as_nobody(http_url: str) -> dict[str, list]:
