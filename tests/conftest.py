@@ -55,6 +55,7 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
         Path(f"/dev/shm/kvserver-{proc.port}").unlink(missing_ok=True)
         Path(f"/dev/shm/kvserver-{proc.port}.lock").unlink(missing_ok=True)
         Path(f"/dev/shm/kvserver-{proc.port}-ec").unlink(missing_ok=True)
+        Path(f"/dev/shm/kvserver-{proc.port}.journal").unlink(missing_ok=True)  # a stopped server leaves both
 
 
 @pytest.fixture

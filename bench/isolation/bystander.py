@@ -51,8 +51,11 @@ class Server:
                 time.sleep(0.1)
 
     def stop(self) -> None:
+        """Stop the server and remove the arena it leaves for a warm restart (a bench keeps nothing)."""
         self.proc.terminate()
         self.proc.wait(10)
+        for suffix in ("", ".journal", "-ec"):
+            Path(f"/dev/shm/kvserver-{self.port}{suffix}").unlink(missing_ok=True)
 
 
 def alternate(pinger: Client, attack: Attack, rounds: int = 6, seconds: float = 0.5) -> dict[str, list[float]]:

@@ -17,24 +17,23 @@ def shm(port):
     return Path(f"/dev/shm/kvserver-{port}")
 
 
-def test_sigterm_and_sigint_remove_the_segment(server_factory):
+def test_sigterm_and_sigint_leave_the_segment_for_adoption(server_factory):
     for sig in (signal.SIGTERM, signal.SIGINT):
         srv = server_factory("--l1-size-gb", "0.01")
         assert shm(srv.port).exists()
-        assert srv.stop(sig) == 0
-        assert not shm(srv.port).exists()
+        assert srv.stop(sig, keep_arena=True) == 0
+        assert shm(srv.port).exists() and Path(f"{shm(srv.port)}.journal").exists()
+        assert not Path(f"{shm(srv.port)}.lock").exists() and not Path(f"{shm(srv.port)}-ec").exists()
 
 
-def test_restart_after_crash_removes_stale_segment(server_factory):
+def test_cold_restart_after_crash_removes_the_stale_segment(server_factory):
     srv = server_factory("--l1-size-gb", "0.01")
     srv.kill()
     assert shm(srv.port).exists()  # a crash leaves it behind ...
-    again = server_factory("--l1-size-gb", "0.01", port=srv.port)
-    assert "removed a stale segment" in again.log()
+    again = server_factory("--l1-size-gb", "0.01", "--cold", port=srv.port)
+    assert "removed a stale segment" in again.log() and "a cold start was asked for" in again.log()
     with again.client() as c:
         assert c.call("describe").result["l1"]["objects"] == 0
-    again.stop()
-    assert not shm(srv.port).exists()
 
 
 def test_startup_line_and_config_precedence(server_factory, tmp_path):

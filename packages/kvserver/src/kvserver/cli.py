@@ -59,6 +59,13 @@ def main() -> None:
     help="Allocate the arenas' shared memory at start, in the background (about 0.3 s per GiB), "
     "so engines' first writes into L1 do not each fault in a fresh page.",
 )
+@click.option(
+    "--cold/--warm",
+    default=False,
+    show_default=True,
+    help="--cold discards the L1 arena a previous server on this port left; by default it is adopted "
+    "(its committed objects are verified and served again).",
+)
 @click.option("--chunk-size", default=DEFAULT_CHUNK_SIZE, show_default=True, type=int, help="Tokens per cached chunk.")
 @click.option("--eviction-policy", default="lhd", show_default=True, type=click.Choice(sorted(POLICIES)))
 @click.option(
@@ -479,6 +486,8 @@ async def _run(config: ServerConfig) -> int:
     from kvprotocol import __version__
 
     stale = " (removed a stale segment)" if server.arena.removed_stale else ""
+    if server.warm is not None and server.arena.adopted:
+        stale = f" (adopted: {server.warm.adopted} objects to verify, {server.warm.dropped} dropped)"
     click.echo(
         f"kvserver {__version__} ready in {time.perf_counter() - t0:.2f}s: zmq={config.zmq_url} "
         f"l1={config.l1_bytes / (1 << 30):.2f} GiB shm=/dev/shm/{server.arena.name}{stale} "

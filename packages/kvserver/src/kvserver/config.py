@@ -27,6 +27,7 @@ class ServerConfig:
     l1_size_gb: float = 4.0
     ec_size_gb: float = 1.0  # the encoder cache's own budget (a second shm segment; see ec.py)
     prefault: bool = False  # allocate the arenas' pages at start (in the background), not at first write
+    cold: bool = False  # discard the L1 arena a previous server left instead of adopting it (warm.py)
     chunk_size: int = DEFAULT_CHUNK_SIZE
     eviction_policy: str = "lhd"
     lease_ttl: float = 30.0

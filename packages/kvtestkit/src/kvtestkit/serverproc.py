@@ -68,6 +68,10 @@ class ManagedProcess:
         self.stop(signal.SIGKILL)
 
 
+def _shm_prefix(args: list[str]) -> str:
+    return args[args.index("--shm-prefix") + 1] if "--shm-prefix" in args else "kvserver"
+
+
 @dataclass
 class ServerProc(ManagedProcess):
     port: int
@@ -80,6 +84,19 @@ class ServerProc(ManagedProcess):
     @property
     def url(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"
+
+    @property
+    def arena_path(self) -> Path:
+        return Path(f"/dev/shm/{_shm_prefix(self.args)}-{self.port}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0, keep_arena: bool = False) -> int | None:
+        """Stop the server; a graceful stop leaves its arena for a warm restart, which tests remove
+        unless `keep_arena` (a kill leaves it, as a crash does)."""
+        rc = super().stop(sig, timeout)
+        if sig != signal.SIGKILL and not keep_arena:
+            self.arena_path.unlink(missing_ok=True)
+            Path(f"{self.arena_path}.journal").unlink(missing_ok=True)
+        return rc
 
     @property
     def http_url(self) -> str:

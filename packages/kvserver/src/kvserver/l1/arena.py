@@ -1,8 +1,10 @@
 """The L1 arena: one POSIX shared-memory segment that the server owns and engines map.
 
 It is a file under /dev/shm (what shm_open creates on Linux), sized with ftruncate so pages are only
-backed when touched. Its name derives from the ZMQ port, so a crashed server's segment is found and
-removed by the next server started on that port.
+backed when touched. Its name derives from the ZMQ port, so the segment a stopped or crashed server
+left is found by the next server started on that port, which adopts it (warm restart: its objects
+are re-adopted from the journal beside it, journal.py) when it is this user's 0600 regular file of
+the same size and arena format, and otherwise removes it and starts empty with one log line.
 
 One server per arena, always: a server first takes an exclusive lock (`<name>.lock` next to the
 segment, held for its whole life), and only a server holding it may remove or create the segment.
@@ -27,10 +29,11 @@ import os
 import pwd
 import secrets
 import stat
+import struct
 import threading
 from pathlib import Path
 
-from kvprotocol._shm import HEADER_BYTES, NONCE_BYTES, SHM_DIR, ShmMapping
+from kvprotocol._shm import HEADER_BYTES, MAGIC, NONCE_BYTES, SHM_DIR, ShmMapping
 
 log = logging.getLogger("kvserver.arena")
 
@@ -45,6 +48,11 @@ __all__ = [
     "arena_name",
     "check_free_space",
 ]
+
+
+ARENA_FORMAT = 1  # the arena header's format; an arena of another format is never adopted
+_FORMAT_AT = len(MAGIC) + NONCE_BYTES  # after magic and nonce (what engines read): format, capacity
+_FORMAT = struct.Struct("<IQ")
 
 
 def arena_name(port: int, prefix: str = "kvserver") -> str:
@@ -77,6 +85,17 @@ def check_own(path: Path) -> None:
         f"another user's file. Remove it (as root or that user: rm {path}), or start this server "
         "with another --port or --shm-prefix"
     )
+
+
+def _remove_own_link(path: Path) -> None:
+    """A symbolic link of ours under the arena's name is never followed nor adopted: it is removed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) and st.st_uid == os.geteuid():
+        log.warning("arena %s: removed a symbolic link in its place (never adopted)", path)
+        path.unlink()
 
 
 class ShmTooSmall(RuntimeError):
@@ -167,8 +186,9 @@ class Arena:
     `capacity` bytes for objects lie above the header page, so the segment is HEADER_BYTES larger.
     """
 
-    def __init__(self, name: str, capacity: int, prefault: bool = False) -> None:
-        """`prefault`: allocate every page of the segment now, on a thread of its own (see _prefault)."""
+    def __init__(self, name: str, capacity: int, prefault: bool = False, adopt: bool = False) -> None:
+        """`prefault`: allocate every page of the segment now, on a thread of its own (see _prefault).
+        `adopt`: keep a segment left by a previous server if it is fit for adoption (`adopted` says)."""
         if capacity <= 0:
             raise ValueError("arena capacity must be positive")
         self.name = name
@@ -176,17 +196,63 @@ class Arena:
         self.size = size = capacity + HEADER_BYTES  # what engines map
         self.path = SHM_DIR / name
         self.nonce = secrets.token_hex(NONCE_BYTES)
-        check_own(self.path)  # a stale segment of ours is removed below; another user's never
-        self.removed_stale = self.path.exists()
-        if self.removed_stale:
-            self.path.unlink()  # its owner is gone: we hold the lock that every live owner holds
-        self._map = ShmMapping(name, size, create=True)
-        self._map.write_header(self.nonce)
+        self.adopted = False
+        self.not_adopted = ""  # why a segment found under the name was not adopted
+        self._checked: tuple[int, int] = (-1, -1)  # the (device, inode) that _unfit found fit
+        _remove_own_link(self.path)
+        check_own(self.path)  # a stale segment of ours is adopted or removed below; another user's never
+        self.removed_stale = False
+        if self.path.exists():
+            why = self._unfit() if adopt else "a cold start was asked for"
+            if why:
+                self.not_adopted = why
+                self.removed_stale = True
+                self.path.unlink()  # its owner is gone: we hold the lock that every live owner holds
+        if self.path.exists():
+            self._map = ShmMapping(name, size)
+            if self._map.identity != self._checked:  # replaced since the check (only root or we can)
+                self._map.close()
+                raise ArenaBusy(f"{self.path} changed while it was being adopted")
+            self.adopted = True
+        else:
+            self._map = ShmMapping(name, size, create=True)
+        self._map.write_header(self.nonce)  # a new instance: engines of the old one see another nonce
+        self._map.mm[_FORMAT_AT : _FORMAT_AT + _FORMAT.size] = _FORMAT.pack(ARENA_FORMAT, capacity)
+        self.identity = self._map.identity
         self.view = memoryview(self._map.mm)
         self._stop = threading.Event()
         self.prefaulted = threading.Event()  # set once every page is allocated (or prefaulting gave up)
         if prefault:
             threading.Thread(target=self._prefault, name=f"prefault-{name}", daemon=True).start()
+
+    def _unfit(self) -> str:
+        """Why the segment under our name may not be adopted ("" when it may).
+
+        Opened without following links and checked on the open descriptor: only this user's 0600
+        regular file of this arena's size and format (another user's file would feed the cache).
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            return f"cannot open it: {exc.strerror}"
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                return "it is not this user's regular file"
+            if stat.S_IMODE(st.st_mode) != 0o600:
+                return f"its mode is {stat.S_IMODE(st.st_mode):o}, not 600"
+            if st.st_size != self.size:
+                return f"its size is {st.st_size} bytes, this server's arena is {self.size}"
+            head = os.pread(fd, _FORMAT_AT + _FORMAT.size, 0)
+        finally:
+            os.close(fd)
+        if not head.startswith(MAGIC) or len(head) < _FORMAT_AT + _FORMAT.size:
+            return "it has no arena header"
+        fmt, cap = _FORMAT.unpack_from(head, _FORMAT_AT)
+        if fmt != ARENA_FORMAT or cap != self.capacity:
+            return f"its format is {fmt} (this server adopts {ARENA_FORMAT})"
+        self._checked = (st.st_dev, st.st_ino)
+        return ""
 
     def _prefault(self) -> None:
         """Allocate the segment's pages (fallocate: zeroed tmpfs pages, no mapping touched).
@@ -219,12 +285,13 @@ class Arena:
     def read(self, offset: int, size: int) -> memoryview:
         return self.view[offset : offset + size]
 
-    def close(self) -> None:
-        """Unmap and remove the segment; safe to call twice."""
+    def close(self, keep: bool = False) -> None:
+        """Unmap, and remove the segment unless `keep` (left for the next server to adopt); safe twice."""
         self._stop.set()
         try:
             self.view.release()
         except (BufferError, ValueError):
             pass
         self._map.close()  # with a view still exported (a frame in flight) the GC unmaps; the unlink still frees it
-        self.path.unlink(missing_ok=True)
+        if not keep:
+            self.path.unlink(missing_ok=True)

@@ -20,7 +20,8 @@ from kvprotocol import ObjectKey
 
 from .arena import HEADER_BYTES, Arena
 from .eviction import EvictionPolicy
-from .prefix import FamId, PrefixIndex
+from .journal import ArenaJournal, Committed
+from .prefix import FamId, PrefixIndex, family_of
 from .slab import ArenaAllocator
 
 __all__ = ["Entry", "FamId", "L1Cache", "State"]
@@ -70,6 +71,7 @@ class L1Cache:
         self.on_evict: list[Callable[[ObjectKey], None]] = []
         self.on_clear: list[Callable[[ObjectKey], None]] = []  # each object `clear` removes
         self.tenant_bytes: dict[str, int] = {}  # L1 bytes held per tenant (reserved or ready)
+        self.journal: ArenaJournal | None = None  # records ready objects for a warm restart (journal.py)
 
     # -- queries -------------------------------------------------------------------------------
     def ready(self, key: ObjectKey) -> Entry | None:
@@ -215,6 +217,46 @@ class L1Cache:
         entry.state = State.READY
         self.n_writing -= 1
         self.policy.on_insert(key)
+        if self.journal is not None:
+            self.journal.commit(self._committed(key, entry))
+            if self.journal.due():
+                self.journal.compact(self._committed(k, e) for k, e in self.entries.items() if e.state is State.READY)
+
+    def _committed(self, key: ObjectKey, entry: Entry) -> Committed:
+        parent = self.prefix.parent.get(family_of(key))
+        return Committed(key, entry.offset, entry.size, entry.checksum, None if parent is None else parent[3])
+
+    # -- warm restart --------------------------------------------------------------------------
+    def adopt(self, found: list[Committed], keep: Callable[[ObjectKey], bool]) -> list[ObjectKey]:
+        """Take back the slots of a previous server's ready objects, as WRITING (invisible) entries.
+
+        They are charged to their tenants and hold their slots, but no reader sees them until
+        `finish_adopt` says their bytes passed their checksum. A record whose slot overlaps another,
+        lies outside the arena, or whose key `keep` refuses (a tenant that no longer exists) is dropped.
+        """
+        adopted: list[ObjectKey] = []
+        for c in sorted(found, key=lambda c: c.offset):
+            if c.size <= 0 or c.key in self.entries or not keep(c.key) or not self.alloc.take(c.offset, c.size):
+                continue
+            self.prefix.add(c.key, c.parent)
+            self.entries[c.key] = Entry(c.offset, c.size, checksum=c.checksum)
+            self._at[c.offset] = c.key
+            self.n_writing += 1
+            tenant = tenant_of(c.key)
+            self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + c.size
+            self.policy.on_reserve(c.key, None if c.parent is None else c.key._replace(chunk_hash=c.parent))
+            adopted.append(c.key)
+        return adopted
+
+    def finish_adopt(self, key: ObjectKey, verified: bool) -> None:
+        """An adopted object's bytes were checked: ready (and journaled again) if they passed, else freed."""
+        entry = self.entries.get(key)
+        if entry is None or entry.state is not State.WRITING:
+            return
+        if verified:
+            self.finish_write(key)
+        else:
+            self.abort_write(key)
 
     def abort_write(self, key: ObjectKey) -> None:
         entry = self.entries.get(key)
@@ -302,6 +344,8 @@ class L1Cache:
 
     def _drop(self, key: ObjectKey) -> None:
         entry = self.entries.pop(key)
+        if self.journal is not None and entry.state is State.READY:
+            self.journal.free(entry.offset)  # recorded before the slot can be handed to a writer
         del self._at[entry.offset]
         self.prefix.remove(key)
         self.n_writing -= entry.state is State.WRITING

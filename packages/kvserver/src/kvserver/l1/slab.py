@@ -45,6 +45,22 @@ class ExtentAllocator:
                 return start
         return None
 
+    def take(self, start: int, length: int) -> bool:
+        """Allocate exactly [start, start + length) if it lies in one free extent (re-adopting a slot)."""
+        i = bisect.bisect_right(self._starts, start) - 1
+        if i < 0:
+            return False
+        have = self._starts[i]
+        end = have + self._lengths[have]
+        if start + length > end:
+            return False
+        self._remove(have)
+        if start > have:
+            self._add(have, start - have)
+        if end > start + length:
+            self._add(start + length, end - start - length)
+        return True
+
     def free(self, start: int, length: int) -> None:
         i = bisect.bisect_left(self._starts, start)
         if i > 0:
@@ -113,6 +129,16 @@ class ArenaAllocator:
             self._ends[offset + length] = offset
             self.used_bytes += length
         return offset
+
+    def take(self, offset: int, size: int) -> bool:
+        """Allocate the slot at `offset` for an object of `size` bytes, if all of it is free."""
+        length = self.slot_size(size)
+        if offset % ALIGN or offset < self.base or offset + length > self.end or not self._extents.take(offset, length):
+            return False
+        self._used[offset] = length
+        self._ends[offset + length] = offset
+        self.used_bytes += length
+        return True
 
     def free(self, offset: int) -> None:
         length = self._used.pop(offset)

@@ -38,6 +38,7 @@ def describe_server(server: KVServer) -> dict[str, Any]:
             "quarantined_bytes": l1.quarantined_bytes,
             "arena": server.arena.name,
         },
+        "warm_restart": server.warm.describe() if server.warm is not None else None,
         "engines": [vars(e) for e in c.engines.values()],
         "engines_expired": c.engine_table.expired,
         "layouts": c.layouts.describe(),

@@ -37,6 +37,7 @@ from ..l2 import build_tier_manager
 from .latency import LatencyBuckets
 from ..security.shm import check_mode
 from ..security.tenants import ADMIN, Identity
+from .warm import WarmStart
 from .zmq_loop import Answer, ZmqLoop
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ class KVServer:
         self.config = config
         self.started = time.time()
         self.http: HttpService | None = None
+        self.warm: WarmStart | None = None
+        self._built = False  # a half-built server removes its arena on close; a built one leaves it
         # One server per arena: lock, then bind, and only then touch /dev/shm. A second server on a
         # busy port or arena fails before it could disturb the first; a failed start removes only
         # what it created (close() below is safe on a half-built server).
@@ -89,8 +92,9 @@ class KVServer:
                 raise RuntimeError(f"cannot bind {config.zmq_url}: {exc}") from None
             self.auth.publish(config.port)  # only once the port is ours
             check_free_space(name, config.l1_bytes + HEADER_BYTES)
-            self.arena = Arena(name, config.l1_bytes, prefault=config.prefault)
+            self.arena = Arena(name, config.l1_bytes, prefault=config.prefault, adopt=not config.cold)
             self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
+            self.warm = WarmStart(self.arena, self.l1, self.auth.tenants)  # re-adopts what a stopped server left
             # the encoder cache: its own segment and budget, never evicted by KV (ec.py)
             check_ec_space(ec_arena_name(name), config.ec_bytes + HEADER_BYTES)
             self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes, prefault=config.prefault)
@@ -100,6 +104,7 @@ class KVServer:
             self.cache.engine_table.ttl = config.engine_ttl
             self.blend = BlendService(self.cache)  # content-keyed chunks (CacheBlend), opt-in per request
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
+            self._built = True
         except BaseException:
             self.close()
             raise
@@ -314,6 +319,8 @@ class KVServer:
             asyncio.create_task(self._zmq.run(), name="zmq"),
             asyncio.create_task(self._expiry_loop(), name="expiry"),
         ]
+        if self.warm is not None:
+            tasks.append(asyncio.create_task(self.warm.run(), name="adopt"))
         http = self.http
         http_task = asyncio.create_task(http.serve(), name="http") if http is not None else None
         fleet = fleet_task = None
@@ -353,9 +360,14 @@ class KVServer:
             events.close()
         self._sock.close(linger=0)
         self._ctx.term()
-        for arena in (getattr(self, "arena", None), getattr(self, "ec_arena", None)):
-            if arena is not None:
-                arena.close()
+        if self.warm is not None:
+            self.warm.close(keep=self._built)
+        arena: Arena | None = getattr(self, "arena", None)
+        if arena is not None:
+            arena.close(keep=self._built)  # left for the next server on this port to adopt (warm.py)
+        ec_arena: Arena | None = getattr(self, "ec_arena", None)
+        if ec_arena is not None:
+            ec_arena.close()  # the encoder cache is not adopted: it starts empty
         if self._lock is not None:
             self._lock.release()
             self._lock = None
