@@ -364,8 +364,10 @@ def test_connector_refuses_what_the_reader_cannot_describe() -> None:
 
     with pytest.raises(UnsupportedLayout, match="CPU_ATTN does not use the LBNHC"):
         scheduler_layout(_config("cpu/LBHNC/bf16", "LBNHC"), CHUNK, "vec")
-    with pytest.raises(UnsupportedLayout, match="not supported"):
+    with pytest.raises(UnsupportedLayout, match="fp8 KV caches are not supported yet"):
         scheduler_layout(_config("cpu/LBHNC/bf16", "LBHNC", dtype=torch.uint8), CHUNK, "vec")
+    with pytest.raises(UnsupportedLayout, match="splits a block into per-head pieces"):
+        scheduler_layout(_config("cpu_mla/LBNHC/bf16", "LHBNC"), CHUNK, "cpu_mla")
     # tensors that are not what the spec describes (one head too many) disable the worker
     config = _config("cpu/LBHNC/bf16", "LBHNC")
     _, views = vllm_views("cpu/LBHNC/bf16", seed=4)

@@ -112,6 +112,11 @@ def _read(kv_cache_config: Any, chunk_size: int, isa: str) -> ReadLayout:
     The CPU attention backend only reads LBHNC; an MLA latent cache (one head) has the same bytes in
     every order, so an unresolved layout is read as LBHNC."""
     layer_names, spec = attention_group(kv_cache_config)
+    if str(spec.dtype).removeprefix("torch.") == "uint8":  # vLLM's fp8 caches
+        raise UnsupportedLayout(
+            "fp8 KV caches are not supported yet: their per-layer k/v scales belong in the layout "
+            "fingerprint and the scheduler cannot see them"
+        )
     order = getattr(kv_cache_config, "kv_cache_layout", None) or "LBHNC"
     backend = ("AMX_MLA" if isa == "amx_mla" else "CPU_MLA") if is_mla(spec) else "CPU_ATTN"
     try:
