@@ -8,6 +8,9 @@ Per-layer tensor shapes (one tensor per layer; `stacked=True` adds a leading num
   vllm_cpu   [num_blocks, num_kv_heads, block_size, 2*head_dim]   one opaque run per block
   flash_attn [2, num_blocks, block_size, num_kv_heads, head_dim]  two runs per block: K, then V
   mla        [num_blocks, block_size, latent_dim]                 one run per block
+  vllm_hnd   [num_blocks, num_kv_heads, block_size, 2*head_dim]   one run per block (vLLM LBHNC/BLHNC)
+  vllm_nhd   [num_blocks, block_size, num_kv_heads, 2*head_dim]   one run per block (vLLM LBNHC/BLNHC)
+The vLLM 0.32 layouts of every backend are read by kvconnector.layout_reader.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ TAG_GEOMETRY: dict[str, TagGeometry] = {
     "vllm_cpu": TagGeometry(ndim=4, block_axis=0, run_axis=None, runs_per_block=1, block_size_axis=2),
     "flash_attn": TagGeometry(ndim=5, block_axis=1, run_axis=0, runs_per_block=2, block_size_axis=2),
     "mla": TagGeometry(ndim=3, block_axis=0, run_axis=None, runs_per_block=1, block_size_axis=1),
+    # vLLM's [B, H, N, C] views in physical order (kvconnector.layout_reader.ReadLayout.engine_view)
+    "vllm_hnd": TagGeometry(ndim=4, block_axis=0, run_axis=None, runs_per_block=1, block_size_axis=2),
+    "vllm_nhd": TagGeometry(ndim=4, block_axis=0, run_axis=None, runs_per_block=1, block_size_axis=1),
 }
 
 

@@ -11,12 +11,13 @@ from blake3 import blake3
 
 from ._errors import ErrorCode, ValidationError
 
-LAYOUT_TAGS = ("vllm_cpu", "flash_attn", "mla")
+LAYOUT_TAGS = ("vllm_cpu", "flash_attn", "mla", "vllm_hnd", "vllm_nhd")
 GROUP_KINDS = ("full", "sliding", "state")  # see kvprotocol._geometry
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int8": 1}
 MAX_OBJECT_BYTES = 1 << 31
 MAX_BLOCK_DIMS = 8  # a block's tensor shape; bounded so a registration cannot carry a huge list
 _TAG_RE = re.compile(r"^[a-z0-9_]{1,32}$")
+_SCALES_RE = re.compile(r"^[0-9a-f]{16}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,9 @@ class LayoutDescriptor:
     kind: str = "full"
     window: int = 0
     shared: bool = False
+    # fp8 KV: a digest of every layer's (k_scale, v_scale). A byte means scale * value, so objects
+    # written under one set of scales must never be read under another (kvconnector.layout_reader).
+    scales: str = ""
 
     def __post_init__(self) -> None:
         _check(bool(_TAG_RE.match(self.tag)), f"bad layout tag {self.tag!r}")
@@ -66,6 +70,7 @@ class LayoutDescriptor:
             "bad block_shape",
         )
         _check(self.object_bytes <= MAX_OBJECT_BYTES, "object too large")
+        _check(self.scales == "" or bool(_SCALES_RE.match(self.scales)), "bad layout scales digest")
         _check(self.kind in GROUP_KINDS, f"unknown group kind {self.kind!r}", ErrorCode.BAD_FIELD)
         _check(
             (self.kind == "sliding") == (self.window > 0) and 0 <= self.window <= 1 << 24,
@@ -97,14 +102,18 @@ class LayoutDescriptor:
             list(self.block_shape),
             self.variant,
         ]
-        if (self.kind, self.window, self.shared) != ("full", 0, False):  # full-attention fingerprints unchanged
+        if (self.kind, self.window, self.shared) != ("full", 0, False) or self.scales:  # others unchanged
             parts += [self.kind, self.window, self.shared]
+        if self.scales:
+            parts.append(self.scales)
         canon = msgpack.packb(parts)
         return blake3(b"kv-layout-v1" + canon).hexdigest()[:16]
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
         d["block_shape"] = list(self.block_shape)
+        if not self.scales:  # servers that predate fp8 scales accept every layout without them
+            del d["scales"]
         return d
 
     @classmethod
@@ -124,6 +133,7 @@ class LayoutDescriptor:
             "kind": str,
             "window": int,
             "shared": bool,
+            "scales": str,
         }
         required = {"tag", "dtype", "num_layers", "block_size", "block_bytes", "chunk_size"}
         extra = set(data) - set(fields)

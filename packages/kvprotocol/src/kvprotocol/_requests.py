@@ -84,6 +84,7 @@ class LayoutW(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     kind: str = "full"
     window: int = 0
     shared: bool = False
+    scales: str = ""
 
     def __post_init__(self) -> None:
         self.descriptor()
@@ -102,6 +103,7 @@ class LayoutW(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             self.kind,
             self.window,
             self.shared,
+            self.scales,
         )
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from kvprotocol import LayoutDescriptor
 
-from ..layouts import layout_from_tensor, mla_layout, vllm_cpu_layout
+from ..layout_reader import ReadLayout, UnreadableLayout, read_spec_layout
+from ..layouts import layout_from_tensor
 
 
 class UnsupportedLayout(ValueError):
@@ -105,48 +106,61 @@ def _backend_name(vllm_config: Any) -> str:
     return str(getattr(backend, "name", backend)).upper()
 
 
-def scheduler_layout(kv_cache_config: Any, chunk_size: int, isa: str) -> LayoutDescriptor:
+def _read(kv_cache_config: Any, chunk_size: int, isa: str) -> ReadLayout:
+    """The layout of group 0 from vLLM's description (spec + resolved KVCacheLayout), on the CPU backends.
+
+    The CPU attention backend only reads LBHNC; an MLA latent cache (one head) has the same bytes in
+    every order, so an unresolved layout is read as LBHNC."""
     layer_names, spec = attention_group(kv_cache_config)
-    if is_mla(spec):  # [num_blocks, block_size, latent]: kv_lora_rank + rope dims, one object for all ranks
-        layout = mla_layout(
-            num_layers=len(layer_names),
-            latent_dim=int(spec.head_size),
-            block_size=int(spec.block_size),
-            dtype=spec.dtype,
-            chunk_size=chunk_size,
-            shared=True,
+    if str(spec.dtype).removeprefix("torch.") == "uint8":  # vLLM's fp8 caches
+        raise UnsupportedLayout(
+            "fp8 KV caches are not supported yet: their per-layer k/v scales belong in the layout "
+            "fingerprint and the scheduler cannot see them"
         )
-        return dataclasses.replace(layout, variant=isa)
-    layout = vllm_cpu_layout(
-        num_layers=len(layer_names),
-        num_kv_heads=int(spec.num_kv_heads),
-        head_dim=int(spec.head_size),
-        block_size=int(spec.block_size),
-        dtype=spec.dtype,
-        chunk_size=chunk_size,
-    )
-    return _kind(dataclasses.replace(layout, variant=isa), spec)
+    order = getattr(kv_cache_config, "kv_cache_layout", None) or "LBHNC"
+    backend = ("AMX_MLA" if isa == "amx_mla" else "CPU_MLA") if is_mla(spec) else "CPU_ATTN"
+    try:
+        return read_spec_layout(
+            spec, order=order, backend=backend, num_layers=len(layer_names), chunk_size=chunk_size, variant=isa
+        )
+    except UnreadableLayout as exc:
+        raise UnsupportedLayout(str(exc)) from exc
+
+
+def scheduler_layout(kv_cache_config: Any, chunk_size: int, isa: str) -> LayoutDescriptor:
+    _, spec = attention_group(kv_cache_config)
+    return _kind(_read(kv_cache_config, chunk_size, isa).layout, spec)
 
 
 def worker_layout(
     kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
 ) -> tuple[LayoutDescriptor, list[Any]]:
-    """Layout from the registered tensors, and the tensors in layer order (group 0's order)."""
+    """Layout from the registered tensors, and the tensors in layer order (group 0's order), each
+    viewed in the layout's physical order (layout_reader.ReadLayout.engine_view)."""
     layer_names, spec = attention_group(kv_cache_config)
     missing = [n for n in layer_names if n not in kv_caches]
     if missing:
         raise UnsupportedLayout(f"registered KV caches lack layers {missing[:3]}")
+    read = _read(kv_cache_config, chunk_size, isa)
     tensors = [kv_caches[n] for n in layer_names]
     first = tensors[0]
     for name, t in zip(layer_names, tensors, strict=True):
         if t.device.type != "cpu":
             raise UnsupportedLayout(f"layer {name} KV is on {t.device}; this connector handles CPU KV")
-        if not t.is_contiguous() or tuple(t.shape) != tuple(first.shape) or t.dtype != first.dtype:
-            raise UnsupportedLayout(f"layer {name} KV is not a contiguous tensor like the first layer's")
-    if is_mla(spec):  # vLLM CPU keeps [num_blocks, 1, block_size, latent]: the same bytes without the head axis
-        if first.dim() == 4 and int(first.shape[1]) == 1:
-            tensors = [t.view(t.shape[0], t.shape[2], t.shape[3]) for t in tensors]
-        layout = layout_from_tensor(tensors[0], "mla", int(spec.block_size), chunk_size, num_layers=len(layer_names))
-        return dataclasses.replace(layout, variant=isa, shared=True), tensors
-    layout = layout_from_tensor(first, "vllm_cpu", int(spec.block_size), chunk_size, num_layers=len(layer_names))
-    return _kind(dataclasses.replace(layout, variant=isa), spec), tensors
+        if tuple(t.shape) != tuple(first.shape) or t.stride() != first.stride() or t.dtype != first.dtype:
+            raise UnsupportedLayout(f"layer {name} KV is not shaped and strided like the first layer's")
+    if is_mla(spec) and first.dim() == 3:  # already [num_blocks, block_size, latent]
+        tensors = [t.unsqueeze(1) for t in tensors]
+    try:
+        views = [read.engine_view(t) for t in tensors]
+    except UnreadableLayout as exc:
+        raise UnsupportedLayout(str(exc)) from exc
+    # the tensors must hold what the spec describes: the layout inferred from them must agree
+    seen = layout_from_tensor(views[0], read.layout.tag, int(spec.block_size), chunk_size, len(layer_names))
+    if (seen.dtype, seen.block_bytes, seen.block_shape) != (
+        read.layout.dtype,
+        read.layout.block_bytes,
+        read.layout.block_shape,
+    ):
+        raise UnsupportedLayout(f"KV tensors {tuple(first.shape)} do not match the spec's layout {read.layout}")
+    return _kind(read.layout, spec), views

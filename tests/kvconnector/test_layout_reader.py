@@ -1,0 +1,376 @@
+"""The layout reader (kvconnector.layout_reader) for every vLLM attention backend, without a GPU.
+
+Each case's KV is allocated as vLLM 0.32 allocates it: one int8 buffer laid out in the case's
+KVCacheLayout over [L, B, H, N, C bytes] (`compute_layout_strides`), viewed per layer as
+[B, H, N, C] of the cache dtype (`create_kv_cache_views`). `vllm_views` below rebuilds exactly that
+on CPU tensors; `test_vllm_allocates_what_we_rebuild` proves it against vLLM's own functions and
+spec classes (from .venv-vllm, in a subprocess) and checks each backend accepts the case's layout.
+FlashInfer (needs the flashinfer package) and CUTLASS MLA (needs CUDA) do not import on the CPU
+wheel: for them the accepted layouts are the documented ones (FlashInfer: any, NHD = LBNHC and
+HND = LBHNC; MLA: any); their specs and views still come from vLLM's real classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from engine_kv_helpers import module_server
+from kvconnector import layouts as L
+from kvconnector.engine_client import EngineClient
+from kvconnector.layout_reader import KV_CACHE_LAYOUTS, UnreadableLayout, read_layout, read_spec_layout
+from kvhelpers import sid
+from kvprotocol import LayoutDescriptor
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = Path(os.environ.get("KV_VLLM_VENV", REPO / ".venv-vllm")) / "bin" / "python"
+if not VLLM_PYTHON.exists() and Path("/work/main/.venv-vllm/bin/python").exists():
+    VLLM_PYTHON = Path("/work/main/.venv-vllm/bin/python")  # a worktree without its own vLLM venv
+PROBE = Path(__file__).with_name("vllm_layout_probe.py")
+SCALES = [(0.5, 0.25), (1.0, 2.0)]  # per-layer (k_scale, v_scale) of the fp8 cases
+GQA = dict(heads=2, head_size=16, block_size=16)
+MLA = dict(heads=1, head_size=72, block_size=16, mla=True)
+
+# name: (backend, order, dtype, cache_dtype, geometry)
+CASES: dict[str, dict[str, Any]] = {
+    "flash_attn/LBNHC/bf16": dict(backend="FLASH_ATTN", order="LBNHC", dtype="bfloat16", **GQA),
+    "flash_attn/BLNHC/fp16": dict(backend="FLASH_ATTN", order="BLNHC", dtype="float16", **GQA),
+    "flash_attn/LBNHC/fp8_e4m3": dict(backend="FLASH_ATTN", order="LBNHC", dtype="bfloat16", cache_dtype="fp8", **GQA),
+    "flashinfer/NHD/fp16": dict(backend="FLASHINFER", order="LBNHC", dtype="float16", **GQA),
+    "flashinfer/HND/bf16": dict(backend="FLASHINFER", order="LBHNC", dtype="bfloat16", **GQA),
+    "flashinfer/BLHNC/fp8_e5m2": dict(
+        backend="FLASHINFER", order="BLHNC", dtype="bfloat16", cache_dtype="fp8_e5m2", **GQA
+    ),
+    "triton/LBNHC/bf16": dict(backend="TRITON_ATTN", order="LBNHC", dtype="bfloat16", **GQA),
+    "flex/LBNHC/fp16": dict(backend="FLEX_ATTENTION", order="LBNHC", dtype="float16", **GQA),
+    "cpu/LBHNC/bf16": dict(backend="CPU_ATTN", order="LBHNC", dtype="bfloat16", variant="vec", **GQA),
+    "flashmla/LBNHC/bf16": dict(backend="FLASHMLA", order="LBNHC", dtype="bfloat16", **MLA),
+    "triton_mla/BLNHC/fp8_e4m3": dict(
+        backend="TRITON_MLA", order="BLNHC", dtype="bfloat16", cache_dtype="fp8_e4m3", **MLA
+    ),
+    "cutlass_mla/LBHNC/fp16": dict(backend="CUTLASS_MLA", order="LBHNC", dtype="float16", **MLA),
+    "cpu_mla/LBNHC/bf16": dict(backend="CPU_MLA", order="LBNHC", dtype="bfloat16", variant="cpu_mla", **MLA),
+    "flash_attn/LBNHC/bf16/padded": dict(
+        backend="FLASH_ATTN", order="LBNHC", dtype="bfloat16", page_size_padded=2 * 16 * 2 * 16 * 2 + 512, **GQA
+    ),
+}
+NUM_LAYERS, NUM_BLOCKS, CHUNK = 2, 24, 64
+_FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def _case(name: str) -> dict[str, Any]:
+    c = dict(CASES[name])
+    c.setdefault("cache_dtype", "auto")
+    c.setdefault("mla", False)
+    c.update(num_layers=NUM_LAYERS, num_blocks=NUM_BLOCKS)
+    return c
+
+
+def read(name: str, **overrides: Any) -> Any:
+    c = {**_case(name), **overrides}
+    return read_layout(
+        order=c["order"],
+        backend=c["backend"],
+        num_layers=c["num_layers"],
+        block_size=c["block_size"],
+        num_kv_heads=c["heads"],
+        head_size=c["head_size"],
+        head_size_v=0 if c["mla"] else c["head_size"],
+        spec_dtype="uint8" if c["cache_dtype"] != "auto" else c["dtype"],
+        cache_dtype=c["cache_dtype"],
+        mla=c["mla"],
+        kv_quant_mode=1 if c["cache_dtype"] != "auto" else 0,
+        kv_scales=SCALES if c["cache_dtype"] != "auto" else None,
+        chunk_size=CHUNK,
+        variant=c.get("variant", ""),
+    )
+
+
+def vllm_views(name: str, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(backing int8 buffer of random bytes, per-layer [B, H, N, C] views), as vLLM allocates them."""
+    c = _case(name)
+    item = 1 if c["cache_dtype"] != "auto" else torch.empty(0, dtype=getattr(torch, c["dtype"])).element_size()
+    content = (1 if c["mla"] else 2) * c["head_size"] * item
+    shape = (c["num_layers"], c["num_blocks"], c["heads"], c["block_size"], content)
+    order = KV_CACHE_LAYOUTS[c["order"]]
+    padded = c.get("page_size_padded")
+    grid_end = max(order.index(0), order.index(1)) + 1
+    strides, cur = [0] * 5, 1
+    for physical, dim in reversed(list(enumerate(order))):  # vllm.v1.kv_cache_interface.compute_layout_strides
+        if padded is not None and physical == grid_end - 1:
+            cur = max(cur, padded)
+        strides[dim] = cur
+        cur = strides[dim] * shape[dim]
+    raw = torch.randint(-128, 128, (cur,), dtype=torch.int8, generator=torch.Generator().manual_seed(seed))
+    view = torch.as_strided(raw, shape, strides)
+    dtype = _FP8.get(c["cache_dtype"], getattr(torch, c["dtype"]))
+    return raw, [view[i].view(dtype) for i in range(c["num_layers"])]
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+# ---- the descriptors ---------------------------------------------------------------------------
+
+
+def test_the_cpu_backends_give_todays_descriptors() -> None:
+    cpu = read("cpu/LBHNC/bf16").layout
+    today = L.vllm_cpu_layout(num_layers=2, num_kv_heads=2, head_dim=16, block_size=16, dtype="bfloat16", chunk_size=64)
+    assert cpu == dataclasses.replace(today, variant="vec")
+    mla = read("cpu_mla/LBNHC/bf16").layout
+    today_mla = L.mla_layout(num_layers=2, latent_dim=72, block_size=16, dtype="bfloat16", chunk_size=64, shared=True)
+    assert mla == dataclasses.replace(today_mla, variant="cpu_mla")
+
+
+def test_fingerprints_differ_exactly_when_block_bytes_differ() -> None:
+    fp = {name: read(name).layout.fingerprint for name in CASES}
+    # the same block bytes: FlashAttention, Triton, Flex and FlashInfer NHD share objects; a block-outer
+    # order (BLNHC) or padding between blocks changes where blocks live, not what a block holds
+    assert fp["triton/LBNHC/bf16"] == fp["flash_attn/LBNHC/bf16"] == fp["flash_attn/LBNHC/bf16/padded"]
+    assert fp["flex/LBNHC/fp16"] == fp["flashinfer/NHD/fp16"] == read("flash_attn/BLNHC/fp16").layout.fingerprint
+    # everything else differs: interior order, dtype, fp8 kind, backend packing (CPU), MLA
+    distinct = {
+        fp["flash_attn/LBNHC/bf16"],
+        fp["flashinfer/HND/bf16"],  # HND vs NHD, with H == 2 != N
+        read("flashinfer/HND/bf16", heads=16).layout.fingerprint,  # H == N == 16: the tag still differs
+        read("flash_attn/LBNHC/bf16", heads=16).layout.fingerprint,
+        fp["flash_attn/BLNHC/fp16"],
+        fp["flash_attn/LBNHC/fp8_e4m3"],
+        read("flash_attn/LBNHC/fp8_e4m3", cache_dtype="fp8_e5m2").layout.fingerprint,
+        read("flash_attn/LBNHC/bf16", block_size=32).layout.fingerprint,
+        fp["cpu/LBHNC/bf16"],
+        fp["flashmla/LBNHC/bf16"],
+        fp["cpu_mla/LBNHC/bf16"],
+        fp["triton_mla/BLNHC/fp8_e4m3"],
+    }
+    assert len(distinct) == 12
+    # MLA: one latent per token, the same on every rank; H == 1 so every order holds the same bytes
+    mla = read("flashmla/LBNHC/bf16").layout
+    assert mla.shared and mla.tag == "mla" and mla.block_shape == (16, 72)
+    assert (
+        read("cutlass_mla/LBHNC/fp16").layout.fingerprint
+        == read("flashmla/LBNHC/bf16", dtype="float16").layout.fingerprint
+    )
+
+
+def test_fp8_scales_are_part_of_the_fingerprint() -> None:
+    a = read("flash_attn/LBNHC/fp8_e4m3").layout
+    assert a.dtype == "float8_e4m3fn" and len(a.scales) == 16
+    other = read_layout(
+        order="LBNHC",
+        backend="FLASH_ATTN",
+        num_layers=2,
+        block_size=16,
+        num_kv_heads=2,
+        head_size=16,
+        spec_dtype="uint8",
+        cache_dtype="fp8",
+        kv_scales=[(0.5, 0.25), (1.0, 2.0000001)],
+        chunk_size=CHUNK,
+    ).layout
+    assert other.fingerprint != a.fingerprint and other.block_bytes == a.block_bytes
+    assert LayoutDescriptor.from_wire(a.to_wire()) == a  # as the server sees it
+    assert "scales" not in read("flash_attn/LBNHC/bf16").layout.to_wire()  # older servers accept it
+    with pytest.raises(UnreadableLayout, match="k_scale"):
+        read_layout(
+            order="LBNHC",
+            backend="FLASH_ATTN",
+            num_layers=2,
+            block_size=16,
+            num_kv_heads=2,
+            head_size=16,
+            spec_dtype="uint8",
+            cache_dtype="fp8",
+        )
+
+
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        (dict(order="LHBNC"), "per-head pieces"),
+        (dict(order="BHLNC"), "per-head pieces"),
+        (dict(order="XYZ"), "unknown KV cache layout"),
+        (dict(backend="TURBOQUANT"), "not one whose blocks"),
+        (dict(backend="FLEX_ATTENTION", order="LBHNC"), "does not use"),
+        (dict(backend="CPU_ATTN", order="LBNHC", variant="vec"), "does not use"),
+        (dict(backend="CPU_ATTN", order="LBHNC"), "variant is required"),
+        (dict(cache_dtype="fp8_ds_mla"), "not supported"),
+        (dict(cache_dtype="int8_per_token_head"), "not supported"),
+        (dict(kv_quant_mode=3), "per-token quantised"),
+        (dict(num_head_slots=4), "packed"),
+        (dict(state_content_bytes=656), "packed"),
+        (dict(tokens_per_state=4), "compressed"),
+        (dict(head_size_v=8), "different K and V"),
+    ],
+)
+def test_what_the_reader_cannot_describe_is_refused(change: dict[str, Any], why: str) -> None:
+    kw: dict[str, Any] = dict(
+        order="LBNHC",
+        backend="FLASH_ATTN",
+        num_layers=2,
+        block_size=16,
+        num_kv_heads=2,
+        head_size=16,
+        spec_dtype="bfloat16",
+        chunk_size=CHUNK,
+    )
+    with pytest.raises(UnreadableLayout, match=why):
+        read_layout(**{**kw, **change})
+
+
+# ---- vLLM's own description (from .venv-vllm) --------------------------------------------------
+
+
+class _Spec:
+    """A vLLM spec's fields as the probe reported them, under its class name (the reader reads by attribute)."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.__dict__.update(fields)
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"{VLLM_PYTHON} missing: build it with scripts/make-vllm-env.sh")
+    path = tmp_path_factory.mktemp("probe") / "cases.json"
+    path.write_text(json.dumps({name: _case(name) for name in CASES}))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["VLLM_TARGET_DEVICE"] = "cpu"
+    out = subprocess.run(
+        [str(VLLM_PYTHON), str(PROBE), str(path)], capture_output=True, text=True, timeout=300, env=env
+    )
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("PROBE ")]
+    assert out.returncode == 0 and line, out.stderr[-3000:]
+    return json.loads(line[0].removeprefix("PROBE "))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_vllm_allocates_what_we_rebuild(probed: dict[str, Any], name: str) -> None:
+    got, c = probed[name], _case(name)
+    raw, views = vllm_views(name, seed=0)
+    assert got["size"] == raw.numel()
+    for ours, theirs in zip(views, got["views"], strict=True):
+        assert list(ours.shape) == theirs["shape"] and list(ours.stride()) == theirs["stride"]
+        assert ours.storage_offset() * ours.element_size() == theirs["offset"]
+    backend = got["backend"]
+    if backend["importable"]:
+        assert backend["name"] == c["backend"]
+        assert backend["layouts"] is None or c["order"] in backend["layouts"]
+    else:  # documented: FlashInfer and the MLA backends accept any layout on non-Blackwell GPUs
+        assert c["backend"] in ("FLASHINFER", "CUTLASS_MLA"), backend["why"]
+    # the reader gives the same descriptor from vLLM's real spec as from the case's plain fields
+    spec = type(got["spec"]["class"], (_Spec,), {})(got["spec"])
+    from_spec = read_spec_layout(
+        spec,
+        order=c["order"],
+        backend=c["backend"],
+        num_layers=NUM_LAYERS,
+        cache_dtype=c["cache_dtype"],
+        kv_scales=SCALES if c["cache_dtype"] != "auto" else None,
+        chunk_size=CHUNK,
+        variant=c.get("variant", ""),
+    )
+    assert from_spec == read(name)
+    assert from_spec.layout.block_bytes <= got["spec"]["page_size_bytes"]
+
+
+# ---- bytes through a real kvserver -------------------------------------------------------------
+
+kv_server = module_server("--l1-size-gb", "0.1", "--chunk-size", "64", "--lease-ttl", "30")
+
+
+def _round_trip(server: Any, src_name: str, dst_name: str, backend: str, seed: int) -> None:
+    """Save blocks of `src_name`'s engine, load them into other blocks of `dst_name`'s engine, compare bytes."""
+    rs, rd = read(src_name), read(dst_name)
+    assert rs.layout.fingerprint == rd.layout.fingerprint
+    _, src = vllm_views(src_name, seed)
+    dst_raw, dst = vllm_views(dst_name, seed + 1)
+    before = dst_raw.clone()
+    tokens = np.random.default_rng(seed).integers(0, 50_000, 2 * CHUNK + 5)
+    src_ids = [5, 6, 7, 8, 20, 21, 22, 23]
+    dst_ids = [int(b) for b in np.random.default_rng(seed).permutation(NUM_BLOCKS)[:8]]
+    kw = dict(mode="shm", timeout=10, copy_backend=backend)
+    model = f"reader/{src_name}/{seed}"
+    with (
+        EngineClient(server.url, model, 1, 0, [rs.layout], **kw) as a,
+        EngineClient(server.url, model, 1, 0, [rd.layout], **kw) as b,
+    ):
+        assert a.register([rs.engine_view(t) for t in src]) and b.register([rd.engine_view(t) for t in dst])
+        assert a.save(tokens, src_ids).saved_chunks == 2
+        assert b.lookup(tokens, session=sid(f"r-{seed}")).hit_tokens == 2 * CHUNK
+        res = b.load(sid(f"r-{seed}"), tokens, dst_ids, skip_tokens=0, num_tokens=2 * CHUNK)
+        assert res.ok and res.loaded_tokens == 2 * CHUNK, res
+        b.release(sid(f"r-{seed}"))
+    for layer in range(NUM_LAYERS):
+        for s, d in zip(src_ids, dst_ids, strict=True):
+            assert torch.equal(_bytes(dst[layer][d]), _bytes(src[layer][s])), (layer, s, d)
+    # every byte outside the loaded blocks (other blocks, padding, other layers' pages) is untouched
+    mask = torch.ones(dst_raw.numel(), dtype=torch.bool)
+    for layer in range(NUM_LAYERS):
+        for d in dst_ids:
+            blk = dst[layer][d]
+            lo = blk.storage_offset() * blk.element_size()
+            span = (sum((n - 1) * st for n, st in zip(blk.shape, blk.stride(), strict=True)) + 1) * blk.element_size()
+            mask[lo : lo + span] = False
+    assert torch.equal(dst_raw[mask], before[mask])
+
+
+@pytest.mark.parametrize("backend", ["host", "torch"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_round_trip_of_each_backend_layout(kv_server: Any, name: str, backend: str) -> None:
+    _round_trip(kv_server, name, name, backend, seed=10 + sorted(CASES).index(name) * 2 + (backend == "torch"))
+
+
+def test_engines_with_the_same_block_bytes_share_objects(kv_server: Any) -> None:
+    # FlashAttention with padded pages writes, Triton (LBNHC, no padding) reads: the same block bytes
+    _round_trip(kv_server, "flash_attn/LBNHC/bf16/padded", "triton/LBNHC/bf16", "host", seed=99)
+
+
+# ---- the vLLM connector's two sides (vllm_layout: no vLLM needed, specs are read by class name) ----
+
+
+def _config(name: str, order: str | None, **spec_fields: Any) -> Any:
+    c = _case(name)
+    fields = dict(block_size=c["block_size"], num_kv_heads=c["heads"], head_size=c["head_size"])
+    fields.update(dtype=getattr(torch, c["dtype"]), head_size_v=0 if c["mla"] else c["head_size"])
+    fields.update(spec_fields)
+    spec = type("MLAAttentionSpec" if c["mla"] else "FullAttentionSpec", (_Spec,), {})(fields)
+    group = _Spec({"kv_cache_spec": spec, "layer_names": [f"l{i}" for i in range(NUM_LAYERS)]})
+    return _Spec({"kv_cache_groups": [group], "kv_cache_layout": order})
+
+
+@pytest.mark.parametrize("name,isa", [("cpu/LBHNC/bf16", "vec"), ("cpu_mla/LBNHC/bf16", "cpu_mla")])
+def test_connector_sides_agree_on_vllm_cpu_tensors(name: str, isa: str) -> None:
+    from kvconnector.vllm.vllm_layout import scheduler_layout, worker_layout
+
+    config = _config(name, _case(name)["order"])
+    _, views = vllm_views(name, seed=3)
+    layout, tensors = worker_layout(config, {f"l{i}": v for i, v in enumerate(views)}, CHUNK, isa)
+    assert layout == scheduler_layout(config, CHUNK, isa) == read(name).layout
+    assert all(t.data_ptr() == v.data_ptr() for t, v in zip(tensors, views, strict=True))  # views, no copies
+
+
+def test_connector_refuses_what_the_reader_cannot_describe() -> None:
+    from kvconnector.vllm.vllm_layout import UnsupportedLayout, scheduler_layout, worker_layout
+
+    with pytest.raises(UnsupportedLayout, match="CPU_ATTN does not use the LBNHC"):
+        scheduler_layout(_config("cpu/LBHNC/bf16", "LBNHC"), CHUNK, "vec")
+    with pytest.raises(UnsupportedLayout, match="fp8 KV caches are not supported yet"):
+        scheduler_layout(_config("cpu/LBHNC/bf16", "LBHNC", dtype=torch.uint8), CHUNK, "vec")
+    with pytest.raises(UnsupportedLayout, match="splits a block into per-head pieces"):
+        scheduler_layout(_config("cpu_mla/LBNHC/bf16", "LHBNC"), CHUNK, "cpu_mla")
+    # tensors that are not what the spec describes (one head too many) disable the worker
+    config = _config("cpu/LBHNC/bf16", "LBHNC")
+    _, views = vllm_views("cpu/LBHNC/bf16", seed=4)
+    wrong = {f"l{i}": torch.cat([v, v[:, :1]], dim=1) for i, v in enumerate(views)}
+    with pytest.raises(UnsupportedLayout, match="expects"):
+        worker_layout(config, wrong, CHUNK, "vec")
