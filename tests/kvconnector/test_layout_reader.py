@@ -27,7 +27,7 @@ from engine_kv_helpers import module_server
 from kvconnector import layouts as L
 from kvconnector.engine_client import EngineClient
 from kvconnector.layout_reader import KV_CACHE_LAYOUTS, UnreadableLayout, read_layout, read_spec_layout
-from kvhelpers import sid
+from kvtestkit.kvhelpers import sid
 from kvprotocol import LayoutDescriptor
 
 REPO = Path(__file__).resolve().parents[2]

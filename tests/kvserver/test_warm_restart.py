@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kvhelpers import ArenaMap, lookup, payload, register, retrieve, sid, store, tiny_layout
+from kvtestkit.kvhelpers import ArenaMap, lookup, payload, register, retrieve, sid, store, tiny_layout
 from kvprotocol import Client, flows
 from kvprotocol import requests as rq
-from serverproc import BIN
+from kvtestkit.serverproc import BIN
 
 OBJ = tiny_layout().object_bytes
 SIZE = ("--l1-size-gb", "0.05")
