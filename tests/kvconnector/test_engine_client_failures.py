@@ -66,7 +66,8 @@ def test_killed_server_fails_loads_and_lookups_then_restart_recovers(server_fact
         assert look.hit_tokens == 0 and look.error
         assert not a.save(tokens, list(range(12))).ok
 
-        server.start()  # same port; a fresh (empty) arena replaces the stale one
+        server.args.append("--cold")  # same port, a fresh (empty) arena (warm adoption: test_restart_ride_through.py)
+        server.start()
         until_ok(lambda: b.lookup(tokens), "lookup")
         assert b.lookup(tokens).hit_tokens == 0  # the restarted server has an empty cache
         assert until_ok(lambda: a.save(tokens, list(range(12))), "save").saved_chunks == 3

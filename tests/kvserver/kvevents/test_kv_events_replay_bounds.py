@@ -49,7 +49,8 @@ def test_one_request_gets_at_most_max_bytes_and_asking_again_gets_the_rest(serve
         assert part and _size(part) <= MAX
         got += part
         start = part[-1].seq + 1
-    assert [b.seq for b in got] == list(range(next_seq))  # nothing lost, nothing twice
+    seqs = [b.seq for b in got]  # a batch published after next_seq was read may come along too
+    assert seqs == list(range(len(seqs))) and len(seqs) >= next_seq  # nothing lost, nothing twice
     with srv.proc.client() as c:
         kv = c.call("describe").result["kv_events"]
     assert kv["replays_cut"] >= 3 and kv["replay_bytes"] >= 2 * MAX

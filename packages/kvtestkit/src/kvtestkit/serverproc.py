@@ -105,9 +105,9 @@ class ServerProc(ManagedProcess):
     def start(self, timeout: float = 20.0) -> Self:
         if not KVSERVER_BIN.exists():
             raise RuntimeError(f"{KVSERVER_BIN} is missing: run `uv sync` in the workspace first")
-        cmd = [str(KVSERVER_BIN), "start", "--port", str(self.port), *self.args]
-        # always explicit: the default port 8080 would collide between parallel servers
-        cmd += ["--http-port", str(self.http_port)]
+        # the HTTP port always explicit (the default 8080 would collide between parallel servers), and
+        # first, so an --http-port among the args (a fleet member's, say) wins
+        cmd = [str(KVSERVER_BIN), "start", "--port", str(self.port), "--http-port", str(self.http_port), *self.args]
         self.spawn(cmd, {**os.environ, **self.env})
         deadline = time.monotonic() + timeout
         while self.curve and not self._pub_path().exists() and time.monotonic() < deadline:
@@ -172,7 +172,7 @@ class KVServer(ServerProc):
     def kill(self) -> None:
         """Crash the server; its stale shm segment (what a crash leaves) is removed here."""
         super().kill()
-        for suffix in ("", ".lock", "-ec"):
+        for suffix in ("", ".lock", "-ec", ".journal"):
             Path(f"/dev/shm/kvtest{self.port}-{self.port}{suffix}").unlink(missing_ok=True)
 
 

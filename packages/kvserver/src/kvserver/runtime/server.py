@@ -104,7 +104,6 @@ class KVServer:
             self.cache.engine_table.ttl = config.engine_ttl
             self.blend = BlendService(self.cache)  # content-keyed chunks (CacheBlend), opt-in per request
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
-            self._built = True
         except BaseException:
             self.close()
             raise
@@ -146,6 +145,7 @@ class KVServer:
             except Exception:
                 self.close()
                 raise
+        self._built = True
 
     # -- ops -------------------------------------------------------------------------------------
     def _builtin_handlers(self) -> dict[str, Handler]:
@@ -360,11 +360,15 @@ class KVServer:
             events.close()
         self._sock.close(linger=0)
         self._ctx.term()
-        if self.warm is not None:
-            self.warm.close(keep=self._built)
         arena: Arena | None = getattr(self, "arena", None)
+        # a server that started leaves its arena for the next one on this port to adopt (warm.py), and
+        # so does one that failed to start on an arena it adopted (never throw a cache away by mistake);
+        # an arena this server created and never served from goes
+        keep = self._built or (arena is not None and arena.adopted)
+        if self.warm is not None:
+            self.warm.close(keep=keep)
         if arena is not None:
-            arena.close(keep=self._built)  # left for the next server on this port to adopt (warm.py)
+            arena.close(keep=keep)
         ec_arena: Arena | None = getattr(self, "ec_arena", None)
         if ec_arena is not None:
             ec_arena.close()  # the encoder cache is not adopted: it starts empty
