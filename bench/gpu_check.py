@@ -158,6 +158,7 @@ class Server:
         return self.log.read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
+        """Stop it and remove the arena a stopped server leaves for a warm restart (a check keeps nothing)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -165,6 +166,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for suffix in ("", ".journal", "-ec", ".lock"):
+            Path(f"/dev/shm/gpucheck-{self.url.rsplit(':', 1)[1]}{suffix}").unlink(missing_ok=True)
 
 
 def l1_size_gb(want: float) -> float:

@@ -16,6 +16,47 @@ from kvtestkit.serverproc import ServerProc, free_port
 ServerFactory = Callable[..., ServerProc]
 
 
+ARENA_PREFIXES = ("kvserver-", "kvtest", "gpucheck-")  # the segment names tests and benches use
+
+
+def _remove_dead_arenas() -> None:
+    """Arenas that no live server holds, left by an earlier run (a killed server, a bench): a server
+    adopts a leftover arena of its size on its port (warm restart), so a test could otherwise find
+    another run's objects. A live server holds `<name>.lock`; an arena whose lock can be taken (or
+    that has none) is dead. Runs once per worker before its tests, and never touches a held lock."""
+    import fcntl
+
+    shm = Path("/dev/shm")
+    for seg in shm.iterdir():
+        name = seg.name
+        if not name.startswith(ARENA_PREFIXES) or name.endswith((".lock", ".journal", "-ec")):
+            continue
+        lock = shm / f"{name}.lock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            fd = -1
+        except OSError:
+            continue  # not ours to judge
+        try:
+            if fd >= 0:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # a live server
+        try:
+            for suffix in ("", ".journal", "-ec", ".lock"):  # the lock last, by its holder (us now)
+                (shm / f"{name}{suffix}").unlink(missing_ok=True)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _dead_arenas_removed() -> None:
+    _remove_dead_arenas()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One private credentials directory for the run: servers write their token files there and
