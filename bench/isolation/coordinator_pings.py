@@ -64,7 +64,10 @@ def main() -> None:
         port = free_port()
         env = {**os.environ, "KVSERVER_STATE_DIR": tmp, "KVSERVER_API_TOKEN": token}
         coord = subprocess.Popen(
-            [str(BIN / "kvcli"), "coordinator", "--port", str(port)], env=env, stdout=subprocess.DEVNULL
+            [str(BIN / "kvcli"), "coordinator", "--port", str(port), "--log-level", "warning"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         url = f"http://127.0.0.1:{port}"
         srv = None
@@ -84,14 +87,14 @@ def main() -> None:
             srv.client(token).close()
             owner = InstancesPing(url, token)
             deadline = time.monotonic() + 30
-            while not owner.http.get("/v1/instances").json() and time.monotonic() < deadline:
+            while not owner.http.get("/v1/instances").json()["instances"] and time.monotonic() < deadline:
                 time.sleep(0.1)
             seen: dict[int, int] = {}
             times = alternate(owner, lambda stop: attack(url, stop, seen))  # type: ignore[arg-type]
             report("coordinator", times)
             print("stranger's answers by status:", dict(sorted(seen.items())))
-            listed = owner.http.get("/v1/instances").json()
-            print(f"instances registered after the attack: {len(listed)} (the server only)")
+            listed = owner.http.get("/v1/instances").json()["instances"]
+            print(f"instances registered after the attack: {len(listed)} (1: the server only)")
         finally:
             if srv is not None:
                 srv.stop()
