@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvprotocol import Client
+from kvprotocol import Client, KeySpace, LayoutDescriptor
 from kvtestkit.ports import free_port
 
 BIN = Path(sys.executable).parent
+LAYOUT = LayoutDescriptor("vllm_cpu", "float32", 2, 32, 1024, 256, (256,))  # a small engine layout
 Attack = Callable[[threading.Event], None]
 
 
@@ -28,6 +29,7 @@ class Server:
     """`kvserver start` on a free loopback port with the given state dir, tenants file and flags."""
 
     def __init__(self, state_dir: Path, tenants: Path | None, *flags: str) -> None:
+        self.state_dir = state_dir
         self.port = free_port()
         self.http_port = free_port()
         self.url = f"tcp://127.0.0.1:{self.port}"
@@ -49,6 +51,10 @@ class Server:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     raise
                 time.sleep(0.1)
+
+    def admin(self) -> Client:
+        """A client with the server's own token (from its default file), once the server answers."""
+        return self.client((self.state_dir / f"token-{self.port}").read_text().strip())
 
     def stop(self) -> None:
         """Stop the server and remove the arena it leaves for a warm restart (a bench keeps nothing)."""
@@ -88,3 +94,9 @@ def report(name: str, times: dict[str, list[float]]) -> float:
     ratio = statistics.median(times["attack"]) / statistics.median(times["quiet"])
     print(f"{name}: ratio attack/quiet median {ratio:.2f}")
     return ratio
+
+
+def register(admin: Client, layout: LayoutDescriptor = LAYOUT) -> KeySpace:
+    """Register an engine of model "m" (one rank) with `layout`; the keyspace its objects use."""
+    admin.call("register_engine", model="m", world_size=1, rank=0, groups=[layout.to_wire()])
+    return KeySpace.from_layouts("m", 1, [layout])

@@ -74,7 +74,7 @@ def main() -> None:
             times = alternate(pinger, attack)
             report("lows", times)
             print(f"mallory registrations: {ops[0]} ({ops[1]} refused TOO_MANY)")
-            admin = srv.client((Path(tmp) / f"token-{srv.port}").read_text().strip())
+            admin = srv.admin()
             engines = admin.call("describe").result["engines"]
             print("alice's engine still registered:", any(e["id"] == mine for e in engines))
             print("mallory's engine entries:", sum(e["tenant"] == "mallory" for e in engines))

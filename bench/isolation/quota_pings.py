@@ -15,11 +15,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bench.isolation.bystander import Server, alternate, report
+from bench.isolation.bystander import LAYOUT, Server, alternate, report, register
 from kvtestkit.tenants import add_tenant
-from kvprotocol import Client, KeySpace, LayoutDescriptor, ServerError, pack_tokens
+from kvprotocol import Client, KeySpace, ServerError, pack_tokens
 
-LAYOUT = LayoutDescriptor("vllm_cpu", "float32", 2, 32, 1024, 256, (256,))
 OBJ = LAYOUT.object_bytes
 C = 256
 
@@ -48,9 +47,8 @@ def main() -> None:
         srv = Server(Path(tmp), tenants, "--l1-size-gb", "0.05", "--lease-ttl", "2")
         try:
             pinger = srv.client(alice_tok)
-            admin = srv.client((Path(tmp) / f"token-{srv.port}").read_text().strip())
-            admin.call("register_engine", model="m", world_size=1, rank=0, groups=[LAYOUT.to_wire()])
-            ks = KeySpace.from_layouts("m", 1, [LAYOUT])
+            admin = srv.admin()
+            ks = register(admin)
             alice, carol = Client(srv.url, token=alice_tok), Client(srv.url, token=carol_tok)
             seen: dict[str, int] = {}
             times = alternate(pinger, lambda stop: attack(carol, ks, stop, seen))

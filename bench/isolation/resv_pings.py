@@ -16,19 +16,18 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bench.isolation.bystander import Server, alternate, report
+from bench.isolation.bystander import LAYOUT, Server, alternate, report, register
 from kvtestkit.tenants import add_tenant
-from kvprotocol import Client, KeySpace, LayoutDescriptor, ServerError, pack_tokens
+from kvprotocol import Client, KeySpace, ServerError, pack_tokens
 from kvprotocol import requests as rq
 
-LAYOUT = LayoutDescriptor("vllm_cpu", "float32", 2, 32, 1024, 256, (256,))
 OBJ = LAYOUT.object_bytes
 
 
 def book(c: Client, ks: KeySpace, rid: str, total: int) -> str:
     """A reservation's first store that writes nothing: it only books `total` chunks."""
     try:
-        c.send(rq.Store(keyspace=ks.wire(), tokens=b"", rank=0, reservation=rid, total_chunks=total))
+        c.send(rq.Store(keyspace=ks.wire(), tokens=b"", rank=0, reservation=rid, total_chunks=total, mode="tcp"))
         return "admitted"
     except ServerError as exc:
         return str(exc.code)
@@ -71,9 +70,8 @@ def main() -> None:
         srv = Server(Path(tmp), tenants, "--l1-size-gb", "0.05", "--lease-ttl", "1")
         try:
             pinger = srv.client(alice_tok)  # waits until the server answers (its token file is written)
-            admin = srv.client((Path(tmp) / f"token-{srv.port}").read_text().strip())
-            admin.call("register_engine", model="m", world_size=1, rank=0, groups=[LAYOUT.to_wire()])
-            ks = KeySpace.from_layouts("m", 1, [LAYOUT])
+            admin = srv.admin()
+            ks = register(admin)
             alice, mallory = Client(srv.url, token=alice_tok), Client(srv.url, token=mallory_tok)
             d = admin.call("describe").result
             capacity, cap = d["l1"]["capacity_bytes"], d["tenants"]["mallory"]["max_reserved_bytes"]
