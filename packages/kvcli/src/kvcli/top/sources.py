@@ -69,7 +69,9 @@ class DirectSource:
         return list(self._pool.map(self._one, self.urls))
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        # wait for calls in flight (each bounded by the timeout): a ZMQ socket closed while another
+        # thread still uses it aborts the whole process (libzmq asserts in its signaler)
+        self._pool.shutdown(wait=True, cancel_futures=True)
         for client in self._clients.values():
             client.close()
 
