@@ -153,12 +153,14 @@ def test_a_restarted_server_on_the_same_endpoints_is_resynced(
     first = ServerProc(port, args, tmp_path / "first.log", http_port=http_port).start()
     second: ServerProc | None = None
     try:
-        wait_for(lambda: index(coord)["synced"] == 1, what="feed in sync")
+        wait_for(lambda: index(coord)["synced"] == 1, what="feed in sync", timeout=30)
         with first.client() as c:
             ks, _ = register(c, layouts=[tiny_layout(CHUNK)])
             store(c, ks, prompt(3, seed=5), fill)
         wait_for(
-            lambda: lookup(coord, keys_body(ks, prompt(3, seed=5)))["prefix_tokens"] == 3 * CHUNK, what="stores indexed"
+            lambda: lookup(coord, keys_body(ks, prompt(3, seed=5)))["prefix_tokens"] == 3 * CHUNK,
+            what="stores indexed",
+            timeout=30,
         )
         first.kill()  # no deregistration; the coordinator still lists it for 60 s
         second = ServerProc(port, args, tmp_path / "second.log", http_port=http_port).start()
@@ -174,6 +176,7 @@ def test_a_restarted_server_on_the_same_endpoints_is_resynced(
                 and lookup(coord, keys_body(ks, prompt(1, seed=6)))["prefix_tokens"] == CHUNK
             ),
             what="new process indexed",
+            timeout=30,
         )
         assert lookup(coord, keys_body(ks, prompt(3, seed=5)))["best"] is None
         assert fanout_queries(coord) == 0
