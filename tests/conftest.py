@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -79,15 +80,26 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
     def make(
         *args: str, http: bool = False, port: int | None = None, env: dict[str, str] | None = None, start: bool = True
     ) -> ServerProc:
-        proc = ServerProc(
-            port or free_port(),
-            list(args),
-            tmp_path / f"kvserver-{len(started)}.log",
-            http_port=free_port() if http else 0,
-            env=env or {},
-        )
-        started.append(proc)
-        return proc.start() if start else proc
+        for attempt in range(3):
+            proc = ServerProc(
+                port or free_port(),
+                list(args),
+                tmp_path / f"kvserver-{len(started)}.log",
+                http_port=free_port() if http else 0,
+                env=env or {},
+            )
+            started.append(proc)
+            if not start:
+                return proc
+            try:
+                return proc.start()
+            except RuntimeError as exc:
+                # a port picked free here can be taken by a parallel test process before the server
+                # binds it: pick new ones (only ports chosen here; a test's own port is its business)
+                if port is not None or attempt == 2 or not re.search(r"cannot (bind|listen)", str(exc)):
+                    raise
+                proc.stop()
+        raise AssertionError("unreachable")
 
     yield make
     for proc in started:
