@@ -166,7 +166,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for suffix in ("", ".journal", "-ec", ".lock"):
+        for suffix in ("", ".journal", "-ec", "-ec.journal", ".lock"):
             Path(f"/dev/shm/gpucheck-{self.url.rsplit(':', 1)[1]}{suffix}").unlink(missing_ok=True)
 
 

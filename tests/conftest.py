@@ -46,7 +46,7 @@ def _remove_dead_arenas() -> None:
             os.close(fd)
             continue  # a live server
         try:
-            for suffix in ("", ".journal", "-ec", ".lock"):  # the lock last, by its holder (us now)
+            for suffix in ("", ".journal", "-ec", "-ec.journal", ".lock"):  # the lock last, by its holder (us now)
                 (shm / f"{name}{suffix}").unlink(missing_ok=True)
         finally:
             if fd >= 0:
@@ -108,7 +108,8 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
         Path(f"/dev/shm/kvserver-{proc.port}").unlink(missing_ok=True)
         Path(f"/dev/shm/kvserver-{proc.port}.lock").unlink(missing_ok=True)
         Path(f"/dev/shm/kvserver-{proc.port}-ec").unlink(missing_ok=True)
-        Path(f"/dev/shm/kvserver-{proc.port}.journal").unlink(missing_ok=True)  # a stopped server leaves both
+        for left in (".journal", "-ec.journal"):  # a stopped server leaves its segments and journals
+            Path(f"/dev/shm/kvserver-{proc.port}{left}").unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -60,7 +60,7 @@ class Server:
         """Stop the server and remove the arena it leaves for a warm restart (a bench keeps nothing)."""
         self.proc.terminate()
         self.proc.wait(10)
-        for suffix in ("", ".journal", "-ec"):
+        for suffix in ("", ".journal", "-ec", "-ec.journal"):
             Path(f"/dev/shm/kvserver-{self.port}{suffix}").unlink(missing_ok=True)
 
 

@@ -85,6 +85,32 @@ def test_kubernetes_kvserver_options_exist_and_shm_is_shared() -> None:
             assert shm and ("hostPath" in shm[0] or shm[0]["emptyDir"]["medium"] == "Memory")
 
 
+def test_the_daemonset_keeps_the_arena_across_a_rollout() -> None:
+    """The DaemonSet's arena lives in a node directory, not in the pod: a rollout's new pod adopts it
+    (warm restart). An emptyDir would be deleted with the old pod, and the cache with it."""
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "kvserver-daemonset.yaml").read_text()) if d]
+    pod = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    shm = next(v for v in pod["volumes"] if v["name"] == "shm")
+    assert shm["hostPath"]["path"].startswith("/dev/shm/")
+    config = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert not tomllib.loads(config["data"]["kvserver.toml"]).get("cold", False)
+
+
+def test_the_systemd_unit_keeps_the_arena_across_a_restart() -> None:
+    """systemd removes a user's POSIX shared memory when its service stops under RemoveIPC= (implied
+    by DynamicUser=), and PrivateDevices= gives the service a /dev/shm of its own that dies with it:
+    either would throw the arena away at every restart."""
+    unit = (DEPLOY / "systemd" / "kvserver.service").read_text()
+    settings = {
+        line.split("=", 1)[0].strip(): line.split("=", 1)[1].strip()
+        for line in unit.splitlines()
+        if "=" in line and not line.startswith("#")
+    }
+    assert settings.get("RemoveIPC", "no") == "no" and settings.get("DynamicUser", "no") == "no"
+    assert settings.get("PrivateDevices", "no") == "no" and settings.get("PrivateIPC", "no") == "no"
+    assert "/dev/shm" in settings["ReadWritePaths"].split()
+
+
 def test_compose_wires_vllm_to_the_server_arena() -> None:
     compose = yaml.safe_load((DEPLOY / "compose" / "docker-compose.yaml").read_text())
     services = compose["services"]

@@ -22,8 +22,9 @@ def test_sigterm_and_sigint_leave_the_segment_for_adoption(server_factory):
         srv = server_factory("--l1-size-gb", "0.01")
         assert shm(srv.port).exists()
         assert srv.stop(sig, keep_arena=True) == 0
-        assert shm(srv.port).exists() and Path(f"{shm(srv.port)}.journal").exists()
-        assert not Path(f"{shm(srv.port)}.lock").exists() and not Path(f"{shm(srv.port)}-ec").exists()
+        for left in ("", ".journal", "-ec", "-ec.journal"):  # both segments and their journals
+            assert Path(f"{shm(srv.port)}{left}").exists(), left
+        assert not Path(f"{shm(srv.port)}.lock").exists()
 
 
 def test_cold_restart_after_crash_removes_the_stale_segment(server_factory):

@@ -15,6 +15,7 @@ from kvtestkit.kvhelpers import ArenaMap, lookup, payload, register, retrieve, s
 from kvprotocol import Client, flows
 from kvprotocol import requests as rq
 from kvtestkit.serverproc import BIN
+from test_ec import ec_get, ec_put
 
 OBJ = tiny_layout().object_bytes
 SIZE = ("--l1-size-gb", "0.05")
@@ -30,8 +31,9 @@ def adopted(srv, timeout: float = 30.0) -> dict:
     with srv.client() as c:
         while True:
             warm = c.call("describe").result["warm_restart"]
-            if warm["pending"] == 0 or time.monotonic() > deadline:
-                assert warm["pending"] == 0, warm
+            done = warm["pending"] == 0 and warm["ec"]["pending"] == 0
+            if done or time.monotonic() > deadline:
+                assert done, warm
                 return warm
             time.sleep(0.02)
 
@@ -187,6 +189,7 @@ def test_tenant_usage_is_rebuilt_and_removed_tenants_dropped(server_factory, tmp
         with Client(srv.url, token=tok[name]) as c:
             ks, _ = register(c)
             store(c, ks, a, lambda ch, g: payload(ch, OBJ))
+            ec_put(c, "img", payload(7, 4096))  # and one encoder output each
     with srv.client() as admin:
         before = admin.call("describe").result["tenants"]
     assert before["alice"]["l1_used_bytes"] == before["bob"]["l1_used_bytes"] == 3 * OBJ
@@ -195,9 +198,11 @@ def test_tenant_usage_is_rebuilt_and_removed_tenants_dropped(server_factory, tmp
     again = server_factory(*args, port=srv.port)
     warm = adopted(again)
     assert warm["adopted"] == 3 and warm["dropped"] == 3
+    assert warm["ec"]["adopted"] == 1 and warm["ec"]["dropped"] == 1
     with again.client() as admin:
         after = admin.call("describe").result["tenants"]
     assert after["alice"]["l1_used_bytes"] == 3 * OBJ and after.get("bob", {}).get("l1_used_bytes", 0) == 0
     with Client(again.url, token=tok["alice"]) as c:
         ks, _ = register(c)
         assert lookup(c, ks, a) == len(a)
+        assert ec_get(c, "img") == payload(7, 4096)

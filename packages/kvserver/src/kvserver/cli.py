@@ -314,7 +314,8 @@ async def _run(config: ServerConfig) -> int:
 
     stale = " (removed a stale segment)" if server.arena.removed_stale else ""
     if server.warm is not None and server.arena.adopted:
-        stale = f" (adopted: {server.warm.adopted} objects to verify, {server.warm.dropped} dropped)"
+        w = server.warm
+        stale = f" (adopted: {w.l1.adopted} objects to verify, {w.l1.dropped} dropped; ec: {w.ec.adopted})"
     click.echo(
         f"kvserver {__version__} ready in {time.perf_counter() - t0:.2f}s: zmq={config.zmq_url} "
         f"l1={config.l1_bytes / (1 << 30):.2f} GiB shm=/dev/shm/{server.arena.name}{stale} "

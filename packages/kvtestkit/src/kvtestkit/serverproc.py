@@ -94,8 +94,8 @@ class ServerProc(ManagedProcess):
         unless `keep_arena` (a kill leaves it, as a crash does)."""
         rc = super().stop(sig, timeout)
         if sig != signal.SIGKILL and not keep_arena:
-            self.arena_path.unlink(missing_ok=True)
-            Path(f"{self.arena_path}.journal").unlink(missing_ok=True)
+            for suffix in ("", ".journal", "-ec", "-ec.journal"):
+                Path(f"{self.arena_path}{suffix}").unlink(missing_ok=True)
         return rc
 
     @property
@@ -172,7 +172,7 @@ class KVServer(ServerProc):
     def kill(self) -> None:
         """Crash the server; its stale shm segment (what a crash leaves) is removed here."""
         super().kill()
-        for suffix in ("", ".lock", "-ec", ".journal"):
+        for suffix in ("", ".lock", "-ec", ".journal", "-ec.journal"):
             Path(f"/dev/shm/kvtest{self.port}-{self.port}{suffix}").unlink(missing_ok=True)
 
 

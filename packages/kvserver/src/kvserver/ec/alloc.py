@@ -44,6 +44,32 @@ class FirstFitAllocator:
             return start
         return None
 
+    def take(self, offset: int, size: int) -> bool:
+        """Allocate exactly the range at `offset` for `size` bytes if all of it is free (re-adopting an
+        object a previous server left); False otherwise, and nothing changes."""
+        need = _round(size)
+        if offset % ALIGN or offset < self.base or offset + need > self.base + self.capacity:
+            return False
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i < 0:
+            return False
+        start = self._starts[i]
+        end = start + self._sizes[start]
+        if offset + need > end:
+            return False
+        del self._starts[i]
+        del self._sizes[start]
+        if offset > start:  # what is left before and after the taken range stays free
+            self._starts.insert(i, start)
+            self._sizes[start] = offset - start
+            i += 1
+        if end > offset + need:
+            self._starts.insert(i, offset + need)
+            self._sizes[offset + need] = end - offset - need
+        self._used[offset] = need
+        self.used_bytes += need
+        return True
+
     def free(self, offset: int) -> None:
         size = self._used.pop(offset)
         self.used_bytes -= size

@@ -23,6 +23,7 @@ import os
 import secrets
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,9 @@ from kvprotocol.kvsum import kvsum64
 
 from ..errors import BadField, Forbidden, OutOfRange, TooMany, UnknownStore
 from ..l1.arena import HEADER_BYTES, SHM_DIR, Arena
+from ..l1.journal import ArenaJournal
 from .alloc import FirstFitAllocator
+from .journal import ECCommitted
 from .tenants import ECTenants
 from ..security.shm import arena_for
 from ..security.tenants import ADMIN, Identity, TenantBook
@@ -121,6 +124,7 @@ class ECCache:
         self._swept = 0.0  # when expire() last ran
         self.counters = ECCounters()
         self.ready_bytes = 0  # kept incrementally: describe() and /metrics never scan the index
+        self.journal: ArenaJournal[ECCommitted] | None = None  # ready objects, for a warm restart (journal.py)
 
     # -- wire ----------------------------------------------------------------------------------
     def handlers(self) -> dict[str, Any]:
@@ -289,9 +293,8 @@ class ECCache:
             raise Forbidden(f"tenant {who.tenant!r} may no longer commit an shm-mode EC store; store over tcp")
         del self.stores[store_id]
         self.tenants.of(txn.key[0]).stores -= 1
-        e.ready, e.checksum = True, checksum
-        self._lru(txn.key[0])[txn.key] = None
-        self.ready_bytes += e.size
+        e.checksum = checksum
+        self._make_ready(txn.key, e)
         self.counters.stores += 1
         self.counters.stored_bytes += e.size
         return {"committed": True}
@@ -374,6 +377,8 @@ class ECCache:
             _, offset, tenant, size = self._quarantine.popleft()
             self.alloc.free(offset)
             self.tenants.of(tenant).used_bytes -= size
+        if self.journal is not None and self.journal.due():
+            self.journal.compact(self.ready_records())
 
     def clear(self) -> dict[str, Any]:
         """Remove every ready, unleased object."""
@@ -382,11 +387,51 @@ class ECCache:
             self._drop(key)
         return {"removed": len(doomed)}
 
+    def _make_ready(self, key: ECKey, e: ECEntry) -> None:
+        e.ready = True
+        self._lru(key[0])[key] = None
+        self.ready_bytes += e.size
+        if self.journal is not None:
+            self.journal.commit(self._record(key, e))
+
+    @staticmethod
+    def _record(key: ECKey, e: ECEntry) -> ECCommitted:
+        return ECCommitted(key, e.offset, e.size, e.checksum, e.dtype, tuple(e.shape))
+
+    def ready_records(self) -> Iterator[ECCommitted]:
+        return (self._record(k, e) for k, e in self.entries.items() if e.ready)
+
+    # -- warm restart ----------------------------------------------------------------------------
+    def adopt(self, found: list[ECCommitted], keep: Callable[[str], bool]) -> list[ECKey]:
+        """Take back the ranges of a previous server's ready objects, as invisible (not ready) entries
+        charged to their tenants, until `finish_adopt` says their bytes passed their checksum. A record
+        that overlaps another, lies outside the segment, or whose tenant `keep` refuses is dropped."""
+        adopted: list[ECKey] = []
+        for c in sorted(found, key=lambda c: c.offset):
+            if c.key in self.entries or not keep(c.key[0]) or not self.alloc.take(c.offset, c.size):
+                continue
+            self.entries[c.key] = ECEntry(c.offset, c.size, c.dtype, list(c.shape), checksum=c.checksum)
+            self.tenants.of(c.key[0]).used_bytes += c.size
+            adopted.append(c.key)
+        return adopted
+
+    def finish_adopt(self, key: ECKey, verified: bool) -> None:
+        """An adopted object's bytes were checked: ready (and journaled again) if they passed, else freed."""
+        e = self.entries.get(key)
+        if e is None or e.ready or any(t.key == key for t in self.stores.values()):
+            return
+        if verified:
+            self._make_ready(key, e)
+        else:
+            self._drop(key)
+
     def _drop(self, key: ECKey) -> ECEntry:
         e = self.entries.pop(key)
         if e.ready:
             self._lru(key[0]).pop(key, None)
             self.ready_bytes -= e.size
+            if self.journal is not None:
+                self.journal.free(e.offset)  # before the range can be handed out again
         self.alloc.free(e.offset)
         self.tenants.of(key[0]).used_bytes -= e.size
         return e

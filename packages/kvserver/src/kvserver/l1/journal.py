@@ -23,9 +23,10 @@ import os
 import stat
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import msgpack
 
@@ -33,7 +34,9 @@ from kvprotocol import ObjectKey
 
 log = logging.getLogger("kvserver.arena")
 
-__all__ = ["FORMAT", "ArenaJournal", "Committed", "read_journal"]
+__all__ = ["FORMAT", "ArenaJournal", "Committed", "read_journal", "read_records"]
+
+T = TypeVar("T")
 
 FORMAT = 1  # bump when records change; an older server's journal of another format is not adopted
 MAGIC = b"KVSJRNL\0"
@@ -84,11 +87,34 @@ def commit_record(c: Committed) -> bytes:
     return _record(COMMIT, COMMIT_FIXED.pack(c.offset, c.size, c.checksum, len(parent)) + parent + _encode_key(c.key))
 
 
-def read_journal(path: Path, identity: tuple[int, int], capacity: int) -> tuple[list[Committed], str]:
-    """The ready objects a journal names, or ([], why not) when it is absent, foreign or of another format.
+def _decode_commit(body: bytes) -> tuple[int, Committed | None] | None:
+    if len(body) < COMMIT_FIXED.size:
+        return None
+    offset, size, checksum, plen = COMMIT_FIXED.unpack_from(body)
+    parent = body[COMMIT_FIXED.size : COMMIT_FIXED.size + plen] or None
+    key = _decode_key(body[COMMIT_FIXED.size + plen :])
+    ok = key is not None and (parent is None or len(parent) == plen)
+    return offset, Committed(key, offset, size, checksum, parent) if ok and key is not None else None
 
-    Opened without following links and checked on the open descriptor: only this user's 0600 regular
-    file is read.
+
+def read_journal(path: Path, identity: tuple[int, int], capacity: int) -> tuple[list[Committed], str]:
+    """The ready objects an L1 journal names, or ([], why not) when it is absent, foreign or of another format."""
+    return read_records(path, identity, capacity, MAGIC, _decode_commit)
+
+
+def read_records(
+    path: Path,
+    identity: tuple[int, int],
+    capacity: int,
+    magic: bytes,
+    decode: Callable[[bytes], tuple[int, T | None] | None],
+) -> tuple[list[T], str]:
+    """Replay a journal of `magic`: the objects its COMMIT records name and no later FREE record freed.
+
+    `decode` turns a COMMIT body into (offset, object), the object None when the record is well
+    formed but names nothing adoptable (it still frees its offset), or None when the body is garbage
+    (replay stops there, as at a torn record). Opened without following links and checked on the
+    open descriptor: only this user's 0600 regular file is read.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -107,12 +133,12 @@ def read_journal(path: Path, identity: tuple[int, int], capacity: int) -> tuple[
         os.close(fd)
     if len(data) < HEADER.size:
         return [], "its journal has no header"
-    magic, fmt, dev, ino, cap = HEADER.unpack_from(data)
-    if magic != MAGIC or fmt != FORMAT:
+    got_magic, fmt, dev, ino, cap = HEADER.unpack_from(data)
+    if got_magic != magic or fmt != FORMAT:
         return [], f"its journal is of another format ({fmt}, this server reads {FORMAT})"
     if (dev, ino) != identity or cap != capacity:
         return [], "its journal belongs to another arena or size"
-    live: dict[int, Committed] = {}
+    live: dict[int, T] = {}
     pos = HEADER.size
     while pos + RECORD.size <= len(data):
         length, kind = RECORD.unpack_from(data, pos)
@@ -125,12 +151,10 @@ def read_journal(path: Path, identity: tuple[int, int], capacity: int) -> tuple[
         pos = end
         if kind == FREE and len(body) == FREE_FIXED.size:
             live.pop(FREE_FIXED.unpack(body)[0], None)
-        elif kind == COMMIT and len(body) >= COMMIT_FIXED.size:
-            offset, size, checksum, plen = COMMIT_FIXED.unpack_from(body)
-            parent = body[COMMIT_FIXED.size : COMMIT_FIXED.size + plen] or None
-            key = _decode_key(body[COMMIT_FIXED.size + plen :])
-            if key is not None and (parent is None or len(parent) == plen):
-                live[offset] = Committed(key, offset, size, checksum, parent)
+        elif kind == COMMIT and (decoded := decode(body)) is not None:
+            offset, obj = decoded
+            if obj is not None:
+                live[offset] = obj
             else:
                 live.pop(offset, None)
         else:
@@ -138,12 +162,23 @@ def read_journal(path: Path, identity: tuple[int, int], capacity: int) -> tuple[
     return list(live.values()), ""
 
 
-class ArenaJournal:
-    """The append side: one open 0600 file, written by the server's loop only."""
+class ArenaJournal(Generic[T]):
+    """The append side: one open 0600 file, written by the server's loop only.
 
-    def __init__(self, path: Path, identity: tuple[int, int], capacity: int) -> None:
+    `encode` makes one COMMIT record of an object (L1's by default; the encoder cache has its own,
+    under its own magic, ec/journal.py)."""
+
+    def __init__(
+        self,
+        path: Path,
+        identity: tuple[int, int],
+        capacity: int,
+        magic: bytes = MAGIC,
+        encode: Callable[[T], bytes] = commit_record,  # type: ignore[assignment]
+    ) -> None:
         self.path = path
-        self._header = HEADER.pack(MAGIC, FORMAT, identity[0], identity[1], capacity)
+        self._encode = encode
+        self._header = HEADER.pack(magic, FORMAT, identity[0], identity[1], capacity)
         self._fd = self._create(path)
         self.records = 0
         self.live = 0
@@ -163,13 +198,13 @@ class ArenaJournal:
         if old >= 0 and old != fd:
             os.close(old)
 
-    def start(self, ready: Iterable[Committed] = ()) -> None:
+    def start(self, ready: Iterable[T] = ()) -> None:
         """Write the objects already known ready, then install the file under its name."""
         self._append_many(ready, self._fd)
         self._install(self._fd)
 
-    def commit(self, c: Committed) -> None:
-        self._write(commit_record(c))
+    def commit(self, c: T) -> None:
+        self._write(self._encode(c))
         self.live += 1
 
     def free(self, offset: int) -> None:
@@ -180,17 +215,17 @@ class ArenaJournal:
         """Whether a rewrite would shrink the journal enough to be worth it."""
         return self.records > COMPACT_MIN and self.records > 4 * self.live
 
-    def compact(self, ready: Iterable[Committed]) -> None:
+    def compact(self, ready: Iterable[T]) -> None:
         """Rewrite the journal as one COMMIT per ready object; the rename makes the switch atomic."""
         fd = self._create(self.path)
         self.records = self.live = 0
         self._append_many(ready, fd)
         self._install(fd)
 
-    def _append_many(self, ready: Iterable[Committed], fd: int) -> None:
+    def _append_many(self, ready: Iterable[T], fd: int) -> None:
         buf = bytearray()
         for c in ready:
-            buf += commit_record(c)
+            buf += self._encode(c)
             self.records += 1
             self.live += 1
             if len(buf) > 1 << 20:

@@ -94,11 +94,12 @@ class KVServer:
             check_free_space(name, config.l1_bytes + HEADER_BYTES)
             self.arena = Arena(name, config.l1_bytes, prefault=config.prefault, adopt=not config.cold)
             self.l1 = L1Cache(self.arena, make_policy(config.eviction_policy))
-            self.warm = WarmStart(self.arena, self.l1, self.auth.tenants)  # re-adopts what a stopped server left
             # the encoder cache: its own segment and budget, never evicted by KV (ec.py)
             check_ec_space(ec_arena_name(name), config.ec_bytes + HEADER_BYTES)
-            self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes, prefault=config.prefault)
+            self.ec_arena = Arena(ec_arena_name(name), config.ec_bytes, prefault=config.prefault, adopt=not config.cold)
             self.ec = ECCache(self.ec_arena, config.lease_ttl, self.auth.tenants)  # per tenant (ec_tenants.py)
+            # re-adopts what a stopped server left in both segments
+            self.warm = WarmStart(self.arena, self.l1, self.ec_arena, self.ec, self.auth.tenants)
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl, self.auth.tenants)
             self.cache.reservations.lifetime = config.reservation_lifetime
             self.cache.engine_table.ttl = config.engine_ttl
@@ -364,14 +365,14 @@ class KVServer:
         # a server that started leaves its arena for the next one on this port to adopt (warm.py), and
         # so does one that failed to start on an arena it adopted (never throw a cache away by mistake);
         # an arena this server created and never served from goes
-        keep = self._built or (arena is not None and arena.adopted)
+        ec_arena: Arena | None = getattr(self, "ec_arena", None)
+        keep = self._built or (arena is not None and arena.adopted) or (ec_arena is not None and ec_arena.adopted)
         if self.warm is not None:
             self.warm.close(keep=keep)
         if arena is not None:
             arena.close(keep=keep)
-        ec_arena: Arena | None = getattr(self, "ec_arena", None)
         if ec_arena is not None:
-            ec_arena.close()  # the encoder cache is not adopted: it starts empty
+            ec_arena.close(keep=keep)
         if self._lock is not None:
             self._lock.release()
             self._lock = None
