@@ -25,11 +25,25 @@ class Usage:
     bytes: int
 
 
+#: a blob as parts written back to back (header, body), so a body can stay in its L1 slot
+BlobParts = tuple[bytes | memoryview, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Landed:
+    """`get_into` found a blob of exactly `len(head) + len(dest)` bytes: `head` is its start, and
+    the rest is now in `dest` (unverified: the caller checks it there)."""
+
+    head: bytes
+
+
 class L2Adapter(abc.ABC):
     """One backing store. Keys are `ObjectKey.to_str()` strings; values are encoded blobs."""
 
     #: the configured URL with any password removed (safe to log and show)
     url: str
+    #: `put` takes BlobParts as well as bytes (else the caller joins the parts first)
+    takes_parts: bool = False
 
     async def start(self) -> None:
         """Connect or prepare; must not fail when the store is down (report that on first use)."""
@@ -41,6 +55,18 @@ class L2Adapter(abc.ABC):
     @abc.abstractmethod
     async def get(self, keys: Sequence[str]) -> list[bytes | None]:
         """The blob of each key, or None where absent."""
+
+    async def put_parts(self, items: Sequence[tuple[str, BlobParts]]) -> None:
+        """`put` of blobs given as parts; stores that can write parts back to back (`takes_parts`)
+        override it to skip the join."""
+        await self.put([(k, b"".join(parts)) for k, parts in items])
+
+    async def get_into(
+        self, keys: Sequence[str], dests: Sequence[memoryview | None], head: int
+    ) -> list[bytes | Landed | None]:
+        """Like `get`, but where a store can, a blob of `head + len(dest)` bytes is read straight
+        into `dest` (one pass, no intermediate copy). This default reads whole blobs."""
+        return list(await self.get(keys))
 
     @abc.abstractmethod
     async def contains(self, keys: Sequence[str]) -> list[bool]:

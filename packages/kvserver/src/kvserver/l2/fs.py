@@ -1,7 +1,9 @@
 """`fs://` tier: one file per object in a directory (local NVMe or a shared filesystem).
 
 A file's name is the BLAKE3 of its key (keys may hold '/' or '..', so they never become paths),
-fanned out over 256 subdirectories. Writes go to a temp file under `tmp/` and are renamed into
+fanned out over 256 subdirectories. A blob is written with one `writev` of its parts (the body
+straight from its L1 slot) and read with one `preadv` into a header buffer and the destination slot
+(`get_into`), so the bytes cross memory once each way. Writes go to a temp file under `tmp/` and are renamed into
 place, so a reader never sees a partial object and a crash mid-write leaves only a temp file (swept
 at start when older than an hour, since another server may share the directory). With `fsync=1` each
 file and its directory are synced before the rename; without it a power loss can leave a torn file,
@@ -30,7 +32,7 @@ from typing import Any, TypeVar
 
 from blake3 import blake3
 
-from .base import L2Adapter, L2Error, Usage
+from .base import BlobParts, L2Adapter, L2Error, Landed, Usage
 
 STALE_TMP_S = 3600.0
 T = TypeVar("T")
@@ -73,6 +75,8 @@ def _private_dir(path: Path, *, follow: bool = False) -> None:
 
 
 class FsAdapter(L2Adapter):
+    takes_parts = True
+
     def __init__(
         self, root: str | Path, *, fsync: bool = False, url: str | None = None, capacity: int | None = None
     ) -> None:
@@ -176,25 +180,31 @@ class FsAdapter(L2Adapter):
     async def put(self, items: Sequence[tuple[str, bytes]]) -> None:
         await self._run(self._put_all, list(items))
 
-    def _put_all(self, items: list[tuple[str, bytes]]) -> None:
+    async def put_parts(self, items: Sequence[tuple[str, BlobParts]]) -> None:
+        await self._run(self._put_all, list(items))
+
+    def _put_all(self, items: list[tuple[str, bytes | BlobParts]]) -> None:
         written: list[tuple[Path, int]] = []
         try:
             for key, blob in items:
-                written.append((self._put_one(key, blob), len(blob)))
+                parts = (blob,) if isinstance(blob, bytes) else blob
+                written.append((self._put_one(key, parts), sum(len(p) for p in parts)))
         finally:
             for path, size in reversed(written):  # a batch is in chunk order: its head ends up most recent
                 self._note(path, size)
         self._evict()
 
-    def _put_one(self, key: str, blob: bytes) -> Path:
+    def _put_one(self, key: str, parts: BlobParts) -> Path:
         final = self.path_of(key)
         tmp = self._tmp / f"{final.name[:16]}-{uuid.uuid4().hex}.tmp"
         try:
-            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb") as fh:
-                fh.write(blob)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            try:
+                _write_all(fd, parts)
                 if self.fsync:
-                    fh.flush()
-                    os.fsync(fh.fileno())
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
             final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
             os.replace(tmp, final)
             if self.fsync:
@@ -216,6 +226,30 @@ class FsAdapter(L2Adapter):
             except FileNotFoundError:
                 self._forget(path)
                 out.append(None)
+        for key, blob in zip(reversed(keys), reversed(out), strict=True):  # head last: most recent
+            if blob is not None:
+                self._note(self.path_of(key), None)
+        return out
+
+    async def get_into(
+        self, keys: Sequence[str], dests: Sequence[memoryview | None], head: int
+    ) -> list[bytes | Landed | None]:
+        return await self._run(self._get_into_all, list(keys), list(dests), head)
+
+    def _get_into_all(self, keys: list[str], dests: list[memoryview | None], head: int) -> list[bytes | Landed | None]:
+        out: list[bytes | Landed | None] = []
+        for key, dest in zip(keys, dests, strict=True):
+            path = self.path_of(key)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                self._forget(path)
+                out.append(None)
+                continue
+            try:
+                out.append(_read_blob(fd, dest, head))
+            finally:
+                os.close(fd)
         for key, blob in zip(reversed(keys), reversed(out), strict=True):  # head last: most recent
             if blob is not None:
                 self._note(self.path_of(key), None)
@@ -253,6 +287,39 @@ class FsAdapter(L2Adapter):
                 except OSError:
                     pass
         return Usage(objects, size)
+
+
+def _write_all(fd: int, parts: BlobParts) -> None:
+    """writev every part, resuming after a short write (signals, >2 GiB)."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        done = os.writev(fd, views)
+        while views and done >= len(views[0]):
+            done -= len(views[0])
+            views.pop(0)
+        if views and done:
+            views[0] = views[0][done:]
+
+
+def _read_blob(fd: int, dest: memoryview | None, head: int) -> bytes | Landed:
+    """One blob: into `dest` with one preadv when its size is `head + len(dest)`, else as bytes."""
+    size = os.fstat(fd).st_size
+    if dest is None or size != head + len(dest):
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read()
+    start = bytearray(head)
+    views, offset = [memoryview(start), dest], 0
+    while views:
+        got = os.preadv(fd, views, offset)
+        if got == 0:  # shrank under us (replaced meanwhile): the caller's check fails it
+            break
+        offset += got
+        while views and got >= len(views[0]):
+            got -= len(views[0])
+            views.pop(0)
+        if views and got:
+            views[0] = views[0][got:]
+    return Landed(bytes(start)) if not views else bytes(start) + bytes(dest[: max(0, offset - head)])
 
 
 def _fsync_dir(path: Path) -> None:
