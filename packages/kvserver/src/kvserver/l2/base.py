@@ -9,7 +9,7 @@ off, so a store that goes away never crashes or hangs the server.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -29,12 +29,17 @@ class Usage:
 BlobParts = tuple[bytes | memoryview, ...]
 
 
+#: run by `get_into` on (key, head, dest) right after a blob landed, while its bytes are in cache
+Check = Callable[[str, bytes, memoryview], object]
+
+
 @dataclass(frozen=True, slots=True)
 class Landed:
-    """`get_into` found a blob of exactly `len(head) + len(dest)` bytes: `head` is its start, and
-    the rest is now in `dest` (unverified: the caller checks it there)."""
+    """`get_into` found a blob of exactly `len(head) + len(dest)` bytes: `head` is its start, the
+    rest is now in `dest`, and `verdict` is what the caller's check returned for it."""
 
     head: bytes
+    verdict: object = None
 
 
 class L2Adapter(abc.ABC):
@@ -62,10 +67,11 @@ class L2Adapter(abc.ABC):
         await self.put([(k, b"".join(parts)) for k, parts in items])
 
     async def get_into(
-        self, keys: Sequence[str], dests: Sequence[memoryview | None], head: int
+        self, keys: Sequence[str], dests: Sequence[memoryview | None], head: int, check: Check
     ) -> list[bytes | Landed | None]:
         """Like `get`, but where a store can, a blob of `head + len(dest)` bytes is read straight
-        into `dest` (one pass, no intermediate copy). This default reads whole blobs."""
+        into `dest` (no intermediate copy) and `check`ed there at once (still in cache: one pass
+        over memory). This default reads whole blobs."""
         return list(await self.get(keys))
 
     @abc.abstractmethod

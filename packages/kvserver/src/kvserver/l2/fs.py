@@ -6,8 +6,9 @@ straight from its L1 slot) and read with one `preadv` into a header buffer and t
 (`get_into`), so the bytes cross memory once each way. Writes go to a temp file under `tmp/` and are renamed into
 place, so a reader never sees a partial object and a crash mid-write leaves only a temp file (swept
 at start when older than an hour, since another server may share the directory). With `fsync=1` each
-file and its directory are synced before the rename; without it a power loss can leave a torn file,
-which the integrity header turns into a miss. A restarted server finds every object already there.
+file is synced before its rename and the batch's directories once after the renames (one journal
+commit covers them all), so a put that returned survives a power loss; without it a power loss can
+leave a torn file, which the integrity header turns into a miss. A restarted server finds every object already there.
 Object files are 0600 and directories 0700 whatever the umask: cached KV is a tenant's data.
 
 With `capacity_gb` the tier is bounded: an in-memory index of its files in access order (rebuilt at
@@ -32,7 +33,7 @@ from typing import Any, TypeVar
 
 from blake3 import blake3
 
-from .base import BlobParts, L2Adapter, L2Error, Landed, Usage
+from .base import BlobParts, Check, L2Adapter, L2Error, Landed, Usage
 
 STALE_TMP_S = 3600.0
 T = TypeVar("T")
@@ -189,6 +190,9 @@ class FsAdapter(L2Adapter):
             for key, blob in items:
                 parts = (blob,) if isinstance(blob, bytes) else blob
                 written.append((self._put_one(key, parts), sum(len(p) for p in parts)))
+            if self.fsync:
+                for parent in {path.parent for path, _ in written}:
+                    _fsync_dir(parent)
         finally:
             for path, size in reversed(written):  # a batch is in chunk order: its head ends up most recent
                 self._note(path, size)
@@ -205,10 +209,11 @@ class FsAdapter(L2Adapter):
                     os.fsync(fd)
             finally:
                 os.close(fd)
-            final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
-            os.replace(tmp, final)
-            if self.fsync:
-                _fsync_dir(final.parent)
+            try:
+                os.replace(tmp, final)
+            except FileNotFoundError:  # the first object in this fan-out directory
+                final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
+                os.replace(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -232,11 +237,13 @@ class FsAdapter(L2Adapter):
         return out
 
     async def get_into(
-        self, keys: Sequence[str], dests: Sequence[memoryview | None], head: int
+        self, keys: Sequence[str], dests: Sequence[memoryview | None], head: int, check: Check
     ) -> list[bytes | Landed | None]:
-        return await self._run(self._get_into_all, list(keys), list(dests), head)
+        return await self._run(self._get_into_all, list(keys), list(dests), head, check)
 
-    def _get_into_all(self, keys: list[str], dests: list[memoryview | None], head: int) -> list[bytes | Landed | None]:
+    def _get_into_all(
+        self, keys: list[str], dests: list[memoryview | None], head: int, check: Check
+    ) -> list[bytes | Landed | None]:
         out: list[bytes | Landed | None] = []
         for key, dest in zip(keys, dests, strict=True):
             path = self.path_of(key)
@@ -247,11 +254,14 @@ class FsAdapter(L2Adapter):
                 out.append(None)
                 continue
             try:
-                out.append(_read_blob(fd, dest, head))
+                blob = _read_blob(fd, dest, head)
             finally:
                 os.close(fd)
-        for key, blob in zip(reversed(keys), reversed(out), strict=True):  # head last: most recent
-            if blob is not None:
+            if isinstance(blob, Landed) and dest is not None:
+                blob = Landed(blob.head, check(key, blob.head, dest))
+            out.append(blob)
+        for key, got in zip(reversed(keys), reversed(out), strict=True):  # head last: most recent
+            if got is not None:
                 self._note(self.path_of(key), None)
         return out
 

@@ -196,14 +196,18 @@ class Prefetcher:
         try:
             try:
                 slots = [None if e is None else l1.arena.read(e.offset, e.size) for _, e, _ in items]
-                blobs = await tier.adapter.get_into(names, slots, HEADER_BYTES)  # fs: straight into the slots
+                blobs = await tier.adapter.get_into(names, slots, HEADER_BYTES, self._check)  # fs: into the slots
             except L2Error as exc:
                 tier.failed(exc)
                 return
             tier.succeeded()
             tier.stats.gets += len(items)
             tier.stats.get_bytes += sum(_blob_len(b, e) for b, (_, e, _) in zip(blobs, items, strict=True))
-            results = await asyncio.to_thread(self._decode, names, blobs, [e for _, e, _ in items])
+            entries = [e for _, e, _ in items]
+            if all(b is None or (isinstance(b, Landed) and isinstance(b.verdict, int | Exception)) for b in blobs):
+                results = self._decode(names, blobs, entries)  # all checked in place: no work left, no hop
+            else:
+                results = await asyncio.to_thread(self._decode, names, blobs, entries)
             doomed, gone = [], []
             for (key, entry, future), name, result in zip(items, names, results, strict=True):
                 if result is None:
@@ -252,12 +256,10 @@ class Prefetcher:
             try:
                 if isinstance(blob, Landed):
                     assert entry is not None
-                    slot = arena.read(entry.offset, entry.size)
-                    checksum = self.serde.verify_in_place(name, blob.head, slot)
-                    if checksum is not None:
-                        out.append(_Loaded(None, checksum))
+                    if isinstance(blob.verdict, int | Exception):  # checked in place by _check
+                        out.append(blob.verdict if isinstance(blob.verdict, Exception) else _Loaded(None, blob.verdict))
                         continue
-                    blob = blob.head + bytes(slot)  # compressed or encrypted: decode as a whole
+                    blob = blob.head + bytes(arena.read(entry.offset, entry.size))  # not plain: decode whole
                 payload, checksum = self.serde.decode_object(name, blob)
             except (CorruptObject, UndecryptableObject) as exc:
                 out.append(exc)
@@ -271,6 +273,14 @@ class Prefetcher:
             else:
                 out.append(_Loaded(payload, checksum))
         return out
+
+    def _check(self, name: str, head: bytes, slot: memoryview) -> object:
+        """Run by the tier right after a blob landed in its slot: its kvsum64, None (not a plain
+        blob: decode it whole) or the CorruptObject/UndecryptableObject that refuses it."""
+        try:
+            return self.serde.verify_in_place(name, head, slot)
+        except (CorruptObject, UndecryptableObject) as exc:
+            return exc
 
     def _commit(self, key: ObjectKey, entry: Entry | None, result: object, future: asyncio.Future[bool]) -> bool:
         """Make a loaded object READY (reserving now if its size was unknown); False if not possible."""
