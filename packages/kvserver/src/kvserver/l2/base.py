@@ -47,7 +47,8 @@ class L2Adapter(abc.ABC):
 
     #: the configured URL with any password removed (safe to log and show)
     url: str
-    #: `put` takes BlobParts as well as bytes (else the caller joins the parts first)
+    #: `put_parts` writes the parts without joining them: the caller keeps the body's buffer (an L1
+    #: slot) alive until it returns; other stores get one joined buffer
     takes_parts: bool = False
 
     async def start(self) -> None:

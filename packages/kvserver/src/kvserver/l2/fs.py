@@ -3,13 +3,14 @@
 A file's name is the BLAKE3 of its key (keys may hold '/' or '..', so they never become paths),
 fanned out over 256 subdirectories. A blob is written with one `writev` of its parts (the body
 straight from its L1 slot) and read with one `preadv` into a header buffer and the destination slot
-(`get_into`), so the bytes cross memory once each way. Writes go to a temp file under `tmp/` and are renamed into
-place, so a reader never sees a partial object and a crash mid-write leaves only a temp file (swept
-at start when older than an hour, since another server may share the directory). With `fsync=1` each
-file is synced before its rename, so after a power loss a file under its final name is whole; the
-directory is not synced (a device flush per directory halved put throughput on ext4), so the
-latest puts may be lost: misses, which a cache can afford. Without `fsync=1` a power loss can also
-leave a torn file, which the integrity header turns into a miss. A restarted server finds every object already there.
+(`get_into`), so the bytes cross memory once each way. Writes go to a temp file under `tmp/` and are
+renamed into place, so a reader never sees a partial object and a crash mid-write leaves only a temp
+file (swept at start when older than an hour, since another server may share the directory). With
+`fsync=1` each file is synced before its rename, so after a power loss a file under its final name
+is whole; the directory is not synced (a device flush per directory cut put throughput by a quarter
+on ext4), so the latest puts may be lost: misses, which a cache can afford. Without `fsync=1` a
+power loss can also leave a torn file, which the integrity header turns into a miss. A restarted
+server finds every object already there.
 Object files are 0600 and directories 0700 whatever the umask: cached KV is a tenant's data.
 
 With `capacity_gb` the tier is bounded: an in-memory index of its files in access order (rebuilt at
@@ -319,7 +320,7 @@ def _read_blob(fd: int, dest: memoryview | None, head: int) -> bytes | Landed:
     views, offset = [memoryview(start), dest], 0
     while views:
         got = os.preadv(fd, views, offset)
-        if got == 0:  # shrank under us (replaced meanwhile): the caller's check fails it
+        if got == 0:  # truncated in place meanwhile: returned short, so decoding refuses it
             break
         offset += got
         while views and got >= len(views[0]):
