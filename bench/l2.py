@@ -6,10 +6,16 @@ L2 adapter with each serde chain (integrity header always; lz4/zstd; AES-GCM), a
 to the baseline. Backing stores are real processes started here: a redis-server, a 3-node Redis
 Cluster (redis-server + redis-cli), a moto S3 server; missing binaries skip that store.
 
-Objects look like KV cache: float16 values from a normal distribution (compresses a little; pass
-`--data zeros` or `--data random` for the extremes). fs reads come from the page cache.
+First, the fs tier on its direct path (writev from the object's buffer, preadv into the
+destination, XXH3 checked in place) against a plain write / readinto of the same bytes with the
+same batching, threads and fsync policy, on tmpfs, a warm file system and the disk with the page
+cache dropped (bench/l2_fs.py: alternating rounds, medians and ranges). Then the serde chains per
+store (those fs rows go through `put`/`get` with whole blobs, and read from the page cache).
 
-Run: `uv run python -m bench.l2 [--json] [--objects 64] [--object-kib 1024]`.
+Objects look like KV cache: float16 values from a normal distribution (compresses a little; pass
+`--data zeros` or `--data random` for the extremes).
+
+Run: `uv run python -m bench.l2 [--json] [--objects 64] [--object-kib 1024] [--rounds 9] [--fs-only]`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from kvserver.l2 import L2Adapter, Serde, make_adapter
 from rich.console import Console
 from rich.progress import Progress
 from kvtestkit.ports import free_port
+
+from bench import l2_fs
 
 BATCH = 16  # objects per put/get call, as the write-behind writers batch
 AES = bytes(range(32))
@@ -297,9 +305,12 @@ async def bench_store(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     objs = make_objects(args.data, args.objects, args.object_kib << 10)
+    fs_direct = await l2_fs.run(objs, args.rounds, args.fs_media.split(","))
     procs = Procs()
     rows: list[dict] = []
     skipped: list[str] = []
+    if args.fs_only:
+        return {"objects": args.objects, "object_bytes": args.object_kib << 10, "fs_direct": fs_direct, "rows": []}
     try:
         with Progress(console=console, transient=True) as progress:
             fs_root = procs.tmp / "fs"
@@ -362,6 +373,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "object_bytes": args.object_kib << 10,
         "batch": BATCH,
         "data": args.data,
+        "fs_direct": fs_direct,
         "rows": rows,
         "skipped": skipped,
     }
@@ -375,11 +387,25 @@ def main() -> None:
     ap.add_argument("--data", choices=["kv", "zeros", "random"], default="kv")
     ap.add_argument("--quick", action="store_true", help="fs and standalone redis only")
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
+    ap.add_argument("--rounds", type=int, default=9, help="alternating rounds of the fs direct comparison")
+    ap.add_argument("--fs-media", default="tmpfs,warm,disk", help="of tmpfs, warm, disk (comma-separated)")
+    ap.add_argument("--fs-only", action="store_true", help="only the fs direct comparison")
     args = ap.parse_args()
+    bad = set(args.fs_media.split(",")) - set(l2_fs.MEDIA)
+    if bad or args.rounds < 1:
+        ap.error(f"--fs-media takes {','.join(l2_fs.MEDIA)} (not {','.join(sorted(bad))}); --rounds >= 1")
     results = asyncio.run(run(args))
     if args.json:
         print(json.dumps(results, indent=2))
         return
+    print(
+        f"fs tier vs plain, {args.objects} objects x {args.object_kib} KiB, batches of {l2_fs.BATCH}, "
+        f"{args.rounds} alternating rounds: median (min-max)"
+    )
+    print(l2_fs.table(results["fs_direct"]))
+    if args.fs_only:
+        return
+    print()
     print(
         f"{args.objects} objects x {args.object_kib} KiB ({args.data} data), batches of {BATCH}, best of {args.repeat}"
     )

@@ -6,6 +6,8 @@ import os
 import struct
 
 import pytest
+import xxhash
+from blake3 import blake3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvprotocol import ObjectKey
@@ -110,10 +112,52 @@ def test_wrong_key_missing_key_and_plaintext_policy() -> None:
 
 def test_header_layout_is_as_documented() -> None:
     blob = Serde("lz4").encode(KEY, PAYLOAD, CS)
-    assert HEADER_BYTES == 80
+    assert HEADER_BYTES == 64
     magic, version, comp, enc, fp, plen, blen, cs = struct.unpack_from("<4sBBBx16sQQQ", blob)
-    assert (magic, version, comp, enc, fp, plen, cs) == (b"KVL2", 2, 1, 0, fingerprint(KEY), len(PAYLOAD), CS)
-    assert blen == len(blob) - 80
+    assert (magic, version, comp, enc, fp, plen, cs) == (b"KVL2", 3, 1, 0, fingerprint(KEY), len(PAYLOAD), CS)
+    assert blen == len(blob) - 64
+    assert blob[48:64] == xxhash.xxh3_128(blob[:48] + blob[64:]).digest()
+
+
+def _version_2_blob(payload: bytes) -> bytes:
+    """A blob as the previous release wrote it (80-byte header, BLAKE3 checksum), built by hand."""
+    head = struct.pack("<4sBBBx16sQQQ", b"KVL2", 2, 0, 0, fingerprint(KEY), len(payload), len(payload), CS)
+    return head + blake3(head + payload).digest() + payload
+
+
+def test_version_2_blobs_still_read_and_damage_is_still_caught() -> None:
+    old = _version_2_blob(PAYLOAD)
+    assert Serde().decode_object(KEY, old) == (PAYLOAD, CS)
+    flipped = bytearray(old)
+    flipped[100] ^= 1
+    with pytest.raises(CorruptObject, match="checksum mismatch"):
+        Serde().decode(KEY, bytes(flipped))
+
+
+def test_encode_parts_leave_a_plain_body_uncopied() -> None:
+    payload = bytearray(PAYLOAD)
+    head, body = Serde().encode_parts(KEY, memoryview(payload), CS)
+    assert len(head) == HEADER_BYTES and isinstance(body, memoryview) and body.obj is payload
+    assert head + bytes(body) == Serde().encode(KEY, PAYLOAD, CS)
+
+
+def test_verify_in_place() -> None:
+    head, body = Serde().encode_parts(KEY, PAYLOAD, CS)
+    slot = memoryview(bytearray(body))
+    assert Serde().verify_in_place(KEY, head, slot) == CS
+    packed = Serde("lz4").encode(KEY, PAYLOAD, CS)  # not plain: the caller decodes it whole
+    assert Serde().verify_in_place(KEY, packed[:HEADER_BYTES], memoryview(bytearray(len(packed) - 64))) is None
+    with pytest.raises(CorruptObject, match="fingerprint"):
+        Serde().verify_in_place(OTHER, head, slot)
+    with pytest.raises(UndecryptableObject, match="plaintext object refused"):
+        Serde("none", AES).verify_in_place(KEY, head, slot)
+    slot[4000] ^= 0x40
+    with pytest.raises(CorruptObject, match="checksum mismatch"):
+        Serde().verify_in_place(KEY, head, slot)
+    with pytest.raises(CorruptObject, match="length"):
+        Serde().verify_in_place(KEY, head, slot[:-1])
+    with pytest.raises(ValueError, match="64 bytes"):
+        Serde().verify_in_place(KEY, head[:-1], slot)
 
 
 def test_checksum_field_is_covered_by_the_integrity_hash() -> None:

@@ -9,7 +9,7 @@ off, so a store that goes away never crashes or hangs the server.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -25,11 +25,31 @@ class Usage:
     bytes: int
 
 
+#: a blob as parts written back to back (header, body), so a body can stay in its L1 slot
+BlobParts = tuple[bytes | memoryview, ...]
+
+
+#: run by `get_into` on (key, head, dest) right after a blob landed, while its bytes are in cache
+Check = Callable[[str, bytes, memoryview], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Landed:
+    """`get_into` found a blob of exactly `len(head) + len(dest)` bytes: `head` is its start, the
+    rest is now in `dest`, and `verdict` is what the caller's check returned for it."""
+
+    head: bytes
+    verdict: object = None
+
+
 class L2Adapter(abc.ABC):
     """One backing store. Keys are `ObjectKey.to_str()` strings; values are encoded blobs."""
 
     #: the configured URL with any password removed (safe to log and show)
     url: str
+    #: `put_parts` writes the parts without joining them: the caller keeps the body's buffer (an L1
+    #: slot) alive until it returns; other stores get one joined buffer
+    takes_parts: bool = False
 
     async def start(self) -> None:
         """Connect or prepare; must not fail when the store is down (report that on first use)."""
@@ -41,6 +61,19 @@ class L2Adapter(abc.ABC):
     @abc.abstractmethod
     async def get(self, keys: Sequence[str]) -> list[bytes | None]:
         """The blob of each key, or None where absent."""
+
+    async def put_parts(self, items: Sequence[tuple[str, BlobParts]]) -> None:
+        """`put` of blobs given as parts; stores that can write parts back to back (`takes_parts`)
+        override it to skip the join."""
+        await self.put([(k, b"".join(parts)) for k, parts in items])
+
+    async def get_into(
+        self, keys: Sequence[str], dests: Sequence[memoryview | None], head: int, check: Check
+    ) -> list[bytes | Landed | None]:
+        """Like `get`, but where a store can, a blob of `head + len(dest)` bytes is read straight
+        into `dest` (no intermediate copy) and `check`ed there at once (still in cache: one pass
+        over memory). This default reads whole blobs."""
+        return list(await self.get(keys))
 
     @abc.abstractmethod
     async def contains(self, keys: Sequence[str]) -> list[bool]:

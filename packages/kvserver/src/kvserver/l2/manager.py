@@ -25,7 +25,7 @@ from kvprotocol import ObjectKey
 
 from ..l1.cache import L1Cache
 from .admission import Admission
-from .base import L2Adapter, L2Error
+from .base import BlobParts, L2Adapter, L2Error
 from .keys import key_str
 from .negcache import NegativeCache
 from .prefetch import Prefetcher
@@ -197,12 +197,30 @@ class TierManager:
             live.append((key, key_str(key), self.l1.arena.read(entry.offset, entry.size), entry.checksum, targets))
         if not live:
             return
-        try:
-            blobs = await asyncio.to_thread(lambda: [self.serde.encode(k, data, cs) for _, k, data, cs, _ in live])
+        joining = any(not t.adapter.takes_parts for t in self.tiers)
+
+        def encode() -> tuple[list[tuple[bytes, bytes | memoryview]], list[bytes]]:
+            parts = [self.serde.encode_parts(k, data, cs) for _, k, data, cs, _ in live]
+            return parts, [b"".join(p) for p in parts] if joining else []
+
+        try:  # tiers that take parts write a plain body from the L1 slot: leased until they are done
+            parts, joined = await asyncio.to_thread(encode)
+            await self._put_tiers(live, parts, direct=True)
         finally:
             for key, *_ in live:
                 self.l1.unlease(key)
+        await self._put_tiers(live, joined, direct=False)
+
+    async def _put_tiers(
+        self,
+        live: list[tuple[ObjectKey, str, memoryview, int, tuple[int, ...]]],
+        blobs: Sequence[bytes | BlobParts],
+        direct: bool,
+    ) -> None:
+        """Write the blobs to the tiers that take parts (`direct`) or to the others."""
         for index, tier in enumerate(self.tiers):
+            if tier.adapter.takes_parts != direct:
+                continue
             batch = [(k, blob) for (_, k, _, _, targets), blob in zip(live, blobs, strict=True) if index in targets]
             if not batch:
                 continue
@@ -211,7 +229,10 @@ class TierManager:
                 self._missed(index, written)
                 continue
             try:
-                await tier.adapter.put(batch)
+                if direct:
+                    await tier.adapter.put_parts([(k, b) for k, b in batch if not isinstance(b, bytes)])
+                else:
+                    await tier.adapter.put([(k, b) for k, b in batch if isinstance(b, bytes)])
             except L2Error as exc:
                 tier.failed(exc)
                 self._missed(index, written)
@@ -220,7 +241,7 @@ class TierManager:
             self.negative.forget(index, (k for k, _ in batch))
             self._flush_retry(index)
             tier.stats.puts += len(batch)
-            tier.stats.put_bytes += sum(len(b) for _, b in batch)
+            tier.stats.put_bytes += sum(len(b) if isinstance(b, bytes) else sum(map(len, b)) for _, b in batch)
             for hook in self.on_put:
                 hook(index, written)
 

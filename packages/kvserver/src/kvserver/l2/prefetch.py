@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from kvprotocol import ObjectKey
 
 from ..l1.cache import Entry, L1Cache, State
-from .base import L2Error
+from .base import L2Error, Landed
 from .keys import key_str
-from .serde import CorruptObject, Serde, UndecryptableObject
+from .serde import HEADER_BYTES, CorruptObject, Serde, UndecryptableObject
 
 if TYPE_CHECKING:
     from .negcache import NegativeCache
@@ -41,6 +41,12 @@ class _Loaded:
 
     payload: bytes | memoryview | None
     checksum: int
+
+
+def _blob_len(blob: bytes | Landed | None, entry: Entry | None) -> int:
+    if isinstance(blob, Landed):
+        return len(blob.head) + (entry.size if entry is not None else 0)
+    return 0 if blob is None else len(blob)
 
 
 class Prefetcher:
@@ -189,14 +195,19 @@ class Prefetcher:
         done: set[ObjectKey] = set()
         try:
             try:
-                blobs = await tier.adapter.get(names)
+                slots = [None if e is None else l1.arena.read(e.offset, e.size) for _, e, _ in items]
+                blobs = await tier.adapter.get_into(names, slots, HEADER_BYTES, self._check)  # fs: into the slots
             except L2Error as exc:
                 tier.failed(exc)
                 return
             tier.succeeded()
             tier.stats.gets += len(items)
-            tier.stats.get_bytes += sum(len(b) for b in blobs if b is not None)
-            results = await asyncio.to_thread(self._decode, names, blobs, [e for _, e, _ in items])
+            tier.stats.get_bytes += sum(_blob_len(b, e) for b, (_, e, _) in zip(blobs, items, strict=True))
+            entries = [e for _, e, _ in items]
+            if all(b is None or (isinstance(b, Landed) and isinstance(b.verdict, int | Exception)) for b in blobs):
+                results = self._decode(names, blobs, entries)  # all checked in place: no work left, no hop
+            else:
+                results = await asyncio.to_thread(self._decode, names, blobs, entries)
             doomed, gone = [], []
             for (key, entry, future), name, result in zip(items, names, results, strict=True):
                 if result is None:
@@ -231,8 +242,11 @@ class Prefetcher:
                 if not future.done():
                     future.set_result(False)
 
-    def _decode(self, names: list[str], blobs: list[bytes | None], entries: list[Entry | None]) -> list[object]:
-        """Worker thread: check and decode; copy straight into reserved slots whose size matches."""
+    def _decode(
+        self, names: list[str], blobs: list[bytes | Landed | None], entries: list[Entry | None]
+    ) -> list[object]:
+        """Worker thread: check and decode; copy straight into reserved slots whose size matches (a
+        blob that landed in its slot is checked there: nothing to copy)."""
         out: list[object] = []
         arena = self.l1.arena
         for name, blob, entry in zip(names, blobs, entries, strict=True):
@@ -240,6 +254,12 @@ class Prefetcher:
                 out.append(None)
                 continue
             try:
+                if isinstance(blob, Landed):
+                    assert entry is not None
+                    if isinstance(blob.verdict, int | Exception):  # checked in place by _check
+                        out.append(blob.verdict if isinstance(blob.verdict, Exception) else _Loaded(None, blob.verdict))
+                        continue
+                    blob = blob.head + bytes(arena.read(entry.offset, entry.size))  # not plain: decode whole
                 payload, checksum = self.serde.decode_object(name, blob)
             except (CorruptObject, UndecryptableObject) as exc:
                 out.append(exc)
@@ -253,6 +273,14 @@ class Prefetcher:
             else:
                 out.append(_Loaded(payload, checksum))
         return out
+
+    def _check(self, name: str, head: bytes, slot: memoryview) -> object:
+        """Run by the tier right after a blob landed in its slot: its kvsum64, None (not a plain
+        blob: decode it whole) or the CorruptObject/UndecryptableObject that refuses it."""
+        try:
+            return self.serde.verify_in_place(name, head, slot)
+        except (CorruptObject, UndecryptableObject) as exc:
+            return exc
 
     def _commit(self, key: ObjectKey, entry: Entry | None, result: object, future: asyncio.Future[bool]) -> bool:
         """Make a loaded object READY (reserving now if its size was unknown); False if not possible."""

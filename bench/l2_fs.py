@@ -1,0 +1,217 @@
+"""The fs tier against a plain write/read of the same bytes, in the same run, on each medium.
+
+Why: the tier's goal is the speed of its device, so its baseline is what a program would do without
+it, with the same batching, threads and fsync policy: per batch of BATCH objects one worker-thread
+hop, and per object `open + write (+ fsync) + close` (plain put) or `open + readinto a preallocated
+buffer + close` (plain get). The tier does what the server does: encode the header in a worker
+thread, then `FsAdapter.put_parts` (one `writev` of header + the object's own buffer, temp file +
+rename); `FsAdapter.get_into` (one `preadv` into the destination and `Serde.verify_in_place` right
+after it in the same thread: XXH3-128 over the bytes where they landed), as the prefetcher does.
+Integrity is always on.
+
+Media: `tmpfs` (/dev/shm: page cache only), `warm` (a file system on a disk, pages cached), `disk`
+(the same file system with fsync on both sides and every file dropped from the page cache with
+POSIX_FADV_DONTNEED before each get, so reads come from the device). Rounds alternate which side runs
+first, batch by batch; the figures are medians with min-max ranges over rounds, and the ratio is
+taken per round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvserver.l2 import Serde
+from kvserver.l2.base import Landed
+from kvserver.l2.fs import FsAdapter
+from kvserver.l2.serde import HEADER_BYTES
+
+BATCH = 16
+MEDIA = {"tmpfs": "/dev/shm", "warm": "/var/tmp", "disk": "/var/tmp"}
+
+
+@dataclass
+class Side:
+    """One side of the comparison: put and get of one batch (object indices), each timed apart."""
+
+    put: Callable[[range], Awaitable[None]]
+    get: Callable[[range], Awaitable[None]]
+    files: Callable[[], list[Path]]
+    start: Callable[[], Awaitable[None]]
+
+
+def _batches(n: int) -> list[range]:
+    return [range(i, min(n, i + BATCH)) for i in range(0, n, BATCH)]
+
+
+async def _nothing() -> None:
+    return None
+
+
+def plain_side(root: Path, objs: list[memoryview], dests: list[memoryview], fsync: bool) -> Side:
+    root.mkdir(parents=True, exist_ok=True)
+    paths = [root / f"plain-{i}" for i in range(len(objs))]
+
+    def put_batch(idx: range) -> None:
+        for i in idx:
+            fd = os.open(paths[i], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, objs[i])
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def get_batch(idx: range) -> None:
+        for i in idx:
+            fd = os.open(paths[i], os.O_RDONLY)
+            try:
+                assert os.readv(fd, [dests[i]]) == len(dests[i])
+            finally:
+                os.close(fd)
+
+    async def put(idx: range) -> None:
+        await asyncio.to_thread(put_batch, idx)
+
+    async def get(idx: range) -> None:
+        await asyncio.to_thread(get_batch, idx)
+
+    return Side(put, get, lambda: paths, _nothing)
+
+
+def tier_side(root: Path, objs: list[memoryview], dests: list[memoryview], fsync: bool) -> Side:
+    fs, serde = FsAdapter(root, fsync=fsync), Serde()
+    keys = [f"kv1/bench/0123456789abcdef/w1r0/g0/-/fs-{i:08d}" for i in range(len(objs))]
+
+    async def put(idx: range) -> None:  # as the write-behind writer: encode in one hop, write in another
+        parts = await asyncio.to_thread(lambda: [serde.encode_parts(keys[i], objs[i], 0) for i in idx])
+        await fs.put_parts([(keys[i], p) for i, p in zip(idx, parts, strict=True)])
+
+    async def get(idx: range) -> None:  # as the prefetcher: read + check in place in one hop
+        got = await fs.get_into([keys[i] for i in idx], [dests[i] for i in idx], HEADER_BYTES, serde.verify_in_place)
+        if not all(isinstance(g, Landed) and g.verdict == 0 for g in got):
+            raise AssertionError("an object read back from the tier failed its check")
+
+    return Side(put, get, lambda: [fs.path_of(k) for k in keys], fs.start)
+
+
+def drop_cache(paths: list[Path]) -> None:
+    """Evict the files' (clean, fsynced) pages so the next read comes from the device."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+async def _timed(fn: Callable[[], Awaitable[None]]) -> float:
+    t0 = time.perf_counter()
+    await fn()
+    return time.perf_counter() - t0
+
+
+def describe_medium(path: str) -> str:
+    """'<fstype> on <device>' for the mount holding `path` (from /proc/mounts)."""
+    best = ("", "?", "?")
+    real = os.path.realpath(path)
+    with open("/proc/mounts") as fh:
+        for line in fh:
+            dev, mnt, fstype, *_ = line.split()
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best[0]):
+                best = (mnt, fstype, dev)
+    return f"{best[1]} on {best[2]}"
+
+
+SideFactory = Callable[[Path, list[memoryview], list[memoryview], bool], Side]
+
+
+async def run_medium(
+    medium: str, objs: list[memoryview], rounds: int, extra: dict[str, SideFactory] | None = None
+) -> dict[str, Any]:
+    """`extra`: more sides measured in the same rounds (e.g. an older tier), reported as `others`."""
+    base = Path(tempfile.mkdtemp(prefix="bench-l2fs-", dir=MEDIA[medium]))
+    cold = medium == "disk"
+    total = sum(len(o) for o in objs)
+    dests = [memoryview(bytearray(len(o))) for o in objs]
+    for d in dests:  # fault the destination pages in once, as an L1 arena is
+        d[:] = b"\1" * len(d)
+    try:
+        sides = {
+            "plain": plain_side(base / "plain", objs, dests, cold),
+            "tier": tier_side(base / "tier", objs, dests, cold),
+            **{name: make(base / name, objs, dests, cold) for name, make in (extra or {}).items()},
+        }
+        names = list(sides)
+        for side in sides.values():
+            await side.start()
+        times: dict[str, dict[str, list[float]]] = {s: {"put": [], "get": []} for s in sides}
+        for r in range(rounds):  # sides alternate batch by batch: load drift hits both alike
+            for op in ("put", "get"):
+                if op == "get" and cold:
+                    for side in sides.values():
+                        drop_cache(side.files())
+                spent = dict.fromkeys(sides, 0.0)
+                for b, idx in enumerate(_batches(len(objs))):
+                    turn = (r + b) % len(names)
+                    for name in names[turn:] + names[:turn]:
+                        spent[name] += await _timed(functools.partial(getattr(sides[name], op), idx))
+                for name, t in spent.items():
+                    times[name][op].append(t)
+            for o, d in zip(objs, dests, strict=True):
+                assert o == d, "the bytes read back differ"
+        out: dict[str, Any] = {"medium": medium, "where": f"{MEDIA[medium]} ({describe_medium(MEDIA[medium])})"}
+        for op in ("put", "get"):
+            out[op] = _versus(times["plain"][op], times["tier"][op], total)
+        out["others"] = {
+            n: {op: _versus(times["plain"][op], times[n][op], total) for op in ("put", "get")} for n in extra or {}
+        }
+        return out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _versus(plain: list[float], tier: list[float], total: int) -> dict[str, dict[str, float]]:
+    """MB/s of both sides and their ratio, taken per round."""
+    return {
+        "plain_MBps": _stats([total / t / 1e6 for t in plain]),
+        "tier_MBps": _stats([total / t / 1e6 for t in tier]),
+        "ratio": _stats([p / t for p, t in zip(plain, tier, strict=True)]),
+    }
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+async def run(
+    objs: list[bytes], rounds: int, media: list[str], extra: dict[str, SideFactory] | None = None
+) -> list[dict[str, Any]]:
+    views = [memoryview(o) for o in objs]
+    return [await run_medium(m, views, rounds, extra) for m in media]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'medium':<7}{'op':<5}{'plain MB/s (min-max)':>24}{'tier MB/s (min-max)':>24}{'tier/plain (min-max)':>22}"
+    ]
+    for row in rows:
+        for op in ("put", "get"):
+            f = row[op]
+            cells = [
+                f"{f[k]['median']:>6.0f} ({f[k]['min']:.0f}-{f[k]['max']:.0f})" for k in ("plain_MBps", "tier_MBps")
+            ]
+            ratio = f"{f['ratio']['median']:.2f} ({f['ratio']['min']:.2f}-{f['ratio']['max']:.2f})"
+            lines.append(f"{row['medium']:<7}{op:<5}{cells[0]:>24}{cells[1]:>24}{ratio:>22}")
+    lines += [f"  {row['medium']}: {row['where']}" for row in rows]
+    return "\n".join(lines)
