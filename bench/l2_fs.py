@@ -2,7 +2,8 @@
 
 Why: the tier's goal is the speed of its device, so its baseline is what a program would do without
 it, with the same batching, threads and fsync policy: per batch of BATCH objects one worker-thread
-hop, and per object `open + write (+ fsync) + close` (plain put) or `open + readinto a preallocated
+hop, and per object `open + write (+ fsync) + close` (plain put; with fsync its directory once per
+batch) or `open + readinto a preallocated
 buffer + close` (plain get). The tier does what the server does: encode the header in a worker
 thread, then `FsAdapter.put_parts` (one `writev` of header + the object's own buffer, temp file +
 rename); `FsAdapter.get_into` (one `preadv` into the destination and `Serde.verify_in_place` right
@@ -70,6 +71,12 @@ def plain_side(root: Path, objs: list[memoryview], dests: list[memoryview], fsyn
                     os.fsync(fd)
             finally:
                 os.close(fd)
+        if fsync:  # durable names too, once per batch, as the tier does
+            dfd = os.open(root, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
 
     def get_batch(idx: range) -> None:
         for i in idx:

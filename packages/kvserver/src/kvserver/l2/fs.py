@@ -6,10 +6,10 @@ straight from its L1 slot) and read with one `preadv` into a header buffer and t
 (`get_into`), so the bytes cross memory once each way. Writes go to a temp file under `tmp/` and are
 renamed into place, so a reader never sees a partial object and a crash mid-write leaves only a temp
 file (swept at start when older than an hour, since another server may share the directory). With
-`fsync=1` each file is synced before its rename, so after a power loss a file under its final name
-is whole; the directory is not synced (a device flush per directory cut put throughput by a quarter
-on ext4), so the latest puts may be lost: misses, which a cache can afford. Without `fsync=1` a
-power loss can also leave a torn file, which the integrity header turns into a miss. A restarted
+`fsync=1` each file is synced before its rename and each directory a batch renamed into once after
+the batch (not per file: a directory sync is a device flush), so a put that returned is durable and
+a file under its final name is whole after a power loss. Without `fsync=1` a power loss can lose
+recent puts or leave a torn file, which the integrity header turns into a miss. A restarted
 server finds every object already there.
 Object files are 0600 and directories 0700 whatever the umask: cached KV is a tenant's data.
 
@@ -192,6 +192,9 @@ class FsAdapter(L2Adapter):
             for key, blob in items:
                 parts = (blob,) if isinstance(blob, bytes) else blob
                 written.append((self._put_one(key, parts), sum(len(p) for p in parts)))
+            if self.fsync:  # the renames durable before the put returns: each directory once per batch
+                for directory in {path.parent for path, _ in written}:
+                    _fsync_dir(directory)
         finally:
             for path, size in reversed(written):  # a batch is in chunk order: its head ends up most recent
                 self._note(path, size)
@@ -329,3 +332,11 @@ def _read_blob(fd: int, dest: memoryview | None, head: int) -> bytes | Landed:
         if views and got:
             views[0] = views[0][got:]
     return Landed(bytes(start)) if not views else bytes(start) + bytes(dest[: max(0, offset - head)])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
