@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -81,6 +82,51 @@ def test_server_killed_between_engines(model_dir: Path, kvserver_factory: Server
     for r in b.requests:
         assert r.kv_transfer_params["kvserver"]["hit_tokens"] == 0
         assert r.kv_transfer_params["kvserver"]["stored_tokens"] == 0  # the store failed, and it knows
+
+
+def test_a_running_engine_rides_through_a_kill9_and_warm_restart(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
+) -> None:
+    """The server is killed with SIGKILL between two batches of one engine and started again on its
+    port: it adopts the arena, and the engine (never restarted) loads the prefix it stored before the
+    kill, with the reference's tokens. The new server stores nothing: the hits are adopted objects."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = kvserver_factory()
+    gate = tmp_path / "restarted"
+    kv = kv_config(server.url, timeout_s=1.0, retry_after_s=0.1)
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(
+            run_engine,
+            model_dir,
+            [[prompt(P_LONG)], [prompt(P_LONG)], [prompt(P_LONG)]],
+            max_tokens=MAX_TOKENS,
+            kv_transfer_config=kv,
+            llm_kwargs={"enable_prefix_caching": False},  # every hit is the server's, none the engine's own
+            extra_spec={"gates": {"1": str(gate)}},
+        )
+        waiting = Path(str(gate) + ".waiting")
+        while not waiting.exists():
+            assert not future.done(), future.result()
+            time.sleep(0.1)
+        server.stop(signal.SIGKILL)  # a crash: the arena and its journal stay in /dev/shm
+        server.start()
+        with Client(server.url) as c:
+            while (warm := c.call("describe").result["warm_restart"])["pending"]:
+                time.sleep(0.05)
+        gate.touch()
+        run = future.result()
+    assert warm["adopted"] == warm["verified"] >= 2 and warm["rejected"] == 0, server.log()
+    with Client(server.url) as c:
+        counters = c.call("describe").result["counters"]
+    want = reference.batches[0].requests[0].token_ids
+    first, after, again = (b.requests[0] for b in run.batches)
+    assert first.token_ids == after.token_ids == again.token_ids == want
+    assert confirmed(first.kv_transfer_params, 512)
+    # the first request after the restart finds the adopted arena's new nonce, registers again and
+    # loads the adopted chunks (no miss for the restart)
+    assert after.connector_loaded_tokens == again.connector_loaded_tokens == 512
+    assert counters["stored_objects"] == 0 and counters["lookup_hit_tokens"] >= 2 * 512
 
 
 def test_server_absent_at_start_then_back(

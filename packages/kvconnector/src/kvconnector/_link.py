@@ -237,7 +237,12 @@ class EngineLink:
     def ensure(self, deadline: Deadline, user: ArenaUser | None = None) -> str:
         """Register if needed and make sure the arena mapping is current; returns "shm" or "tcp".
         `user` lets go of an arena before it is unmapped and is given a newly mapped one."""
-        if self.arena is not None and not self.arena.is_current():
+        mapped, known = self.arena, self.registration
+        if mapped is not None and (
+            not mapped.is_current() or (known is not None and mapped.nonce() != known.arena_nonce)
+        ):
+            # a restart: another arena file, or ours adopted by a new server (a warm restart stamps a
+            # new nonce into the same file); our registration predates it, so register again
             self.invalidate()
         if self.registration is None:
             self.registration = self._register(deadline)
@@ -253,7 +258,12 @@ class EngineLink:
         if mode == "tcp":
             return mode
         arena = self.arena
-        if arena is None or not arena.is_current() or (arena.name, arena.size) != (reg.arena_name, reg.arena_size):
+        if (
+            arena is None
+            or not arena.is_current()
+            or (arena.name, arena.size) != (reg.arena_name, reg.arena_size)
+            or arena.nonce() != reg.arena_nonce
+        ):
             self._unmap(user)
             try:
                 self.arena = self._map(deadline)
