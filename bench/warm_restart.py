@@ -24,12 +24,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from kvprotocol import Client, LayoutDescriptor
-from kvtestkit.kvhelpers import ArenaMap, register, store
+from kvtestkit.kvhelpers import ArenaMap, lookup, register, store
 from kvtestkit.ports import free_port
 
 BIN = Path(sys.executable).parent
@@ -87,9 +88,19 @@ class Server:
             Path(f"/dev/shm/{self.prefix}-{self.port}{suffix}").unlink(missing_ok=True)
 
 
-def fill(server: Server, gb: float, object_mb: int) -> int:
-    """Store 8-chunk prompts through the arena until it is nearly full; objects committed."""
-    layout = LayoutDescriptor("vllm_cpu", "float32", 1, 16, object_mb * MIB // (CHUNK // 16), CHUNK, (1024,))
+def _layout(object_mb: int) -> LayoutDescriptor:
+    return LayoutDescriptor("vllm_cpu", "float32", 1, 16, object_mb * MIB // (CHUNK // 16), CHUNK, (1024,))
+
+
+def prompt_tokens(prompt: int) -> range:
+    return range(prompt, prompt + 8 * CHUNK)
+
+
+def fill(server: Server, gb: float, object_mb: int, acked: list[int] | None = None) -> int:
+    """Store 8-chunk prompts through the arena until it is nearly full; objects committed. With
+    `acked`, each prompt whose commit was answered is appended to it, and a server gone mid-way
+    (killed) ends the fill instead of failing it."""
+    layout = _layout(object_mb)
     blob = bytearray(os.urandom(layout.object_bytes))
     stored = 0
 
@@ -100,17 +111,50 @@ def fill(server: Server, gb: float, object_mb: int) -> int:
         return bytes(blob)
 
     prompts = int(gb * (1 << 30)) // layout.object_bytes // 8 - 1  # all but one prompt's room: no eviction
-    with server.admin() as c:
+    with server.admin(timeout=2.0) as c:
         ks, reply = register(c, layouts=[layout])
         arena = ArenaMap(reply["arena"]["name"], reply["arena"]["size"])
         try:
             for prompt in range(prompts):
-                store(c, ks, range(prompt, prompt + 8 * CHUNK), data, mode="shm", arena=arena)
+                try:
+                    store(c, ks, prompt_tokens(prompt), data, mode="shm", arena=arena)
+                except Exception:
+                    if acked is None:
+                        raise
+                    return len(acked) * 8  # the server was killed under us
+                if acked is not None:
+                    acked.append(prompt)
                 if prompt % 64 == 0:
                     print(f"  filled {stored * object_mb} MiB", file=sys.stderr, end="\r")
         finally:
             arena.close()
         return int(c.call("describe").result["l1"]["objects"])
+
+
+def kill_under_load(server: Server, gb: float, object_mb: int, after_s: float) -> dict[str, Any]:
+    """Kill the server with SIGKILL while a client stores as fast as it can, start it again, and
+    count the prompts whose commit was answered before the kill that are whole hits afterwards."""
+    acked: list[int] = []
+    writer = threading.Thread(target=fill, args=(server, gb, object_mb, acked), daemon=True)
+    writer.start()
+    time.sleep(after_s)
+    server.kill()
+    writer.join(30)
+    acknowledged = list(acked)
+    ready_s = server.start()
+    with server.admin() as c:
+        while (warm := c.call("describe").result["warm_restart"])["pending"]:
+            time.sleep(0.05)
+        ks, _ = register(c, layouts=[_layout(object_mb)])
+        whole = sum(lookup(c, ks, list(prompt_tokens(p))) == 8 * CHUNK for p in acknowledged)
+    return {
+        "acknowledged_prompts": len(acknowledged),
+        "whole_after_restart": whole,
+        "adopted_share": whole / len(acknowledged) if acknowledged else None,
+        "adopted_objects": warm["adopted"],
+        "rejected_objects": warm["rejected"],
+        "ready_s": ready_s,
+    }
 
 
 def main() -> None:
@@ -119,7 +163,23 @@ def main() -> None:
     ap.add_argument("--object-mb", type=int, default=4, help="size of one object (MiB)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--kill-under-load",
+        type=float,
+        metavar="S",
+        help="instead: kill -9 the server S seconds into a store stream, restart, count the acknowledged prompts kept",
+    )
     a = ap.parse_args()
+    if a.kill_under_load is not None:
+        with tempfile.TemporaryDirectory() as state:
+            server = Server(a.gb, Path(state))
+            try:
+                server.start()
+                res = kill_under_load(server, a.gb, a.object_mb, a.kill_under_load)
+            finally:
+                server.remove()
+        print(json.dumps(res, indent=2) if a.json else "\n".join(f"{k}: {v}" for k, v in res.items()))
+        return
     with tempfile.TemporaryDirectory() as state:
         server, empty = Server(a.gb, Path(state)), Server(a.gb, Path(state), "--cold")
         try:

@@ -18,3 +18,14 @@ def test_small_run_adopts_everything_it_filled() -> None:
     assert out["stored"] > 0
     for r in out["rounds"]:
         assert r["adopted"] == r["verified"] == out["stored"] and r["rejected"] == 0
+
+
+def test_every_prompt_acknowledged_before_a_kill_under_load_is_whole_after_it() -> None:
+    cmd = [sys.executable, "-m", "bench.warm_restart", "--gb", "0.25", "--object-mb", "1"]
+    res = subprocess.run(
+        [*cmd, "--kill-under-load", "2", "--json"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    assert out["acknowledged_prompts"] > 0 and out["rejected_objects"] == 0
+    assert out["whole_after_restart"] == out["acknowledged_prompts"]

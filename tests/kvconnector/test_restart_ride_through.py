@@ -47,11 +47,8 @@ def test_an_engine_gets_hits_again_after_its_server_is_killed_and_restarted(serv
         assert res.ok, res.error
         assert reader.data_mode == "shm"  # the adopted arena, mapped again
         assert all(torch.equal(d, s) for d, s in zip(dst, src))
-        # the writer notices the new arena on its first save after the restart (that save is lost,
-        # like any in flight during the gap: the engine recomputes), then stores again
+        # the writer's mapping is of the same file with a new nonce: its first save after the restart
+        # registers again before it writes, and is stored
         saved = writer.save(np.arange(1000, 1128), list(range(8)))
-        if not saved.ok:
-            assert "arena_changed" in (saved.error or ""), saved.error
-            saved = writer.save(np.arange(1000, 1128), list(range(8)))
         assert saved.ok, saved.error
         assert reader.lookup(np.arange(1000, 1128), session=sid("new")).hit_tokens == 128
