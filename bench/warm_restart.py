@@ -162,6 +162,9 @@ def main() -> None:
     ap.add_argument("--gb", type=float, default=4.0, help="L1 size (GiB)")
     ap.add_argument("--object-mb", type=int, default=4, help="size of one object (MiB)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--empty-gb", type=float, help="L1 size of the empty baseline server (default --gb; /dev/shm must hold both)"
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
         "--kill-under-load",
@@ -181,7 +184,7 @@ def main() -> None:
         print(json.dumps(res, indent=2) if a.json else "\n".join(f"{k}: {v}" for k, v in res.items()))
         return
     with tempfile.TemporaryDirectory() as state:
-        server, empty = Server(a.gb, Path(state)), Server(a.gb, Path(state), "--cold")
+        server, empty = Server(a.gb, Path(state)), Server(a.empty_gb or a.gb, Path(state), "--cold")
         try:
             server.start()
             empty.start()
@@ -203,7 +206,13 @@ def main() -> None:
         finally:
             server.remove()
             empty.remove()
-    out: dict[str, Any] = {"gb": a.gb, "object_mb": a.object_mb, "stored": stored, "rounds": rounds}
+    out: dict[str, Any] = {
+        "gb": a.gb,
+        "empty_gb": a.empty_gb or a.gb,
+        "object_mb": a.object_mb,
+        "stored": stored,
+        "rounds": rounds,
+    }
     for k in ("ready_s", "empty_ready_s", "verify_s"):
         vals = [r[k] for r in rounds]
         out[k] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
@@ -213,7 +222,7 @@ def main() -> None:
     print(f"L1 {a.gb} GiB, {stored} objects of {a.object_mb} MiB, {a.rounds} kill -9 / restart rounds")
     whats = (
         ("ready_s", "adopting: spawn to first ping"),
-        ("empty_ready_s", "empty (--cold): spawn to ping"),
+        ("empty_ready_s", f"empty {out['empty_gb']} GiB: spawn to ping"),
         ("verify_s", "all adopted objects verified"),
     )
     for k, what in whats:
