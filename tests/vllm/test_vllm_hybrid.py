@@ -71,3 +71,41 @@ def test_sliding_global_failed_load_recomputes(gemma3_runs: Runs) -> None:
     assert params["load_failed"] is True
     assert got.connector_loaded_tokens == 0
     assert got.token_ids == gemma3_runs.ref.requests[1].token_ids
+
+
+Q_STORE = random_prompt(640, seed=48)
+Q_REUSE = Q_STORE[:600] + random_prompt(40, seed=49)  # vLLM's own cache: 2 hybrid blocks of 288
+QWEN3_NEXT = {"dtype": "bfloat16", "enable_prefix_caching": True}  # vLLM CPU's GDN runs in bf16 only
+
+
+@pytest.fixture(scope="module")
+def qwen3_next_runs(
+    tmp_path_factory: pytest.TempPathFactory, kvserver_factory: ServerFactory
+) -> tuple[EngineRun, EngineRun]:
+    """A gated-delta-net hybrid (tiny random Qwen3-Next): the same two prompts in one engine without
+    and one with the connector (vLLM's own prefix cache on in both: a GDN scan depends on where its
+    chunks start, so only the same schedule gives the same tokens)."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"{VLLM_PYTHON} missing: build it with scripts/make-vllm-env.sh")
+    model = build_variant(tmp_path_factory.mktemp("tiny-qwen3-next") / "model", "build_qwen3_next")
+    batches = [[prompt(Q_STORE)], [prompt(Q_REUSE)]]
+    ref = run_engine(model, batches, llm_kwargs=QWEN3_NEXT)
+    # chunk_size: a multiple of the block vLLM picks for the hybrid (the attention page must hold a
+    # GDN state: 288 tokens here with --block-size 32), else the connector refuses to start
+    server = kvserver_factory("--chunk-size", "576")
+    run = run_engine(model, batches, llm_kwargs=QWEN3_NEXT, kv_transfer_config=kv_config(server.url, chunk_size=576))
+    return ref, run
+
+
+def test_gdn_hybrid_starts_and_runs_uncached(qwen3_next_runs: tuple[EngineRun, EngineRun]) -> None:
+    """Without SupportsHMA vLLM refused to start such a model with the connector configured. Now it
+    starts with the hybrid manager (an attention group and a GDN state group); the connector says in
+    one line per role (scheduler, worker) that it does not cache recurrent states yet, and never loads: tokens equal the
+    engine without the connector, vLLM's own prefix cache still works."""
+    ref, run = qwen3_next_runs
+    line = "KVServerConnector disabled: 2 KV cache groups (hybrid manager): hybrid model with recurrent-state layers"
+    assert run.log.count(line) == 2, run.log[-3000:]  # the scheduler's and the worker's connector
+    assert "(GDN_ATTN, mamba_cache_mode 'align')" in run.log
+    assert [r.token_ids for r in run.requests] == [r.token_ids for r in ref.requests]
+    assert [r.connector_loaded_tokens for r in run.requests] == [0, 0]
+    assert run.requests[1].num_cached_tokens == ref.requests[1].num_cached_tokens > 0
