@@ -227,9 +227,11 @@ class SchedulerSide:
             new_blocks = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:
                 st.block_ids = [list(b) for b in new_blocks] if new_blocks is not None else []
-            elif new_blocks is not None:
+            elif new_blocks is not None and len(new_blocks) == len(st.block_ids):
                 for mine, new_ids in zip(st.block_ids, new_blocks, strict=True):
                     mine.extend(new_ids)
+            elif new_blocks is not None:  # a table we never saw begin: its positions are unknown
+                st.block_ids = []  # nothing of it is loaded or saved from now on (_covers)
             self._plan(meta, st, int(cached.num_computed_tokens[i]), so.num_scheduled_tokens.get(req_id, 0), None)
         meta.finished = list(getattr(so, "finished_req_ids", ()) or ())
         return meta

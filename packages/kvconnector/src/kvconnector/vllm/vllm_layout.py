@@ -40,7 +40,13 @@ def kv_groups(kv_cache_config: Any) -> list[tuple[list[str], Any]]:
     if len(groups) == 1:
         return [attention_group(kv_cache_config)]
     try:
-        return [_checked(list(g.layer_names), g.kv_cache_spec, hybrid=True) for g in groups]
+        out = [_checked(list(g.layer_names), g.kv_cache_spec, hybrid=True) for g in groups]
+        # The CPU attention ISA (the layouts' variant) is read from group 0's spec; it depends on the
+        # head and block size, so groups that differ in them could be packed otherwise: refused.
+        first = out[0][1]
+        if any((s.head_size, s.block_size) != (first.head_size, first.block_size) for _, s in out):
+            raise UnsupportedLayout("groups with different head or block sizes are not supported")
+        return out
     except UnsupportedLayout as exc:
         raise UnsupportedLayout(f"{len(groups)} KV cache groups (hybrid manager): {exc}") from exc
 

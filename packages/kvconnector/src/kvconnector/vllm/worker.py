@@ -267,6 +267,8 @@ class WorkerSide:
         bs = self.layout.block_size if self.layout else 1
         pos = {b: i for i, b in enumerate(job.block_ids[0])}
         first = min((pos[b] * bs for b in blocks if b in pos), default=job.skip_tokens)
+        if self.multi_group:  # the whole load is lost (vLLM recomputes the request)
+            first = job.skip_tokens
         self.report.load_failed[job.req_id] = first
         log.warning("KVServerConnector: load of %d blocks failed (%s); vLLM recomputes them", len(blocks), err)
 
