@@ -374,3 +374,40 @@ def test_connector_refuses_what_the_reader_cannot_describe() -> None:
     wrong = {f"l{i}": torch.cat([v, v[:, :1]], dim=1) for i, v in enumerate(views)}
     with pytest.raises(UnsupportedLayout, match="expects"):
         worker_layout(config, wrong, CHUNK, "vec")
+
+
+def _hybrid_config(second: str, **fields: Any) -> Any:
+    """Two KV cache groups as vLLM's hybrid manager gives them: a full-attention group (l0, l1) and
+    a second group (l2, l3) of class `second` (a sliding window, a Mamba state)."""
+    one = _config("cpu/LBHNC/bf16", "LBHNC")
+    full = one.kv_cache_groups[0]
+    spec = type(second, (_Spec,), {})({**full.kv_cache_spec.__dict__, **fields})
+    other = _Spec({"kv_cache_spec": spec, "layer_names": [f"l{i + NUM_LAYERS}" for i in range(NUM_LAYERS)]})
+    return _Spec({"kv_cache_groups": [full, other], "kv_cache_layout": "LBHNC"})
+
+
+def test_hybrid_groups_become_object_groups_in_vllm_order() -> None:
+    """KV cache group i is object group i: a full group and a sliding group, the same on both sides;
+    a single-group engine's layout is exactly today's (its fingerprint is pinned)."""
+    from kvconnector.vllm.vllm_layout import scheduler_layout, scheduler_layouts, worker_layouts
+
+    single = _config("cpu/LBHNC/bf16", "LBHNC")
+    assert scheduler_layouts(single, CHUNK, "vec") == [scheduler_layout(single, CHUNK, "vec")]
+    config = _hybrid_config("SlidingWindowSpec", sliding_window=40)
+    _, views = vllm_views("cpu/LBHNC/bf16", seed=5)
+    _, more = vllm_views("cpu/LBHNC/bf16", seed=6)
+    layouts, groups = worker_layouts(config, {f"l{i}": v for i, v in enumerate(views + more)}, CHUNK, "vec")
+    assert layouts == scheduler_layouts(config, CHUNK, "vec")
+    assert [(x.kind, x.window) for x in layouts] == [("full", 0), ("sliding", 40)]
+    assert layouts[0] == scheduler_layout(single, CHUNK, "vec")  # the full group: today's bytes and keys
+    assert [[t.data_ptr() for t in g] for g in groups] == [[v.data_ptr() for v in views], [v.data_ptr() for v in more]]
+
+
+def test_hybrid_with_recurrent_states_is_refused_in_one_line() -> None:
+    from kvconnector.vllm.vllm_layout import UnsupportedLayout, scheduler_layouts
+
+    config = _hybrid_config("MambaSpec", mamba_type=_Spec({"name": "GDN_ATTN"}), mamba_cache_mode="align")
+    with pytest.raises(
+        UnsupportedLayout, match=r"^2 KV cache groups \(hybrid manager\): .*GDN_ATTN, mamba_cache_mode 'align'"
+    ):
+        scheduler_layouts(config, CHUNK, "vec")

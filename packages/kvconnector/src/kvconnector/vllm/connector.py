@@ -8,6 +8,10 @@
 vLLM creates one instance per role: the scheduler's (lookups, planning) and each worker's (copies).
 This class only dispatches to `SchedulerSide` / `WorkerSide`; a broken cache never breaks the engine:
 errors turn into misses and recomputation.
+
+It implements `SupportsHMA`, so vLLM keeps its hybrid KV cache manager on: each KV cache group
+(full attention, sliding window) is one object group with its own block table (docs/layouts.md).
+A single-group model is unchanged: one object group, the same layout fingerprint.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -29,11 +35,12 @@ from .metadata import KVServerConnectorMetadata
 from .fingerprint import config_parts, model_fingerprint, model_key_with_fingerprint
 from .scheduler import SchedulerSide
 from .stats import KVServerConnectorStats
-from .vllm_layout import UnsupportedLayout, attention_isa, scheduler_layout, worker_layout
+from .vllm_layout import UnsupportedLayout, attention_isa, scheduler_layouts, worker_layouts
 from .worker import WorkerSide
 
 if TYPE_CHECKING:
     import torch
+    from kvprotocol import LayoutDescriptor
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, PromMetric, PromMetricT
     from vllm.forward_context import ForwardContext
@@ -45,7 +52,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
-class KVServerConnector(KVConnectorBase_V1):
+class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
     _cache_hit_source = CacheHitSource.HOST
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
@@ -59,33 +66,41 @@ class KVServerConnector(KVConnectorBase_V1):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._isa = ""
+        layouts: list[LayoutDescriptor] | None = None
         try:
             self._isa = attention_isa(vllm_config, kv_cache_config)
-            layout = scheduler_layout(kv_cache_config, self.cfg.chunk_size, self._isa)
+            layouts = scheduler_layouts(kv_cache_config, self.cfg.chunk_size, self._isa)
         except UnsupportedLayout as exc:
             log.error("KVServerConnector disabled: %s", exc)
-            layout = None
         world, rank = _world_and_rank(vllm_config, role)
         client = None
         model = ""
-        if layout is not None and world is not None:
+        if layouts is not None and world is not None:
             model = _model_name(vllm_config, self.cfg)
-            client = _make_client(self.cfg, model, world, rank, layout)
+            client = _make_client(self.cfg, model, world, rank, layouts)
+        groups = len(kv_cache_config.kv_cache_groups)
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = SchedulerSide(self.cfg, client, block_size)
+            self._scheduler = SchedulerSide(self.cfg, client, block_size, groups)
         else:
             load_client = None
             if client is not None and ((self.cfg.async_loads and self.cfg.load) or self.cfg.async_saves):
-                load_client = _make_client(self.cfg, model, world or 1, rank, layout)
-            self._worker = WorkerSide(self.cfg, client, layout, load_client)
+                load_client = _make_client(self.cfg, model, world or 1, rank, layouts)
+            self._worker = WorkerSide(self.cfg, client, layouts, load_client)
         log.info(
             "KVServerConnector %s: server %s, mode %s, config layout %s (isa %s)",
             role.name.lower(),
             self.cfg.kvserver_url,
             self.cfg.mode,
-            layout.fingerprint if layout else "unsupported",
+            ",".join(lay.fingerprint for lay in layouts) if layouts else "unsupported",
             self._isa or "unknown",
         )
+        if layouts is not None and len(layouts) > 1:
+            log.info(
+                "KVServerConnector %s: %d KV cache groups (hybrid manager) as object groups: %s",
+                role.name.lower(),
+                len(layouts),
+                ", ".join(lay.kind + (f"/{lay.window}" if lay.window else "") for lay in layouts),
+            )
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -105,7 +120,7 @@ class KVServerConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         assert self._scheduler is not None
-        block_ids = list(blocks.get_block_ids()[0]) if num_external_tokens > 0 else None
+        block_ids = [list(b) for b in blocks.get_block_ids()] if num_external_tokens > 0 else None
         self._scheduler.update_state_after_alloc(request, num_external_tokens, block_ids)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -122,16 +137,23 @@ class KVServerConnector(KVConnectorBase_V1):
         assert self._scheduler is not None
         return self._scheduler.request_finished_delay(request)
 
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """SupportsHMA's request_finished: the delay covers the blocks of every group alike."""
+        assert self._scheduler is not None
+        return self._scheduler.request_finished_delay(request)
+
     # ---- worker side -----------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
         try:
-            layout, tensors = worker_layout(self._kv_cache_config, kv_caches, self.cfg.chunk_size, self._isa)
+            layouts, tensors = worker_layouts(self._kv_cache_config, kv_caches, self.cfg.chunk_size, self._isa)
         except (UnsupportedLayout, ValueError) as exc:
             log.error("KVServerConnector disabled on this worker: %s", exc)
             self._worker.enabled = False
             return
-        self._worker.register(layout, tensors)
+        self._worker.register(layouts, tensors)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -155,6 +177,14 @@ class KVServerConnector(KVConnectorBase_V1):
             meta = self._get_connector_metadata()
             scheduled = meta.scheduled_tokens if isinstance(meta, KVServerConnectorMetadata) else 0
         return self._worker.get_finished(scheduled, set(finished_req_ids or ()))
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """get_finished's sets, and the loads that failed as whole requests: with several KV cache
+        groups vLLM takes no failed block ids (they are unique per group only); it recomputes a
+        request in `failed_recving` from its first token."""
+        sent, received = self.get_finished(finished_req_ids)
+        failed = self._worker.take_failed_requests() if self._worker is not None else set()
+        return KVConnectorTransferResults(set(sent or ()), set(received or ()), failed)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads finished in start_load_kv
@@ -236,7 +266,7 @@ def _world_and_rank(vllm_config: VllmConfig, role: KVConnectorRole) -> tuple[int
     return world, int(get_tensor_model_parallel_rank())
 
 
-def _make_client(cfg: ConnectorConfig, model: str, world: int, rank: int, layout: Any) -> Any:
+def _make_client(cfg: ConnectorConfig, model: str, world: int, rank: int, layouts: Any) -> Any:
     from ..engine_client import EngineClient
 
     return EngineClient(
@@ -244,7 +274,7 @@ def _make_client(cfg: ConnectorConfig, model: str, world: int, rank: int, layout
         model,
         world,
         rank,
-        [layout],
+        list(layouts),
         mode=cfg.mode,
         timeout=cfg.timeout_s,
         token=cfg.token(),

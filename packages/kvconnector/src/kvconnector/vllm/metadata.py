@@ -18,7 +18,7 @@ class LoadJob:
     req_id: str
     session: str
     tokens: list[int]  # the first num_tokens tokens of the request
-    block_ids: list[int]  # the request's blocks covering [0, num_tokens)
+    block_ids: list[list[int]]  # per KV cache group, the request's blocks covering [0, num_tokens)
     skip_tokens: int  # tokens vLLM already holds (its own prefix cache); never overwritten
     num_tokens: int  # chunk-aligned end of the load
     salt: str
@@ -37,7 +37,7 @@ class SaveJob:
 
     req_id: str
     tokens: list[int]  # chunk-aligned prefix of the request
-    block_ids: list[int]
+    block_ids: list[list[int]]  # per KV cache group
     skip_tokens: int  # chunk-aligned; chunks below are known to be stored already
     salt: str
     extra: tuple[tuple[int, bytes], ...] = ()

@@ -36,7 +36,7 @@ class _Req:
     external_tokens: int = 0
     load_pending: bool = False
     leased: bool = False
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[list[int]] = field(default_factory=list)  # per KV cache group
     saved_upto: int = 0  # chunk-aligned: tokens [0, saved_upto) are stored or being stored
     stored: int = 0  # tokens [0, stored) confirmed stored by the workers (or found on the server)
     loaded_tokens: int = 0
@@ -52,10 +52,13 @@ class _Req:
 
 
 class SchedulerSide:
-    def __init__(self, cfg: ConnectorConfig, client: Any, block_size: int) -> None:
+    def __init__(self, cfg: ConnectorConfig, client: Any, block_size: int, num_groups: int = 1) -> None:
         self.cfg = cfg
         self.client = client
         self.block_size = block_size
+        # Several KV cache groups (vLLM's hybrid manager): vLLM takes load failures only per request
+        # (failed_recving of an asynchronous load), never as block ids, so every load is asynchronous.
+        self.async_loads = cfg.async_loads or num_groups > 1
         self.chunk = cfg.chunk_size
         self.reqs: dict[str, _Req] = {}
         self.stats = KVServerConnectorStats()
@@ -128,7 +131,7 @@ class SchedulerSide:
             ext = 0
         if ext == 0:
             self._release(st)
-        return ext, self.cfg.async_loads and ext > 0
+        return ext, self.async_loads and ext > 0
 
     def _lookup(self, st: _Req, request: Any, n: int) -> LookupResult | None:
         """The server's answer to this request's lookup (a LookupResult), or None while it is on its way.
@@ -178,7 +181,7 @@ class SchedulerSide:
         return now - st.pending_since < (self.cfg.timeout_s if limit is None else limit)
 
     def update_state_after_alloc(
-        self, request: Any, num_external_tokens: int, block_ids: list[int] | None = None
+        self, request: Any, num_external_tokens: int, block_ids: list[list[int]] | None = None
     ) -> None:
         """With async_loads, vLLM parks the request until its load ends: the load is planned from the
         blocks allocated here (the request is not among the next step's scheduled ones); vLLM calls
@@ -190,8 +193,8 @@ class SchedulerSide:
         st.load_pending = num_external_tokens > 0
         if num_external_tokens > 0:
             st.l2_tokens = self.hit_sources(request, num_external_tokens).get("l2", 0)
-            if self.cfg.async_loads and block_ids is not None:
-                st.block_ids = list(block_ids)
+            if self.async_loads and block_ids is not None:
+                st.block_ids = [list(b) for b in block_ids]
                 self._async.append(st.req_id)
         if num_external_tokens > 0:
             self.stats.add("external_tokens", num_external_tokens)
@@ -212,7 +215,7 @@ class SchedulerSide:
             st = self.reqs.get(new.req_id)
             if st is None:  # never looked up (should not happen): without its Request, its keys are
                 st = self._new_state(new.req_id, None, None)  # unknown: never saved
-            st.block_ids = list(new.block_ids[0])
+            st.block_ids = [list(b) for b in new.block_ids]
             self._plan(
                 meta, st, int(new.num_computed_tokens), so.num_scheduled_tokens.get(new.req_id, 0), new.prompt_token_ids
             )
@@ -223,9 +226,12 @@ class SchedulerSide:
                 continue
             new_blocks = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:
-                st.block_ids = list(new_blocks[0]) if new_blocks is not None else []
-            elif new_blocks is not None:
-                st.block_ids.extend(new_blocks[0])
+                st.block_ids = [list(b) for b in new_blocks] if new_blocks is not None else []
+            elif new_blocks is not None and len(new_blocks) == len(st.block_ids):
+                for mine, new_ids in zip(st.block_ids, new_blocks, strict=True):
+                    mine.extend(new_ids)
+            elif new_blocks is not None:  # a table we never saw begin: its positions are unknown
+                st.block_ids = []  # nothing of it is loaded or saved from now on (_covers)
             self._plan(meta, st, int(cached.num_computed_tokens[i]), so.num_scheduled_tokens.get(req_id, 0), None)
         meta.finished = list(getattr(so, "finished_req_ids", ()) or ())
         return meta
@@ -309,7 +315,7 @@ class SchedulerSide:
         end = save_to
         toks = self._tokens(st, end, prompt_tokens)
         nblocks = end // self.block_size
-        if len(toks) < end or len(st.block_ids) < nblocks:
+        if len(toks) < end or not _covers(st.block_ids, nblocks):
             return
         st.had_saves = True
         reservation, total = None, 0
@@ -319,7 +325,7 @@ class SchedulerSide:
             SaveJob(
                 st.req_id,
                 toks,
-                st.block_ids[:nblocks],
+                [b[:nblocks] for b in st.block_ids],
                 st.saved_upto,
                 st.salt,
                 self._extra(st, end),
@@ -337,13 +343,13 @@ class SchedulerSide:
         end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
         toks = self._tokens(st, end, prompt_tokens)
         nblocks = end // self.block_size
-        if len(toks) == end and len(st.block_ids) >= nblocks and not self.cfg.debug_fail_plan_loads:
+        if len(toks) == end and _covers(st.block_ids, nblocks) and not self.cfg.debug_fail_plan_loads:
             meta.loads.append(
                 LoadJob(
                     st.req_id,
                     st.session,
                     toks,
-                    st.block_ids[:nblocks],
+                    [b[:nblocks] for b in st.block_ids],
                     st.local_computed,
                     end,
                     st.salt,
@@ -368,7 +374,7 @@ class SchedulerSide:
         log.error(
             "KVServerConnector: request %s has %d blocks for a %d-token load; reporting them failed",
             st.req_id,
-            len(st.block_ids),
+            min((len(b) for b in st.block_ids), default=0),
             end,
         )
         meta.loads.append(
@@ -376,7 +382,7 @@ class SchedulerSide:
                 st.req_id,
                 st.session,
                 [],
-                st.block_ids[:nblocks],
+                [b[:nblocks] for b in st.block_ids],
                 st.local_computed,
                 end,
                 st.salt,
@@ -440,3 +446,9 @@ class SchedulerSide:
     def _failed(self, op: str, err: str) -> None:
         log.warning("KVServerConnector: %s failed (%s); recomputing, retrying the server later", op, err)
         self.breaker.failed()
+
+
+def _covers(block_ids: list[list[int]], nblocks: int) -> bool:
+    """Every KV cache group's table reaches block nblocks (a sliding group's out-of-window entries
+    are vLLM's null block: they count, and are never read or written)."""
+    return bool(block_ids) and all(len(b) >= nblocks for b in block_ids)

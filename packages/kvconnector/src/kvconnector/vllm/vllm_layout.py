@@ -1,9 +1,11 @@
 """The cache layout of a vLLM engine, computed identically on both sides of the connector.
 
-The scheduler side has no tensors: it derives the layout from vLLM's KVCacheConfig (the attention
-spec of its single KV cache group). The worker side derives it from the registered tensors. Both must give
-the same LayoutDescriptor (same fingerprint), or lookups and stores would name different objects;
-the worker checks this and disables the connector on a mismatch.
+The scheduler side has no tensors: it derives one layout per KV cache group from vLLM's KVCacheConfig
+(the group's attention spec). The worker side derives them from the registered tensors. Both must give
+the same LayoutDescriptors (same fingerprints), or lookups and stores would name different objects;
+the worker checks this and disables the connector on a mismatch. A single-group engine keeps its
+layout (and fingerprint) exactly; vLLM's hybrid manager gives several groups, KV cache group i
+being object group i.
 """
 
 from __future__ import annotations
@@ -23,28 +25,63 @@ class UnsupportedLayout(ValueError):
 
 
 def attention_group(kv_cache_config: Any) -> tuple[list[str], Any]:
-    """(layer names, attention spec) of the single full-attention KV cache group we support."""
+    """(layer names, attention spec) of a single-group engine (today's path, unchanged fingerprints)."""
     groups = list(kv_cache_config.kv_cache_groups)
     if len(groups) != 1:
-        raise UnsupportedLayout(f"{len(groups)} KV cache groups (hybrid models are not supported yet)")
-    spec = groups[0].kv_cache_spec
+        raise UnsupportedLayout(f"{len(groups)} KV cache groups where one was expected")
+    return _checked(list(groups[0].layer_names), groups[0].kv_cache_spec, hybrid=False)
+
+
+def kv_groups(kv_cache_config: Any) -> list[tuple[list[str], Any]]:
+    """(layer names, spec) of every KV cache group, in vLLM's group order: object group i is KV cache
+    group i. One group is today's path; several come from vLLM's hybrid KV cache manager (the
+    connector implements SupportsHMA), each group with its own block table."""
+    groups = list(kv_cache_config.kv_cache_groups)
+    if len(groups) == 1:
+        return [attention_group(kv_cache_config)]
+    try:
+        out = [_checked(list(g.layer_names), g.kv_cache_spec, hybrid=True) for g in groups]
+        # The CPU attention ISA (the layouts' variant) is read from group 0's spec; it depends on the
+        # head and block size, so groups that differ in them could be packed otherwise: refused.
+        first = out[0][1]
+        if any((s.head_size, s.block_size) != (first.head_size, first.block_size) for _, s in out):
+            raise UnsupportedLayout("groups with different head or block sizes are not supported")
+        return out
+    except UnsupportedLayout as exc:
+        raise UnsupportedLayout(f"{len(groups)} KV cache groups (hybrid manager): {exc}") from exc
+
+
+def _checked(layer_names: list[str], spec: Any, hybrid: bool) -> tuple[list[str], Any]:
     kind = type(spec).__name__
-    if kind == "MLAAttentionSpec":
+    if hybrid and kind == "MambaSpec":
+        # Why not yet: vLLM ("align" mode) keeps a state only at its block boundaries and frees most of
+        # them while the request runs; storing and loading them bit-exactly needs the state group's
+        # own block semantics on both sides (docs/layouts.md). Until then the engine runs uncached.
+        mamba = getattr(getattr(spec, "mamba_type", None), "name", kind)
+        mode = getattr(spec, "mamba_cache_mode", "?")
+        raise UnsupportedLayout(
+            f"hybrid model with recurrent-state layers ({mamba}, mamba_cache_mode {mode!r}): their states "
+            "are not cached yet; the engine runs without the cache"
+        )
+    if kind == "MLAAttentionSpec" and not hybrid:
         if getattr(spec, "model_version", None) is not None or getattr(spec, "alignment", None) is not None:
             raise UnsupportedLayout("this MLA cache variant (DeepSeek-V4 style) is not supported")
-        return list(groups[0].layer_names), spec
-    if kind == "SlidingWindowSpec":  # every layer windowed (Mistral-style): vLLM frees blocks out of the window
+        return layer_names, spec
+    if kind == "SlidingWindowSpec":  # vLLM frees blocks out of the window
         if int(getattr(spec, "extra_retained_tokens", 0) or 0):
             raise UnsupportedLayout("sliding windows with extra retained tokens (multi-module MTP) are not supported")
     elif kind != "FullAttentionSpec" or getattr(spec, "attention_chunk_size", None):
-        raise UnsupportedLayout(f"KV cache spec {kind} is not supported (full attention, one sliding window or MLA)")
-    # A FullAttentionSpec may carry a sliding window: with its hybrid KV cache manager off (always, with
-    # this connector), vLLM promotes the windowed layers of a model that mixes them with global ones
-    # (Gemma-2/3) to full attention. Their blocks are then never freed, so they are cached as full
-    # attention: the KV of a token does not depend on the window, only the attention over it does.
+        what = "(full attention, one sliding window or MLA)"
+        if hybrid:
+            what = "in a hybrid model (full attention and sliding windows are)"
+        raise UnsupportedLayout(f"KV cache spec {kind} is not supported {what}")
+    # A FullAttentionSpec may carry a sliding window: with vLLM's hybrid KV cache manager off, vLLM
+    # promotes the windowed layers of a model that mixes them with global ones (Gemma-2/3) to full
+    # attention. Their blocks are then never freed, so they are cached as full attention: the KV of a
+    # token does not depend on the window, only the attention over it does.
     if getattr(spec, "head_size_v", spec.head_size) != spec.head_size:
         raise UnsupportedLayout("different K and V head sizes are not supported")
-    return list(groups[0].layer_names), spec
+    return layer_names, spec
 
 
 def is_mla(spec: Any) -> bool:
@@ -64,7 +101,7 @@ def attention_isa(vllm_config: Any, kv_cache_config: Any) -> str:
     The packing inside a block differs per ISA, so it is part of the layout fingerprint: an AMX host
     and an AVX-512 host sharing an L2 tier then miss instead of reading each other's bytes wrongly.
     """
-    _, spec = attention_group(kv_cache_config)
+    _, spec = kv_groups(kv_cache_config)[0]
     if is_mla(spec):
         return _mla_variant(vllm_config)
     try:
@@ -106,12 +143,11 @@ def _backend_name(vllm_config: Any) -> str:
     return str(getattr(backend, "name", backend)).upper()
 
 
-def _read(kv_cache_config: Any, chunk_size: int, isa: str) -> ReadLayout:
-    """The layout of group 0 from vLLM's description (spec + resolved KVCacheLayout), on the CPU backends.
+def _read(kv_cache_config: Any, layer_names: list[str], spec: Any, chunk_size: int, isa: str) -> ReadLayout:
+    """The layout of one group from vLLM's description (spec + resolved KVCacheLayout), on the CPU backends.
 
     The CPU attention backend only reads LBHNC; an MLA latent cache (one head) has the same bytes in
     every order, so an unresolved layout is read as LBHNC."""
-    layer_names, spec = attention_group(kv_cache_config)
     if str(spec.dtype).removeprefix("torch.") == "uint8":  # vLLM's fp8 caches
         raise UnsupportedLayout(
             "fp8 KV caches are not supported yet: their per-layer k/v scales belong in the layout "
@@ -128,20 +164,49 @@ def _read(kv_cache_config: Any, chunk_size: int, isa: str) -> ReadLayout:
 
 
 def scheduler_layout(kv_cache_config: Any, chunk_size: int, isa: str) -> LayoutDescriptor:
-    _, spec = attention_group(kv_cache_config)
-    return _kind(_read(kv_cache_config, chunk_size, isa).layout, spec)
+    """The layout of a single-group engine."""
+    layer_names, spec = attention_group(kv_cache_config)
+    return _kind(_read(kv_cache_config, layer_names, spec, chunk_size, isa).layout, spec)
+
+
+def scheduler_layouts(kv_cache_config: Any, chunk_size: int, isa: str) -> list[LayoutDescriptor]:
+    """One layout per KV cache group (the object groups, in vLLM's group order)."""
+    return [
+        _kind(_read(kv_cache_config, names, spec, chunk_size, isa).layout, spec)
+        for names, spec in kv_groups(kv_cache_config)
+    ]
 
 
 def worker_layout(
     kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
 ) -> tuple[LayoutDescriptor, list[Any]]:
-    """Layout from the registered tensors, and the tensors in layer order (group 0's order), each
-    viewed in the layout's physical order (layout_reader.ReadLayout.engine_view)."""
+    """Layout from the registered tensors of a single-group engine, and its tensors in layer order."""
     layer_names, spec = attention_group(kv_cache_config)
+    return _group_views(kv_cache_config, layer_names, spec, kv_caches, chunk_size, isa)
+
+
+def worker_layouts(
+    kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
+) -> tuple[list[LayoutDescriptor], list[list[Any]]]:
+    """Per KV cache group: its layout from the registered tensors, and its tensors in layer order.
+    (With vLLM's hybrid manager, layers of different groups may share memory: block ids of one
+    pool keep their blocks apart.)"""
+    pairs = [
+        _group_views(kv_cache_config, names, spec, kv_caches, chunk_size, isa)
+        for names, spec in kv_groups(kv_cache_config)
+    ]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _group_views(
+    kv_cache_config: Any, layer_names: list[str], spec: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
+) -> tuple[LayoutDescriptor, list[Any]]:
+    """The group's tensors in layer order, each viewed in the layout's physical order
+    (layout_reader.ReadLayout.engine_view), and the layout they were checked against."""
     missing = [n for n in layer_names if n not in kv_caches]
     if missing:
         raise UnsupportedLayout(f"registered KV caches lack layers {missing[:3]}")
-    read = _read(kv_cache_config, chunk_size, isa)
+    read = _read(kv_cache_config, layer_names, spec, chunk_size, isa)
     tensors = [kv_caches[n] for n in layer_names]
     first = tensors[0]
     for name, t in zip(layer_names, tensors, strict=True):

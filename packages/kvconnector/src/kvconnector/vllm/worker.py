@@ -28,7 +28,7 @@ IDLE_WAIT_S = 0.002  # how long a step with nothing scheduled waits for a backgr
 
 class WorkerSide:
     def __init__(
-        self, cfg: ConnectorConfig, client: Any, expected: LayoutDescriptor | None, load_client: Any = None
+        self, cfg: ConnectorConfig, client: Any, expected: list[LayoutDescriptor] | None, load_client: Any = None
     ) -> None:
         self.cfg = cfg
         self.client = client
@@ -45,31 +45,42 @@ class WorkerSide:
         self._step_t0: float | None = None  # perf_counter at bind_connector_metadata (costs.py samples)
         self._step_load_s = 0.0
         self.expected = expected
-        self.layout: LayoutDescriptor | None = None
-        self.tensors: list[Any] = []
+        self.layouts: list[LayoutDescriptor] = []
+        self.layout: LayoutDescriptor | None = None  # group 0's (its block size is every group's)
+        self.tensors: list[Any] = []  # group 0's
+        self.group_tensors: list[list[Any]] = []
         self.enabled = client is not None
         self.failed_blocks: set[int] = set()
+        self.failed_requests: set[str] = set()  # several groups: failed loads reported per request
         self.failed_reqs: set[str] = set()
         self.failed_epochs: dict[str, int] = {}  # req id -> highest LoadJob.epoch whose load failed
         self.report = KVServerWorkerMetadata()
         self.stats = KVServerConnectorStats()
         self.breaker = Breaker(cfg.retry_after_s)
 
-    def register(self, layout: LayoutDescriptor, tensors: list[Any]) -> None:
-        if self.expected is not None and layout.fingerprint != self.expected.fingerprint:
+    @property
+    def multi_group(self) -> bool:
+        return len(self.layouts) > 1
+
+    def register(self, layouts: list[LayoutDescriptor], groups: list[list[Any]]) -> None:
+        """Adopt the KV tensors of every group (one list per KV cache group, layouts in that order)."""
+        if self.expected is not None and [x.fingerprint for x in layouts] != [x.fingerprint for x in self.expected]:
             log.error(
-                "KVServerConnector: worker KV layout %s differs from the scheduler's %s; connector disabled",
-                layout,
+                "KVServerConnector: worker KV layouts %s differ from the scheduler's %s; connector disabled",
+                layouts,
                 self.expected,
             )
             self.enabled = False
             return
-        self.layout, self.tensors = layout, tensors
-        if self.client is not None and not self.client.register(tensors):
+        self.layouts = list(layouts)
+        layout, tensors = layouts[0], groups[0]
+        self.layout, self.tensors, self.group_tensors = layout, tensors, list(groups)
+        kv = groups if self.multi_group else tensors  # EngineClient: a list per group, or one group's list
+        if self.client is not None and not self.client.register(kv):
             log.error("KVServerConnector: the EngineClient rejected the KV tensors; connector disabled")
             self.enabled = False
             return
-        if self.loader is not None and not self.loader.client.register(tensors):
+        if self.loader is not None and not self.loader.client.register(kv):
             log.error("KVServerConnector: the loader's EngineClient rejected the KV tensors; loads run in the step")
             self.loader = None
         if self.cfg.plan_loads and self.cfg.load and self.client is not None:
@@ -77,7 +88,11 @@ class WorkerSide:
             if sample is not None:  # the planner's first load rate (reported with the first step)
                 self.report.load_tokens, self.report.load_s = sample
                 log.info("KVServerConnector worker: calibrated load %.1f us/token", 1e6 * sample[1] / sample[0])
-        log.info("KVServerConnector worker: registered %d layers, tensor layout %s", len(tensors), layout.fingerprint)
+        log.info(
+            "KVServerConnector worker: registered %d layers, tensor layout %s",
+            sum(len(g) for g in groups),
+            ",".join(x.fingerprint for x in layouts),
+        )
 
     def start_load(self, meta: KVServerConnectorMetadata) -> None:
         self.failed_reqs.clear()
@@ -154,6 +169,10 @@ class WorkerSide:
         out, self.failed_blocks = self.failed_blocks, set()
         return out
 
+    def take_failed_requests(self) -> set[str]:
+        out, self.failed_requests = self.failed_requests, set()
+        return out
+
     def close(self) -> None:
         if self.loader is not None:
             self.loader.close()
@@ -163,7 +182,7 @@ class WorkerSide:
     # --- internals ------------------------------------------------------------------------
     def _load(self, job: LoadJob) -> None:
         bs = self.layout.block_size if self.layout else 1
-        wanted = list(job.block_ids[job.skip_tokens // bs : job.num_tokens // bs])
+        wanted = list(job.block_ids[0][job.skip_tokens // bs : job.num_tokens // bs])
         if not self.enabled or self.layout is None or job.fail:
             self._release(job.session)
             self._fail(job, wanted, job.fail or "connector disabled on this worker")
@@ -201,7 +220,7 @@ class WorkerSide:
                     del self.saving[job.req_id]
                 self._finish_save(job, outcome)
                 continue
-            wanted = list(job.block_ids[job.skip_tokens // bs : job.num_tokens // bs])
+            wanted = list(job.block_ids[0][job.skip_tokens // bs : job.num_tokens // bs])
             self._finish_load(job, wanted, outcome)
             self.received.add(job.req_id)
         self.finishing |= finished & self.save_reqs
@@ -239,26 +258,33 @@ class WorkerSide:
     def _fail(self, job: LoadJob, blocks: list[int], err: str) -> None:
         self.stats.add("load_errors")
         self.stats.add("failed_blocks", len(blocks))
-        self.failed_blocks.update(blocks)
+        if self.multi_group:  # vLLM maps no block ids back to requests then: it recomputes the request
+            self.failed_requests.add(job.req_id)
+        else:
+            self.failed_blocks.update(blocks)
         self.failed_reqs.add(job.req_id)
         self.failed_epochs[job.req_id] = max(job.epoch, self.failed_epochs.get(job.req_id, -1))
         bs = self.layout.block_size if self.layout else 1
-        pos = {b: i for i, b in enumerate(job.block_ids)}
+        pos = {b: i for i, b in enumerate(job.block_ids[0])}
         first = min((pos[b] * bs for b in blocks if b in pos), default=job.skip_tokens)
+        if self.multi_group:  # the whole load is lost (vLLM recomputes the request)
+            first = job.skip_tokens
         self.report.load_failed[job.req_id] = first
         log.warning("KVServerConnector: load of %d blocks failed (%s); vLLM recomputes them", len(blocks), err)
 
     def _inject_failure(self, job: LoadJob) -> list[int]:
         """TEST ONLY: overwrite the loaded blocks of the configured chunks with garbage and report them."""
         assert self.layout is not None
-        bs, bpc = self.layout.block_size, self.layout.blocks_per_chunk
+        # several groups: the first full-attention one (a sliding group's table holds vLLM's null block)
+        g = next((i for i, lay in enumerate(self.layouts) if lay.kind == "full"), 0) if self.multi_group else 0
+        bs, bpc = self.layout.block_size, self.layouts[g].blocks_per_chunk
         first = job.skip_tokens // bs
         bad = [
             b
-            for j, b in enumerate(job.block_ids[: job.num_tokens // bs])
+            for j, b in enumerate(job.block_ids[g][: job.num_tokens // bs])
             if j >= first and j // bpc in self.cfg.debug_fail_load_chunks
         ]
-        for t in self.tensors:
+        for t in self.group_tensors[g]:
             for b in bad:
                 t[b].fill_(1.0e4)
         return bad

@@ -5,6 +5,7 @@ Like tiny_model.py, weights come from a fixed seed, so every build of one spec i
   compiles the latent size kv_lora_rank + qk_rope_head_dim = 512 + 64 = 576 and block size 16.
 - `build_mistral_sw`: a Mistral (Llama-style) model whose every layer has a sliding window.
 - `build_gemma3`: a Gemma-3 text model, a sliding-window layer then a global one.
+- `build_qwen3_next`: a Qwen3-Next hybrid, gated delta net layers between full-attention ones.
 """
 
 from __future__ import annotations
@@ -89,4 +90,32 @@ def build_gemma3(out_dir: Path, window: int = 96, seed: int = 1) -> Path:
         sliding_window=window,
         layer_types=["sliding_attention", "full_attention"],
         pad_token_id=0,
+    )
+
+
+def build_qwen3_next(out_dir: Path, seed: int = 1234) -> Path:
+    """Qwen3-Next-style hybrid: gated delta net (linear attention, a recurrent state) and full
+    attention, alternating; a tiny MoE MLP as in the real model. vLLM CPU runs its GDN in bf16 only."""
+    return _save(
+        out_dir,
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
+        seed,
+        hidden_size=256,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,  # vLLM's CPU gated-delta-rule kernel takes head dim 128 (not 32)
+        linear_value_head_dim=128,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        decoder_sparse_step=1,
+        tie_word_embeddings=False,
     )

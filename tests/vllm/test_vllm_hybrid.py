@@ -1,0 +1,111 @@
+"""Hybrid models in real vLLM (CPU) with its hybrid KV cache manager on (the connector implements
+SupportsHMA): each KV cache group is one object group with its own block table.
+
+Sliding + global (a tiny random Gemma-3: a 96-token windowed layer, then a global one): two KV cache
+groups. Engine A stores a 700-token prompt; engine B (another process) reuses the 512 tokens its
+prompt shares, loading the global group's blocks and only the window of the sliding group (vLLM
+gives the blocks out of the window its null block; writing one of them, or reading a window from
+anywhere else, fails the load or changes the tokens). A load that fails is recomputed. Greedy
+tokens equal a run without the connector in every case. One module-scoped set of engine runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from kvtestkit.engines.tiny_model import random_prompt
+from kvtestkit.engines.vllm_harness import VLLM_PYTHON, EngineRun, build_variant, prompt, run_engine
+from kvtestkit.serverproc import ServerFactory
+from vllm_cases import kv_config
+
+pytestmark = pytest.mark.vllm_engine
+
+P_STORE = random_prompt(700, seed=46)  # 2 full chunks of 256: a window snapshot and full chunks at 512
+P_REUSE = P_STORE[:520] + random_prompt(80, seed=47)  # shares 2 chunks with P_STORE
+HYBRID_LINE = "KV cache groups (hybrid manager) as object groups"
+
+
+@dataclass(frozen=True)
+class Runs:
+    ref: EngineRun  # no connector, no prefix cache: what recompute gives
+    store: EngineRun
+    reuse: EngineRun
+    corrupt: EngineRun  # the load's first chunk overwritten with garbage and reported failed
+
+
+@pytest.fixture(scope="module")
+def gemma3_runs(tmp_path_factory: pytest.TempPathFactory, kvserver_factory: ServerFactory) -> Runs:
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"{VLLM_PYTHON} missing: build it with scripts/make-vllm-env.sh")
+    model = build_variant(tmp_path_factory.mktemp("tiny-gemma3-hma") / "model", "build_gemma3")
+    ref = run_engine(model, [[prompt(P_STORE)], [prompt(P_REUSE)]], llm_kwargs={"enable_prefix_caching": False})
+    server = kvserver_factory()
+    store = run_engine(model, [[prompt(P_STORE)]], kv_transfer_config=kv_config(server.url))
+    reuse = run_engine(model, [[prompt(P_REUSE)]], kv_transfer_config=kv_config(server.url))
+    corrupt = run_engine(
+        model, [[prompt(P_REUSE)]], kv_transfer_config=kv_config(server.url, debug_fail_load_chunks=[0])
+    )
+    return Runs(ref, store, reuse, corrupt)
+
+
+def test_sliding_global_runs_the_hybrid_manager(gemma3_runs: Runs) -> None:
+    for run in (gemma3_runs.store, gemma3_runs.reuse):
+        assert "KVServerConnector disabled" not in run.log, run.log[-3000:]
+        assert f"2 {HYBRID_LINE}: full, sliding/96" in run.log or f"2 {HYBRID_LINE}: sliding/96, full" in run.log
+
+
+def test_sliding_global_reuse_matches_recompute(gemma3_runs: Runs) -> None:
+    ref = gemma3_runs.ref.requests
+    assert len({tuple(r.token_ids) for r in ref}) == 2  # the outputs depend on the prompt
+    assert gemma3_runs.store.requests[0].token_ids == ref[0].token_ids
+    got = gemma3_runs.reuse.requests[0]
+    assert got.connector_loaded_tokens == 512  # both groups, from the server, in another process
+    assert got.token_ids == ref[1].token_ids
+
+
+def test_sliding_global_failed_load_recomputes(gemma3_runs: Runs) -> None:
+    got = gemma3_runs.corrupt.requests[0]
+    params = (got.kv_transfer_params or {})["kvserver"]
+    assert params["load_failed"] is True
+    assert got.connector_loaded_tokens == 0
+    assert got.token_ids == gemma3_runs.ref.requests[1].token_ids
+
+
+Q_STORE = random_prompt(640, seed=48)
+Q_REUSE = Q_STORE[:600] + random_prompt(40, seed=49)  # vLLM's own cache: 2 hybrid blocks of 288
+QWEN3_NEXT = {"dtype": "bfloat16", "enable_prefix_caching": True}  # vLLM CPU's GDN runs in bf16 only
+
+
+@pytest.fixture(scope="module")
+def qwen3_next_runs(
+    tmp_path_factory: pytest.TempPathFactory, kvserver_factory: ServerFactory
+) -> tuple[EngineRun, EngineRun]:
+    """A gated-delta-net hybrid (tiny random Qwen3-Next): the same two prompts in one engine without
+    and one with the connector (vLLM's own prefix cache on in both: a GDN scan depends on where its
+    chunks start, so only the same schedule gives the same tokens)."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"{VLLM_PYTHON} missing: build it with scripts/make-vllm-env.sh")
+    model = build_variant(tmp_path_factory.mktemp("tiny-qwen3-next") / "model", "build_qwen3_next")
+    batches = [[prompt(Q_STORE)], [prompt(Q_REUSE)]]
+    ref = run_engine(model, batches, llm_kwargs=QWEN3_NEXT)
+    # chunk_size: a multiple of the block vLLM picks for the hybrid (the attention page must hold a
+    # GDN state: 288 tokens here with --block-size 32), else the connector refuses to start
+    server = kvserver_factory("--chunk-size", "576")
+    run = run_engine(model, batches, llm_kwargs=QWEN3_NEXT, kv_transfer_config=kv_config(server.url, chunk_size=576))
+    return ref, run
+
+
+def test_gdn_hybrid_starts_and_runs_uncached(qwen3_next_runs: tuple[EngineRun, EngineRun]) -> None:
+    """Without SupportsHMA vLLM refused to start such a model with the connector configured. Now it
+    starts with the hybrid manager (an attention group and a GDN state group); the connector says in
+    one line per role (scheduler, worker) that it does not cache recurrent states yet, and never loads: tokens equal the
+    engine without the connector, vLLM's own prefix cache still works."""
+    ref, run = qwen3_next_runs
+    line = "KVServerConnector disabled: 2 KV cache groups (hybrid manager): hybrid model with recurrent-state layers"
+    assert run.log.count(line) == 2, run.log[-3000:]  # the scheduler's and the worker's connector
+    assert "(GDN_ATTN, mamba_cache_mode 'align')" in run.log
+    assert [r.token_ids for r in run.requests] == [r.token_ids for r in ref.requests]
+    assert [r.connector_loaded_tokens for r in run.requests] == [0, 0]
+    assert run.requests[1].num_cached_tokens == ref.requests[1].num_cached_tokens > 0
