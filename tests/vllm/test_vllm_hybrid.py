@@ -56,6 +56,15 @@ def test_sliding_global_runs_the_hybrid_manager(gemma3_runs: Runs) -> None:
         assert f"2 {HYBRID_LINE}: full, sliding/96" in run.log or f"2 {HYBRID_LINE}: sliding/96, full" in run.log
 
 
+def test_sliding_window_saves_finish_within_their_step(gemma3_runs: Runs) -> None:
+    """The hybrid manager frees a sliding block once it leaves the window: a save still running in
+    the background then could read a block given to another request. So saves finish within the
+    step, and by the end of the request everything it stored is confirmed (never a part)."""
+    run = gemma3_runs.store
+    assert run.log.count("sliding-window groups: saves run within the step") == 2, run.log[-3000:]
+    assert run.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 512
+
+
 def test_sliding_global_reuse_matches_recompute(gemma3_runs: Runs) -> None:
     ref = gemma3_runs.ref.requests
     assert len({tuple(r.token_ids) for r in ref}) == 2  # the outputs depend on the prompt

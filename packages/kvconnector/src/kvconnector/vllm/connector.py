@@ -16,6 +16,8 @@ A single-group model is unchanged: one object group, the same layout fingerprint
 
 from __future__ import annotations
 
+import dataclasses
+
 
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +74,11 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
             layouts = scheduler_layouts(kv_cache_config, self.cfg.chunk_size, self._isa)
         except UnsupportedLayout as exc:
             log.error("KVServerConnector disabled: %s", exc)
+        if layouts is not None and len(layouts) > 1 and any(lay.window for lay in layouts) and self.cfg.async_saves:
+            # vLLM's hybrid manager frees a sliding-window block as soon as it leaves the window, in the
+            # next step, while a background save might still be reading it: save within the step
+            self.cfg = dataclasses.replace(self.cfg, async_saves=False)
+            log.info("KVServerConnector %s: sliding-window groups: saves run within the step", role.name.lower())
         world, rank = _world_and_rank(vllm_config, role)
         client = None
         model = ""
