@@ -64,7 +64,6 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
             tc.is_kv_producer, tc.is_kv_consumer
         )
         block_size = int(vllm_config.cache_config.block_size)
-        self.cfg.check_block_size(block_size)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._isa = ""
@@ -74,6 +73,8 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
             layouts = scheduler_layouts(kv_cache_config, self.cfg.chunk_size, self._isa)
         except UnsupportedLayout as exc:
             log.error("KVServerConnector disabled: %s", exc)
+        if layouts is not None:  # a model the connector leaves alone starts whatever its block size
+            self.cfg.check_block_size(block_size)
         if layouts is not None and len(layouts) > 1 and any(lay.window for lay in layouts) and self.cfg.async_saves:
             # vLLM's hybrid manager frees a sliding-window block as soon as it leaves the window, in the
             # next step, while a background save might still be reading it: save within the step
