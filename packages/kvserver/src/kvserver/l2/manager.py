@@ -36,6 +36,7 @@ from .tiering import MODES as TIERING_MODES
 from .tiering import Tiering
 
 log = logging.getLogger("kvserver.l2")
+COPY_BYTES = 1 << 30  # at most this much of evicted objects' copies waits in the write-behind queue
 Copy = tuple[bytes, int]  # an evicted object's bytes and checksum, copied before its slot was reused
 QueueItem = tuple[ObjectKey, tuple[int, ...], Copy | None]  # key, indexes of the tiers to write, copy
 
@@ -80,6 +81,7 @@ class TierManager:
             admission = "all"  # nothing held back at commit: commits are not written at all
         self.admission = Admission(admission)
         self._deletes: set[asyncio.Task[None]] = set()
+        self._copy_bytes = 0  # bytes of evicted objects' copies waiting in the queue
         self.negative = NegativeCache(negative_ttl)
         self.retry_keys = retry_keys  # per tier: keys kept to write again once a down tier answers
         if self.admission.mode != "all":
@@ -202,35 +204,45 @@ class TierManager:
                 return
 
     def enqueue_copy(self, key: ObjectKey, data: bytes, checksum: int) -> bool:
-        """Queue the write of an object L1 is evicting, from a copy of its bytes; False if dropped."""
-        if self._queue is None:
-            return False
-        try:
-            self._queue.put_nowait((key, tuple(range(len(self.tiers))), (data, checksum)))
-        except asyncio.QueueFull:
+        """Queue the write of an object L1 is evicting, from a copy of its bytes; False if dropped
+        (the queue is full, or the copies queued already hold COPY_BYTES)."""
+        if self._queue is None or self._copy_bytes + len(data) > COPY_BYTES:
+            lost = True
+        else:
+            try:
+                self._queue.put_nowait((key, tuple(range(len(self.tiers))), (data, checksum)))
+                lost = False
+            except asyncio.QueueFull:
+                lost = True
+        if lost:
             self.queue_dropped += 1
             for tier in self.tiers:
                 tier.stats.dropped += 1
             return False
+        self._copy_bytes += len(data)
         return True
 
     def delete(self, keys: list[ObjectKey]) -> None:
-        """Delete `keys` from every tier in the background (L2's own eviction)."""
+        """Delete `keys` from every tier in the background (L2's own eviction, tiering.py)."""
         if self._queue is None:
             return
-        task = asyncio.get_running_loop().create_task(self._delete([key_str(k) for k in keys]))
+        task = asyncio.get_running_loop().create_task(self._delete(keys))
         self._deletes.add(task)
         task.add_done_callback(self._deletes.discard)
 
-    async def _delete(self, names: list[str]) -> None:
-        for tier in self.tiers:
+    async def _delete(self, keys: list[ObjectKey]) -> None:
+        names = [key_str(k) for k in keys]
+        for index, tier in enumerate(self.tiers):
             if not tier.available():
                 continue
             try:
                 await tier.adapter.delete(names)
-                tier.stats.evicted += len(names)
             except L2Error as exc:
                 tier.failed(exc)
+                continue
+            tier.stats.evicted += len(names)
+            for hook in self.on_missing:  # KV events: the tier no longer holds them
+                hook(index, keys)
 
     async def _writer(self) -> None:
         assert self._queue is not None
@@ -251,6 +263,7 @@ class TierManager:
         leased: list[ObjectKey] = []
         for key, targets, copy in items:
             if copy is not None:
+                self._copy_bytes -= len(copy[0])
                 if self.tiering is not None and key not in self.tiering.directory:
                     self.skipped += 1  # L2 evicted it before its write: do not write it at all
                     continue
