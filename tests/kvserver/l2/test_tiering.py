@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import httpx
 from kvprotocol import Client
 from kvserver.l2.fs import FsAdapter
 from kvtestkit.kvhelpers import lookup, register, store
@@ -56,7 +57,7 @@ def _push_out(c: Client, ks: Any, seeds: range) -> None:
 
 def test_an_object_l2_holds_leaves_l1_without_a_write(server_factory, tmp_path: Path) -> None:
     root = tmp_path / "l2"
-    s = server_factory(*L1, "--l2", f"fs://{root}", "--l2-admission", "evicted")
+    s = server_factory(*L1, "--l2", f"fs://{root}", "--l2-admission", "evicted", http=True)
     a = prompt(4, seed=1)
     with s.client() as c:
         ks, _ = register(c)
@@ -72,6 +73,8 @@ def test_an_object_l2_holds_leaves_l1_without_a_write(server_factory, tmp_path: 
         assert second["free_drops"] >= first["free_drops"] + 4
         assert _files(root, names) == before  # not written again (same file, same mtime)
         assert tier(c)["puts"] == second["demoted"]  # every write is a first write of its object
+        metrics = httpx.get(f"{s.http_url}/metrics", timeout=5).text
+        assert f"kvserver_l2_free_drops_total {float(second['free_drops'])}" in metrics
         c.call("clear")
         assert lookup(c, ks, a) == 4 * 256
 
