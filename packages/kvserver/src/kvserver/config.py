@@ -99,6 +99,8 @@ class ServerConfig:
             raise ValueError(f"l2_admission must be one of {list(ADMISSIONS)}")
         if self.l2_capacity_gb is not None and not self.l2_capacity_gb > 0:
             raise ValueError("l2_capacity_gb must be positive")
+        if self.l2_capacity_gb is not None and not self.l2_admission.startswith("evicted"):
+            raise ValueError("l2_capacity_gb needs l2_admission 'evicted' or 'evicted-hit' (or bound the store)")
         if self.l2_eviction_policy not in POLICIES:
             raise ValueError(f"l2_eviction_policy must be one of {sorted(POLICIES)}")
         if not 0 <= self.l2_negative_ttl <= 3600:
