@@ -167,7 +167,7 @@ class TierManager:
     def _missed(self, index: int, keys: list[ObjectKey]) -> None:
         """Writes tier `index` missed while down: keep them for a retry, as far as the bound allows."""
         if self.tiering is not None:
-            self.tiering.missing(index, keys)  # an evicted object's copy is gone: nothing to retry from
+            self.tiering.lost(keys)  # an evicted object's copy is gone: nothing to retry from
             self.tiers[index].stats.dropped += len(keys)
             return
         tier = self.tiers[index]
@@ -259,6 +259,13 @@ class TierManager:
                     self._queue.task_done()
 
     async def _write_batch(self, items: list[QueueItem]) -> None:
+        try:
+            await self._write_items(items)
+        finally:
+            if self.tiering is not None:
+                self.tiering.done([key for key, _, copy in items if copy is not None])
+
+    async def _write_items(self, items: list[QueueItem]) -> None:
         live: list[tuple[ObjectKey, str, memoryview | bytes, int, tuple[int, ...]]] = []
         leased: list[ObjectKey] = []
         for key, targets, copy in items:

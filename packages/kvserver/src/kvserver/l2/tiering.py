@@ -46,6 +46,7 @@ class Tiering:
         self.write, self.delete = write, delete
         self.free_drops = 0  # objects L1 evicted that L2 already held: nothing written
         self.demoted = 0  # objects L1 evicted whose write was queued
+        self.pending: set[ObjectKey] = set()  # queued or being written: a tier may not have them yet
         l1.before_evict.append(self.evicting)
         l1.on_clear.append(self.cleared)
 
@@ -64,6 +65,7 @@ class Tiering:
                     return
                 if self.write(key, bytes(self.l1.arena.read(entry.offset, entry.size)), entry.checksum):
                     self.demoted += 1
+                    self.pending.add(key)
                 else:
                     self.directory.discard(key)
         finally:
@@ -91,9 +93,19 @@ class Tiering:
         self.directory.promote(keys)
 
     def missing(self, index: int, keys: Sequence[ObjectKey]) -> None:
-        """A tier does not hold `keys` (absent, corrupt, or its write failed)."""
+        """A tier does not hold `keys` (absent, corrupt, deleted), except those whose write is pending."""
+        for key in keys:
+            if key not in self.pending:
+                self.directory.discard(key)
+
+    def lost(self, keys: Sequence[ObjectKey]) -> None:
+        """Writes that failed or were dropped: L2 does not hold these."""
         for key in keys:
             self.directory.discard(key)
+
+    def done(self, keys: Sequence[ObjectKey]) -> None:
+        """The writes of `keys` are over (done, failed or skipped)."""
+        self.pending.difference_update(keys)
 
     def describe(self) -> dict[str, object]:
         d = self.directory
