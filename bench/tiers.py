@@ -4,6 +4,7 @@ against every single-tier policy and Belady's optimum at their combined capacity
 
   uv run python -m bench.tiers                                  # the table (L1 5%; L2 10, 20, 50%)
   uv run python -m bench.tiers --curve 0,0.02,0.05,0.1,0.2,0.3,0.5,0.95 [--png docs/tiers-hit-rate.png]
+  uv run python -m bench.tiers --server --limit 1000            # simulation vs a real kvserver + fs L2
 
 Sizes are fractions of the trace's unique 512-token blocks. The goal the table checks: the two
 tiers lose at most 0.5 points against the best single-tier policy of their combined size.
@@ -13,15 +14,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from kvprotocol import Client
 from kvserver.l1.eviction import POLICIES
 from kvtestkit.tiersim import two_tier
-from kvtestkit.tracesim import Request, belady, load_trace, simulate, unique_blocks
+from kvtestkit.tracesim import OBJECT_BYTES, Request, belady, load_trace, simulate, unique_blocks
 
-from .trace_replay import default_trace
+from .trace_replay import default_trace, replay_server
 
 GOAL = 0.5  # points of token hit rate
 _TRACE: list[Request] = []
@@ -96,6 +99,38 @@ def curve(path: Path, limit: int | None, l1: float, l2s: list[float], pair: str,
     }
 
 
+def settle(c: Client) -> None:
+    """Wait until every demotion queued so far is written (or skipped), so that the next request sees
+    L2 as the simulation does (it writes at once)."""
+    deadline = time.monotonic() + 30
+    while True:
+        d = c.call("describe").result
+        q = d["l2_queue"]
+        if sum(x["puts"] for x in d["l2"]) + q["skipped_evicted"] >= q["admission"]["demoted"]:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("L2 writes did not finish")
+        time.sleep(0.001)
+
+
+def against_server(path: Path, limit: int, l1: float, l2s: list[float], pairs: list[str]) -> str:
+    """Markdown: the simulated two-tier hit rate next to a real kvserver's with an fs L2."""
+    trace = load_trace(path, limit)
+    unique = unique_blocks(trace)
+    lines = ["| L1/L2 policies | L1 blocks | L2 blocks | simulated % | real server % |", "|---|---:|---:|---:|---:|"]
+    for pair in pairs:
+        l1p, l2p = pair.split("/")
+        for f in l2s:
+            c2 = round(f * unique)
+            with tempfile.TemporaryDirectory() as tmp:
+                extra = ["--l2", f"fs://{tmp}/l2", "--l2-admission", "evicted", "--l2-eviction-policy", l2p]
+                extra += ["--l2-capacity-gb", repr(c2 * OBJECT_BYTES / (1 << 30))]
+                real, c1 = replay_server(trace, l1p, round(l1 * unique), extra, settle)
+            sim = two_tier(trace, l1p, c1, c2, l2_policy=l2p).hit_rate
+            lines.append(f"| {pair} | {c1} | {c2} | {100 * sim:.2f} | {100 * real:.2f} |")
+    return "\n".join(lines)
+
+
 def plot(series: dict[str, list[float]], l1: float, l2s: list[float], out: Path) -> None:
     import matplotlib
 
@@ -123,11 +158,16 @@ def main() -> None:
     ap.add_argument("--pairs", default="lhd/lru,lhd/lhd", help="L1/L2 policy pairs")
     ap.add_argument("--curve", default=None, metavar="FRACTIONS", help="instead of the table: L2 sizes of a curve")
     ap.add_argument("--png", type=Path, default=None, help="with --curve: write it as a PNG (needs matplotlib)")
+    ap.add_argument("--server", action="store_true", help="simulation vs a real kvserver with an fs L2")
     ap.add_argument("--jobs", type=int, default=max(1, min(4, (os.cpu_count() or 2) - 1)))
     args = ap.parse_args()
     path = args.trace or default_trace()
     t0 = time.monotonic()
-    if args.curve:
+    if args.server:
+        pairs = [p for p in args.pairs.split(",") if p]
+        l2s = [float(x) for x in args.l2.split(",")]
+        print(against_server(path, args.limit or 1000, args.l1, l2s, pairs))
+    elif args.curve:
         l2s = [float(x) for x in args.curve.split(",")]
         pair = args.pairs.split(",")[0]
         series = curve(path, args.limit, args.l1, l2s, pair, args.jobs)
