@@ -2,8 +2,10 @@
 L2Directory and its policy, with the server's demotion rule), replayed over a Mooncake-format trace.
 
 Why: the tiers are meant to behave as one cache, so the question is how close L1 + L2 at sizes
-(a, b) gets to one cache of a + b blocks. The replay does what the server does: a lookup takes the
-longest prefix L1 and L2 hold together, loads L2's part into L1 and stores the rest in L1; an object
+(a, b) gets to one cache of a + b blocks. The replay does what the server does: a lookup that misses in L1
+loads into L1 the longest prefix L1 and L2 hold together (as l2/prefetch.py: L1's part leased, slots
+reserved and made ready in order, the chain linked), answers with L1's prefix after that (touching
+it tail first), and the engine stores the rest in L1; an object
 L1 evicts is written to L2 only if L2 does not hold it and the demotion rule admits it; L2 evicts
 by its policy, tail first. Hits in either tier are reported to L2's policy.
 """
@@ -63,17 +65,48 @@ def two_tier(
         keys = [_key(b) for b in req.blocks]
         for i in range(1, len(req.blocks)):
             parent.setdefault(req.blocks[i], req.blocks[i - 1])
-        hit = 0
-        while hit < len(keys) and l1.ready(keys[hit]) is not None:
-            hit += 1
-        l1.touch_many(keys[:hit][::-1])
+        hit = l1_hit = _l1_prefix(l1, keys)
+        if hit < len(keys):
+            hit = _prefetch(l1, l2, keys, req.blocks, hit)
+        l1.touch_many(keys[:hit][::-1])  # the lookup's answer, after the load: tail first
         rule.hit(keys[:hit])
-        served = hit
-        while served < len(keys) and (req.blocks[served] in l2 or l1.ready(keys[served]) is not None):
-            served += 1
-        l2.hit(req.blocks[:served][::-1])
-        l2.promote(req.blocks[hit:served])  # loaded into L1 below
-        hit_tokens += served * BLOCK_TOKENS
-        l1_tokens += hit * BLOCK_TOKENS
-        _store_missing(l1, keys, req.blocks, hit)  # L2's part loaded, the rest computed and stored
+        l2.hit(req.blocks[:hit][::-1])
+        hit_tokens += hit * BLOCK_TOKENS
+        l1_tokens += l1_hit * BLOCK_TOKENS
+        _store_missing(l1, keys, req.blocks, hit)  # the engine computes and stores the rest
     return TierResult(hit_tokens / max(1, total), l1_tokens / max(1, total), writes, drops, l2.evicted)
+
+
+def _l1_prefix(l1: L1Cache, keys: list[ObjectKey]) -> int:
+    hit = 0
+    while hit < len(keys) and l1.ready(keys[hit]) is not None:
+        hit += 1
+    return hit
+
+
+def _prefetch(l1: L1Cache, l2: L2Directory[int], keys: list[ObjectKey], blocks: tuple[int, ...], hit: int) -> int:
+    """What the server's prefetch does after an L1 miss: load into L1 the run of chunks L1 and L2
+    cover together (L1's part leased meanwhile, slots reserved in order without a parent, made ready
+    in order, then the chain linked); returns the L1 prefix after it."""
+    end = hit
+    while end < len(keys) and (blocks[end] in l2 or l1.ready(keys[end]) is not None):
+        end += 1
+    if end == hit:
+        return hit
+    protected = [k for k in keys[:end] if l1.ready(k) is not None]
+    for k in protected:
+        l1.lease(k)
+    loaded = []
+    for k in keys[hit:end]:
+        if k in l1.entries:
+            continue
+        if l1.reserve(k, OBJECT_BYTES) is None:
+            break
+        loaded.append(k)
+    for k in loaded:
+        l1.finish_write(k)
+    for k in protected:
+        l1.unlease(k)
+    l2.promote([block_of(k) for k in loaded])
+    l1.link_chain("trace", 1, "", [b.to_bytes(32, "big") for b in blocks])
+    return _l1_prefix(l1, keys)
