@@ -84,7 +84,8 @@ def test_a_real_server_with_an_fs_l2_gets_the_simulated_hit_rate(
     def writes_done(c: Client) -> bool:
         d = c.call("describe").result
         q = d["l2_queue"]
-        return bool(d["l2"][0]["puts"] + q["skipped_evicted"] >= q["admission"]["demoted"])
+        written = d["l2"][0]["puts"] + q["skipped_evicted"]
+        return bool(written >= q["admission"]["demoted"] and not q["deletes_in_flight"])
 
     with srv.client() as c:
         ks, _ = register(c, model="trace", layouts=[layout])

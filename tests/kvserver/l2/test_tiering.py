@@ -29,7 +29,8 @@ def _settled(c: Client) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         d = c.call("describe").result
         q, t = d["l2_queue"], d["l2_queue"]["admission"]
-        return t if d["l2"][0]["puts"] + q["skipped_evicted"] == t["demoted"] else None
+        done = d["l2"][0]["puts"] + q["skipped_evicted"] == t["demoted"] and not q["deletes_in_flight"]
+        return t if done else None
 
     return dict(wait_until(done, what="the write-behind queue to drain"))
 

@@ -231,9 +231,12 @@ class TierManager:
         task.add_done_callback(self._deletes.discard)
 
     async def _delete(self, keys: list[ObjectKey]) -> None:
+        tiering = self.tiering
+        if tiering is not None:
+            keys = [k for k in keys if k not in tiering.directory]  # admitted again since: keep the file
         names = [key_str(k) for k in keys]
         for index, tier in enumerate(self.tiers):
-            if not tier.available():
+            if not names or not tier.available():
                 continue
             try:
                 await tier.adapter.delete(names)
@@ -243,6 +246,8 @@ class TierManager:
             tier.stats.evicted += len(names)
             for hook in self.on_missing:  # KV events: the tier no longer holds them
                 hook(index, keys)
+        if tiering is not None:  # admitted again while the delete ran: its write may have come first
+            tiering.lost([k for k in keys if k in tiering.directory])
 
     async def _writer(self) -> None:
         assert self._queue is not None
@@ -355,6 +360,7 @@ class TierManager:
             "capacity": self.queue_size,
             "dropped": self.queue_dropped,
             "skipped_evicted": self.skipped,
+            "deletes_in_flight": len(self._deletes),
             "prefetch_lookups": p.lookups,
             "prefetched_objects": p.loaded,
             "prefetch_timeouts": p.timeouts,
