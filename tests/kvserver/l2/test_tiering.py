@@ -153,5 +153,5 @@ def test_l2_capacity_evicts_by_policy_and_deletes_files(server_factory, tmp_path
         _push_out(c, ks, range(600, 630))  # 120 objects: L1 evicts 50-odd, L2 keeps 10
         t = _settled(c)
         assert t["objects"] == 10 and t["evicted"] == t["demoted"] - 10
-        wait_until(lambda: tier(c)["evicted"] == t["evicted"], what="deletes")
-        assert len(_all_files(root)) == 10
+        assert len(_all_files(root)) == 10  # _settled waited for the deletes too
+        assert tier(c)["evicted"] >= t["evicted"]  # one deleted while its write ran is deleted again after
