@@ -25,8 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvserver.l1.eviction import POLICIES
 from kvtestkit.tracebounds import FEATURES, calibrated
@@ -40,6 +42,9 @@ from kvtestkit.tracesim import (
     simulate,
     unique_blocks,
 )
+
+if TYPE_CHECKING:
+    from kvprotocol import Client
 
 NAME = "mooncake_conversation_trace.jsonl"
 FRACTIONS = [0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0]
@@ -168,8 +173,16 @@ def block_tokens(hash_id: int) -> list[int]:
     return [(hash_id * BLOCK_TOKENS + t) % (1 << 32) for t in range(BLOCK_TOKENS)]
 
 
-def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tuple[float, int]:
-    """Token hit rate of a real kvserver (chunk size 512, 4 KiB objects) replaying the trace."""
+def replay_server(
+    trace: list[Request],
+    policy: str,
+    capacity_blocks: int,
+    extra: Sequence[str] = (),
+    settle: Callable[[Client], None] | None = None,
+) -> tuple[float, int]:
+    """Token hit rate of a real kvserver (chunk size 512, 4 KiB objects) replaying the trace;
+    `extra`: more `kvserver start` flags; `settle(client)` runs before each request (bench/tiers.py
+    waits there for the L2 writes of the one before)."""
     from kvprotocol import Client, KeySpace, LayoutDescriptor, flows, pack_tokens
     from kvprotocol import requests as rq
     from kvprotocol.kvsum import kvsum64
@@ -199,6 +212,7 @@ def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tu
                 token,
                 "--log-level",
                 "warning",
+                *extra,
             ],
             stdout=subprocess.DEVNULL,
             cwd=tmp,
@@ -218,6 +232,8 @@ def replay_server(trace: list[Request], policy: str, capacity_blocks: int) -> tu
                 zero_sum = kvsum64(zero)
                 hit_tokens = total = 0
                 for req in trace:
+                    if settle is not None:
+                        settle(c)
                     total += req.input_tokens
                     toks = pack_tokens([t for b in req.blocks for t in block_tokens(b)])
                     hit = c.lookup(keyspace=ks, tokens=toks).hit_chunks

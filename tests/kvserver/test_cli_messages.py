@@ -27,3 +27,14 @@ def test_refused_values_name_the_flag(args: tuple[str, ...], flag: str) -> None:
     assert done.returncode == 2
     assert done.stderr.strip() == f"kvserver: {flag}" + (" seconds" if "ttl" in flag or "interval" in flag else "")
     assert "_" not in done.stderr.split(":", 1)[1].split(" must")[0]
+
+
+def test_an_l2_capacity_without_eviction_admission_is_refused() -> None:
+    done = subprocess.run(
+        [str(BIN / "kvserver"), "start", "--port", str(free_port()), "--http-port", "0", "--l2-capacity-gb", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("kvserver: --l2-capacity-gb needs --l2-admission 'evicted'")

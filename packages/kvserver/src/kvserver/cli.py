@@ -13,7 +13,7 @@ from typing import Any
 import click
 from kvprotocol import DEFAULT_CHUNK_SIZE, DEFAULT_HTTP_PORT, DEFAULT_PORT
 
-from .config import ServerConfig, load_config_file
+from .config import ADMISSIONS, ServerConfig, load_config_file
 from .l1.eviction import POLICIES
 from .security.tenant_cli import tenant
 
@@ -194,9 +194,24 @@ def main() -> None:
     "--l2-admission",
     default="all",
     show_default=True,
-    type=click.Choice(["all", "second-hit", "tinylfu"]),
+    type=click.Choice(list(ADMISSIONS)),
     help="Write every commit to L2; or only objects a lookup hit in L1 (second-hit), or also those "
-    "stored before (tinylfu): no one-hit wonders in L2.",
+    "stored before (tinylfu): no one-hit wonders in L2. Or write on L1 eviction what L2 lacks (evicted; "
+    "evicted-hit: only objects hit in L1): the tiers as one cache.",
+)
+@click.option(
+    "--l2-capacity-gb",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    help="With --l2-admission evicted*: L2's bound, kept by this server (evicting by --l2-eviction-policy, "
+    "tail first). Unset: unbounded here (the store's own bound applies).",
+)
+@click.option(
+    "--l2-eviction-policy",
+    default="lru",
+    show_default=True,
+    type=click.Choice(sorted(POLICIES)),
+    help="With --l2-admission evicted* and --l2-capacity-gb: the policy that evicts from L2.",
 )
 @click.option(
     "--l2-negative-ttl",

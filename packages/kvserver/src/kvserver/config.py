@@ -18,6 +18,8 @@ from kvprotocol import DEFAULT_CHUNK_SIZE, DEFAULT_HTTP_PORT, DEFAULT_PORT, expo
 from .l1.eviction import POLICIES
 
 SECRET_FIELDS = ("api_token",)
+# commit-time admission (l2/admission.py), or write on L1 eviction (l2/demotion.py): every victim, or hit ones
+ADMISSIONS = ("all", "second-hit", "tinylfu", "evicted", "evicted-hit")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class ServerConfig:
     l2_admission: str = "all"  # "second-hit"/"tinylfu": keep one-hit wonders out of L2 (l2/admission.py)
     l2_negative_ttl: float = 1.0  # seconds a tier's "absent" answer is remembered (0: never)
     l2_retry_keys: int = 4096  # per tier: writes missed while it was down, retried when it answers
+    l2_capacity_gb: float | None = None  # "evicted" admission: L2 bound kept by this server (l2/directory.py)
+    l2_eviction_policy: str = "lru"  # "evicted" admission: which L1 policy class evicts from L2
     # fleet coordinator
     coordinator: str | None = None
     heartbeat_interval: float = 5.0
@@ -91,8 +95,14 @@ class ServerConfig:
             raise ValueError("api_token must be non-empty and contain no whitespace")
         if self.coordinator is not None and not self.coordinator.startswith(("http://", "https://")):
             raise ValueError("coordinator must be an http:// or https:// URL")
-        if self.l2_admission not in ("all", "second-hit", "tinylfu"):
-            raise ValueError("l2_admission must be 'all', 'second-hit' or 'tinylfu'")
+        if self.l2_admission not in ADMISSIONS:
+            raise ValueError(f"l2_admission must be one of {list(ADMISSIONS)}")
+        if self.l2_capacity_gb is not None and not self.l2_capacity_gb > 0:
+            raise ValueError("l2_capacity_gb must be positive")
+        if self.l2_capacity_gb is not None and not self.l2_admission.startswith("evicted"):
+            raise ValueError("l2_capacity_gb needs l2_admission 'evicted' or 'evicted-hit' (or bound the store)")
+        if self.l2_eviction_policy not in POLICIES:
+            raise ValueError(f"l2_eviction_policy must be one of {sorted(POLICIES)}")
         if not 0 <= self.l2_negative_ttl <= 3600:
             raise ValueError("l2_negative_ttl must be in [0, 3600] seconds")
         if not 0 <= self.l2_retry_keys <= 1 << 24:

@@ -180,7 +180,7 @@ def l2_admission(trace: list[Request], policy: str, capacity_blocks: int, mode: 
     """(token hit rate of L1 + an unbounded L2, blocks written to L2) under an admission mode:
     `all` writes every stored block, `second-hit` only blocks a lookup hit in L1, `tinylfu` also blocks
     stored before (the server's l2/admission.py, driven the way cache.py drives it)."""
-    from .l2.admission import Admission
+    from kvserver.l2.admission import Admission
 
     adm = Admission(mode)
     l1 = L1Cache(cast(Arena, _SimArena(capacity_blocks * OBJECT_BYTES)), make_policy(policy))

@@ -72,6 +72,9 @@ _L2_ADMISSION = {
     "admitted": ("kvserver_l2_admitted", "Committed objects passed on to L2 write-behind."),
     "deferred": ("kvserver_l2_admission_deferred", "Committed objects held back until a second use."),
     "forgotten": ("kvserver_l2_admission_forgotten", "Held-back objects never written (evicted first)."),
+    "demoted": ("kvserver_l2_demoted", "Objects L1 evicted and queued for L2 (--l2-admission evicted*)."),
+    "free_drops": ("kvserver_l2_free_drops", "Objects L1 evicted that L2 already held: dropped without a write."),
+    "refused": ("kvserver_l2_refused", "Demotions refused: no room in L2 without cutting their own prefix."),
 }
 
 

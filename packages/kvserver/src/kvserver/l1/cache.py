@@ -69,6 +69,8 @@ class L1Cache:
         self._quarantine: deque[tuple[float, int, int, str]] = deque()
         self.quarantined_bytes = 0
         self.on_evict: list[Callable[[ObjectKey], None]] = []
+        # each object eviction takes, while its bytes are still in the arena: (key, entry, parent chunk hash)
+        self.before_evict: list[Callable[[ObjectKey, Entry, bytes | None], None]] = []
         self.on_clear: list[Callable[[ObjectKey], None]] = []  # each object `clear` removes
         self.tenant_bytes: dict[str, int] = {}  # L1 bytes held per tenant (reserved or ready)
         self.journal: ArenaJournal | None = None  # records ready objects for a warm restart (journal.py)
@@ -152,6 +154,10 @@ class L1Cache:
         for k in list(self.prefix.siblings(victim)):
             if k != victim:
                 self.policy.on_remove(k)
+            if self.before_evict:
+                parent = self.prefix.parent.get(family_of(k))
+                for early in self.before_evict:
+                    early(k, self.entries[k], None if parent is None else parent[3])
             self._drop(k)
             self.evictions += 1
             for hook in self.on_evict:

@@ -43,6 +43,8 @@ def build_tier_manager(config: ServerConfig, l1: L1Cache) -> TierManager | None:
         queue_size=config.l2_queue_size,
         prefetch_timeout=config.l2_prefetch_timeout,
         admission=config.l2_admission,
+        capacity_bytes=None if config.l2_capacity_gb is None else int(config.l2_capacity_gb * (1 << 30)),
+        eviction_policy=config.l2_eviction_policy,
         negative_ttl=config.l2_negative_ttl,
         retry_keys=config.l2_retry_keys,
     )

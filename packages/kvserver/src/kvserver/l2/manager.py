@@ -8,7 +8,8 @@ before its turn is skipped. Eviction from L1 never touches L2 copies.
 
 Writes a tier missed while it was down are kept (a bounded set of keys per tier) and queued again
 when the tier answers again; keys that no longer fit, or whose object left L1 meanwhile, are
-dropped and counted. Admission (admission.py) can hold commits back until their second use, and a
+dropped and counted. Admission (admission.py) can hold commits back until their second use, or
+(`evicted`, tiering.py) write nothing at commit and each object L2 lacks when L1 evicts it; a
 negative cache (negcache.py) spares lookups a round trip for keys a tier just said it lacks.
 """
 
@@ -31,9 +32,13 @@ from .negcache import NegativeCache
 from .prefetch import Prefetcher
 from .serde import Serde
 from .tier import Tier
+from .tiering import MODES as TIERING_MODES
+from .tiering import Tiering
 
 log = logging.getLogger("kvserver.l2")
-QueueItem = tuple[ObjectKey, tuple[int, ...]]  # key, indexes of the tiers to write
+COPY_BYTES = 1 << 30  # at most this much of evicted objects' copies waits in the write-behind queue
+Copy = tuple[bytes, int]  # an evicted object's bytes and checksum, copied before its slot was reused
+QueueItem = tuple[ObjectKey, tuple[int, ...], Copy | None]  # key, indexes of the tiers to write, copy
 
 
 class TierManager:
@@ -49,6 +54,8 @@ class TierManager:
         batch: int = 16,
         usage_interval: float = 1.0,
         admission: str = "all",
+        capacity_bytes: int | None = None,
+        eviction_policy: str = "lru",
         negative_ttl: float = 1.0,
         retry_keys: int = 4096,
     ) -> None:
@@ -68,7 +75,13 @@ class TierManager:
         self._writers = writers
         self._queue: asyncio.Queue[QueueItem] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.tiering: Tiering | None = None
+        if admission in TIERING_MODES:
+            self.tiering = Tiering(l1, admission, capacity_bytes, eviction_policy, self.enqueue_copy, self.delete)
+            admission = "all"  # nothing held back at commit: commits are not written at all
         self.admission = Admission(admission)
+        self._deletes: set[asyncio.Task[None]] = set()
+        self._copy_bytes = 0  # bytes of evicted objects' copies waiting in the queue
         self.negative = NegativeCache(negative_ttl)
         self.retry_keys = retry_keys  # per tier: keys kept to write again once a down tier answers
         if self.admission.mode != "all":
@@ -77,6 +90,14 @@ class TierManager:
         self.on_put: list[Callable[[int, list[ObjectKey]], None]] = []
         self.on_missing: list[Callable[[int, list[ObjectKey]], None]] = []
         self.prefetcher = Prefetcher(l1, self.tiers, serde, self.negative, self.on_missing, self.enqueue)
+        if self.tiering is not None:
+            self.on_missing.append(self.tiering.missing)
+            self.prefetcher.on_loaded.append(self.tiering.loaded)
+
+    @property
+    def wants_hits(self) -> bool:
+        """Whether lookups' L1 hits should be reported (`hit`)."""
+        return self.tiering is not None or self.admission.mode != "all"
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -120,25 +141,35 @@ class TierManager:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.prefetcher.cancel_all()
+        await asyncio.gather(*self._deletes, return_exceptions=True)
         for tier in self.tiers:
             await tier.adapter.close()
         self._tasks = []
 
     # -- write-behind ----------------------------------------------------------------------------
     def committed(self, keys: Sequence[ObjectKey]) -> None:
-        """The on_commit hook: queue what admission lets through now."""
+        """The on_commit hook: queue what admission lets through now (nothing when L1 evictions write)."""
+        if self.tiering is not None:
+            return
         admitted = self.admission.on_commit(keys)
         if admitted:
             self.enqueue(admitted)
 
     def hit(self, keys: Sequence[ObjectKey]) -> None:
         """Objects a lookup hit in L1: under `second-hit` admission, held-back ones are written now."""
+        if self.tiering is not None:
+            self.tiering.hit(keys)
+            return
         admitted = self.admission.on_hit(keys)
         if admitted:
             self.enqueue(admitted)
 
     def _missed(self, index: int, keys: list[ObjectKey]) -> None:
         """Writes tier `index` missed while down: keep them for a retry, as far as the bound allows."""
+        if self.tiering is not None:
+            self.tiering.lost(keys)  # an evicted object's copy is gone: nothing to retry from
+            self.tiers[index].stats.dropped += len(keys)
+            return
         tier = self.tiers[index]
         room = max(0, self.retry_keys - len(tier.retry))
         for key in keys[:room]:
@@ -164,13 +195,59 @@ class TierManager:
         targets = tuple(range(len(self.tiers))) if tiers is None else tiers
         for i, key in enumerate(keys):
             try:
-                self._queue.put_nowait((key, targets))
+                self._queue.put_nowait((key, targets, None))
             except asyncio.QueueFull:
                 lost = len(keys) - i
                 self.queue_dropped += lost
                 for t in targets:
                     self.tiers[t].stats.dropped += lost
                 return
+
+    def enqueue_copy(self, key: ObjectKey, data: bytes, checksum: int) -> bool:
+        """Queue the write of an object L1 is evicting, from a copy of its bytes; False if dropped
+        (the queue is full, or the copies queued already hold COPY_BYTES)."""
+        if self._queue is None or self._copy_bytes + len(data) > COPY_BYTES:
+            lost = True
+        else:
+            try:
+                self._queue.put_nowait((key, tuple(range(len(self.tiers))), (data, checksum)))
+                lost = False
+            except asyncio.QueueFull:
+                lost = True
+        if lost:
+            self.queue_dropped += 1
+            for tier in self.tiers:
+                tier.stats.dropped += 1
+            return False
+        self._copy_bytes += len(data)
+        return True
+
+    def delete(self, keys: list[ObjectKey]) -> None:
+        """Delete `keys` from every tier in the background (L2's own eviction, tiering.py)."""
+        if self._queue is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._delete(keys))
+        self._deletes.add(task)
+        task.add_done_callback(self._deletes.discard)
+
+    async def _delete(self, keys: list[ObjectKey]) -> None:
+        tiering = self.tiering
+        if tiering is not None:
+            keys = [k for k in keys if k not in tiering.directory]  # admitted again since: keep the file
+        names = [key_str(k) for k in keys]
+        for index, tier in enumerate(self.tiers):
+            if not names or not tier.available():
+                continue
+            try:
+                await tier.adapter.delete(names)
+            except L2Error as exc:
+                tier.failed(exc)
+                continue
+            tier.stats.evicted += len(names)
+            for hook in self.on_missing:  # KV events: the tier no longer holds them
+                hook(index, keys)
+        if tiering is not None:  # admitted again while the delete ran: its write may have come first
+            tiering.lost([k for k in keys if k in tiering.directory])
 
     async def _writer(self) -> None:
         assert self._queue is not None
@@ -187,13 +264,29 @@ class TierManager:
                     self._queue.task_done()
 
     async def _write_batch(self, items: list[QueueItem]) -> None:
-        live: list[tuple[ObjectKey, str, memoryview, int, tuple[int, ...]]] = []
-        for key, targets in items:
+        try:
+            await self._write_items(items)
+        finally:
+            if self.tiering is not None:
+                self.tiering.done([key for key, _, copy in items if copy is not None])
+
+    async def _write_items(self, items: list[QueueItem]) -> None:
+        live: list[tuple[ObjectKey, str, memoryview | bytes, int, tuple[int, ...]]] = []
+        leased: list[ObjectKey] = []
+        for key, targets, copy in items:
+            if copy is not None:
+                self._copy_bytes -= len(copy[0])
+                if self.tiering is not None and key not in self.tiering.directory:
+                    self.skipped += 1  # L2 evicted it before its write: do not write it at all
+                    continue
+                live.append((key, key_str(key), copy[0], copy[1], targets))
+                continue
             entry = self.l1.ready(key)
             if entry is None:
                 self.skipped += 1
                 continue
             self.l1.lease(key)
+            leased.append(key)
             live.append((key, key_str(key), self.l1.arena.read(entry.offset, entry.size), entry.checksum, targets))
         if not live:
             return
@@ -207,7 +300,7 @@ class TierManager:
             parts, joined = await asyncio.to_thread(encode)
             await self._put_tiers(live, parts, direct=True)
         finally:
-            for key, *_ in live:
+            for key in leased:
                 self.l1.unlease(key)
         await self._put_tiers(live, joined, direct=False)
 
@@ -244,6 +337,10 @@ class TierManager:
             tier.stats.put_bytes += sum(len(b) if isinstance(b, bytes) else sum(map(len, b)) for _, b in batch)
             for hook in self.on_put:
                 hook(index, written)
+        if self.tiering is not None:  # evicted from L2 while being written: its delete may have come first
+            late = [key for key, *_ in live if key not in self.tiering.directory]
+            if late:
+                self.delete(late)
 
     # -- prefetch --------------------------------------------------------------------------------
     async def prefetch(
@@ -284,12 +381,13 @@ class TierManager:
             "capacity": self.queue_size,
             "dropped": self.queue_dropped,
             "skipped_evicted": self.skipped,
+            "deletes_in_flight": len(self._deletes),
             "prefetch_lookups": p.lookups,
             "prefetched_objects": p.loaded,
             "prefetch_timeouts": p.timeouts,
             "negative_cache": len(self.negative),
             "negative_cache_hits": self.negative.hits,
-            "admission": self.admission.describe(),
+            "admission": self.tiering.describe() if self.tiering is not None else self.admission.describe(),
             "compression": self.serde.compression,
             "encrypted": self.serde.encrypted,
         }

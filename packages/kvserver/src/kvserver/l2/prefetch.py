@@ -64,6 +64,7 @@ class Prefetcher:
         self.l1, self.tiers, self.serde, self.negative = l1, tiers, serde, negative
         self.on_missing, self.enqueue = on_missing, enqueue
         self.inflight: dict[ObjectKey, asyncio.Future[bool]] = {}
+        self.on_loaded: list[Callable[[list[ObjectKey]], None]] = []  # objects loaded into L1 (tiering.py)
         self.waiting: dict[ObjectKey, int] = {}  # runs waiting on a load: each gets a lease when it lands
         self.background: set[asyncio.Task[None]] = set()
         self.lookups = self.loaded = self.timeouts = 0
@@ -226,6 +227,9 @@ class Prefetcher:
                     self.loaded += 1
             for hook in self.on_missing:
                 hook(index, gone)
+            if done:
+                for loaded in self.on_loaded:
+                    loaded(sorted(done, key=lambda k: k[6]))
             if index > 0 and done:
                 self.enqueue(sorted(done, key=lambda k: k[6]), tuple(range(index)))  # promote upwards
             if doomed:

@@ -34,6 +34,7 @@ class TierStats:
     undecryptable: int = 0  # intact but not openable with this server's key: a miss, kept
     dropped: int = 0  # writes not done (queue full, or tier down with its retry set full)
     retried: int = 0  # writes missed while the tier was down, queued again once it answered
+    evicted: int = 0  # objects deleted to keep L2 within --l2-capacity-gb (tiering.py)
 
 
 class Tier:

@@ -123,7 +123,7 @@ class KVServer:
         if self.l2 is not None:
             self.cache.l2 = self.l2
             self.cache.on_commit.append(self.l2.committed)
-            if self.l2.admission.mode != "all":
+            if self.l2.wants_hits:
                 self.cache.on_hit.append(self.l2.hit)
             self.handlers["lookup"] = self._lookup_l2
             self.handlers["query"] = self._query_l2
