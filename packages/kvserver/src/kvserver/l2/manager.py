@@ -303,10 +303,14 @@ class TierManager:
             for key in leased:
                 self.l1.unlease(key)
         await self._put_tiers(live, joined, direct=False)
+        if self.tiering is not None:  # evicted from L2 while being written: its delete may have come first
+            late = [key for key, *_ in live if key not in self.tiering.directory]
+            if late:
+                self.delete(late)
 
     async def _put_tiers(
         self,
-        live: list[tuple[ObjectKey, str, memoryview, int, tuple[int, ...]]],
+        live: list[tuple[ObjectKey, str, memoryview | bytes, int, tuple[int, ...]]],
         blobs: Sequence[bytes | BlobParts],
         direct: bool,
     ) -> None:
@@ -337,10 +341,6 @@ class TierManager:
             tier.stats.put_bytes += sum(len(b) if isinstance(b, bytes) else sum(map(len, b)) for _, b in batch)
             for hook in self.on_put:
                 hook(index, written)
-        if self.tiering is not None:  # evicted from L2 while being written: its delete may have come first
-            late = [key for key, *_ in live if key not in self.tiering.directory]
-            if late:
-                self.delete(late)
 
     # -- prefetch --------------------------------------------------------------------------------
     async def prefetch(
