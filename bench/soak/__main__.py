@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -26,15 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, events)")
     args = ap.parse_args(argv)
     seconds = 120.0 if args.quick else args.minutes * 60
-    seed = (
-        args.seed
-        if args.seed is not None
-        else QUICK_SEED
-        if args.quick
-        else int.from_bytes(__import__("os").urandom(3))
-    )
+    seed = args.seed if args.seed is not None else QUICK_SEED if args.quick else int.from_bytes(os.urandom(3))
     workdir = Path(tempfile.mkdtemp(prefix="kvsoak-"))
-    report = run(seed, seconds, workdir)
+    try:
+        report = run(seed, seconds, workdir)
+    except BaseException:
+        print(
+            f"SOAK ERROR: replay with --seed {seed} --minutes {seconds / 60:g}; work directory {workdir}",
+            file=sys.stderr,
+        )
+        raise
     failed = report["wrong_blocks"] > 0 or report["durable"]["lost"] > 0
     print(table(report))
     if args.json is not None:

@@ -6,7 +6,15 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-KINDS = ("server_kill9", "server_stop", "client_stop", "redis_kill", "fs_full", "client_kill_mid_write")
+KINDS = (
+    "server_kill9",
+    "server_stop",
+    "client_stop",
+    "client_stop_mid_write",
+    "redis_kill",
+    "fs_full",
+    "client_kill_mid_write",
+)
 WARMUP_S = 12.0
 
 
@@ -37,6 +45,7 @@ def schedule(seed: int, duration: float, lease_ttl: float, clients: int) -> list
                 "server_kill9": rng.uniform(0.5, 3.0),
                 "server_stop": lease_ttl * rng.uniform(1.5, 2.5),
                 "client_stop": lease_ttl * rng.uniform(1.5, 3.0),
+                "client_stop_mid_write": lease_ttl * rng.uniform(2.5, 4.0),  # past the TTL and the quarantine
                 "redis_kill": rng.uniform(1.0, 4.0),
                 "fs_full": rng.uniform(2.0, 6.0),
                 "client_kill_mid_write": rng.uniform(0.5, 2.0),
@@ -44,4 +53,4 @@ def schedule(seed: int, duration: float, lease_ttl: float, clients: int) -> list
             if t + hold + 8.0 > duration:
                 return faults
             faults.append(Fault(round(t, 2), kind, round(hold, 2), rng.randrange(clients)))
-            t += hold + rng.uniform(5.0, 10.0)
+            t += hold + rng.uniform(4.0, 9.0)

@@ -55,6 +55,7 @@ class Hostile(threading.Thread):
         self.sent: Counter[str] = Counter()
         self.replies: Counter[str] = Counter()
         self.unanswered: Counter[str] = Counter()
+        self.by_case: Counter[str] = Counter()
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -72,6 +73,7 @@ class Hostile(threading.Thread):
                     reply = msgpack.unpackb(sock.recv_multipart()[0], raw=False)
                     code = reply.get("error", {}).get("code", "OK") if isinstance(reply, dict) else "NOT_A_MAP"
                     self.replies[str(code)] += 1
+                    self.by_case[f"{name}:{code}"] += 1
                 elif name.startswith("oversized"):
                     self.replies["dropped_over_max_message_size"] += 1  # ZMQ drops such a peer, no reply
                 elif up and self.server_up():
@@ -80,4 +82,9 @@ class Hostile(threading.Thread):
                 sock.close()
 
     def summary(self) -> dict[str, dict[str, int]]:
-        return {"sent": dict(self.sent), "replies": dict(self.replies), "unanswered_while_up": dict(self.unanswered)}
+        return {
+            "sent": dict(self.sent),
+            "replies": dict(self.replies),
+            "unanswered_while_up": dict(self.unanswered),
+            "by_case": dict(self.by_case),
+        }

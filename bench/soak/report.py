@@ -85,6 +85,24 @@ def resources(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
     return {"processes": procs}
 
 
+def server_counters(last: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """What the server dropped or evicted on purpose, summed over its processes (counters restart
+    with each one): these are not losses, and are reported apart from them."""
+    out: dict[str, Any] = {"l1_evictions": 0, "write_behind_dropped": 0, "skipped_evicted": 0, "prefetched": 0}
+    tiers: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for d in last.values():
+        out["l1_evictions"] += d.get("l1", {}).get("evictions", 0)
+        queue = d.get("l2_queue", {})
+        out["write_behind_dropped"] += queue.get("dropped", 0)
+        out["skipped_evicted"] += queue.get("skipped_evicted", 0)
+        out["prefetched"] += queue.get("prefetched_objects", 0)
+        for t in d.get("l2", []):
+            for k in ("puts", "hits", "errors", "corrupt", "dropped", "retried"):
+                tiers[t["tier"]][k] += t.get(k, 0)
+    out["tiers"] = {k: dict(v) for k, v in tiers.items()}
+    return out
+
+
 def table(report: dict[str, Any]) -> str:
     """The report as plain text tables (for the terminal and docs/reliability.md)."""
     lines = [
@@ -114,6 +132,13 @@ def table(report: dict[str, Any]) -> str:
             f"{p['anon_mib_after_warmup']}/{p['anon_mib_max']}/{p['anon_mib_last']} | "
             f"{p['fds_after_warmup']}/{p['fds_max']}/{p['fds_last']} |"
         )
+    a = report["apart_from_losses"]
+    lines += [
+        "",
+        f"apart from losses: L1 evictions {a['l1_evictions']}, write-behind dropped {a['write_behind_dropped']}, "
+        f"skipped (evicted before written) {a['skipped_evicted']}, L2 prefetched {a['prefetched']}",
+        f"L2 tiers: {a['tiers']}",
+    ]
     h = report["hostile"]
     lines += [
         "",

@@ -23,8 +23,9 @@ from bench.soak.stack import Redis, Server, SmallFs
 from bench.soak.worker import Spec
 
 LEASE_TTL = 2.0
+REPO = Path(__file__).resolve().parents[2]  # workers run `-m bench.soak.worker` from here
 READY_TIMEOUT_S = 180.0
-FS_MIB = 48
+FS_MIB = 96
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class Clients:
         log = open(self.dir / f"{role.name}-{n}.log", "ab")
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "bench.soak.worker", json.dumps(asdict(spec))]
-        self.procs[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.procs[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
     def wait_ready(self, timeout: float) -> None:
         """Wait until every first incarnation registered (torch imports take a while on 2 cores), so
@@ -175,7 +176,8 @@ def run(seed: int, seconds: float, workdir: Path) -> dict[str, Any]:
     clients = Clients(workdir, server, seed, time.time() + seconds + READY_TIMEOUT_S)
     records: list[dict[str, Any]] = []
     stop = threading.Event()
-    sampler = threading.Thread(target=_sample, args=(server, samples, stop), daemon=True)
+    counters: dict[int, dict[str, Any]] = {}
+    sampler = threading.Thread(target=_sample, args=(server, samples, counters, stop), daemon=True)
     try:
         for i in range(len(ROLES)):
             clients.spawn(i)
@@ -229,6 +231,7 @@ def run(seed: int, seconds: float, workdir: Path) -> dict[str, Any]:
         "recovery": rep.recovery(events, records),
         "latency": rep.latency(events, windows),
         "server": rep.resources(samples, warmup_s=15.0),
+        "apart_from_losses": rep.server_counters(counters),
         "hostile": hostile.summary(),
         "client_crashes": clients.crashes,
     }
@@ -254,6 +257,14 @@ def _inject(
     elif fault.kind == "client_stop":
         rec["client"] = ROLES[fault.target].name
         clients.signal(fault.target, signal.SIGSTOP)
+        time.sleep(fault.hold)
+        clients.signal(fault.target, signal.SIGCONT)
+    elif fault.kind == "client_stop_mid_write":  # stopped inside a save: its reservation outlives the TTL
+        rec["client"] = ROLES[fault.target].name
+        clients.signal(fault.target, signal.SIGUSR2)
+        rec["stopped_in_save"] = _wait_stopped(clients.procs[fault.target].pid, 5.0)
+        if not rec["stopped_in_save"]:
+            clients.signal(fault.target, signal.SIGSTOP)
         time.sleep(fault.hold)
         clients.signal(fault.target, signal.SIGCONT)
     elif fault.kind == "redis_kill":
@@ -286,13 +297,33 @@ def _inject(
     return rec
 
 
-def _sample(server: Server, samples: list[dict[str, Any]], stop: threading.Event) -> None:
+def _wait_stopped(pid: int, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+                return True
+        except OSError:
+            return False
+        time.sleep(0.005)
+    return False
+
+
+def _sample(
+    server: Server, samples: list[dict[str, Any]], counters: dict[int, dict[str, Any]], stop: threading.Event
+) -> None:
     """Server RSS (and its anonymous part: the arena's shared pages are not the server's growth) and
-    open descriptors, once a second, from /proc."""
+    open descriptors, once a second, from /proc; and the server's own counters (evictions, L2 drops)
+    from `describe`, the last answer per server process."""
     while not stop.wait(1.0):
         pid = server.pid
         if pid is None:
             continue
+        try:
+            with server.proc.client(timeout=0.5) as c:  # type: ignore[union-attr]
+                counters[pid] = c.call("describe").result
+        except Exception:
+            pass  # down or stopped: the previous answer stands
         try:
             status = Path(f"/proc/{pid}/status").read_text()
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)

@@ -73,17 +73,15 @@ class SmallFs:
 
     def fill(self) -> int:
         """Write a file until the filesystem is full; returns the bytes it took."""
-        written = 0
-        with open(self.filler, "ab") as fh:
-            block = b"\xa5" * (1 << 16)
-            try:
-                while True:
-                    fh.write(block)
-                    fh.flush()
-                    written += len(block)
-            except OSError:
-                pass
-        return written
+        written, block = 0, b"\xa5" * (1 << 16)
+        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            while True:
+                written += os.write(fd, block)
+        except OSError:
+            return written  # ENOSPC: full
+        finally:
+            os.close(fd)
 
     def unfill(self) -> None:
         self.filler.unlink(missing_ok=True)
@@ -108,7 +106,7 @@ class Server:
         (workdir / "state").mkdir(parents=True, exist_ok=True)
         self.tenants = workdir / "tenants.json"
         self.tokens = {name: add_tenant(self.tenants, name, "--allow-shm") for name in ("tenant-a", "tenant-b")}
-        self.args = ["--l1-size-gb", "0.02", "--chunk-size", "64", "--lease-ttl", str(lease_ttl)]
+        self.args = ["--l1-size-gb", "0.01", "--chunk-size", "64", "--lease-ttl", str(lease_ttl)]
         self.args += ["--shm-prefix", f"soak{self.port}", "--tenants-file", str(self.tenants)]
         self.args += ["--api-token", ADMIN_TOKEN, "--l2-negative-ttl", "0.2"]
         for url in l2:

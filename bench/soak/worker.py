@@ -1,7 +1,7 @@
 """One soak client process: the ranks of one engine (EngineClients in this process, sharing lookup
 sessions as TP ranks do) storing, looking up and loading workload prompts, checking every loaded
-block, and logging each op as a JSON line. SIGUSR1 makes its next save kill the process mid-write;
-SIGTERM ends it after the current op.
+block, and logging each op as a JSON line. SIGUSR1 (SIGUSR2) makes its next save kill (stop) the process
+mid-write; SIGTERM ends it after the current op.
 
 Run by the soak: `python -m bench.soak.worker SPEC_JSON`."""
 
@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import IO, Any
@@ -80,7 +79,7 @@ class Worker:
         for client, kv in zip(self.clients, self.kv, strict=True):
             client.register(kv)
         open(spec.events + ".ready", "w").close()  # the conductor starts its clock once every client is here
-        self.die_in_save = False
+        self.in_save_signal: int | None = None  # raised inside the next save's copy (a fault)
         self.stopping = False
 
     def log(self, op: str, t0: float, ok: bool, error: str | None = None, **extra: Any) -> None:
@@ -123,21 +122,39 @@ class Worker:
 
     def save(self, ident: Identity, client: EngineClient, kv: list[torch.Tensor], tokens: Any, full: int) -> None:
         ident.fill(kv, tokens, full // CHUNK, 0)
-        if self.die_in_save:  # the fault "client killed mid-write": die a moment into this save
-            delay = float(self.rng.uniform(0.0, 0.004))
-            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        _hook_gather(client, self)
         t0 = time.time()
         res = client.save(tokens, list(range(full // BLOCK)))
         self.log("save", t0, res.ok, res.error, chunks=res.saved_chunks)
 
     def run(self) -> None:
-        signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "die_in_save", True))
+        signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "in_save_signal", signal.SIGKILL))
+        signal.signal(signal.SIGUSR2, lambda *_: setattr(self, "in_save_signal", signal.SIGSTOP))
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))  # the run's end: finish this op
         while time.time() < self.spec.deadline and not self.stopping:
             self.step()
             time.sleep(float(self.rng.uniform(0.0, 0.05)))
         for client in self.clients:
             client.close()
+
+
+def _hook_gather(client: EngineClient, worker: Worker) -> None:
+    """Wrap the copier's gather (the copy into the reserved slots, between reserve and commit) so an
+    armed fault signal lands exactly mid-write: SIGKILL dies holding the reservation; SIGSTOP resumes
+    after the hold and copies into slots whose reservation (and quarantine) may have ended."""
+    copier = client._plane.copier
+    if copier is None or getattr(copier.gather, "soak_hook", False):
+        return
+    original = copier.gather
+
+    def gather(*args: Any) -> Any:
+        sig, worker.in_save_signal = worker.in_save_signal, None
+        if sig is not None:
+            os.kill(os.getpid(), sig)
+        return original(*args)
+
+    gather.soak_hook = True  # type: ignore[attr-defined]
+    copier.gather = gather  # type: ignore[method-assign, assignment]
 
 
 def main() -> None:
