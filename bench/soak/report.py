@@ -88,10 +88,17 @@ def resources(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
 def server_counters(last: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """What the server dropped or evicted on purpose, summed over its processes (counters restart
     with each one): these are not losses, and are reported apart from them."""
-    out: dict[str, Any] = {"l1_evictions": 0, "write_behind_dropped": 0, "skipped_evicted": 0, "prefetched": 0}
+    out: dict[str, Any] = {
+        "l1_evictions": 0,
+        "write_behind_dropped": 0,
+        "skipped_evicted": 0,
+        "prefetched": 0,
+        "late_write_dropped": 0,
+    }
     tiers: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for d in last.values():
         out["l1_evictions"] += d.get("l1", {}).get("evictions", 0)
+        out["late_write_dropped"] += d.get("counters", {}).get("late_write_dropped", 0)
         queue = d.get("l2_queue", {})
         out["write_behind_dropped"] += queue.get("dropped", 0)
         out["skipped_evicted"] += queue.get("skipped_evicted", 0)
@@ -136,7 +143,8 @@ def table(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"apart from losses: L1 evictions {a['l1_evictions']}, write-behind dropped {a['write_behind_dropped']}, "
-        f"skipped (evicted before written) {a['skipped_evicted']}, L2 prefetched {a['prefetched']}",
+        f"skipped (evicted before written) {a['skipped_evicted']}, L2 prefetched {a['prefetched']}, "
+        f"objects a late writer overwrote, dropped {a['late_write_dropped']}",
         f"L2 tiers: {a['tiers']}",
     ]
     h = report["hostile"]
