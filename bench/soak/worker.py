@@ -90,6 +90,8 @@ class Worker:
 
     def step(self) -> None:
         prefix, suffix = int(self.rng.integers(PREFIXES)), int(self.rng.integers(SUFFIXES))
+        if self.in_save_signal is not None:  # a mid-write fault is armed: a fresh suffix makes this step save
+            suffix = SUFFIXES + int(self.rng.integers(1 << 30))
         tokens = prompt(prefix, suffix, int(self.rng.integers(1, SUFFIX_CHUNKS + 1)))
         full = len(tokens) // CHUNK * CHUNK
         session = new_session_id()
