@@ -362,7 +362,9 @@ class DataPlane:
             self._check_slots(reply, start, n)
             return self._gather(copier, mode, reserved, tables)
 
-        result = flows.store_and_commit(send, req, fill, abort_send=link.sender(_grace(deadline)))
+        # the abort's grace is taken when it is sent: after a stall (a stopped process) the deadline
+        # is long past, and the server must still hear that the copy ended (service/late_writers.py)
+        result = flows.store_and_commit(send, req, fill, abort_send=lambda r, f: link.sender(_grace(deadline))(r, f))
         self._check_slots(result, start, n)
         full = {s.chunk for s in result.slots if s.status == "no_space"}
         written = {s.chunk for s in result.slots if s.status == "reserved"}

@@ -167,3 +167,4 @@ class CacheBase:
             self.reservations.rollback(res)  # its producer went quiet (died, gave up) or ran past its lifetime
         self.counters.expired_sessions += sessions
         self.counters.expired_stores += stores
+        self.counters.late_write_dropped += self.leases.late.sweep()

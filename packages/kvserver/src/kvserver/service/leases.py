@@ -11,7 +11,8 @@ under another object's name, and they are easiest to check in one place:
   held for the whole copy. If not, the copy may contain another object's bytes and must be
   thrown away (the engine recomputes).
 * A reservation that ends without a commit while a writer might still be copying into it
-  (expired or aborted, shm mode) keeps its slot out of use for one lease TTL.
+  (expired or aborted, shm mode) keeps its slot out of use for one lease TTL; a writer stalled
+  longer than that is dealt with when it speaks again (late_writers.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kvprotocol import KeySpace, ObjectKey
 
 from ..errors import NotLeased, OutOfRange, UnknownSession
 from ..l1.cache import L1Cache
+from .late_writers import LateWriters
 from .sessions import Reader, Session, SessionTable, StoreTxn
 
 
@@ -54,6 +56,7 @@ class Leases:
         self.table = table
         self.objects = 0  # chunk hashes + leased keys held by live readers (bounded by the cache's cap)
         self.by_tenant: dict[str, int] = {}  # the same, per tenant (bounded by its share)
+        self.late = LateWriters(l1)  # writers that may copy past their quarantine
 
     def held(self, tenant: str) -> int:
         return self.by_tenant.get(tenant, 0)
@@ -168,6 +171,7 @@ class Leases:
         until = (time.monotonic() if now is None else now) + self.table.lease_ttl
         for slot in txn.slots:
             self.l1.quarantine_write(slot.key, until)
+        self.late.remember(txn)  # a writer stalled even longer is caught when it speaks again
 
     # -- expiry ----------------------------------------------------------------------------------
     def expire(self, now: float | None = None) -> tuple[int, int]:

@@ -36,6 +36,7 @@ class Counters:
     expired_stores: int = 0
     broken_reads: int = 0  # releases that found their leases gone: the reader's copy was thrown away
     late_commits: int = 0  # commits that arrived after their reservation's deadline
+    late_write_dropped: int = 0  # objects a stalled shm writer overwrote once reused (late_writers.py)
 
 
 @dataclass

@@ -98,6 +98,7 @@ class WritePath(CacheBase):
         """The caller's store transaction; another tenant's is as unknown as one that never existed."""
         txn = self.table.stores.get(store_id)
         if txn is None or txn.owner != who.tenant:
+            self.counters.late_write_dropped += self.leases.late.arrived(store_id, who.tenant)
             raise UnknownStore(f"unknown or expired store {store_id}")
         return txn
 
@@ -108,6 +109,7 @@ class WritePath(CacheBase):
         if txn.expires <= time.monotonic():  # expired, the sweep just has not run yet: same answer
             del self.table.stores[store_id]
             self.leases.end_write(txn)
+            self.leases.late.arrived(store_id, who.tenant)  # its slots are quarantined: nothing reused yet
             self.counters.late_commits += 1
             self.counters.expired_stores += 1
             raise UnknownStore(f"unknown or expired store {store_id}")
