@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -14,6 +15,8 @@ from kvprotocol import Client, KeySpace, LayoutDescriptor, flows, pack_tokens
 from kvprotocol import requests as rq
 from kvprotocol._shm import ShmMapping
 from kvprotocol.kvsum import kvsum64
+
+Mode = Literal["shm", "tcp"]
 
 
 def tiny_layout(
@@ -61,7 +64,7 @@ def store(
     *,
     rank: int = 0,
     salt: str = "",
-    mode: str = "tcp",
+    mode: Mode = "tcp",
     arena: ArenaMap | None = None,
     start_chunk: int = 0,
     commit: bool = True,
@@ -109,14 +112,14 @@ def sid(name: str) -> str:
 
 
 def lookup(c: Client, ks: KeySpace, tokens: Sequence[int], salt: str = "", session: str | None = None) -> int:
-    fields = {"keyspace": ks.to_wire(), "tokens": pack_tokens(tokens), "salt": salt}
+    fields: dict[str, Any] = {"keyspace": ks.to_wire(), "tokens": pack_tokens(tokens), "salt": salt}
     if session:
         fields["session"] = sid(session)
     return int(c.call("lookup", **fields).result["hit_tokens"])
 
 
 def retrieve(
-    c: Client, session: str, start: int, end: int, *, rank: int = 0, mode: str = "tcp", arena: ArenaMap | None = None
+    c: Client, session: str, start: int, end: int, *, rank: int = 0, mode: Mode = "tcp", arena: ArenaMap | None = None
 ) -> dict[tuple[int, int], bytes]:
     """The objects of chunks [start, end) a session leased; the leases stay (the test releases them)."""
     req = rq.Retrieve(session=sid(session), rank=rank, start_chunk=start, end_chunk=end, mode=mode)
@@ -124,7 +127,11 @@ def retrieve(
     out = {}
     for i, obj in enumerate(reply.objects):
         key = (obj.chunk, obj.group)
-        out[key] = arena.read(obj.offset, obj.size) if mode == "shm" else bytes(frames[i])
+        if mode == "shm":
+            assert arena is not None and obj.offset is not None, "shm mode needs the arena and offsets"
+            out[key] = arena.read(obj.offset, obj.size)
+        else:
+            out[key] = bytes(frames[i])
     return out
 
 

@@ -108,14 +108,14 @@ class ServerProc(ManagedProcess):
         # the HTTP port always explicit (the default 8080 would collide between parallel servers), and
         # first, so an --http-port among the args (a fleet member's, say) wins
         cmd = [str(KVSERVER_BIN), "start", "--port", str(self.port), "--http-port", str(self.http_port), *self.args]
-        self.spawn(cmd, {**os.environ, **self.env})
+        proc = self.spawn(cmd, {**os.environ, **self.env})
         deadline = time.monotonic() + timeout
         while self.curve and not self._pub_path().exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         with Client(self.url, timeout=0.5, server_key=self.server_key) as c:
             while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"kvserver exited with {self.proc.returncode}: {self.log()}")
+                if proc.poll() is not None:
+                    raise RuntimeError(f"kvserver exited with {proc.returncode}: {self.log()}")
                 try:
                     c.call("ping")
                     return self

@@ -159,9 +159,9 @@ def _serve(path: str) -> None:
                 break
             if pid == 0:
                 break
-            conn = running.pop(pid, None)
-            if conn is None:
+            if pid not in running:
                 continue
+            conn = running.pop(pid)
             by_conn.pop(conn, None)
             rc = os.waitstatus_to_exitcode(status)
             try:

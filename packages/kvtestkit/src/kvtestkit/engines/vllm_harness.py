@@ -198,7 +198,7 @@ def run_engine(
     if block_size % 32:
         raise ValueError("vLLM's CPU backend needs a block size that is a multiple of 32")
     tmp_ctx = tempfile.TemporaryDirectory(prefix="kv-engine-") if workdir is None else None
-    work = Path(tmp_ctx.name) if tmp_ctx else Path(workdir)  # type: ignore[union-attr]
+    work = Path(tmp_ctx.name) if tmp_ctx is not None else Path(workdir or ".")
     work.mkdir(parents=True, exist_ok=True)
     try:
         spec = {
