@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -162,17 +161,6 @@ def plot(res: dict[str, dict[float, float]], fractions: list[float], out: Path, 
 
 
 # -- real server -----------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def block_tokens(hash_id: int) -> list[int]:
-    """512 synthetic token ids for one hash id: equal ids give equal tokens, distinct ids differ."""
-    return [(hash_id * BLOCK_TOKENS + t) % (1 << 32) for t in range(BLOCK_TOKENS)]
-
-
 def replay_server(
     trace: list[Request],
     policy: str,
@@ -183,13 +171,11 @@ def replay_server(
     """Token hit rate of a real kvserver (chunk size 512, 4 KiB objects) replaying the trace;
     `extra`: more `kvserver start` flags; `settle(client)` runs before each request (bench/tiers.py
     waits there for the L2 writes of the one before)."""
-    from kvprotocol import Client, KeySpace, LayoutDescriptor, flows, pack_tokens
-    from kvprotocol import requests as rq
-    from kvprotocol.kvsum import kvsum64
+    from kvprotocol import Client
+    from kvtestkit.ports import free_port
+    from kvtestkit.tracereplay import register_trace, replay_request
 
-    layout = LayoutDescriptor("trace", "uint8", 1, 32, 256, BLOCK_TOKENS, (256,))
-    assert layout.object_bytes == OBJECT_BYTES
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).parent / "kvserver"
     gb = capacity_blocks * OBJECT_BYTES / (1 << 30)
     token = secrets.token_hex(16)  # every op but ping needs one
@@ -225,25 +211,14 @@ def replay_server(
                         break
                     except Exception:
                         time.sleep(0.1)
-                c.register_engine(model="trace", world_size=1, rank=0, groups=[rq.LayoutW(**layout.to_wire())])
-                ks = KeySpace.from_layouts("trace", 1, [layout]).wire()
+                ks = register_trace(c)
                 capacity = c.describe().l1["capacity_bytes"] // OBJECT_BYTES
-                zero = bytes(OBJECT_BYTES)
-                zero_sum = kvsum64(zero)
                 hit_tokens = total = 0
                 for req in trace:
                     if settle is not None:
                         settle(c)
                     total += req.input_tokens
-                    toks = pack_tokens([t for b in req.blocks for t in block_tokens(b)])
-                    hit = c.lookup(keyspace=ks, tokens=toks).hit_chunks
-                    hit_tokens += hit * BLOCK_TOKENS
-                    if hit == len(req.blocks):
-                        continue
-                    req_store = rq.Store(keyspace=ks, tokens=toks, rank=0, mode="tcp", start_chunk=hit)
-                    flows.store_and_commit(
-                        c.send, req_store, lambda _r, slots: ([zero] * len(slots), [zero_sum] * len(slots))
-                    )
+                    hit_tokens += replay_request(c, ks, req.blocks) * BLOCK_TOKENS
         finally:
             proc.terminate()
             proc.wait(10)

@@ -5,28 +5,16 @@ drops that object instead of serving it to checksum failures. Real server, real 
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
 from engine_kv_helpers import Geometry
+from kvtestkit.kvhelpers import wait_quarantine_over
 from kvconnector.engine_client import EngineClient
 
 GEO = Geometry("vllm_cpu")
 ARGS = ("--l1-size-gb", "0.05", "--chunk-size", "64", "--lease-ttl", "0.5")
-
-
-def wait_quarantine_over(server: Any, timeout: float = 30.0) -> None:
-    deadline, seen = time.monotonic() + timeout, False
-    with server.client() as c:
-        while time.monotonic() < deadline:
-            l1 = c.call("describe").result["l1"]
-            seen = seen or l1["quarantined"] > 0
-            if seen and l1["quarantined"] == 0:
-                return
-            time.sleep(0.05)
-    raise AssertionError("the stalled writer's reservation was never quarantined and released")
 
 
 def test_a_writer_stalled_past_its_quarantine_gets_the_object_it_overwrote_dropped(server_factory) -> None:
@@ -42,7 +30,8 @@ def test_a_writer_stalled_past_its_quarantine_gets_the_object_it_overwrote_dropp
         gather = copier.gather
 
         def stalled_gather(*args: Any) -> Any:
-            wait_quarantine_over(server)  # the writer "stops" here, between reservation and copy
+            with server.client() as c:
+                wait_quarantine_over(c)  # the writer "stops" here, between reservation and copy
             assert other.save(victim_tokens, list(range(4))).ok  # the victim takes the freed slot
             return gather(*args)  # the late copy lands on the victim
 

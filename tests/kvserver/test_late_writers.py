@@ -6,10 +6,9 @@ object it overwrote; an object it left intact stays. Real server, real sockets, 
 
 from __future__ import annotations
 
-import time
 
-from kvtestkit.kvhelpers import ArenaMap, lookup, payload, register, store, tiny_layout
-from kvprotocol import Client, ServerError
+from kvtestkit.kvhelpers import ArenaMap, lookup, payload, register, store, tiny_layout, wait_quarantine_over
+from kvprotocol import ServerError
 
 OBJ = tiny_layout().object_bytes
 TTL = "0.5"
@@ -42,19 +41,6 @@ def reused_slot(srv, overwrite: bool) -> tuple[int, int]:
         dropped = c.call("describe").result["counters"].get("late_write_dropped", 0)
         arena.close()
         return hit, dropped
-
-
-def wait_quarantine_over(c: Client, timeout: float = 30.0) -> None:
-    """Until the expired reservation was swept and its quarantine ended (a state, polled)."""
-    deadline = time.monotonic() + timeout
-    seen = False
-    while time.monotonic() < deadline:
-        l1 = c.call("describe").result["l1"]
-        seen = seen or l1["quarantined"] > 0
-        if seen and l1["quarantined"] == 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the reservation was never quarantined and released")
 
 
 def test_an_object_a_late_writer_overwrote_is_dropped_at_its_late_commit(server_factory) -> None:

@@ -9,12 +9,11 @@ import time
 
 import pytest
 
-from kvprotocol import Client, LayoutDescriptor, pack_tokens
-from kvprotocol.kvsum import kvsum64
-from kvtestkit.kvhelpers import register
+from kvprotocol import Client
+from kvtestkit.tracereplay import register_trace, replay_request
 from kvtestkit.tiersim import two_tier
 from kvtestkit.tracesim import BLOCK_TOKENS, OBJECT_BYTES, belady, simulate, unique_blocks
-from test_trace_sim import block_tokens, first_requests
+from test_trace_sim import first_requests
 
 EPS = 1e-12
 
@@ -79,7 +78,6 @@ def test_a_real_server_with_an_fs_l2_gets_the_simulated_hit_rate(
         "--eviction-policy", l1_policy, "--l2", f"fs://{tmp_path / 'l2'}", "--l2-admission", "evicted",
         "--l2-capacity-gb", repr(c2 * OBJECT_BYTES / (1 << 30)), "--l2-eviction-policy", l2_policy,
     )  # fmt: skip
-    layout = LayoutDescriptor("trace", "uint8", 1, 32, 256, BLOCK_TOKENS, (256,))
 
     def writes_done(c: Client) -> bool:
         d = c.call("describe").result
@@ -88,7 +86,7 @@ def test_a_real_server_with_an_fs_l2_gets_the_simulated_hit_rate(
         return bool(written >= q["admission"]["demoted"] and not q["deletes_in_flight"])
 
     with srv.client() as c:
-        ks, _ = register(c, model="trace", layouts=[layout])
+        ks = register_trace(c)
         hit_tokens = total = 0
         for req in trace:
             deadline = time.monotonic() + 30  # a bound on a hang, not a timing check
@@ -96,15 +94,7 @@ def test_a_real_server_with_an_fs_l2_gets_the_simulated_hit_rate(
                 assert time.monotonic() < deadline, "L2 writes did not finish"
                 time.sleep(0.001)
             total += req.input_tokens
-            toks = pack_tokens([t for b in req.blocks for t in block_tokens(b)])
-            hit = c.call("lookup", keyspace=ks.to_wire(), tokens=toks).result["hit_chunks"]
-            hit_tokens += hit * BLOCK_TOKENS
-            if hit < len(req.blocks):
-                reply = c.call("store", keyspace=ks.to_wire(), tokens=toks, rank=0, mode="tcp", start_chunk=hit).result
-                n = sum(s["status"] == "reserved" for s in reply["slots"])
-                if n:
-                    zero = bytes(OBJECT_BYTES)
-                    c.call("commit", store_id=reply["store_id"], frames=[zero] * n, checksums=[kvsum64(zero)] * n)
+            hit_tokens += replay_request(c, ks, req.blocks) * BLOCK_TOKENS
         tiering = c.call("describe").result["l2_queue"]["admission"]
     sim = two_tier(trace, l1_policy, c1, c2, l2_policy=l2_policy)
     assert hit_tokens / total == pytest.approx(sim.hit_rate, abs=1e-12)

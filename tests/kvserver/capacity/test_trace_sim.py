@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtestkit.kvhelpers import register
-from kvprotocol import LayoutDescriptor, pack_tokens
-from kvprotocol.kvsum import kvsum64
+from kvtestkit.tracereplay import register_trace, replay_request
 from kvserver.l1.eviction import POLICIES
 from kvtestkit.tracesim import BLOCK_TOKENS, OBJECT_BYTES, belady, load_trace, plain_lru, simulate, unique_blocks
 
@@ -71,10 +69,6 @@ def test_belady_bounds_every_policy(trace):
     assert belady(trace, unique) == simulate(trace, "lru", unique)  # everything fits: every reuse hits
 
 
-def block_tokens(hash_id: int) -> list[int]:
-    return [(hash_id * BLOCK_TOKENS + t) % (1 << 32) for t in range(BLOCK_TOKENS)]
-
-
 # lhd replays longer: its estimate is refreshed every 4096+ inserts and accesses, and the replay
 # must run on learned densities (and a changed age coarsening) for a while to compare them
 @pytest.mark.parametrize(("policy", "requests"), [("lru", 300), ("arc", 300), ("lhd", 1000)])
@@ -89,22 +83,13 @@ def test_a_real_server_gets_the_simulated_hit_rate(server_factory, tmp_path, pol
         "--eviction-policy",
         policy,
     )
-    layout = LayoutDescriptor("trace", "uint8", 1, 32, 256, BLOCK_TOKENS, (256,))
     with srv.client() as c:
-        ks, _ = register(c, model="trace", layouts=[layout])
+        ks = register_trace(c)
         assert c.call("describe").result["l1"]["capacity_bytes"] == cap * OBJECT_BYTES
         hit_tokens = total = 0
         for req in trace:
             total += req.input_tokens
-            toks = pack_tokens([t for b in req.blocks for t in block_tokens(b)])
-            hit = c.call("lookup", keyspace=ks.to_wire(), tokens=toks).result["hit_chunks"]
-            hit_tokens += hit * BLOCK_TOKENS
-            if hit < len(req.blocks):
-                reply = c.call("store", keyspace=ks.to_wire(), tokens=toks, rank=0, mode="tcp", start_chunk=hit).result
-                n = sum(s["status"] == "reserved" for s in reply["slots"])
-                if n:
-                    zero = bytes(OBJECT_BYTES)
-                    c.call("commit", store_id=reply["store_id"], frames=[zero] * n, checksums=[kvsum64(zero)] * n)
+            hit_tokens += replay_request(c, ks, req.blocks) * BLOCK_TOKENS
     assert hit_tokens > 0
     assert hit_tokens / total == pytest.approx(simulate(trace, policy, cap), abs=1e-12)
     if policy == "lhd":  # it ran on learned densities (until its first refresh it ranks like LRU)

@@ -158,3 +158,16 @@ def wait_allocated(path: Path, timeout: float = 30.0) -> int:
         )
         time.sleep(0.05)
     return size
+
+
+def wait_quarantine_over(c: Client, timeout: float = 30.0) -> None:
+    """Until an expired write reservation was swept into quarantine and its quarantine ended (a
+    state, polled: a deadline bounds a hang, it is not a timing check)."""
+    deadline, seen = time.monotonic() + timeout, False
+    while time.monotonic() < deadline:
+        l1 = c.call("describe").result["l1"]
+        seen = seen or l1["quarantined"] > 0
+        if seen and l1["quarantined"] == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the reservation was never quarantined and released")
