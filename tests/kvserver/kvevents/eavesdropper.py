@@ -33,6 +33,7 @@ def main() -> None:
     pub, rep, *passwords = sys.argv[1:]
     ctx = zmq.Context()
     socks: dict[str, zmq.Socket] = {}
+    monitors: dict[zmq.Socket, str] = {}
     for i, password in enumerate([None, *passwords]):
         for kind, endpoint in (("sub", pub), ("replay", rep)):
             sock = ctx.socket(zmq.SUB if kind == "sub" else zmq.DEALER)
@@ -42,10 +43,12 @@ def main() -> None:
             if kind == "sub":
                 sock.setsockopt(zmq.SUBSCRIBE, b"")
             socks[f"{kind}-{i}"] = sock
+            # The monitor is attached before connect: a handshake that succeeds once (the open
+            # socket) would otherwise be over before anyone watches it.
+            monitors[sock.get_monitor_socket()] = f"{kind}-{i}"
             sock.connect(endpoint)
             if kind == "replay":
                 sock.send_multipart([b"", (0).to_bytes(8, "big")])  # queued until a handshake succeeds
-    monitors = {sock.get_monitor_socket(): name for name, sock in socks.items()}
     outcome: dict[str, str] = {}
     received = dict.fromkeys(socks, 0)
     poller = zmq.Poller()
