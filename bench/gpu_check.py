@@ -12,7 +12,7 @@ and measures (docs/engine.md, "GPU validation"):
   b. H2D (load) and D2H (save) GB/s of EngineClient against a raw pinned copy of the same bytes, block
      sizes 16 and 64, alternating rounds: medians, ranges, ratios and the worst layout;
   c. the cudaHostRegister cost per GiB of an arena-sized shm range;
-  d. saves and loads on a side stream while matrix products run on the compute stream: no corruption,
+  d. saves and loads (on the copier's side stream) while matrix products run on another stream: no corruption,
      and the products' slowdown;
   e. the time to load a 16k-token prefix of a 32-layer bf16 model (8 KV heads x 128) into GPU blocks.
 
@@ -231,15 +231,6 @@ def pinned_bytes(n: int, device: Any) -> Any:
     import torch
 
     return torch.empty(n, dtype=torch.uint8, pin_memory=device.type == "cuda")
-
-
-def side_stream(device: Any) -> contextlib.AbstractContextManager[Any]:
-    """Run the enclosed ops on a fresh CUDA stream (CPU: no streams, a null context)."""
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.stream(torch.cuda.Stream(device))
-    return contextlib.nullcontext()
 
 
 # -- layouts as each backend allocates them -------------------------------------------------------------
@@ -651,19 +642,27 @@ def register_cost(gib: float, device: Any, repeats: int = 2) -> dict[str, Any]:
 
 # -- (d) copies on a side stream under a matrix product -----------------------------------------------------
 class Burst:
-    """`iters` matrix products queued on the compute stream (CPU: run by a thread); elapsed seconds."""
+    """`iters` matrix products queued on a stream of their own (CPU: run by a thread); elapsed seconds.
+
+    Not on the stream the copier was registered on: its copies wait for the work queued there when
+    they are issued (a save reads what the forward wrote), so products queued there first would run
+    before the copies instead of beside them. In an engine the products beside a copy are the steps
+    queued after it was issued."""
 
     def __init__(self, a: Any, b: Any, out: Any, iters: int) -> None:
         import torch
 
         self.device = a.device
         if self.device.type == "cuda":
+            self.stream = torch.cuda.Stream(self.device)
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))  # a and b were made there
             self.start = torch.cuda.Event(enable_timing=True)
             self.end = torch.cuda.Event(enable_timing=True)
-            self.start.record()
-            for _ in range(iters):
-                torch.matmul(a, b, out=out)
-            self.end.record()
+            with torch.cuda.stream(self.stream):
+                self.start.record()
+                for _ in range(iters):
+                    torch.matmul(a, b, out=out)
+                self.end.record()
         else:
             self.seconds = 0.0
             self.thread = threading.Thread(target=self._cpu, args=(a, b, out, iters))
@@ -713,11 +712,10 @@ def overlap(url: str, sz: Sizes, device: Any) -> dict[str, Any]:
         for _ in range(3):
             alone.append(Burst(a, b, out, sz.matmul_iters).wait())
             burst = Burst(a, b, out, sz.matmul_iters)
-            with side_stream(device):
-                k = 0
-                while k == 0 or not burst.done():
-                    equal &= cycle(rig)[2]
-                    k += 1
+            k = 0  # the copier issues on its own side stream (kvconnector._torch_copy.CudaStreams)
+            while k == 0 or not burst.done():
+                equal &= cycle(rig)[2]
+                k += 1
             rounds += k
             loaded.append(burst.wait())
             bitwise &= bool(torch.equal(out, ref))

@@ -27,6 +27,7 @@ from engine_kv_helpers import module_server
 from kvconnector import layouts as L
 from kvconnector.engine_client import EngineClient
 from kvconnector.layout_reader import KV_CACHE_LAYOUTS, UnreadableLayout, read_layout, read_spec_layout
+from kvconnector.vllm.vllm_layout import KVBackend, UnsupportedLayout, engine_backend
 from kvtestkit.kvhelpers import sid
 from kvprotocol import LayoutDescriptor
 
@@ -348,32 +349,93 @@ def _config(name: str, order: str | None, **spec_fields: Any) -> Any:
     return _Spec({"kv_cache_groups": [group], "kv_cache_layout": order})
 
 
+VEC = KVBackend("CPU_ATTN", "vec")
+
+
 @pytest.mark.parametrize("name,isa", [("cpu/LBHNC/bf16", "vec"), ("cpu_mla/LBNHC/bf16", "cpu_mla")])
 def test_connector_sides_agree_on_vllm_cpu_tensors(name: str, isa: str) -> None:
     from kvconnector.vllm.vllm_layout import scheduler_layout, worker_layout
 
     config = _config(name, _case(name)["order"])
     _, views = vllm_views(name, seed=3)
-    layout, tensors = worker_layout(config, {f"l{i}": v for i, v in enumerate(views)}, CHUNK, isa)
-    assert layout == scheduler_layout(config, CHUNK, isa) == read(name).layout
+    backend = KVBackend(_case(name)["backend"], isa)
+    layout, tensors = worker_layout(config, {f"l{i}": v for i, v in enumerate(views)}, CHUNK, backend)
+    assert layout == scheduler_layout(config, CHUNK, backend) == read(name).layout
     assert all(t.data_ptr() == v.data_ptr() for t, v in zip(tensors, views, strict=True))  # views, no copies
 
 
+GPU_CASES = sorted(n for n, c in CASES.items() if "cpu" not in n and c.get("cache_dtype", "auto") == "auto")
+
+
+def _vllm_config(backend: str | None) -> Any:
+    return _Spec({"attention_config": _Spec({"backend": backend})})
+
+
+@pytest.mark.parametrize("name", GPU_CASES)
+def test_connector_sides_agree_on_each_gpu_backends_tensors(name: str) -> None:
+    """A CUDA engine (device given, as vLLM's platform would say): the backend the user pinned, the
+    scheduler's layout from the spec alone equals the worker's from tensors shaped and strided exactly
+    as that backend's vLLM allocates them (here on the CPU: the indexing is the same)."""
+    from kvconnector.vllm.vllm_layout import scheduler_layout, worker_layout
+
+    c = _case(name)
+    config = _config(name, c["order"])
+    backend = engine_backend(_vllm_config(c["backend"]), config, device="cuda")
+    assert backend == KVBackend(c["backend"])  # no variant on a GPU: the order names every byte
+    _, views = vllm_views(name, seed=7)
+    layout, tensors = worker_layout(config, {f"l{i}": v for i, v in enumerate(views)}, CHUNK, backend)
+    assert layout == scheduler_layout(config, CHUNK, backend) == read(name).layout
+    assert layout.tag in ("vllm_nhd", "vllm_hnd", "mla") and not layout.variant
+    assert all(t.data_ptr() == v.data_ptr() for t, v in zip(tensors, views, strict=True))  # views, no copies
+    # unpinned, vLLM's CUDA default names the same bytes: the same objects
+    default = engine_backend(_vllm_config(None), config, device="cuda")
+    assert default.name in ("FLASH_ATTN", "FLASHMLA")
+    if c["backend"] != "FLEX_ATTENTION":
+        assert scheduler_layout(config, CHUNK, default).fingerprint == layout.fingerprint
+
+
+def test_gpu_and_cpu_engines_of_one_model_never_share_objects() -> None:
+    """The CPU backend packs a block per ISA; a GPU's block is the order's plain bytes: they differ."""
+    from kvconnector.vllm.vllm_layout import scheduler_layout
+
+    gpu = scheduler_layout(_config("flashinfer/HND/bf16", "LBHNC"), CHUNK, KVBackend("FLASHINFER"))
+    cpu = scheduler_layout(_config("cpu/LBHNC/bf16", "LBHNC"), CHUNK, VEC)
+    assert gpu.block_bytes == cpu.block_bytes and gpu.fingerprint != cpu.fingerprint
+
+
+def test_gpu_backends_the_reader_cannot_describe_disable_the_connector() -> None:
+    from kvconnector.vllm.vllm_layout import scheduler_layout, worker_layout
+
+    config = _config("flash_attn/LBNHC/bf16", "LBNHC")
+    with pytest.raises(UnsupportedLayout, match="TREE_ATTN is not one whose blocks we can describe"):
+        scheduler_layout(config, CHUNK, engine_backend(_vllm_config("TREE_ATTN"), config, device="cuda"))
+    hnd = _config("flashinfer/HND/bf16", "LBHNC")
+    with pytest.raises(UnsupportedLayout, match="FLEX_ATTENTION does not use the LBHNC"):
+        scheduler_layout(hnd, CHUNK, engine_backend(_vllm_config("FLEX_ATTENTION"), hnd, device="cuda"))
+    with pytest.raises(UnsupportedLayout, match="KV caches on xpu devices are not supported"):
+        engine_backend(_vllm_config(None), config, device="xpu")
+    _, views = vllm_views("flash_attn/LBNHC/bf16", seed=8)
+    moved = {f"l{i}": v for i, v in enumerate(views)}
+    moved["l1"] = moved["l1"].to("meta")  # a layer on another device than the first
+    with pytest.raises(UnsupportedLayout, match="layer l1 KV is on meta"):
+        worker_layout(config, moved, CHUNK, KVBackend("FLASH_ATTN"))
+
+
 def test_connector_refuses_what_the_reader_cannot_describe() -> None:
-    from kvconnector.vllm.vllm_layout import UnsupportedLayout, scheduler_layout, worker_layout
+    from kvconnector.vllm.vllm_layout import scheduler_layout, worker_layout
 
     with pytest.raises(UnsupportedLayout, match="CPU_ATTN does not use the LBNHC"):
-        scheduler_layout(_config("cpu/LBHNC/bf16", "LBNHC"), CHUNK, "vec")
+        scheduler_layout(_config("cpu/LBHNC/bf16", "LBNHC"), CHUNK, VEC)
     with pytest.raises(UnsupportedLayout, match="fp8 KV caches are not supported yet"):
-        scheduler_layout(_config("cpu/LBHNC/bf16", "LBHNC", dtype=torch.uint8), CHUNK, "vec")
+        scheduler_layout(_config("cpu/LBHNC/bf16", "LBHNC", dtype=torch.uint8), CHUNK, VEC)
     with pytest.raises(UnsupportedLayout, match="splits a block into per-head pieces"):
-        scheduler_layout(_config("cpu_mla/LBNHC/bf16", "LHBNC"), CHUNK, "cpu_mla")
+        scheduler_layout(_config("cpu_mla/LBNHC/bf16", "LHBNC"), CHUNK, KVBackend("CPU_MLA", "cpu_mla"))
     # tensors that are not what the spec describes (one head too many) disable the worker
     config = _config("cpu/LBHNC/bf16", "LBHNC")
     _, views = vllm_views("cpu/LBHNC/bf16", seed=4)
     wrong = {f"l{i}": torch.cat([v, v[:, :1]], dim=1) for i, v in enumerate(views)}
     with pytest.raises(UnsupportedLayout, match="expects"):
-        worker_layout(config, wrong, CHUNK, "vec")
+        worker_layout(config, wrong, CHUNK, VEC)
 
 
 def _hybrid_config(second: str, **fields: Any) -> Any:
@@ -392,14 +454,14 @@ def test_hybrid_groups_become_object_groups_in_vllm_order() -> None:
     from kvconnector.vllm.vllm_layout import scheduler_layout, scheduler_layouts, worker_layouts
 
     single = _config("cpu/LBHNC/bf16", "LBHNC")
-    assert scheduler_layouts(single, CHUNK, "vec") == [scheduler_layout(single, CHUNK, "vec")]
+    assert scheduler_layouts(single, CHUNK, VEC) == [scheduler_layout(single, CHUNK, VEC)]
     config = _hybrid_config("SlidingWindowSpec", sliding_window=40)
     _, views = vllm_views("cpu/LBHNC/bf16", seed=5)
     _, more = vllm_views("cpu/LBHNC/bf16", seed=6)
-    layouts, groups = worker_layouts(config, {f"l{i}": v for i, v in enumerate(views + more)}, CHUNK, "vec")
-    assert layouts == scheduler_layouts(config, CHUNK, "vec")
+    layouts, groups = worker_layouts(config, {f"l{i}": v for i, v in enumerate(views + more)}, CHUNK, VEC)
+    assert layouts == scheduler_layouts(config, CHUNK, VEC)
     assert [(x.kind, x.window) for x in layouts] == [("full", 0), ("sliding", 40)]
-    assert layouts[0] == scheduler_layout(single, CHUNK, "vec")  # the full group: today's bytes and keys
+    assert layouts[0] == scheduler_layout(single, CHUNK, VEC)  # the full group: today's bytes and keys
     assert [[t.data_ptr() for t in g] for g in groups] == [[v.data_ptr() for v in views], [v.data_ptr() for v in more]]
 
 
@@ -410,4 +472,4 @@ def test_hybrid_with_recurrent_states_is_refused_in_one_line() -> None:
     with pytest.raises(
         UnsupportedLayout, match=r"^2 KV cache groups \(hybrid manager\): .*GDN_ATTN, mamba_cache_mode 'align'"
     ):
-        scheduler_layouts(config, CHUNK, "vec")
+        scheduler_layouts(config, CHUNK, VEC)

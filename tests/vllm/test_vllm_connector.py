@@ -52,7 +52,9 @@ def two_engines(model_dir: Path, kvserver_factory: ServerFactory) -> TwoEngines:
             [prompt(P_GEN + gen_out + TURN2_TEXT)],
         ],
         max_tokens=MAX_TOKENS,
-        kv_transfer_config=kv_config(server.url),
+        # B copies with the CUDA copier's code (torch index ops, staging, the streams interface) on
+        # its CPU KV: every reuse below then also proves that path inside a real engine
+        kv_transfer_config=kv_config(server.url, copy_backend="torch"),
     )
     return TwoEngines(a, b)
 
@@ -112,5 +114,9 @@ def test_scheduler_and_worker_compute_the_same_layout(two_engines: TwoEngines) -
         tensor_fps = set(re.findall(r"registered \d+ layers, tensor layout ([0-9a-f]{16})", run.log))
         assert len(config_fps) == 1 and config_fps == tensor_fps, run.log[-3000:]
         # the CPU attention ISA packs each block, so it is part of the fingerprint (never "unknown")
-        isas = set(re.findall(r"config layout [0-9a-f]{16} \(isa (\w+)\)", run.log))
+        isas = set(re.findall(r"config layout [0-9a-f]{16} \(backend CPU_ATTN/(\w+)\)", run.log))
         assert len(isas) == 1 and isas <= {"vec", "vec16", "amx", "neon", "vsx", "vxe", "rvv"}, run.log[-3000:]
+    copiers = [
+        set(re.findall(r"tensor layout [0-9a-f]{16}, copier ([\w-]+)", r.log)) for r in (two_engines.a, two_engines.b)
+    ]
+    assert copiers == [{"host"}, {"torch-cpu"}]

@@ -202,11 +202,13 @@ class DataPlane:
         def copy(reply: rp.RetrieveReply, frames: list[memoryview]) -> int:
             objs = self._object_addrs(mode, reply.objects, frames, objs_of)
             bad: list[int] = []
-            for g, m in enumerate(moves):  # verified while scattering: a mismatch fails the whole load
-                geo = link.geoms[g]
-                failed = copier.scatter(g, objs.addrs[g], m, objs.checksums[g])
-                bad += [geo.end_unit(objs_of[g].start + i) for i in failed]
-            copier.finish()
+            try:
+                for g, m in enumerate(moves):  # verified while scattering: a mismatch fails the whole load
+                    geo = link.geoms[g]
+                    failed = copier.scatter(g, objs.addrs[g], m, objs.checksums[g])
+                    bad += [geo.end_unit(objs_of[g].start + i) for i in failed]
+            finally:  # copies already issued end before any lease is released, even when one raised
+                copier.finish()
             if bad:
                 raise ChecksumMismatch(len(bad), sorted(set(bad)))
             if mode == "shm":
@@ -406,15 +408,17 @@ class DataPlane:
             frames = [memoryview(buf[e - z : e]) for e, z in zip(ends, sizes, strict=True)]  # type: ignore[arg-type]
             addrs = [kvcopy.address_of(buf) + int(e - z) for e, z in zip(ends, sizes, strict=True)]
         checksums: list[int | None] = [None] * len(reserved)
-        for g in range(len(link.layouts)):
-            idx = [i for i, s in enumerate(reserved) if s.group == g]
-            if idx:
-                moves = self._save_moves(g, tables[g], [reserved[i].chunk for i in idx])
-                self._zero_before_start(g, [addrs[i] for i in idx], [reserved[i].chunk for i in idx])
-                sums = copier.gather(g, np.asarray([addrs[i] for i in idx], dtype=np.int64), moves)
-                for j, i in enumerate(idx):
-                    checksums[i] = None if sums is None else sums[j]
-        copier.finish()
+        try:
+            for g in range(len(link.layouts)):
+                idx = [i for i, s in enumerate(reserved) if s.group == g]
+                if idx:
+                    moves = self._save_moves(g, tables[g], [reserved[i].chunk for i in idx])
+                    self._zero_before_start(g, [addrs[i] for i in idx], [reserved[i].chunk for i in idx])
+                    sums = copier.gather(g, np.asarray([addrs[i] for i in idx], dtype=np.int64), moves)
+                    for j, i in enumerate(idx):
+                        checksums[i] = None if sums is None else sums[j]
+        finally:  # copies already issued end before the commit or the abort, even when one raised
+            copier.finish()
         # the checksum of each object as gathered (or, for copiers that cannot sum while copying, as it
         # lies in host memory once the copy is done)
         proof = [kvcopy.checksum(a, z) if c is None else c for a, z, c in zip(addrs, sizes, checksums, strict=True)]

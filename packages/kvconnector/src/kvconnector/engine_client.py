@@ -151,6 +151,16 @@ class EngineClient:
             return None
         return "shm" if self._link.arena is not None else "tcp"
 
+    @property
+    def copier_name(self) -> str | None:
+        """ "host" (the C++ kernel over host KV), "torch-<device>" (the CUDA copier's code; "torch-cuda"
+        on a GPU), None before `register`."""
+        copier = self._plane.copier
+        if copier is None:
+            return None
+        device = getattr(copier, "device", None)
+        return "host" if device is None else f"torch-{device.type}"
+
     # -- failure handling ---------------------------------------------------------------------------
     def _failed(self, op: str, exc: BaseException) -> str:
         kind = _kind(exc)

@@ -4,7 +4,7 @@ Why: the load planner (costs.py) compares the load rate with the prefill rate. L
 loads only, its first decisions would rest on no measurement at all. A load is two round trips to
 the server (retrieve, release) and, per chunk, a copy of the chunk's bytes into the engine's blocks
 with a checksum pass over them. The calibration times a ping and a copy of one chunk's worth of
-bytes out of the KV tensors into a scratch buffer: no cache traffic, nothing stored or read from
+bytes out of the KV tensors into a host scratch buffer: no cache traffic, nothing stored or read from
 the arena. Real loads replace the estimate within a few samples (exponential smoothing).
 """
 
@@ -30,7 +30,9 @@ def calibrate_load(client: Any, tensors: list[Any], layout: LayoutDescriptor) ->
     for t in tensors:
         n = min(t.numel(), per_tensor // max(1, t.element_size()))
         src = t.reshape(-1)[:n]
-        dst = src.new_empty(n)
+        # a host buffer: on a GPU a load's bytes cross the host<->device link (a copy into pageable
+        # memory returns once it is done, so the time is the copy's, not its launch's)
+        dst = src.new_empty(n, device="cpu")
         best = float("inf")
         for _ in range(REPEATS):
             t0 = time.perf_counter()

@@ -15,6 +15,7 @@ from typing import Any
 from kvprotocol import DEFAULT_CHUNK_SIZE, DEFAULT_URL
 
 MODES = ("auto", "shm", "tcp")
+COPY_BACKENDS = ("auto", "host", "torch")  # engine_client.COPY_BACKENDS (not imported: no torch here)
 SAVE_POLICIES = ("prompt", "all", "none")
 
 
@@ -58,6 +59,10 @@ class ConnectorConfig:
     reserve          True: a producer's prompt saves book the whole request on the server at its first
                      store (whole-request reservation, docs/pd.md); a save told RETRY_LATER is retried
                      for up to reserve_wait_s. Default: on for kv_role "kv_producer" (see apply_role)
+    copy_backend     "auto" (default): KV on a GPU is copied by the CUDA copier (torch ops on a side
+                     stream, _torch_copy.py), KV in host memory by the C++ kernel; "torch": the CUDA
+                     copier's code on any device (it runs on CPU KV too: how its indexing is tested
+                     with a real engine); "host": the C++ kernel (CPU KV only)
     populate_arena   True (default): right after mapping the server's shm arena, fill the mapping's page
                      tables on a background thread (the pages the server already allocated, e.g. with
                      --prefault), so the first save or load through each page does not page-fault (a
@@ -94,6 +99,7 @@ class ConnectorConfig:
     reserve: bool | None = None  # None: as the role says (apply_role)
     reserve_wait_s: float = 10.0
     populate_arena: bool = True
+    copy_backend: str = "auto"
     inflight_wait_s: float = 10.0
     debug_load_delay_s: float = 0.0
     debug_save_delay_s: float = 0.0
@@ -151,6 +157,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "inflight_wait_s": (int, float),
     "lookup_wait_s": (int, float),
     "populate_arena": (bool,),
+    "copy_backend": (str,),
 }
 
 
@@ -183,6 +190,8 @@ def parse_config(extra: Mapping[str, Any] | None, environ: Mapping[str, str] | N
         raise ValueError(f"KVServerConnector: kvserver_url must be tcp:// or ipc://, got {cfg.kvserver_url!r}")
     if cfg.mode not in MODES:
         raise ValueError(f"KVServerConnector: mode must be one of {MODES}, got {cfg.mode!r}")
+    if cfg.copy_backend not in COPY_BACKENDS:
+        raise ValueError(f"KVServerConnector: copy_backend must be one of {COPY_BACKENDS}, got {cfg.copy_backend!r}")
     if cfg.save_policy not in SAVE_POLICIES:
         raise ValueError(f"KVServerConnector: save_policy must be one of {SAVE_POLICIES}, got {cfg.save_policy!r}")
     if not (0 <= cfg.reserve_wait_s <= 600 and 0 <= cfg.inflight_wait_s <= 600):

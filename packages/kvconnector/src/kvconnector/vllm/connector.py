@@ -37,7 +37,7 @@ from .metadata import KVServerConnectorMetadata
 from .fingerprint import config_parts, model_fingerprint, model_key_with_fingerprint
 from .scheduler import SchedulerSide
 from .stats import KVServerConnectorStats
-from .vllm_layout import UnsupportedLayout, attention_isa, scheduler_layouts, worker_layouts
+from .vllm_layout import KVBackend, UnsupportedLayout, engine_backend, scheduler_layouts, worker_layouts
 from .worker import WorkerSide
 
 if TYPE_CHECKING:
@@ -66,11 +66,11 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
         block_size = int(vllm_config.cache_config.block_size)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
-        self._isa = ""
+        self._backend: KVBackend | None = None
         layouts: list[LayoutDescriptor] | None = None
         try:
-            self._isa = attention_isa(vllm_config, kv_cache_config)
-            layouts = scheduler_layouts(kv_cache_config, self.cfg.chunk_size, self._isa)
+            self._backend = engine_backend(vllm_config, kv_cache_config)
+            layouts = scheduler_layouts(kv_cache_config, self.cfg.chunk_size, self._backend)
         except UnsupportedLayout as exc:
             log.error("KVServerConnector disabled: %s", exc)
         if layouts is not None:  # a model the connector leaves alone starts whatever its block size
@@ -95,12 +95,12 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
                 load_client = _make_client(self.cfg, model, world or 1, rank, layouts)
             self._worker = WorkerSide(self.cfg, client, layouts, load_client)
         log.info(
-            "KVServerConnector %s: server %s, mode %s, config layout %s (isa %s)",
+            "KVServerConnector %s: server %s, mode %s, config layout %s (backend %s)",
             role.name.lower(),
             self.cfg.kvserver_url,
             self.cfg.mode,
             ",".join(lay.fingerprint for lay in layouts) if layouts else "unsupported",
-            self._isa or "unknown",
+            self._backend or "unknown",
         )
         if layouts is not None and len(layouts) > 1:
             log.info(
@@ -155,8 +155,11 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
     # ---- worker side -----------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
+        if self._backend is None:  # already disabled, with the reason, when the connector started
+            self._worker.enabled = False
+            return
         try:
-            layouts, tensors = worker_layouts(self._kv_cache_config, kv_caches, self.cfg.chunk_size, self._isa)
+            layouts, tensors = worker_layouts(self._kv_cache_config, kv_caches, self.cfg.chunk_size, self._backend)
         except (UnsupportedLayout, ValueError) as exc:
             log.error("KVServerConnector disabled on this worker: %s", exc)
             self._worker.enabled = False
@@ -287,4 +290,5 @@ def _make_client(cfg: ConnectorConfig, model: str, world: int, rank: int, layout
         timeout=cfg.timeout_s,
         token=cfg.token(),
         populate_arena=cfg.populate_arena,
+        copy_backend=cfg.copy_backend,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kvprotocol import LayoutDescriptor
@@ -22,6 +23,46 @@ from ..layouts import layout_from_tensor
 
 class UnsupportedLayout(ValueError):
     """This engine's KV cache cannot be cached by KVServerConnector (logged; the engine runs without it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVBackend:
+    """Which attention backend writes the engine's blocks (vLLM's name) and what else packs them: the
+    CPU attention ISA or CPU MLA backend (the layouts' variant), "" on GPUs, where the KVCacheLayout
+    order alone says where every byte is."""
+
+    name: str
+    variant: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.name}/{self.variant}" if self.variant else self.name
+
+
+# What vLLM runs on CUDA when the user pins no backend. Only the validity check depends on it: a GPU
+# block's bytes are named by the resolved order (layout_reader), whichever backend wrote them.
+GPU_DEFAULT_BACKENDS = {"attention": "FLASH_ATTN", "mla": "FLASHMLA"}
+
+
+def engine_backend(vllm_config: Any, kv_cache_config: Any, device: str | None = None) -> KVBackend:
+    """The backend whose blocks the connector reads, on the engine's device ("cpu" or "cuda"; default:
+    vLLM's current platform). Another device disables the connector (UnsupportedLayout)."""
+    device = device or _device_type()
+    _, spec = kv_groups(kv_cache_config)[0]
+    if device == "cpu":
+        isa = attention_isa(vllm_config, kv_cache_config)
+        if is_mla(spec):
+            return KVBackend("AMX_MLA" if isa == "amx_mla" else "CPU_MLA", isa)
+        return KVBackend("CPU_ATTN", isa)
+    if device == "cuda":
+        pinned = _backend_name(vllm_config)
+        return KVBackend(pinned or GPU_DEFAULT_BACKENDS["mla" if is_mla(spec) else "attention"])
+    raise UnsupportedLayout(f"KV caches on {device} devices are not supported (CPU and CUDA are)")
+
+
+def _device_type() -> str:
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
 
 
 def attention_group(kv_cache_config: Any) -> tuple[list[str], Any]:
@@ -143,75 +184,85 @@ def _backend_name(vllm_config: Any) -> str:
     return str(getattr(backend, "name", backend)).upper()
 
 
-def _read(kv_cache_config: Any, layer_names: list[str], spec: Any, chunk_size: int, isa: str) -> ReadLayout:
-    """The layout of one group from vLLM's description (spec + resolved KVCacheLayout), on the CPU backends.
+def _read(kv_cache_config: Any, layer_names: list[str], spec: Any, chunk_size: int, backend: KVBackend) -> ReadLayout:
+    """The layout of one group from vLLM's description (spec + resolved KVCacheLayout) and its backend.
 
     The CPU attention backend only reads LBHNC; an MLA latent cache (one head) has the same bytes in
-    every order, so an unresolved layout is read as LBHNC."""
+    every order, so an unresolved layout is read as LBHNC (vLLM's own default order)."""
     if str(spec.dtype).removeprefix("torch.") == "uint8":  # vLLM's fp8 caches
         raise UnsupportedLayout(
             "fp8 KV caches are not supported yet: their per-layer k/v scales belong in the layout "
             "fingerprint and the scheduler cannot see them"
         )
     order = getattr(kv_cache_config, "kv_cache_layout", None) or "LBHNC"
-    backend = ("AMX_MLA" if isa == "amx_mla" else "CPU_MLA") if is_mla(spec) else "CPU_ATTN"
     try:
         return read_spec_layout(
-            spec, order=order, backend=backend, num_layers=len(layer_names), chunk_size=chunk_size, variant=isa
+            spec,
+            order=order,
+            backend=backend.name,
+            num_layers=len(layer_names),
+            chunk_size=chunk_size,
+            variant=backend.variant,
         )
     except UnreadableLayout as exc:
         raise UnsupportedLayout(str(exc)) from exc
 
 
-def scheduler_layout(kv_cache_config: Any, chunk_size: int, isa: str) -> LayoutDescriptor:
+def scheduler_layout(kv_cache_config: Any, chunk_size: int, backend: KVBackend) -> LayoutDescriptor:
     """The layout of a single-group engine."""
     layer_names, spec = attention_group(kv_cache_config)
-    return _kind(_read(kv_cache_config, layer_names, spec, chunk_size, isa).layout, spec)
+    return _kind(_read(kv_cache_config, layer_names, spec, chunk_size, backend).layout, spec)
 
 
-def scheduler_layouts(kv_cache_config: Any, chunk_size: int, isa: str) -> list[LayoutDescriptor]:
+def scheduler_layouts(kv_cache_config: Any, chunk_size: int, backend: KVBackend) -> list[LayoutDescriptor]:
     """One layout per KV cache group (the object groups, in vLLM's group order)."""
     return [
-        _kind(_read(kv_cache_config, names, spec, chunk_size, isa).layout, spec)
+        _kind(_read(kv_cache_config, names, spec, chunk_size, backend).layout, spec)
         for names, spec in kv_groups(kv_cache_config)
     ]
 
 
 def worker_layout(
-    kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
+    kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, backend: KVBackend
 ) -> tuple[LayoutDescriptor, list[Any]]:
     """Layout from the registered tensors of a single-group engine, and its tensors in layer order."""
     layer_names, spec = attention_group(kv_cache_config)
-    return _group_views(kv_cache_config, layer_names, spec, kv_caches, chunk_size, isa)
+    return _group_views(kv_cache_config, layer_names, spec, kv_caches, chunk_size, backend)
 
 
 def worker_layouts(
-    kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
+    kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, backend: KVBackend
 ) -> tuple[list[LayoutDescriptor], list[list[Any]]]:
     """Per KV cache group: its layout from the registered tensors, and its tensors in layer order.
     (With vLLM's hybrid manager, layers of different groups may share memory: block ids of one
     pool keep their blocks apart.)"""
     pairs = [
-        _group_views(kv_cache_config, names, spec, kv_caches, chunk_size, isa)
+        _group_views(kv_cache_config, names, spec, kv_caches, chunk_size, backend)
         for names, spec in kv_groups(kv_cache_config)
     ]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def _group_views(
-    kv_cache_config: Any, layer_names: list[str], spec: Any, kv_caches: Mapping[str, Any], chunk_size: int, isa: str
+    kv_cache_config: Any,
+    layer_names: list[str],
+    spec: Any,
+    kv_caches: Mapping[str, Any],
+    chunk_size: int,
+    backend: KVBackend,
 ) -> tuple[LayoutDescriptor, list[Any]]:
     """The group's tensors in layer order, each viewed in the layout's physical order
     (layout_reader.ReadLayout.engine_view), and the layout they were checked against."""
     missing = [n for n in layer_names if n not in kv_caches]
     if missing:
         raise UnsupportedLayout(f"registered KV caches lack layers {missing[:3]}")
-    read = _read(kv_cache_config, layer_names, spec, chunk_size, isa)
+    read = _read(kv_cache_config, layer_names, spec, chunk_size, backend)
     tensors = [kv_caches[n] for n in layer_names]
     first = tensors[0]
+    # One device per rank (cuda:<local rank> under tensor parallelism): the copier's streams are its.
     for name, t in zip(layer_names, tensors, strict=True):
-        if t.device.type != "cpu":
-            raise UnsupportedLayout(f"layer {name} KV is on {t.device}; this connector handles CPU KV")
+        if t.device != first.device:
+            raise UnsupportedLayout(f"layer {name} KV is on {t.device}, the first layer's on {first.device}")
         if tuple(t.shape) != tuple(first.shape) or t.stride() != first.stride() or t.dtype != first.dtype:
             raise UnsupportedLayout(f"layer {name} KV is not shaped and strided like the first layer's")
     if is_mla(spec) and first.dim() == 3:  # already [num_blocks, block_size, latent]

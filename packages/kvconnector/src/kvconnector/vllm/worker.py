@@ -89,9 +89,10 @@ class WorkerSide:
                 self.report.load_tokens, self.report.load_s = sample
                 log.info("KVServerConnector worker: calibrated load %.1f us/token", 1e6 * sample[1] / sample[0])
         log.info(
-            "KVServerConnector worker: registered %d layers, tensor layout %s",
+            "KVServerConnector worker: registered %d layers, tensor layout %s, copier %s",
             sum(len(g) for g in groups),
             ",".join(x.fingerprint for x in layouts),
+            getattr(self.client, "copier_name", None) or "none",
         )
 
     def start_load(self, meta: KVServerConnectorMetadata) -> None:
