@@ -7,8 +7,9 @@ no workspace install, so this script builds the C++ extension there, starts a re
 and measures (docs/engine.md, "GPU validation"):
 
   a. a bitwise round trip through the kvserver for each layout (bf16 and fp16), CUDA tensors shaped
-     and strided as each attention backend allocates them; layouts without a descriptor yet are
-     listed as "not supported yet";
+     and strided as each attention backend allocates them, and for every vLLM 0.32 backend layout
+     the connector's reader names (kvtestkit.backend_layouts: FlashAttention, FlashInfer NHD/HND,
+     Triton, Flex, the MLA backends, fp8 ones included);
   b. H2D (load) and D2H (save) GB/s of EngineClient against a raw pinned copy of the same bytes, block
      sizes 16 and 64, alternating rounds: medians, ranges, ratios and the worst layout;
   c. the cudaHostRegister cost per GiB of an arena-sized shm range;
@@ -259,12 +260,6 @@ CASES = [
         "transposed view under the flash_attn layout (same object bytes; strides read from the tensor)",
     ),
     Case(
-        "flashinfer_hnd",
-        False,
-        "not supported yet: FlashInfer HND ([num_blocks, 2, H, block_size, D] in memory) puts heads before "
-        "tokens inside a block; no layout descriptor names those bytes yet (#35 item 1)",
-    ),
-    Case(
         "mla_shared",
         True,
         "MLA latent: [num_blocks, block_size, latent] per layer, one object per chunk shared by the TP ranks "
@@ -486,6 +481,27 @@ def roundtrips(url: str, sz: Sizes, device: Any) -> list[dict[str, Any]]:
             m = Model(sz.rt_layers, sz.heads, sz.head_dim, sz.latent, 16, sz.chunk, dtype)
             row.update(_roundtrip(url, case, m, sz.rt_chunks, device))
             out.append(row)
+    return out + backend_roundtrips(url, device)
+
+
+def backend_roundtrips(url: str, device: Any) -> list[dict[str, Any]]:
+    """Every vLLM 0.32 backend layout the reader names (kvtestkit.backend_layouts: the KV buffer laid
+    out and viewed exactly as vLLM allocates it, the shapes the CPU tests prove against vLLM's own
+    functions), through the connector's layout reader and the torch copier: bitwise equal, every other
+    byte of the destination untouched."""
+    from kvtestkit.backend_layouts import CASES as BACKENDS
+    from kvtestkit.backend_layouts import round_trip
+
+    out: list[dict[str, Any]] = []
+    for i, name in enumerate(sorted(BACKENDS)):
+        row: dict[str, Any] = {"layout": f"vllm:{name}", "dtype": BACKENDS[name].get("cache_dtype", "auto")}
+        try:
+            got = round_trip(url, name, name, "torch", seed=1000 + 2 * i, device=device)
+        except Exception as exc:
+            got = {"error": f"{type(exc).__name__}: {exc}"}
+        ok = "error" not in got and got["equal"] and got["untouched"]
+        row.update(status="ok" if ok else "FAIL", **got)
+        out.append(row)
     return out
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from bench import gpu_check
+from kvtestkit.backend_layouts import CASES as BACKENDS
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -38,11 +39,16 @@ def test_dry_run_round_trips_every_layout_and_reports_every_section(tmp_path: Pa
     assert all(s in report and "error" not in report[s] for s in SECTIONS)
     supported = {c.name for c in gpu_check.CASES if c.supported}
     rt = report["roundtrip"]
-    assert {(r["layout"], r["dtype"]) for r in rt} == {
+    legacy = [r for r in rt if not r["layout"].startswith("vllm:")]
+    assert {(r["layout"], r["dtype"]) for r in legacy} == {
         (c.name, d) for c in gpu_check.CASES for d in ("bfloat16", "float16")
     }
-    assert all(r["status"] == ("ok" if r["layout"] in supported else "not supported yet") for r in rt)
-    assert all(r["bytes"] > 0 for r in rt if r["status"] == "ok")
+    assert all(r["status"] == ("ok" if r["layout"] in supported else "not supported yet") for r in legacy)
+    assert all(r["bytes"] > 0 for r in legacy if r["status"] == "ok")
+    # every vLLM 0.32 backend layout the reader names, as vLLM allocates it, through the torch copier
+    backends = {r["layout"]: r for r in rt if r["layout"].startswith("vllm:")}
+    assert set(backends) == {f"vllm:{n}" for n in BACKENDS}
+    assert all(r["status"] == "ok" and r["equal"] and r["untouched"] for r in backends.values()), backends
     rows = report["bandwidth"]["rows"]
     assert {(r["layout"], r["block_size"]) for r in rows} == {(n, b) for n in supported for b in (16, 64)}
     assert all(
@@ -53,7 +59,7 @@ def test_dry_run_round_trips_every_layout_and_reports_every_section(tmp_path: Pa
     assert report["overlap"]["copy_rounds"] >= 3
     assert report["prefix"]["bitwise_equal"] and report["prefix"]["tokens"] == gpu_check.Sizes.dry().prefix_tokens
     text = (tmp_path / "gpu_check.txt").read_text()
-    assert "| flashinfer_hnd | bfloat16 | not supported yet |" in text and "verdict: pass" in text
+    assert "| vllm:flashinfer/HND/bf16 | auto | ok |" in text and "verdict: pass" in text
 
 
 def test_without_cuda_the_gpu_run_stops_at_once_with_one_line(tmp_path: Path) -> None:

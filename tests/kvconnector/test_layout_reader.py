@@ -19,16 +19,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
 from engine_kv_helpers import module_server
 from kvconnector import layouts as L
-from kvconnector.engine_client import EngineClient
-from kvconnector.layout_reader import KV_CACHE_LAYOUTS, UnreadableLayout, read_layout, read_spec_layout
+from kvconnector.layout_reader import UnreadableLayout, read_layout, read_spec_layout
+from kvtestkit.backend_layouts import CASES, CHUNK, NUM_LAYERS, SCALES, read, round_trip, vllm_views
+from kvtestkit.backend_layouts import case as _case
 from kvconnector.vllm.vllm_layout import KVBackend, UnsupportedLayout, engine_backend
-from kvtestkit.kvhelpers import sid
 from kvprotocol import LayoutDescriptor
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,90 +35,6 @@ VLLM_PYTHON = Path(os.environ.get("KV_VLLM_VENV", REPO / ".venv-vllm")) / "bin" 
 if not VLLM_PYTHON.exists() and Path("/work/main/.venv-vllm/bin/python").exists():
     VLLM_PYTHON = Path("/work/main/.venv-vllm/bin/python")  # a worktree without its own vLLM venv
 PROBE = Path(__file__).with_name("vllm_layout_probe.py")
-SCALES = [(0.5, 0.25), (1.0, 2.0)]  # per-layer (k_scale, v_scale) of the fp8 cases
-GQA = dict(heads=2, head_size=16, block_size=16)
-MLA = dict(heads=1, head_size=72, block_size=16, mla=True)
-
-# name: (backend, order, dtype, cache_dtype, geometry)
-CASES: dict[str, dict[str, Any]] = {
-    "flash_attn/LBNHC/bf16": dict(backend="FLASH_ATTN", order="LBNHC", dtype="bfloat16", **GQA),
-    "flash_attn/BLNHC/fp16": dict(backend="FLASH_ATTN", order="BLNHC", dtype="float16", **GQA),
-    "flash_attn/LBNHC/fp8_e4m3": dict(backend="FLASH_ATTN", order="LBNHC", dtype="bfloat16", cache_dtype="fp8", **GQA),
-    "flashinfer/NHD/fp16": dict(backend="FLASHINFER", order="LBNHC", dtype="float16", **GQA),
-    "flashinfer/HND/bf16": dict(backend="FLASHINFER", order="LBHNC", dtype="bfloat16", **GQA),
-    "flashinfer/BLHNC/fp8_e5m2": dict(
-        backend="FLASHINFER", order="BLHNC", dtype="bfloat16", cache_dtype="fp8_e5m2", **GQA
-    ),
-    "triton/LBNHC/bf16": dict(backend="TRITON_ATTN", order="LBNHC", dtype="bfloat16", **GQA),
-    "flex/LBNHC/fp16": dict(backend="FLEX_ATTENTION", order="LBNHC", dtype="float16", **GQA),
-    "cpu/LBHNC/bf16": dict(backend="CPU_ATTN", order="LBHNC", dtype="bfloat16", variant="vec", **GQA),
-    "flashmla/LBNHC/bf16": dict(backend="FLASHMLA", order="LBNHC", dtype="bfloat16", **MLA),
-    "triton_mla/BLNHC/fp8_e4m3": dict(
-        backend="TRITON_MLA", order="BLNHC", dtype="bfloat16", cache_dtype="fp8_e4m3", **MLA
-    ),
-    "cutlass_mla/LBHNC/fp16": dict(backend="CUTLASS_MLA", order="LBHNC", dtype="float16", **MLA),
-    "cpu_mla/LBNHC/bf16": dict(backend="CPU_MLA", order="LBNHC", dtype="bfloat16", variant="cpu_mla", **MLA),
-    "flash_attn/LBNHC/bf16/padded": dict(
-        backend="FLASH_ATTN", order="LBNHC", dtype="bfloat16", page_size_padded=2 * 16 * 2 * 16 * 2 + 512, **GQA
-    ),
-}
-NUM_LAYERS, NUM_BLOCKS, CHUNK = 2, 24, 64
-_FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-
-
-def _case(name: str) -> dict[str, Any]:
-    c = dict(CASES[name])
-    c.setdefault("cache_dtype", "auto")
-    c.setdefault("mla", False)
-    c.update(num_layers=NUM_LAYERS, num_blocks=NUM_BLOCKS)
-    return c
-
-
-def read(name: str, **overrides: Any) -> Any:
-    c = {**_case(name), **overrides}
-    return read_layout(
-        order=c["order"],
-        backend=c["backend"],
-        num_layers=c["num_layers"],
-        block_size=c["block_size"],
-        num_kv_heads=c["heads"],
-        head_size=c["head_size"],
-        head_size_v=0 if c["mla"] else c["head_size"],
-        spec_dtype="uint8" if c["cache_dtype"] != "auto" else c["dtype"],
-        cache_dtype=c["cache_dtype"],
-        mla=c["mla"],
-        kv_quant_mode=1 if c["cache_dtype"] != "auto" else 0,
-        kv_scales=SCALES if c["cache_dtype"] != "auto" else None,
-        chunk_size=CHUNK,
-        variant=c.get("variant", ""),
-    )
-
-
-def vllm_views(name: str, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(backing int8 buffer of random bytes, per-layer [B, H, N, C] views), as vLLM allocates them."""
-    c = _case(name)
-    item = 1 if c["cache_dtype"] != "auto" else torch.empty(0, dtype=getattr(torch, c["dtype"])).element_size()
-    content = (1 if c["mla"] else 2) * c["head_size"] * item
-    shape = (c["num_layers"], c["num_blocks"], c["heads"], c["block_size"], content)
-    order = KV_CACHE_LAYOUTS[c["order"]]
-    padded = c.get("page_size_padded")
-    grid_end = max(order.index(0), order.index(1)) + 1
-    strides, cur = [0] * 5, 1
-    for physical, dim in reversed(list(enumerate(order))):  # vllm.v1.kv_cache_interface.compute_layout_strides
-        if padded is not None and physical == grid_end - 1:
-            cur = max(cur, padded)
-        strides[dim] = cur
-        cur = strides[dim] * shape[dim]
-    raw = torch.randint(-128, 128, (cur,), dtype=torch.int8, generator=torch.Generator().manual_seed(seed))
-    view = torch.as_strided(raw, shape, strides)
-    dtype = _FP8.get(c["cache_dtype"], getattr(torch, c["dtype"]))
-    return raw, [view[i].view(dtype) for i in range(c["num_layers"])]
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.uint8)
-
-
 # ---- the descriptors ---------------------------------------------------------------------------
 
 
@@ -290,39 +205,11 @@ kv_server = module_server("--l1-size-gb", "0.1", "--chunk-size", "64", "--lease-
 
 
 def _round_trip(server: Any, src_name: str, dst_name: str, backend: str, seed: int) -> None:
-    """Save blocks of `src_name`'s engine, load them into other blocks of `dst_name`'s engine, compare bytes."""
-    rs, rd = read(src_name), read(dst_name)
-    assert rs.layout.fingerprint == rd.layout.fingerprint
-    _, src = vllm_views(src_name, seed)
-    dst_raw, dst = vllm_views(dst_name, seed + 1)
-    before = dst_raw.clone()
-    tokens = np.random.default_rng(seed).integers(0, 50_000, 2 * CHUNK + 5)
-    src_ids = [5, 6, 7, 8, 20, 21, 22, 23]
-    dst_ids = [int(b) for b in np.random.default_rng(seed).permutation(NUM_BLOCKS)[:8]]
-    kw = dict(mode="shm", timeout=10, copy_backend=backend)
-    model = f"reader/{src_name}/{seed}"
-    with (
-        EngineClient(server.url, model, 1, 0, [rs.layout], **kw) as a,
-        EngineClient(server.url, model, 1, 0, [rd.layout], **kw) as b,
-    ):
-        assert a.register([rs.engine_view(t) for t in src]) and b.register([rd.engine_view(t) for t in dst])
-        assert a.save(tokens, src_ids).saved_chunks == 2
-        assert b.lookup(tokens, session=sid(f"r-{seed}")).hit_tokens == 2 * CHUNK
-        res = b.load(sid(f"r-{seed}"), tokens, dst_ids, skip_tokens=0, num_tokens=2 * CHUNK)
-        assert res.ok and res.loaded_tokens == 2 * CHUNK, res
-        b.release(sid(f"r-{seed}"))
-    for layer in range(NUM_LAYERS):
-        for s, d in zip(src_ids, dst_ids, strict=True):
-            assert torch.equal(_bytes(dst[layer][d]), _bytes(src[layer][s])), (layer, s, d)
-    # every byte outside the loaded blocks (other blocks, padding, other layers' pages) is untouched
-    mask = torch.ones(dst_raw.numel(), dtype=torch.bool)
-    for layer in range(NUM_LAYERS):
-        for d in dst_ids:
-            blk = dst[layer][d]
-            lo = blk.storage_offset() * blk.element_size()
-            span = (sum((n - 1) * st for n, st in zip(blk.shape, blk.stride(), strict=True)) + 1) * blk.element_size()
-            mask[lo : lo + span] = False
-    assert torch.equal(dst_raw[mask], before[mask])
+    """Save blocks of `src_name`'s engine, load them into other blocks of `dst_name`'s engine, compare
+    bytes; every byte outside the loaded blocks (other blocks, padding, other layers' pages) untouched."""
+    got = round_trip(server.url, src_name, dst_name, backend, seed)
+    assert "error" not in got, got
+    assert got["loaded"] == 2 * CHUNK and got["equal"] and got["untouched"], got
 
 
 @pytest.mark.parametrize("backend", ["host", "torch"])
