@@ -13,7 +13,11 @@ engine. Configurations:
             same engine: vLLM's in-process prefix cache (the lower bound for any reuse)
   example   vLLM's ExampleConnector (safetensors files on disk): engine A stores, a new engine B loads
   offload   vLLM's OffloadingConnector (CPU offloading): does it run on the CPU backend at all?
-  kvserver  our KVServerConnector with a real kvserver: engine A stores, a new engine B loads
+  kvserver  our KVServerConnector with a real kvserver: engine A stores, a new engine B loads (an L1 hit)
+  kvserver-l2       the same with an fs L2 tier: once A's chunks are on disk, the server restarts with
+            an empty L1, so B's hit comes from L2 (prefetched into L1, then loaded); page cache warm
+  kvserver-l2-cold  the same with the L2 files dropped from the page cache (fsync + POSIX_FADV_DONTNEED)
+            before B runs: the disk's speed
 
 Timings are printed, never asserted. This machine kind has 2 cores: other load skews them.
 """
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,12 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvtestkit.serverproc import KVSERVER_BIN, KVServer
+from kvtestkit.serverproc import KVSERVER_BIN, KVServer, ServerProc
 from kvtestkit.engines.tiny_model import BENCH, build_llama, random_prompt
 from kvtestkit.engines.vllm_harness import VLLM_PYTHON, EngineRun, EngineRunError, prompt, run_engine
 
 BLOCK_SIZE = 64
-CONFIGS = ("none", "example", "offload", "kvserver")
+CONFIGS = ("none", "example", "offload", "kvserver", "kvserver-l2", "kvserver-l2-cold")
 
 
 def _ttft_engine(
@@ -123,13 +129,7 @@ def bench_kvserver(model: Path, p: list[int], max_len: int, tmp: Path) -> dict[s
         return {"skipped": f"kvconnector.vllm not importable: {probe.stderr.strip().splitlines()[-1:]}"}
     server = KVServer(tmp / "kvserver.log", "--l1-size-gb", "2").start()
     try:
-        kv = {
-            "kv_connector": "KVServerConnector",
-            "kv_connector_module_path": "kvconnector.vllm",
-            "kv_role": "kv_both",
-            "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"kvserver_url": server.url, "mode": "auto"},
-        }
+        kv = _kv_config(server.url)
         a = _ttft_engine(model, [p], kv, max_len)
         b = _ttft_engine(model, [p], kv, max_len)
         rb = b.batches[1].requests[0]
@@ -142,6 +142,65 @@ def bench_kvserver(model: Path, p: list[int], max_len: int, tmp: Path) -> dict[s
         }
     finally:
         server.stop()
+
+
+def _kv_config(url: str) -> dict[str, Any]:
+    return {
+        "kv_connector": "KVServerConnector",
+        "kv_connector_module_path": "kvconnector.vllm",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"kvserver_url": url, "mode": "auto"},
+    }
+
+
+def _l2_files(root: Path) -> list[Path]:
+    return [f for f in root.rglob("*") if f.is_file() and not f.name.startswith(".")]
+
+
+def _drop_from_page_cache(files: list[Path]) -> None:
+    """Written back, then evicted from the page cache: the next read comes from the disk."""
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def bench_kvserver_l2(model: Path, p: list[int], max_len: int, tmp: Path, cold: bool) -> dict[str, Any]:
+    """Engine A stores with an fs L2 below L1; once every chunk is on disk the server restarts on its
+    port with an empty L1 (its arena removed), so new engine B's hit is an L2 hit."""
+    if not KVSERVER_BIN.exists():
+        return {"skipped": f"{KVSERVER_BIN} missing (run `uv sync`)"}
+    l2 = Path(tempfile.mkdtemp(prefix="l2-", dir=tmp))
+    args = ("--l1-size-gb", "2", "--l2", f"fs://{l2}")
+    server = KVServer(tmp / "kvserver-l2.log", *args).start()
+    try:
+        a = _ttft_engine(model, [p], _kv_config(server.url), max_len)
+        chunks = len(p) // 256
+        deadline = time.monotonic() + 120
+        while len(_l2_files(l2)) < chunks and time.monotonic() < deadline:  # written behind the stores
+            time.sleep(0.1)
+        on_disk = len(_l2_files(l2))
+        server.stop()  # a graceful stop; stop() removes the arena: the next server starts with L1 empty
+        server = ServerProc(server.port, server.args, tmp / "kvserver-l2b.log").start()
+        if cold:
+            _drop_from_page_cache(_l2_files(l2))
+        b = _ttft_engine(model, [p], _kv_config(server.url), max_len)
+        rb = b.batches[1].requests[0]
+        return {
+            "store_s": a.batches[1].wall_s,
+            "hit_s": b.batches[1].wall_s,
+            "l2_objects": on_disk,
+            "hit_cached_tokens": rb.num_cached_tokens,
+            "loaded_tokens": rb.connector_loaded_tokens,
+            "tokens": [a.batches[1].requests[0].token_ids, rb.token_ids],
+        }
+    finally:
+        server.stop()
+        shutil.rmtree(l2, ignore_errors=True)
 
 
 def main() -> int:
@@ -179,8 +238,10 @@ def main() -> int:
                     r = bench_example(model, p, max_len, tmp / f"{rep}")
                 elif c == "offload":
                     r = bench_offload(model, p, max_len)
-                else:
+                elif c == "kvserver":
                     r = bench_kvserver(model, p, max_len, tmp)
+                else:
+                    r = bench_kvserver_l2(model, p, max_len, tmp, cold=c.endswith("cold"))
                 runs[c].append(r)
                 shown = {k: v for k, v in r.items() if k != "tokens"}
                 print(f"[{c} #{rep + 1}] {json.dumps(shown)} ({time.perf_counter() - t:.0f}s)", flush=True)
@@ -235,6 +296,22 @@ def _report(results: dict[str, Any], n: int) -> None:
                     f"cached {r['hit_cached_tokens']}, loaded {r['loaded_tokens']}",
                 )
             )
+    for name, label in (("kvserver-l2", "page cache warm"), ("kvserver-l2-cold", "page cache dropped")):
+        r = results.get(name)
+        if r is None:
+            continue
+        if "skipped" in r:
+            rows.append((f"KVServerConnector L2 hit ({label})", None, "skipped: " + r["skipped"][:150]))
+            continue
+        l1 = results.get("kvserver", {}).get("hit_s")
+        vs_l1 = f", {r['hit_s'] / l1:.2f}x the L1 hit" if l1 else ""
+        rows.append(
+            (
+                f"KVServerConnector L2 hit ({label})",
+                r["hit_s"],
+                f"loaded {r['loaded_tokens']} ({r['l2_objects']} objects on disk){vs_l1}",
+            )
+        )
     print(f"\nTTFT, {n}-token prompt, fp32 Llama {BENCH.num_layers}x{BENCH.hidden_size} on CPU")
     print(f"{'configuration':<42} {'TTFT s':>8} {'vs recompute':>13}  note")
     for name, secs, note in rows:
