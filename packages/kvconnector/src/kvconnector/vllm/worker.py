@@ -5,7 +5,8 @@ Loads are handed to a background thread (loader.py, async_loads, the default) an
 loads). Saves are planned in `wait_for_save`, after the whole forward, one EngineClient call per
 request for all layers, and run on the same thread (async_saves, the default) or at once. The
 per-layer hooks are no-ops: on CPU there is no copy engine to overlap with, and whole-step copies
-are one batched kernel call each.
+are one batched kernel call each; on a GPU a request's copies run on the copier's side stream
+(kvconnector._torch_copy), beside the forward of the engine's other requests.
 """
 
 from __future__ import annotations
