@@ -13,9 +13,12 @@ from __future__ import annotations
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .metadata import LoadJob, SaveJob
+
+if TYPE_CHECKING:
+    from ..engine_client import EngineClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +31,7 @@ class LoadOutcome:
     verify_failures: int = 0
 
 
-def load_end(client: Any, job: LoadJob) -> int:
+def load_end(client: EngineClient, job: LoadJob) -> int:
     """Where a load ends: the chunk end, or for a sliding window exactly the first token vLLM computes,
     so the window written is the one vLLM attends to (never a block it replaced by its null block)."""
     if any(lay.kind == "sliding" for lay in client.layouts) and job.compute_from > job.skip_tokens:
@@ -36,7 +39,7 @@ def load_end(client: Any, job: LoadJob) -> int:
     return job.num_tokens
 
 
-def copy_job(client: Any, job: LoadJob, wanted: list[int], delay_s: float = 0.0) -> LoadOutcome:
+def copy_job(client: EngineClient, job: LoadJob, wanted: list[int], delay_s: float = 0.0) -> LoadOutcome:
     """One load through `client`; never raises (a failed load is recomputed, never an engine error)."""
     t = time.perf_counter()
     if delay_s > 0:
@@ -74,14 +77,16 @@ class SaveOutcome:
     no_space: bool = False  # also: a reservation the server could not admit within reserve_wait_s
 
 
-def save_job(client: Any, job: SaveJob, delay_s: float = 0.0, reserve_wait_s: float = 0.0) -> SaveOutcome:
+def save_job(client: EngineClient, job: SaveJob, delay_s: float = 0.0, reserve_wait_s: float = 0.0) -> SaveOutcome:
     """One save through `client`; never raises (a failed store is a future miss). A reserved save
     the server cannot admit yet (RETRY_LATER: other requests fill L1) is retried for reserve_wait_s."""
     t = time.perf_counter()
     if delay_s > 0:
         time.sleep(delay_s)  # TEST ONLY (debug_save_delay_s): a slow save on purpose
     try:
-        kw = {} if job.reservation is None else {"reservation": job.reservation, "total_chunks": job.total_chunks}
+        kw: dict[str, Any] = {}
+        if job.reservation is not None:
+            kw = {"reservation": job.reservation, "total_chunks": job.total_chunks}
         while True:
             res = client.save(
                 job.tokens, job.block_ids, salt=job.salt, skip_tokens=job.skip_tokens, extra=job.extra, **kw
@@ -99,7 +104,7 @@ class BackgroundLoader:
     """Runs load and save jobs one at a time, in submission order, on a thread of its own."""
 
     def __init__(
-        self, client: Any, delay_s: float = 0.0, save_delay_s: float = 0.0, reserve_wait_s: float = 0.0
+        self, client: EngineClient, delay_s: float = 0.0, save_delay_s: float = 0.0, reserve_wait_s: float = 0.0
     ) -> None:
         self.client = client
         self.reserve_wait_s = reserve_wait_s

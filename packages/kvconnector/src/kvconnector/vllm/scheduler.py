@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvprotocol import new_session_id
 
@@ -23,6 +23,9 @@ from .._results import LookupResult
 from .log import log
 from .metadata import KVServerConnectorMetadata, LoadJob, SaveJob
 from .stats import KVServerConnectorStats
+
+if TYPE_CHECKING:
+    from ..engine_client import EngineClient
 
 
 @dataclass
@@ -52,7 +55,7 @@ class _Req:
 
 
 class SchedulerSide:
-    def __init__(self, cfg: ConnectorConfig, client: Any, block_size: int, num_groups: int = 1) -> None:
+    def __init__(self, cfg: ConnectorConfig, client: EngineClient | None, block_size: int, num_groups: int = 1) -> None:
         self.cfg = cfg
         self.client = client
         self.block_size = block_size
@@ -140,9 +143,12 @@ class SchedulerSide:
         running request of the engine) never stands still for a slow round trip. An answer that does
         not come within timeout_s is an error: the request is recomputed."""
         now = time.monotonic()
+        client = self.client
+        if client is None:  # a disabled connector never looks up: nothing is cached for it
+            return LookupResult(0, None)
         if st.lookup_rid is None:
             self.stats.add("lookups")
-            sent = self.client.lookup_submit(
+            sent = client.lookup_submit(
                 list(request.all_token_ids[:n]),
                 salt=st.salt,
                 session=st.session,
@@ -153,12 +159,12 @@ class SchedulerSide:
                 return sent  # it could not even be sent: the error
             st.lookup_rid, st.lookup_sent = sent, now
         t0 = time.perf_counter()
-        res = self.client.lookup_result(st.lookup_rid, self.cfg.lookup_wait_s)
+        res = client.lookup_result(st.lookup_rid, self.cfg.lookup_wait_s)
         self.stats.add("scheduler_wait_s", time.perf_counter() - t0)
         if res is None and now - st.lookup_sent < self.cfg.timeout_s:
             return None
         if res is None:
-            res = self.client.lookup_abandon(st.lookup_rid)
+            res = client.lookup_abandon(st.lookup_rid)
         st.lookup_rid = None
         return res
 

@@ -12,7 +12,7 @@ are one batched kernel call each; on a GPU a request's copies run on the copier'
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvprotocol import LayoutDescriptor
 
@@ -24,12 +24,19 @@ from .log import log
 from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob, SaveJob
 from .stats import KVServerConnectorStats
 
+if TYPE_CHECKING:
+    from ..engine_client import EngineClient
+
 IDLE_WAIT_S = 0.002  # how long a step with nothing scheduled waits for a background load or save to end
 
 
 class WorkerSide:
     def __init__(
-        self, cfg: ConnectorConfig, client: Any, expected: list[LayoutDescriptor] | None, load_client: Any = None
+        self,
+        cfg: ConnectorConfig,
+        client: EngineClient | None,
+        expected: list[LayoutDescriptor] | None,
+        load_client: EngineClient | None = None,
     ) -> None:
         self.cfg = cfg
         self.client = client
@@ -58,6 +65,13 @@ class WorkerSide:
         self.report = KVServerWorkerMetadata()
         self.stats = KVServerConnectorStats()
         self.breaker = Breaker(cfg.retry_after_s)
+
+    @property
+    def kv(self) -> EngineClient:
+        """The step's client; the copy and release paths run only on an enabled worker, which has one."""
+        if self.client is None:
+            raise RuntimeError("KVServerConnector worker has no EngineClient (disabled)")
+        return self.client
 
     @property
     def multi_group(self) -> bool:
@@ -135,7 +149,7 @@ class WorkerSide:
                 self.loader.submit_save(job)
                 self.saving[job.req_id] = self.saving.get(job.req_id, 0) + 1
                 continue
-            self._finish_save(job, save_job(self.client, job, reserve_wait_s=self.cfg.reserve_wait_s))
+            self._finish_save(job, save_job(self.kv, job, reserve_wait_s=self.cfg.reserve_wait_s))
 
     def _finish_save(self, job: SaveJob, out: SaveOutcome) -> None:
         self.stats.add("save_s", out.seconds)
@@ -194,7 +208,7 @@ class WorkerSide:
         if job.background and self.loader is not None:
             self.loader.submit(job, wanted)
             return
-        outcome = copy_job(self.client, job, wanted, self.cfg.debug_load_delay_s)
+        outcome = copy_job(self.kv, job, wanted, self.cfg.debug_load_delay_s)
         self._finish_load(job, wanted, outcome)
         if job.background:  # no loader thread on this worker: loaded in the step, reported next poll
             self.received.add(job.req_id)
@@ -294,6 +308,6 @@ class WorkerSide:
     def _release(self, session: str) -> None:
         """Give back this rank's leases only: the other ranks may still be copying theirs."""
         try:
-            self.client.release(session, rank=self.client.rank)
+            self.kv.release(session, rank=self.kv.rank)
         except Exception as exc:  # noqa: BLE001
             log.debug("KVServerConnector: release failed: %s", exc)
