@@ -21,7 +21,7 @@ from .costs import CostModel
 from .extra_keys import AdapterDigests, request_keys
 from .._results import LookupResult
 from .log import log
-from .metadata import KVServerConnectorMetadata, LoadJob, SaveJob
+from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob, SaveJob
 from .stats import KVServerConnectorStats
 
 if TYPE_CHECKING:
@@ -242,26 +242,22 @@ class SchedulerSide:
         meta.finished = list(getattr(so, "finished_req_ids", ()) or ())
         return meta
 
-    def update_connector_output(self, report: Any) -> None:
+    def update_connector_output(self, report: object) -> None:
         """What the workers stored, and where loads failed (those chunks get stored again later).
 
+        `report` is vLLM's aggregated worker metadata: ours, or None on a step without any.
         A failed save is not retried: a store is best effort, and a dead server must not cost a
         retry every step. The request simply misses next time.
         """
-        if report is None:
+        if not isinstance(report, KVServerWorkerMetadata):
             return
-        self.costs.observe(
-            getattr(report, "load_tokens", 0),
-            getattr(report, "load_s", 0.0),
-            getattr(report, "step_tokens", 0),
-            getattr(report, "step_s", 0.0),
-        )
-        failed_saves = getattr(report, "save_failed", {})
-        for req_id, end in getattr(report, "saved", {}).items():
+        self.costs.observe(report.load_tokens, report.load_s, report.step_tokens, report.step_s)
+        failed_saves = report.save_failed
+        for req_id, end in report.saved.items():
             st = self.reqs.get(req_id)
             if st is not None and req_id not in failed_saves:
                 st.stored = max(st.stored, end)
-        for req_id, pos in getattr(report, "load_failed", {}).items():
+        for req_id, pos in report.load_failed.items():
             st = self.reqs.get(req_id)
             if st is not None:
                 st.load_failed = True
