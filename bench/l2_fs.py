@@ -35,6 +35,7 @@ from kvserver.l2 import Serde
 from kvserver.l2.base import Landed
 from kvserver.l2.fs import FsAdapter
 from kvserver.l2.serde import HEADER_BYTES
+from kvtestkit.pagecache import drop_cache
 
 BATCH = 16
 MEDIA = {"tmpfs": "/dev/shm", "warm": "/var/tmp", "disk": "/var/tmp"}
@@ -109,17 +110,6 @@ def tier_side(root: Path, objs: list[memoryview], dests: list[memoryview], fsync
             raise AssertionError("an object read back from the tier failed its check")
 
     return Side(put, get, lambda: [fs.path_of(k) for k in keys], fs.start)
-
-
-def drop_cache(paths: list[Path]) -> None:
-    """Evict the files' (clean, fsynced) pages so the next read comes from the device."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 async def _timed(fn: Callable[[], Awaitable[None]]) -> float:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvtestkit.pagecache import drop_cache
 from kvtestkit.serverproc import KVSERVER_BIN, KVServer, ServerProc
 from kvtestkit.engines.tiny_model import BENCH, build_llama, random_prompt
 from kvtestkit.engines.vllm_harness import VLLM_PYTHON, EngineRun, EngineRunError, prompt, run_engine
@@ -158,17 +158,6 @@ def _l2_files(root: Path) -> list[Path]:
     return [f for f in root.rglob("*") if f.is_file() and not f.name.startswith(".")]
 
 
-def _drop_from_page_cache(files: list[Path]) -> None:
-    """Written back, then evicted from the page cache: the next read comes from the disk."""
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def bench_kvserver_l2(model: Path, p: list[int], max_len: int, tmp: Path, cold: bool) -> dict[str, Any]:
     """Engine A stores with an fs L2 below L1; once every chunk is on disk the server restarts on its
     port with an empty L1 (its arena removed), so new engine B's hit is an L2 hit."""
@@ -187,7 +176,7 @@ def bench_kvserver_l2(model: Path, p: list[int], max_len: int, tmp: Path, cold: 
         server.stop()  # a graceful stop; stop() removes the arena: the next server starts with L1 empty
         server = ServerProc(server.port, server.args, tmp / "kvserver-l2b.log").start()
         if cold:
-            _drop_from_page_cache(_l2_files(l2))
+            drop_cache(_l2_files(l2))
         b = _ttft_engine(model, [p], _kv_config(server.url), max_len)
         rb = b.batches[1].requests[0]
         return {
