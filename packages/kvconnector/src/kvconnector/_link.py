@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,51 @@ from kvprotocol._shm import shm_exists
 
 
 R = TypeVar("R")
+
+
+class SharedArenas:
+    """One mapping of a server's arena per process, however many EngineClients copy through it.
+
+    Why: a vLLM worker has two clients (the step's and the background loader's). Sharing the
+    mapping halves its page tables and, on a GPU, makes the arena registered for DMA once per process
+    (`_torch_copy.HostPins` counts its users by address). A mapping is shared only while its file is
+    the one named and its header carries the nonce the caller registered under; the last user closes
+    it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._maps: dict[int, tuple[ArenaMap, int]] = {}  # id(mapping) -> (mapping, users)
+
+    def acquire(self, name: str, size: int, nonce: str) -> tuple[ArenaMap, bool]:
+        """(a mapping of /dev/shm/<name> whose header says `nonce` if one is open here, else a new
+        one; whether it is new). The caller checks a new mapping's nonce and releases it if wrong."""
+        with self._lock:
+            for key, (arena, users) in self._maps.items():
+                if (arena.name, arena.size) == (name, size) and arena.is_current() and arena.nonce() == nonce:
+                    self._maps[key] = (arena, users + 1)
+                    return arena, False
+            arena = ArenaMap(name, size)
+            self._maps[id(arena)] = (arena, 1)
+            return arena, True
+
+    def release(self, arena: ArenaMap) -> None:
+        with self._lock:
+            entry = self._maps.get(id(arena))
+            if entry is None or entry[0] is not arena:
+                return
+            if entry[1] > 1:
+                self._maps[id(arena)] = (arena, entry[1] - 1)
+                return
+            del self._maps[id(arena)]
+        arena.close()
+
+    def users(self, arena: ArenaMap) -> int:
+        with self._lock:
+            entry = self._maps.get(id(arena))
+            return entry[1] if entry is not None and entry[0] is arena else 0
+
+
+ARENAS = SharedArenas()
 
 MODES = ("auto", "shm", "tcp")
 
@@ -281,12 +327,12 @@ class EngineLink:
         for attempt in range(2):
             reg = self.registration
             assert reg is not None
-            arena = ArenaMap(reg.arena_name, reg.arena_size)
+            arena, new = ARENAS.acquire(reg.arena_name, reg.arena_size, reg.arena_nonce)
             if reg.arena_nonce and arena.nonce() == reg.arena_nonce:
-                if self.populate:
+                if new and self.populate:
                     arena.populate_in_background()  # first copies through it do not fault (kvprotocol._shm)
                 return arena
-            arena.close()
+            ARENAS.release(arena)
             if attempt == 0:
                 self.registration = self._register(deadline)
         raise ArenaChanged(f"/dev/shm/{arena.name} is not the arena of the server at {self.server.url}", arena.name)
@@ -306,7 +352,7 @@ class EngineLink:
         if self.arena is not None:
             if user is not None:
                 user.detach_arena()
-            self.arena.close()
+            ARENAS.release(self.arena)
             self.arena = None
 
     def close(self, user: ArenaUser | None = None) -> None:
