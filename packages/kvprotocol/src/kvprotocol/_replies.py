@@ -11,12 +11,12 @@ shapes (the server's token, a tenant's) use `UNSET` instead, since its values ma
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from ._requests import REQUESTS, Request
+from ._requests import REQUESTS, R, Request
 
 
 class Reply_(msgspec.Struct, omit_defaults=True):
@@ -249,6 +249,10 @@ REPLIES: dict[str, type[Reply_]] = {
 assert set(REPLIES) == set(REQUESTS), "every op needs a reply Struct"
 
 
-def reply_of(req: Request, result: Any) -> Reply_:
-    """The typed reply of a request from a decoded result map; raises msgspec.ValidationError."""
-    return msgspec.convert(result, REPLIES[req.op_name()])
+_DECODERS = {op: msgspec.msgpack.Decoder(cls) for op, cls in REPLIES.items()}
+
+
+def decode_reply(req: Request[R], result: bytes | msgspec.Raw) -> R:
+    """The typed reply of a request from its raw msgpack result, in one decode; raises
+    msgspec.DecodeError (ValidationError: a missing or mistyped field)."""
+    return cast(R, _DECODERS[req.op_name()].decode(result))
