@@ -25,10 +25,12 @@ from kvprotocol import _replies as rp
 from kvprotocol import _requests as rq
 from kvprotocol._client import _encode
 from kvprotocol._credentials import resolve_token
-from kvprotocol._envelope import ErrorEnvelope, OkEnvelope, encode_reply
+from kvprotocol._envelope import ErrorEnvelope, OkEnvelope, encode_reply, ok_reply
 from kvprotocol.kvsum import kvsum64
 from kvserver.config import ServerConfig
+from kvserver.runtime.describe import describe_reply, describe_tenant
 from kvserver.runtime.server import KVServer
+from kvserver.security.tenants import DEFAULT, Identity
 from kvtestkit.kvhelpers import payload, sid, tiny_layout
 from kvtestkit.ports import free_port
 
@@ -209,3 +211,18 @@ def test_every_handler_answers_its_reply_struct(in_process: KVServer) -> None:
         return env.result, [bytes(d) for d in data]
 
     assert _script(send) == set(rq.REQUESTS)
+
+
+def test_describe_keeps_both_of_its_shapes(in_process: KVServer) -> None:
+    """describe's two shapes, as encoded: the server's token gets exactly the map HTTP and /metrics
+    read (describe_server), a tenant's token its own six keys (no admin field sent empty or nil)."""
+    for reply, keys in (
+        (describe_reply(in_process), set(in_process.describe())),
+        (
+            describe_tenant(in_process, Identity(DEFAULT, shm=False)),
+            {"version", "protocol", "uptime_s", "chunk_size", "tenant", "tenants"},
+        ),
+    ):
+        raw = msgspec.msgpack.decode(encode_reply(ok_reply(1, reply)))["result"]
+        assert set(raw) == keys
+        _check(raw, mi.type_info(rp.DescribeReply), "describe")
