@@ -65,22 +65,21 @@ def timed(fn, n: int) -> float:  # type: ignore[no-untyped-def]
 
 def stages(c: Client, lookup: rq.Lookup, n: int) -> None:
     """The per-request steps, each timed alone in this process (same code the server runs)."""
-    import msgspec
-
     from kvprotocol._client import _encode
-    from kvprotocol._messages import decode_request, ok_reply, pack
+    from kvprotocol._envelope import encode_reply, ok_reply
+    from kvprotocol._messages import decode_request
+    from kvprotocol._replies import LookupReply
 
     ping_frame = _encode(rq.Ping(), 1, "x" * 43)
     lookup_frame = _encode(lookup, 1, "x" * 43)
-    reply = {"hit_tokens": 4096, "hit_chunks": 16, "num_chunks": 16, "chunk_size": 256}
+    reply = LookupReply(hit_tokens=4096, hit_chunks=16, num_chunks=16, chunk_size=256)
     rows = {
         "round trip ping": timed(lambda: c.ping(), n),
         "round trip lookup 4096": timed(lambda: c.send(lookup), n),
         "client encode lookup": timed(lambda: _encode(lookup, 1, "x" * 43), n),
         "server decode ping": timed(lambda: decode_request(ping_frame), n),
         "server decode lookup 4096": timed(lambda: decode_request(lookup_frame), n),
-        "server pack reply (msgpack)": timed(lambda: pack(ok_reply(1, reply)), n),
-        "server pack reply (msgspec)": timed(lambda: msgspec.msgpack.encode(ok_reply(1, reply)), n),
+        "server encode reply": timed(lambda: encode_reply(ok_reply(1, reply)), n),
     }
     from kvprotocol import chunk_hashes
 

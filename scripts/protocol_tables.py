@@ -64,7 +64,16 @@ def tables() -> str:
     from kvprotocol import _replies as rp
     from kvprotocol import _requests as rq
 
-    for cls in (rq.KeySpaceW, rq.LayoutW, rp.StoreSlot, rp.RetrievedObject, rp.ArenaInfo):
+    for cls in (
+        rq.KeySpaceW,
+        rq.LayoutW,
+        rp.StoreSlot,
+        rp.BlendSlot,
+        rp.BlendMatch,
+        rp.RetrievedObject,
+        rp.ECObject,
+        rp.ArenaInfo,
+    ):
         lines.append(f"| `{cls.__name__}` | {_fields(cls, set())} |")
     lines += ["", "Envelope of every request: " + _fields(Request, set())]
     return "\n".join(lines) + "\n"

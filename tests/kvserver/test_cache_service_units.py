@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvprotocol import ErrorCode, LayoutDescriptor, pack_tokens
+from kvprotocol import _replies as rp
 from kvprotocol._requests import KeySpaceW, LayoutW, Lookup, Pin, Query, RegisterEngine, Release, Retrieve, Store
 from kvserver.service import admission as store_admission
 from kvserver.l1.arena import Arena
@@ -52,7 +53,7 @@ class Rig:
         self.l1 = L1Cache(self.arena, LRUPolicy())
         self.svc = CacheService(self.l1, CHUNK, lease_ttl)
         reply = self.svc.register_engine(self.register(), "eng-1")
-        self.fp = reply["groups"][0]
+        self.fp = reply.groups[0]
 
     @staticmethod
     def register(layout: LayoutDescriptor = LAYOUT, rank: int = 0, world: int = 1) -> RegisterEngine:
@@ -72,18 +73,18 @@ class Rig:
         """Store and commit `chunks` chunks (shm: the bytes written straight into the arena); their bytes."""
         reply = self.store(chunks, seed, who)
         data = []
-        for slot in reply["slots"]:
-            if slot["status"] == "reserved":
-                blob = bytes([seed * 16 + slot["chunk"] + 1]) * slot["size"]
-                self.arena.write(slot["offset"], blob)
+        for slot in reply.slots:
+            if slot.status == "reserved":
+                blob = bytes([seed * 16 + slot.chunk + 1]) * slot.size
+                self.arena.write(slot.offset, blob)
                 data.append(blob)
-        if reply["store_id"] is not None:
-            self.svc.commit(reply["store_id"], [], [7] * len(data), who)
+        if reply.store_id is not None:
+            self.svc.commit(reply.store_id, [], [7] * len(data), who)
         return data
 
     def lookup(self, chunks: int, seed: int = 0, session: str | None = None, who: Identity = ADMIN) -> int:
         req = Lookup(keyspace=self.ks(), tokens=self.tokens(chunks, seed), session=session)
-        return int(self.svc.lookup(req, who)["hit_chunks"])
+        return int(self.svc.lookup(req, who).hit_chunks)
 
     def close(self) -> None:
         self.arena.close()
@@ -98,8 +99,8 @@ def rig() -> Iterator[Rig]:
 
 def test_register_engine_answers_the_arena_and_refuses_what_cannot_fit(rig: Rig) -> None:
     reply = rig.svc.register_engine(rig.register(), "eng-2")
-    assert reply["arena"]["name"] == rig.arena.name and reply["chunk_size"] == CHUNK
-    assert reply["groups"] == [LAYOUT.fingerprint] and "eng-2" in rig.svc.engines
+    assert reply.arena.name == rig.arena.name and reply.chunk_size == CHUNK
+    assert reply.groups == [LAYOUT.fingerprint] and "eng-2" in rig.svc.engines
     odd = LayoutDescriptor("vllm_cpu", "float32", 1, 8, ALIGN, 8, (ALIGN // 4,))  # 8 is not a multiple of 16
     with pytest.raises(LayoutMismatch, match="not a multiple"):
         rig.svc.register_engine(rig.register(odd), "eng-3")
@@ -116,26 +117,26 @@ def test_store_commit_then_lookup_query_and_pin_see_the_prefix(rig: Rig) -> None
     assert rig.lookup(3) == 3 and rig.lookup(5) == 3  # a longer prompt hits the stored prefix
     assert rig.lookup(3, seed=1) == 0
     q = rig.svc.query(Query(keyspace=rig.ks(), tokens=rig.tokens(4)), ADMIN)
-    assert [c["l1"] for c in q["chunks"]] == [1, 1, 1, 0] and q["prefix_tokens"] == 3 * CHUNK
+    assert [c["l1"] for c in q.chunks] == [1, 1, 1, 0] and q.prefix_tokens == 3 * CHUNK
     c = rig.svc.counters
     assert c.stored_objects == 3 and c.stored_bytes == 3 * ALIGN and c.lookups == 4
     assert c.lookup_hit_tokens == 6 * CHUNK
     pin = Pin(keyspace=rig.ks(), tokens=rig.tokens(4))
-    assert rig.svc.set_pinned(pin, True, ADMIN) == {"objects": 3}  # the absent fourth chunk: nothing
+    assert rig.svc.set_pinned(pin, True, ADMIN) == rp.PinReply(3)  # the absent fourth chunk: nothing
     assert rig.l1.pinned_objects() == 3
 
 
 def test_a_second_store_of_present_chunks_reserves_nothing(rig: Rig) -> None:
     rig.put(2)
     again = rig.store(3)
-    assert [s["status"] for s in again["slots"]] == ["present", "present", "reserved"]
+    assert [s.status for s in again.slots] == ["present", "present", "reserved"]
     assert rig.svc.counters.deduplicated_objects == 2
-    rig.svc.abort(again["store_id"], ADMIN)
+    rig.svc.abort(again.store_id, ADMIN)
 
 
 def test_commit_refusals_carry_their_codes_and_leave_the_store_open(rig: Rig) -> None:
     reply = rig.store(2)
-    sid = reply["store_id"]
+    sid = reply.store_id
     with pytest.raises(BadField, match="expected 2 checksums") as bad:
         rig.svc.commit(sid, [], [1], ADMIN)
     assert bad.value.code is ErrorCode.BAD_FIELD
@@ -143,7 +144,7 @@ def test_commit_refusals_carry_their_codes_and_leave_the_store_open(rig: Rig) ->
         rig.svc.commit(sid, [memoryview(b"x")], [1, 2], ADMIN)
     with pytest.raises(UnknownStore):  # another tenant's store is as unknown as none
         rig.svc.commit(sid, [], [1, 2], Identity("other"))
-    assert rig.svc.commit(sid, [], [1, 2], ADMIN) == {"committed": 2}
+    assert rig.svc.commit(sid, [], [1, 2], ADMIN) == rp.CommitReply(2)
     with pytest.raises(UnknownStore) as gone:
         rig.svc.commit(sid, [], [1, 2], ADMIN)
     assert wire_error(gone.value) == (ErrorCode.UNKNOWN_STORE, f"unknown or expired store {sid}")
@@ -151,8 +152,8 @@ def test_commit_refusals_carry_their_codes_and_leave_the_store_open(rig: Rig) ->
 
 def test_tcp_commit_checks_frame_sizes_then_writes_the_bytes(rig: Rig) -> None:
     reply = rig.store(2, mode="tcp")
-    assert all("offset" not in s for s in reply["slots"])
-    sid = reply["store_id"]
+    assert all(s.offset is None for s in reply.slots)
+    sid = reply.store_id
     with pytest.raises(BadField, match="expected 2 data frames"):
         rig.svc.commit(sid, [memoryview(b"a" * ALIGN)], [1, 2], ADMIN)
     with pytest.raises(BadField, match="has 3 bytes"):
@@ -161,7 +162,7 @@ def test_tcp_commit_checks_frame_sizes_then_writes_the_bytes(rig: Rig) -> None:
     assert rig.lookup(2, session="s") == 2
     result, frames = rig.svc.retrieve(Retrieve(session="s", rank=0, start_chunk=0, end_chunk=2, mode="tcp"), ADMIN)
     assert frames == [b"a" * ALIGN, b"b" * ALIGN]
-    assert [o["checksum"] for o in result["objects"]] == [11, 22]
+    assert [o.checksum for o in result.objects] == [11, 22]
 
 
 def test_abort_quarantines_the_slots_for_one_lease_ttl_then_gives_them_back() -> None:
@@ -169,9 +170,9 @@ def test_abort_quarantines_the_slots_for_one_lease_ttl_then_gives_them_back() ->
     try:
         reply = r.store(3)
         assert r.l1.used_bytes == 3 * ALIGN and r.lookup(3) == 0  # reserved is not readable
-        assert r.svc.abort(reply["store_id"], ADMIN) == {"aborted": 3}
+        assert r.svc.abort(reply.store_id, ADMIN) == rp.AbortReply(3)
         with pytest.raises(UnknownStore):
-            r.svc.abort(reply["store_id"], ADMIN)
+            r.svc.abort(reply.store_id, ADMIN)
         assert r.l1.quarantined_bytes == 3 * ALIGN  # a late writer may still be copying into them
         assert len(r.put(SLOTS, seed=1)) == SLOTS - 3  # three slots held back, nothing evictable
         assert r.svc.counters.no_space == 3
@@ -204,7 +205,7 @@ def test_too_many_stores_in_flight(rig: Rig, monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(TooMany, match="1 stores are in flight") as busy:
         rig.store(1, seed=1)
     assert isinstance(busy.value, OutOfCapacity) and busy.value.code is ErrorCode.TOO_MANY
-    rig.svc.abort(first["store_id"], ADMIN)
+    rig.svc.abort(first.store_id, ADMIN)
     rig.put(1, seed=1)
 
 
@@ -214,16 +215,16 @@ def test_a_session_leases_its_hit_until_release(rig: Rig) -> None:
     assert all(e.leases == 1 for e in rig.l1.entries.values())
     result, frames = rig.svc.retrieve(Retrieve(session="s1", rank=0, start_chunk=0, end_chunk=3), ADMIN)
     assert frames == []  # shm: offsets only
-    read = [bytes(rig.arena.read(o["offset"], o["size"])) for o in result["objects"]]
-    assert read == data and [o["chunk"] for o in result["objects"]] == [0, 1, 2]
+    read = [bytes(rig.arena.read(o.offset, o.size)) for o in result.objects]
+    assert read == data and [o.chunk for o in result.objects] == [0, 1, 2]
     with pytest.raises(NotLeased, match="not within the leased prefix"):
         rig.svc.retrieve(Retrieve(session="s1", rank=0, start_chunk=0, end_chunk=4), ADMIN)
     with pytest.raises(UnknownSession):
         rig.svc.retrieve(Retrieve(session="s2", rank=0, start_chunk=0, end_chunk=1), ADMIN)
     with pytest.raises(UnknownSession):  # a session is its tenant's
         rig.svc.retrieve(Retrieve(session="s1", rank=0, start_chunk=0, end_chunk=1), Identity("other"))
-    released = rig.svc.release(Release(session="s1", rank=0, lease=result["lease"]), ADMIN)
-    assert released["intact"] and all(e.leases == 0 for e in rig.l1.entries.values())
+    released = rig.svc.release(Release(session="s1", rank=0, lease=result.lease), ADMIN)
+    assert released.intact and all(e.leases == 0 for e in rig.l1.entries.values())
     with pytest.raises((NotLeased, UnknownSession)):
         rig.svc.retrieve(Retrieve(session="s1", rank=0, start_chunk=0, end_chunk=1), ADMIN)
 
@@ -232,8 +233,8 @@ def test_end_session_releases_leases_and_aborts_its_stores(rig: Rig) -> None:
     rig.put(2)
     rig.lookup(2, session="s")
     open_store = rig.store(2, seed=1, session="s")
-    assert rig.svc.end_session("s", ADMIN) == {"released": True, "aborted_stores": 1}
-    assert open_store["store_id"] not in rig.svc.table.stores
+    assert rig.svc.end_session("s", ADMIN) == rp.EndSessionReply(released=True, aborted_stores=1)
+    assert open_store.store_id not in rig.svc.table.stores
     assert all(e.leases == 0 for e in rig.l1.entries.values())
 
 
@@ -247,10 +248,10 @@ def test_eviction_takes_the_least_recently_used_and_never_a_leased_object(rig: R
     assert rig.lookup(4, seed=1) == 2  # seed 1's tail went first (commits enter tail first): its prefix stays
     rig.lookup(2, seed=2, session="keep2")
     full = rig.store(3, seed=3)  # only seed 1's two objects are unleased: two fit, the third has no room
-    assert [s["status"] for s in full["slots"]] == ["reserved", "reserved", "no_space"]
+    assert [s.status for s in full.slots] == ["reserved", "reserved", "no_space"]
     assert rig.svc.counters.no_space == 1 and rig.l1.evictions == 4
     assert rig.lookup(4, seed=0) == 4 and rig.lookup(2, seed=2) == 2  # the leased ones survived
-    rig.svc.abort(full["store_id"], ADMIN)
+    rig.svc.abort(full.store_id, ADMIN)
 
 
 def test_expired_stores_and_sessions_are_swept() -> None:
@@ -261,7 +262,7 @@ def test_expired_stores_and_sessions_are_swept() -> None:
         late = r.store(1, seed=1)
         time.sleep(0.1)
         with pytest.raises(UnknownStore):  # expired, not yet swept: the same answer as swept
-            r.svc.commit(late["store_id"], [], [1], ADMIN)
+            r.svc.commit(late.store_id, [], [1], ADMIN)
         assert r.svc.counters.late_commits == 1
         r.svc.expire()
         assert not r.svc.table.sessions and r.svc.counters.expired_sessions == 1

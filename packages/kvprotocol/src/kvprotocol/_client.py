@@ -20,10 +20,11 @@ import zmq
 import zmq.asyncio
 
 from ._credentials import resolve_server_key, resolve_token
+from ._envelope import ReplyHead, decode_head
 from ._errors import KVProtocolError, RequestTimeout, ServerError
-from ._messages import PROTOCOL_VERSION, pack, unpack_header
-from ._replies import Reply_, reply_of
-from ._requests import Request
+from ._messages import PROTOCOL_VERSION, pack
+from ._replies import decode_reply
+from ._requests import R, Request
 from ._typed import TypedOps, new_session_id
 
 Buffer = bytes | bytearray | memoryview
@@ -37,6 +38,17 @@ class Reply:
 
     result: Any
     frames: list[memoryview] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Raw:
+    """A successful reply before its result is decoded: by `send` into its reply Struct, by `call` into a map."""
+
+    result: msgspec.Raw
+    frames: list[memoryview]
+
+    def untyped(self) -> Reply:
+        return Reply(msgspec.msgpack.decode(self.result), self.frames)
 
 
 def _configure(sock: zmq.Socket, server_key: bytes | None) -> None:
@@ -68,10 +80,10 @@ def _encode(req: Request, rid: int, token: str | None) -> bytes:
     return _ENCODER.encode(req)
 
 
-def _typed(req: Request, reply: Reply) -> tuple[Reply_, list[memoryview]]:
+def _typed(req: Request[R], reply: _Raw) -> tuple[R, list[memoryview]]:
     try:
-        return reply_of(req, reply.result), reply.frames
-    except msgspec.ValidationError as exc:
+        return decode_reply(req, reply.result), reply.frames
+    except msgspec.DecodeError as exc:  # ValidationError included: a missing or mistyped field
         raise KVProtocolError(f"{req.op_name()}: malformed reply from server: {exc}") from exc
 
 
@@ -80,19 +92,16 @@ def _token(token: str | None, url: str) -> str | None:
     return resolve_token(token, url)
 
 
-def _parse(parts: Sequence[zmq.Frame]) -> tuple[int, dict[str, Any]]:
-    try:
-        header = unpack_header(parts[0].bytes)
-    except KVProtocolError as exc:
-        raise KVProtocolError(f"undecodable reply from server: {exc}") from exc
-    rid = header.get("id")
-    return (rid if isinstance(rid, int) else -1), header
+def _parse(parts: Sequence[zmq.Frame]) -> tuple[int, ReplyHead]:
+    """The reply's id and envelope; its result stays raw until the caller knows its Struct."""
+    head = decode_head(parts[0].bytes)
+    return head.rid, head
 
 
-def _to_reply(header: dict[str, Any], parts: Sequence[zmq.Frame]) -> Reply:
-    if header.get("ok") is True:
-        return Reply(header.get("result"), [memoryview(p.buffer) for p in parts[1:]])
-    err = header.get("error") or {}
+def _to_reply(head: ReplyHead, parts: Sequence[zmq.Frame]) -> _Raw:
+    if head.ok is True:
+        return _Raw(head.result, [memoryview(p.buffer) for p in parts[1:]])
+    err = head.error if isinstance(head.error, dict) else {}
     raise ServerError(str(err.get("code", "INTERNAL")), str(err.get("message", "no message")))
 
 
@@ -129,12 +138,13 @@ class Client(TypedOps):
 
     def call(self, op: str, frames: Sequence[Buffer] = (), timeout: float | None = None, **fields: Any) -> Reply:
         """Send one untyped request (a map of fields) and wait for its reply; raises ServerError, RequestTimeout."""
-        return self._roundtrip(op, lambda rid: _envelope(rid, op, fields, self._token), frames, timeout)
+        return self._roundtrip(op, lambda rid: _envelope(rid, op, fields, self._token), frames, timeout).untyped()
 
     def send(
-        self, req: Request, frames: Sequence[Buffer] = (), timeout: float | None = None
-    ) -> tuple[Reply_, list[memoryview]]:
-        """Send one typed request; returns its typed reply (kvprotocol._replies) and any data frames."""
+        self, req: Request[R], frames: Sequence[Buffer] = (), timeout: float | None = None
+    ) -> tuple[R, list[memoryview]]:
+        """Send one typed request; returns its reply Struct (kvprotocol._replies: `Lookup` -> `LookupReply`)
+        and any data frames."""
         reply = self._roundtrip(req.op_name(), lambda rid: _encode(req, rid, self._token), frames, timeout)
         return _typed(req, reply)
 
@@ -142,7 +152,7 @@ class Client(TypedOps):
         reply, data = self.send(req, frames, timeout)
         return (reply, data) if with_frames else reply
 
-    def _roundtrip(self, op: str, header: Any, frames: Sequence[Buffer], timeout: float | None) -> Reply:
+    def _roundtrip(self, op: str, header: Any, frames: Sequence[Buffer], timeout: float | None) -> _Raw:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._lock:
             rid = next(self._ids)
@@ -202,16 +212,17 @@ class AsyncClient(TypedOps):
         _configure(self._sock, resolve_server_key(server_key))
         self._sock.connect(url)
         self._ids = itertools.count(_start_id() & 0xFFFFFFFFFFFF)
-        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._pending: dict[int, asyncio.Future[_Raw]] = {}
         self._reader: asyncio.Task[None] | None = None
 
     async def call(self, op: str, frames: Sequence[Buffer] = (), timeout: float | None = None, **fields: Any) -> Reply:
-        return await self._roundtrip(op, lambda rid: _envelope(rid, op, fields, self._token), frames, timeout)
+        raw = await self._roundtrip(op, lambda rid: _envelope(rid, op, fields, self._token), frames, timeout)
+        return raw.untyped()
 
     async def send(
-        self, req: Request, frames: Sequence[Buffer] = (), timeout: float | None = None
-    ) -> tuple[Reply_, list[memoryview]]:
-        """Send one typed request; returns its typed reply (kvprotocol._replies) and any data frames."""
+        self, req: Request[R], frames: Sequence[Buffer] = (), timeout: float | None = None
+    ) -> tuple[R, list[memoryview]]:
+        """Send one typed request; returns its reply Struct (kvprotocol._replies) and any data frames."""
         reply = await self._roundtrip(req.op_name(), lambda rid: _encode(req, rid, self._token), frames, timeout)
         return _typed(req, reply)
 
@@ -219,11 +230,11 @@ class AsyncClient(TypedOps):
         reply, data = await self.send(req, frames, timeout)
         return (reply, data) if with_frames else reply
 
-    async def _roundtrip(self, op: str, header: Any, frames: Sequence[Buffer], timeout: float | None) -> Reply:
+    async def _roundtrip(self, op: str, header: Any, frames: Sequence[Buffer], timeout: float | None) -> _Raw:
         if self._reader is None or self._reader.done():
             self._reader = asyncio.get_running_loop().create_task(self._read_loop())
         rid = next(self._ids)
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[_Raw] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
             await self._sock.send_multipart([header(rid), *frames], copy=False)

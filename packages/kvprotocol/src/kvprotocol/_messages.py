@@ -1,7 +1,7 @@
 """Decoding and checking request frames against the typed definitions in `_requests.py`.
 
 Requests are msgpack maps `{"v", "id", "op", ...fields}`; replies are `{"id", "ok", "result"}` or
-`{"id", "ok": False, "error": {"code", "message"}}`. Data for tcp mode rides as extra ZMQ frames.
+`{"id", "ok": False, "error": {"code", "message"}}` (_envelope.py). Data for tcp mode rides as extra ZMQ frames.
 
 A well-formed frame is decoded in one step straight into its Struct (the hot path). Anything else is
 decoded again slowly to say exactly what is wrong, with the same error codes as always: the envelope
@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 import msgspec
 
+from ._envelope import error_reply, ok_reply
 from ._errors import ErrorCode, ValidationError
 from ._requests import (
     MAX_CHECKSUMS,
@@ -170,11 +171,3 @@ def decode_request(frame: bytes) -> tuple[int, Request]:
         exc.rid = request_id_of(msg)
         raise
     return rid, req
-
-
-def ok_reply(rid: int, result: Any) -> dict[str, Any]:
-    return {"id": rid, "ok": True, "result": result}
-
-
-def error_reply(rid: int, code: ErrorCode | str, message: str) -> dict[str, Any]:
-    return {"id": rid, "ok": False, "error": {"code": str(code), "message": message}}

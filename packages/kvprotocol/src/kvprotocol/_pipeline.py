@@ -19,6 +19,7 @@ import zmq
 
 from ._client import Buffer, _configure, _encode, _parse, _start_id, _to_reply, _token, _typed
 from ._credentials import resolve_server_key
+from ._envelope import ReplyHead
 from ._errors import KVProtocolError, RequestTimeout
 from ._replies import Reply_
 from ._requests import Request
@@ -37,7 +38,7 @@ class Pipeline:
         self._sock.connect(url)
         self._ids = itertools.count(_start_id() & 0xFFFFFFFFFFFF)
         self._waiting: dict[int, Request | None] = {}  # rid -> its request (None: reply not wanted)
-        self._arrived: dict[int, list[zmq.Frame]] = {}
+        self._arrived: dict[int, tuple[ReplyHead, list[zmq.Frame]]] = {}  # envelope read once, result raw
 
     def submit(self, req: Request, frames: Sequence[Buffer] = (), want_reply: bool = True) -> int:
         """Queue one request; returns its id. `want_reply=False`: fire and forget (the reply is dropped).
@@ -70,9 +71,9 @@ class Pipeline:
                 return None
             if remaining > 0:
                 self._drain(remaining)
-        parts = self._arrived.pop(rid)
+        head, parts = self._arrived.pop(rid)
         del self._waiting[rid]
-        return _typed(req, _to_reply(_parse(parts)[1], parts))
+        return _typed(req, _to_reply(head, parts))
 
     def forget(self, rid: int) -> None:
         """The caller gave up on `rid`: its reply, if it still comes, is dropped."""
@@ -96,7 +97,7 @@ class Pipeline:
                 return got
             got += 1
             try:
-                rid = _parse(parts)[0]
+                rid, head = _parse(parts)
             except KVProtocolError:
                 continue  # undecodable: nobody's reply
             if rid not in self._waiting:
@@ -104,7 +105,7 @@ class Pipeline:
             if self._waiting[rid] is None:
                 del self._waiting[rid]  # fire and forget, or forgotten: done
             else:
-                self._arrived[rid] = parts
+                self._arrived[rid] = head, parts
 
     def close(self) -> None:
         self._sock.close(linger=0)

@@ -1,20 +1,26 @@
-"""Every reply of the control plane as one msgspec Struct: what a typed client gets back.
+"""Every reply of the control plane as one msgspec Struct: what the server builds and a typed client gets back.
 
 Replies are decoded leniently (unknown fields are ignored) so that a newer server may add fields
 without breaking older clients; a missing or mistyped field is a protocol error on the client side.
+
+On the wire an optional field the server has nothing for is left out, never sent as nil (what the
+hand-built reply maps did, and what untyped clients reading `call(...).result` rely on): Structs
+with such fields are `omit_defaults`, and every default there means "absent". DescribeReply's two
+shapes (the server's token, a tenant's) use `UNSET` instead, since its values may equal a default.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
-from ._requests import REQUESTS, Request
+from ._requests import REQUESTS, R, Request
 
 
-class Reply_(msgspec.Struct):
-    """Base of every reply Struct."""
+class Reply_(msgspec.Struct, omit_defaults=True):
+    """Base of every reply Struct: a default is never sent (see the module docstring)."""
 
 
 class PingReply(Reply_):
@@ -24,22 +30,35 @@ class PingReply(Reply_):
 
 
 class DescribeReply(Reply_):
-    """The server's own token sees everything; a tenant's sees version, uptime and its own tenant row."""
+    """The server's own token sees everything; a tenant's sees version, uptime, chunk size and its own
+    tenant row. Fields one of the two shapes lacks are UNSET (left off the wire): describe.py
+    builds it from keywords, so a key the document gains must be named here first."""
 
     version: str
     protocol: int
     uptime_s: float
-    tenants: dict[str, dict[str, Any]] = {}  # per-tenant usage, limits and counters
-    tenant: str | None = None  # set when a tenant asked
-    l1: dict[str, Any] = {}
-    counters: dict[str, int] = {}
-    errors: dict[str, int] = {}
-    ops: dict[str, int] = {}
-    sessions: int = 0
-    stores_in_flight: int = 0
-    engines: list[dict[str, Any]] = []
-    engines_expired: int = 0  # registrations dropped since start (process exited, or silent past the TTL)
-    config: dict[str, Any] = {}
+    tenants: dict[str, dict[str, Any]]  # per-tenant usage, limits and counters
+    tenant: str | UnsetType = UNSET  # a tenant's describe: who asked
+    chunk_size: int | UnsetType = UNSET  # a tenant's describe (the server's token reads config)
+    config: dict[str, Any] | UnsetType = UNSET
+    l1: dict[str, Any] | UnsetType = UNSET
+    warm_restart: dict[str, Any] | UnsetType | None = UNSET
+    engines: list[dict[str, Any]] | UnsetType = UNSET
+    engines_expired: int | UnsetType = UNSET  # registrations dropped since start (exited, or silent past the TTL)
+    layouts: Any = UNSET
+    sessions: int | UnsetType = UNSET
+    stores_in_flight: int | UnsetType = UNSET
+    counters: dict[str, int] | UnsetType = UNSET
+    hash_memo: dict[str, Any] | UnsetType = UNSET
+    reservations: dict[str, Any] | UnsetType = UNSET
+    ec: dict[str, Any] | UnsetType = UNSET
+    blend: dict[str, Any] | UnsetType = UNSET
+    errors: dict[str, int] | UnsetType = UNSET
+    ops: dict[str, int] | UnsetType = UNSET
+    latency: dict[str, Any] | UnsetType = UNSET
+    l2: dict[str, Any] | UnsetType = UNSET  # with --l2
+    l2_queue: dict[str, Any] | UnsetType = UNSET  # with --l2
+    kv_events: dict[str, Any] | UnsetType = UNSET  # with --kv-events
 
 
 class ClearReply(Reply_):
@@ -80,7 +99,7 @@ class QueryReply(Reply_):
     chunk_size: int
 
 
-class StoreSlot(msgspec.Struct):
+class StoreSlot(msgspec.Struct, omit_defaults=True):
     chunk: int
     group: int
     status: str  # reserved | present | writing | no_space
@@ -101,7 +120,7 @@ class AbortReply(Reply_):
     aborted: int
 
 
-class RetrievedObject(msgspec.Struct):
+class RetrievedObject(msgspec.Struct, omit_defaults=True):
     chunk: int
     group: int
     size: int
@@ -128,21 +147,43 @@ class PinReply(Reply_):
     objects: int
 
 
+class BlendSlot(StoreSlot, kw_only=True):
+    ref_pos: int  # the position the chunk's KV was (or is to be) computed at
+
+
 class BlendStoreReply(Reply_):
     store_id: str | None
-    slots: list[StoreSlot]
+    slots: list[BlendSlot]
     chunk_size: int
 
 
+class BlendMatch(msgspec.Struct):
+    """One matched chunk of a blend lookup: its token offset in the prompt and where its KV was computed."""
+
+    start: int
+    ref_pos: int
+
+
 class BlendLookupReply(Reply_):
-    matches: list[Any]  # per matched chunk: where it sits in the prompt and which stored chunk it is
+    matches: list[Any]  # BlendMatch maps: clients read them as maps (kvconnector.blend), so not typed here
     candidate_chunks: int
     hit_tokens: int
     chunk_size: int
 
 
+class ECObject(msgspec.Struct, omit_defaults=True):
+    """An encoder output as ec_lookup and ec_retrieve describe it; offset only to shm identities."""
+
+    size: int
+    dtype: str
+    shape: list[int]
+    checksum: int
+    offset: int | None = None
+    lease: str | None = None
+
+
 class ECLookupReply(Reply_):
-    items: list[Any]
+    items: list[Any]  # per item: null (a miss) or an ECObject map (clients read maps: kvconnector.ec_client)
     arena: ArenaInfo
 
 
@@ -208,6 +249,10 @@ REPLIES: dict[str, type[Reply_]] = {
 assert set(REPLIES) == set(REQUESTS), "every op needs a reply Struct"
 
 
-def reply_of(req: Request, result: Any) -> Reply_:
-    """The typed reply of a request from a decoded result map; raises msgspec.ValidationError."""
-    return msgspec.convert(result, REPLIES[req.op_name()])
+_DECODERS = {op: msgspec.msgpack.Decoder(cls) for op, cls in REPLIES.items()}
+
+
+def decode_reply(req: Request[R], result: bytes | msgspec.Raw) -> R:
+    """The typed reply of a request from its raw msgpack result, in one decode; raises
+    msgspec.DecodeError (ValidationError: a missing or mistyped field)."""
+    return cast(R, _DECODERS[req.op_name()].decode(result))

@@ -11,7 +11,7 @@ write its reply Struct in `_replies.py` and map it in `REPLIES`, then give the s
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -21,6 +21,11 @@ from ._hashing import check_extra
 from ._keys import _FP_RE, _MODEL_RE, _SALT_RE, MAX_GROUPS, MAX_WORLD_SIZE
 from ._keyspace import KeySpace
 from ._layout import LayoutDescriptor
+
+if TYPE_CHECKING:  # the reply types only parametrize the requests: _replies imports this module
+    from . import _replies as rp
+
+R = TypeVar("R", bound="rp.Reply_", covariant=True)  # the reply Struct a request is answered with
 
 PROTOCOL_VERSION = 1
 MAX_TOKENS = 1 << 20  # tokens in one request (4 MiB packed)
@@ -107,8 +112,9 @@ class LayoutW(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         )
 
 
-class Request(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_only=True):
-    """The envelope every request carries; `op` is the tag.
+class Request(msgspec.Struct, Generic[R], tag_field="op", forbid_unknown_fields=True, kw_only=True):
+    """The envelope every request carries; `op` is the tag, `R` the reply Struct it gets (what a
+    typed `send` returns; kvprotocol._replies.REPLIES maps the same at run time).
 
     `v` and `id` are filled in by the client as it sends (0 = not set: the server refuses it), so a
     request is built from its own fields only.
@@ -139,19 +145,19 @@ def _check_extra(extra: list[tuple[int, bytes]] | None) -> list[tuple[int, bytes
         raise ValidationError(ErrorCode.BAD_FIELD, str(exc)) from None
 
 
-class Ping(Request, tag="ping"):
+class Ping(Request["rp.PingReply"], tag="ping"):
     pass
 
 
-class Describe(Request, tag="describe"):
+class Describe(Request["rp.DescribeReply"], tag="describe"):
     pass
 
 
-class Clear(Request, tag="clear"):
+class Clear(Request["rp.ClearReply"], tag="clear"):
     pass
 
 
-class RegisterEngine(Request, tag="register_engine"):
+class RegisterEngine(Request["rp.RegisterReply"], tag="register_engine"):
     model: Model
     world_size: WorldSize
     rank: Rank
@@ -163,7 +169,7 @@ class RegisterEngine(Request, tag="register_engine"):
         return [g.descriptor() for g in self.groups]
 
 
-class KeysRequest(Request, kw_only=True):
+class KeysRequest(Request[R], kw_only=True):
     """A request naming the objects of a token sequence: keyspace, tokens, extra keys, cache salt."""
 
     keyspace: KeySpaceW
@@ -176,25 +182,25 @@ class KeysRequest(Request, kw_only=True):
         self.extra = _check_extra(self.extra)
 
 
-class Lookup(KeysRequest, tag="lookup"):
+class Lookup(KeysRequest["rp.LookupReply"], tag="lookup"):
     session: SessionId | None = None
     rank: Rank | None = None  # with session: lease only this rank's objects
     wait: bool = True  # False: never wait for an L2 prefetch; the reply says whether one is pending
 
 
-class Query(KeysRequest, tag="query"):
+class Query(KeysRequest["rp.QueryReply"], tag="query"):
     pass
 
 
-class Pin(KeysRequest, tag="pin"):
+class Pin(KeysRequest["rp.PinReply"], tag="pin"):
     pass
 
 
-class Unpin(KeysRequest, tag="unpin"):
+class Unpin(KeysRequest["rp.PinReply"], tag="unpin"):
     pass
 
 
-class Store(KeysRequest, tag="store", kw_only=True):
+class Store(KeysRequest["rp.StoreReply"], tag="store", kw_only=True):
     """With `reservation` (an id the producer picks, scoped to its tenant): the first store of it must
     declare `total_chunks`, and the server admits it only when all of them fit (docs/pd.md)."""
 
@@ -211,7 +217,7 @@ class Store(KeysRequest, tag="store", kw_only=True):
             raise ValidationError(ErrorCode.BAD_FIELD, "store: total_chunks needs reservation")
 
 
-class Commit(Request, tag="commit"):
+class Commit(Request["rp.CommitReply"], tag="commit"):
     store_id: StoreId
     checksums: Annotated[list[Checksum], Meta(max_length=MAX_CHECKSUMS)]  # one kvsum64 per reserved slot
     DATA_IN: ClassVar[bool] = True  # tcp mode: one data frame per reserved slot
@@ -221,11 +227,11 @@ class Commit(Request, tag="commit"):
             raise ValidationError(ErrorCode.OUT_OF_RANGE, "checksums must be unsigned 64-bit integers")
 
 
-class Abort(Request, tag="abort"):
+class Abort(Request["rp.AbortReply"], tag="abort"):
     store_id: StoreId
 
 
-class Retrieve(Request, tag="retrieve"):
+class Retrieve(Request["rp.RetrieveReply"], tag="retrieve"):
     session: SessionId
     rank: Rank
     start_chunk: Chunk
@@ -233,7 +239,7 @@ class Retrieve(Request, tag="retrieve"):
     mode: Mode = "shm"
 
 
-class Release(Request, tag="release"):
+class Release(Request["rp.ReleaseReply"], tag="release"):
     """Without rank: the whole session; with rank (+ the lease number from retrieve): that reader only."""
 
     session: SessionId
@@ -245,12 +251,12 @@ class Release(Request, tag="release"):
             raise ValidationError(ErrorCode.BAD_FIELD, "release: lease needs rank")
 
 
-class EndSession(Request, tag="end_session"):
+class EndSession(Request["rp.EndSessionReply"], tag="end_session"):
     session: SessionId
 
 
 # -- CacheBlend (docs/blend.md): chunks named by content, not by prefix; opt-in ---------------------
-class BlendStore(KeysRequest, tag="blend_store", kw_only=True):
+class BlendStore(KeysRequest["rp.BlendStoreReply"], tag="blend_store", kw_only=True):
     """One segment (document); its chunk i holds KV computed at pos_base + i * chunk_size."""
 
     rank: Rank
@@ -259,7 +265,7 @@ class BlendStore(KeysRequest, tag="blend_store", kw_only=True):
     session: SessionId | None = None
 
 
-class BlendLookup(KeysRequest, tag="blend_lookup", kw_only=True):
+class BlendLookup(KeysRequest["rp.BlendLookupReply"], tag="blend_lookup", kw_only=True):
     """A whole prompt and where its segments start; matches are leased like a lookup's prefix."""
 
     starts: Annotated[list[Annotated[int, Meta(ge=0, le=MAX_TOKENS - 1)]], Meta(min_length=1, max_length=MAX_CHUNKS)]
@@ -285,14 +291,14 @@ def _u64(value: int, what: str) -> None:
         raise ValidationError(ErrorCode.OUT_OF_RANGE, f"{what} must be an unsigned 64-bit integer")
 
 
-class ECLookup(Request, tag="ec_lookup", kw_only=True):
+class ECLookup(Request["rp.ECLookupReply"], tag="ec_lookup", kw_only=True):
     model: Model
     space: Fingerprint
     items: Annotated[list[ECItem], Meta(min_length=1, max_length=MAX_EC_ITEMS)]
     readers: Annotated[int, Meta(ge=0, le=MAX_WORLD_SIZE)] | None = None  # > 0: lease each hit for that many
 
 
-class ECStore(Request, tag="ec_store", kw_only=True):
+class ECStore(Request["rp.ECStoreReply"], tag="ec_store", kw_only=True):
     model: Model
     space: Fingerprint
     item: ECItem
@@ -302,7 +308,7 @@ class ECStore(Request, tag="ec_store", kw_only=True):
     mode: Mode = "shm"
 
 
-class ECCommit(Request, tag="ec_commit", kw_only=True):
+class ECCommit(Request["rp.ECCommitReply"], tag="ec_commit", kw_only=True):
     store_id: StoreId
     checksum: Annotated[int, Meta(ge=0)]
     DATA_IN: ClassVar[bool] = True  # tcp mode: the object's bytes as one frame
@@ -311,22 +317,22 @@ class ECCommit(Request, tag="ec_commit", kw_only=True):
         _u64(self.checksum, "checksum")
 
 
-class ECAbort(Request, tag="ec_abort", kw_only=True):
+class ECAbort(Request["rp.ECAbortReply"], tag="ec_abort", kw_only=True):
     store_id: StoreId
 
 
-class ECRetrieve(Request, tag="ec_retrieve", kw_only=True):
+class ECRetrieve(Request["rp.ECRetrieveReply"], tag="ec_retrieve", kw_only=True):
     model: Model
     space: Fingerprint
     item: ECItem
     mode: Mode = "shm"
 
 
-class ECRelease(Request, tag="ec_release", kw_only=True):
+class ECRelease(Request["rp.ECReleaseReply"], tag="ec_release", kw_only=True):
     lease: ECLeaseId  # as ec_lookup / ec_retrieve handed it out: 128 random bits, owned by its tenant
 
 
-class ECClear(Request, tag="ec_clear"):
+class ECClear(Request["rp.ClearReply"], tag="ec_clear"):
     pass
 
 

@@ -13,7 +13,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,8 @@ from .kvshape import KVShape
 from .stats import Latencies, gbps
 from .transport import Arena, Payload, frames_to_arrays
 from .workloads import Request, WorkloadSpec, generate
+
+R = TypeVar("R", bound=rp.Reply_)  # the reply Struct a typed request gets
 
 OPS = ("lookup", "retrieve", "store")
 
@@ -109,7 +111,7 @@ class ServerBench:
                 raise BenchAborted(f"{op} refused: {exc.code}: {exc.message}") from None
             raise
 
-    def _send(self, client: Client, req: rq.Request, frames: Any = ()) -> tuple[rp.Reply_, list[memoryview]]:
+    def _send(self, client: Client, req: rq.Request[R], frames: Any = ()) -> tuple[R, list[memoryview]]:
         try:
             return client.send(req, frames)
         except RequestTimeout as exc:
@@ -136,7 +138,7 @@ class ServerBench:
         t.prompt_tokens += len(req.tokens)
         try:
             t0 = time.perf_counter()
-            hit = cast(rp.LookupReply, self._send(client, rq.Lookup(session=session, **common))[0])
+            hit = self._send(client, rq.Lookup(session=session, **common))[0]
             self.lat.add("lookup", time.perf_counter() - t0)
             t.hit_tokens += hit.hit_tokens
             if hit.hit_chunks:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvprotocol import MAX_KEYS, ObjectKey, blend_fingerprints, blend_object_hash
+from kvprotocol._replies import BlendLookupReply, BlendMatch, BlendSlot, BlendStoreReply
 from kvprotocol._requests import BlendLookup, BlendStore
 
 from ..errors import OutOfRange, TooLarge
@@ -99,7 +100,7 @@ class BlendService:
             del self._pending[store_id]  # aborted or expired: nothing to publish
 
     # -- ops -----------------------------------------------------------------------------------
-    def store(self, f: BlendStore, who: Identity) -> dict[str, Any]:
+    def store(self, f: BlendStore, who: Identity) -> BlendStoreReply:
         """Reserve slots for one segment's full chunks; commit (the ordinary op) publishes them.
         The salt and session are the caller's, inside its tenant's namespace (`who`)."""
         c = self.cache
@@ -120,7 +121,7 @@ class BlendService:
         session = who.scope(f.session) if f.session is not None else None
         # like a prefix store, only its owner may commit or abort it
         txn = StoreTxn(new_store_id(), f.mode, session, [], c.table.deadline(), kind="blend", owner=who.tenant)
-        reply_slots: list[dict[str, Any]] = []
+        reply_slots: list[BlendSlot] = []
         pending: list[tuple[IndexKey, int, bytes]] = []
         for chunk, fp in enumerate(fps):
             ref_pos = pos_base + chunk * self.chunk_size
@@ -134,14 +135,12 @@ class BlendService:
                         self.counters.no_space += 1
                     else:
                         self.counters.deduplicated_objects += 1
-                    reply_slots.append({"chunk": chunk, "group": group, "status": got, "ref_pos": ref_pos})
+                    reply_slots.append(BlendSlot(chunk, group, got, ref_pos=ref_pos))
                     continue
                 reserved_here = True
                 txn.slots.append(Slot(key, chunk, group, got))
-                slot = {"chunk": chunk, "group": group, "status": "reserved", "size": got.size, "ref_pos": ref_pos}
-                if txn.mode == "shm":
-                    slot["offset"] = got.offset
-                reply_slots.append(slot)
+                offset = got.offset if txn.mode == "shm" else None
+                reply_slots.append(BlendSlot(chunk, group, "reserved", got.size, offset, ref_pos=ref_pos))
             if reserved_here:
                 pending.append((ik, ref_pos, obj))
             elif all(c.l1.ready(k) is not None for k in rank_keys(ks, salt, rank, [obj])):
@@ -150,9 +149,9 @@ class BlendService:
             c.table.stores[txn.id] = txn
             self._pending[txn.id] = pending
         self.counters.stores += 1
-        return {"store_id": txn.id if txn.slots else None, "slots": reply_slots, "chunk_size": self.chunk_size}
+        return BlendStoreReply(txn.id if txn.slots else None, reply_slots, self.chunk_size)
 
-    def lookup(self, f: BlendLookup, who: Identity) -> dict[str, Any]:
+    def lookup(self, f: BlendLookup, who: Identity) -> BlendLookupReply:
         """Cached chunks of the prompt's segments, wherever they sit: `matches` in prompt order, each
         with its token offset `start` and the `ref_pos` its KV was computed at. With a session, the
         matched objects are leased and `retrieve` chunk i is match i."""
@@ -173,7 +172,7 @@ class BlendService:
             raise OutOfRange("rank must be < world_size")
         if session is not None:
             c._admit_session(session, 0, who)  # the session counts (the tenant's cap too); its hits below
-        matches: list[dict[str, int]] = []
+        matches: list[BlendMatch] = []
         objects: list[bytes] = []
         for start, end in bounds:
             for i, fp in enumerate(blend_fingerprints(tokens[4 * start : 4 * end], self.chunk_size)):
@@ -185,7 +184,7 @@ class BlendService:
                     continue
                 for k in keys:
                     c.l1.touch(k)
-                matches.append({"start": start + i * self.chunk_size, "ref_pos": hit[0]})
+                matches.append(BlendMatch(start + i * self.chunk_size, hit[0]))
                 objects.append(hit[1])
         n = self.counters
         n.lookups += 1
@@ -196,12 +195,7 @@ class BlendService:
         if session is not None:  # charged for what it holds: its matches, like a prefix lookup's hit
             c._admit_session(session, len(objects) * (1 + per_chunk), who)
             c.leases.take(session, ks, salt, objects, len(objects), rank)
-        return {
-            "matches": matches,
-            "candidate_chunks": candidates,
-            "hit_tokens": len(matches) * self.chunk_size,
-            "chunk_size": self.chunk_size,
-        }
+        return BlendLookupReply(matches, candidates, len(matches) * self.chunk_size, self.chunk_size)
 
     def describe(self) -> dict[str, Any]:
         return {"index_entries": len(self.index), "pending_stores": len(self._pending), **vars(self.counters)}

@@ -27,6 +27,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from kvprotocol._replies import (
+    ArenaInfo,
+    ClearReply,
+    ECAbortReply,
+    ECCommitReply,
+    ECLookupReply,
+    ECObject,
+    ECReleaseReply,
+    ECRetrieveReply,
+    ECStoreReply,
+)
 from kvprotocol._requests import ECLookup, ECRetrieve, ECStore
 from kvprotocol.kvsum import kvsum64
 
@@ -138,8 +149,8 @@ class ECCache:
             "ec_clear": lambda r, fr, w: (self.clear(), []),
         }
 
-    def arena_info(self) -> dict[str, Any]:
-        return {"name": self.arena.name, "size": self.arena.size, "nonce": self.arena.nonce}
+    def arena_info(self) -> ArenaInfo:
+        return ArenaInfo(name=self.arena.name, size=self.arena.size, nonce=self.arena.nonce)
 
     @staticmethod
     def _key(r: ECLookup | ECStore | ECRetrieve, item: str, who: Identity) -> ECKey:
@@ -151,22 +162,18 @@ class ECCache:
             lru = self.lru[tenant] = OrderedDict()
         return lru
 
-    def _describe(self, e: ECEntry, lease: str | None, who: Identity) -> dict[str, Any]:
-        out: dict[str, Any] = {"size": e.size, "dtype": e.dtype, "shape": e.shape, "checksum": e.checksum}
-        if who.shm:  # an offset is only of use to (and only told to) a client that maps the segment
-            out["offset"] = e.offset
-        if lease is not None:
-            out["lease"] = lease
-        return out
+    def _describe(self, e: ECEntry, lease: str | None, who: Identity) -> ECObject:
+        # an offset is only of use to (and only told to) a client that maps the segment
+        return ECObject(e.size, e.dtype, e.shape, e.checksum, e.offset if who.shm else None, lease)
 
     # -- lookup --------------------------------------------------------------------------------
-    def lookup(self, f: ECLookup, who: Identity = ADMIN) -> dict[str, Any]:
+    def lookup(self, f: ECLookup, who: Identity = ADMIN) -> ECLookupReply:
         """One answer per item: null (miss) or its descriptor; with readers, each hit leased."""
         readers = f.readers or 0
         usage, cap = self.tenants.of(who.tenant), self.tenants.limits(who.tenant)[2]
         if readers and (len(self.leases) + len(f.items) > MAX_EC_LEASES or usage.leases + len(f.items) > cap):
             self._sweep()
-        out: list[dict[str, Any] | None] = []
+        out: list[ECObject | None] = []
         c = self.counters
         c.lookups += 1
         lru = self._lru(who.tenant)
@@ -188,7 +195,7 @@ class ECCache:
             c.hits += 1
             lru.move_to_end(key)
             out.append(self._describe(e, lease, who))
-        return {"items": out, "arena": arena_for(who, self.arena_info())}
+        return ECLookupReply(out, arena_for(who, self.arena_info()))
 
     def _lease(self, key: ECKey, e: ECEntry, readers: int) -> str:
         lease = secrets.token_urlsafe(16)  # 128 random bits: not guessable, and owned by key[0]
@@ -198,14 +205,14 @@ class ECCache:
         return lease
 
     # -- store ---------------------------------------------------------------------------------
-    def store(self, f: ECStore, who: Identity = ADMIN) -> dict[str, Any]:
+    def store(self, f: ECStore, who: Identity = ADMIN) -> ECStoreReply:
         key, size, mode = self._key(f, f.item, who), f.size, f.mode
         if size == 0:
             raise OutOfRange("an encoder output has at least one byte")
         existing = self.entries.get(key)
         if existing is not None:  # the tenant's own object: another tenant's item X is another key
             self.counters.deduplicated += 1
-            return {"status": "present" if existing.ready else "writing"}
+            return ECStoreReply("present" if existing.ready else "writing")
         usage, cap = self.tenants.of(who.tenant), self.tenants.limits(who.tenant)[1]
         if len(self.stores) >= MAX_EC_STORES or usage.stores >= cap:
             self._sweep()
@@ -217,17 +224,15 @@ class ECCache:
         offset = self._reserve(size, who.tenant)
         if offset is None:
             self.counters.no_space += 1
-            return {"status": "no_space"}
+            return ECStoreReply("no_space")
         self.entries[key] = ECEntry(offset, size, f.dtype, list(f.shape))
         usage.used_bytes += size
         usage.stores += 1
         store_id = secrets.token_hex(16)
         self.stores[store_id] = ECStoreTxn(key, mode, time.monotonic() + self.lease_ttl)
-        reply: dict[str, Any] = {"status": "reserved", "store_id": store_id, "size": size}
         if mode == "shm":
-            reply["offset"] = offset
-            reply["arena"] = self.arena_info()
-        return reply
+            return ECStoreReply("reserved", store_id, size, offset, self.arena_info())
+        return ECStoreReply("reserved", store_id, size)
 
     def _reserve(self, size: int, tenant: str) -> int | None:
         """Allocate within the tenant's quota (evicting its own LRU unleased objects), then within the
@@ -273,7 +278,7 @@ class ECCache:
             raise UnknownStore(f"unknown or expired EC store {store_id}")
         return txn
 
-    def commit(self, store_id: str, frames: list[memoryview], checksum: int, who: Identity = ADMIN) -> dict[str, Any]:
+    def commit(self, store_id: str, frames: list[memoryview], checksum: int, who: Identity = ADMIN) -> ECCommitReply:
         txn = self._owned_store(store_id, who) if store_id in self.stores else None
         if txn is None or txn.expires <= time.monotonic():
             if txn is not None:
@@ -297,12 +302,12 @@ class ECCache:
         self._make_ready(txn.key, e)
         self.counters.stores += 1
         self.counters.stored_bytes += e.size
-        return {"committed": True}
+        return ECCommitReply(True)
 
-    def abort(self, store_id: str, who: Identity = ADMIN) -> dict[str, Any]:
+    def abort(self, store_id: str, who: Identity = ADMIN) -> ECAbortReply:
         self._owned_store(store_id, who)
         self._expire_store(store_id)
-        return {"aborted": True}
+        return ECAbortReply(True)
 
     def _expire_store(self, store_id: str) -> None:
         """Drop a reservation; its slot stays allocated one more TTL (a late writer may still copy),
@@ -314,20 +319,20 @@ class ECCache:
         self._quarantine.append((time.monotonic() + self.lease_ttl, e.offset, tenant, e.size))
 
     # -- retrieve ------------------------------------------------------------------------------
-    def retrieve(self, f: ECRetrieve, who: Identity = ADMIN) -> tuple[dict[str, Any], list[Any]]:
+    def retrieve(self, f: ECRetrieve, who: Identity = ADMIN) -> tuple[ECRetrieveReply, list[Any]]:
         """tcp: the bytes as one frame (a copy); shm: the offset, leased for one reader."""
         key, mode = self._key(f, f.item, who), f.mode
         e = self.entries.get(key)
         c = self.counters
         if e is None or not e.ready:
             c.misses += 1
-            return {"found": False}, []
+            return ECRetrieveReply(False), []
         c.hits += 1
         c.retrieves += 1
         c.retrieved_bytes += e.size
         self._lru(who.tenant).move_to_end(key)
         if mode == "tcp":
-            return {"found": True, **self._describe(e, None, who)}, [bytes(self.arena.read(e.offset, e.size))]
+            return self._found(self._describe(e, None, who), None), [bytes(self.arena.read(e.offset, e.size))]
         usage, cap = self.tenants.of(who.tenant), self.tenants.limits(who.tenant)[2]
         if len(self.leases) >= MAX_EC_LEASES or usage.leases >= cap:
             self._sweep()
@@ -336,18 +341,22 @@ class ECCache:
             raise TooMany(f"tenant {who.tenant!r} holds {cap} EC leases; release some first")
         if len(self.leases) >= MAX_EC_LEASES:
             raise TooMany(f"{MAX_EC_LEASES} EC leases are live; release some first")
-        return {"found": True, **self._describe(e, self._lease(key, e, 1), who), "arena": self.arena_info()}, []
+        return self._found(self._describe(e, self._lease(key, e, 1), who), self.arena_info()), []
 
-    def release(self, lease_id: str, who: Identity = ADMIN) -> dict[str, Any]:
+    @staticmethod
+    def _found(o: ECObject, arena: ArenaInfo | None) -> ECRetrieveReply:
+        return ECRetrieveReply(True, o.size, o.dtype, o.shape, o.checksum, o.offset, o.lease, arena)
+
+    def release(self, lease_id: str, who: Identity = ADMIN) -> ECReleaseReply:
         """One reader is done; the lease ends when all its readers are (or at its TTL). Another
         tenant's lease id is unknown: it releases nothing, the same answer as an id never handed out."""
         lease = self.leases.get(lease_id)
         if lease is None or lease.key[0] != who.tenant:
-            return {"released": False}
+            return ECReleaseReply(False)
         lease.readers -= 1
         if lease.readers <= 0:
             self._end_lease(lease_id)
-        return {"released": True}
+        return ECReleaseReply(True)
 
     def _end_lease(self, lease_id: str) -> None:
         lease = self.leases.pop(lease_id)
@@ -380,12 +389,12 @@ class ECCache:
         if self.journal is not None and self.journal.due():
             self.journal.compact(self.ready_records())
 
-    def clear(self) -> dict[str, Any]:
+    def clear(self) -> ClearReply:
         """Remove every ready, unleased object."""
         doomed = [k for k, e in self.entries.items() if e.ready and e.leases == 0]
         for key in doomed:
             self._drop(key)
-        return {"removed": len(doomed)}
+        return ClearReply(len(doomed))
 
     def _make_ready(self, key: ECKey, e: ECEntry) -> None:
         e.ready = True

@@ -1,7 +1,8 @@
 """What `describe` answers to the server's own token: config, L1, engines, sessions, counters, tenants, tiers.
 
 One function over the running server, so the ZMQ op, the HTTP /v1/describe and the Prometheus
-scrape (http/metrics.py) all read the same numbers.
+scrape (http/metrics.py) all read the same numbers. The ZMQ op answers it as a DescribeReply built
+from those keywords, so a key the document gains and the reply Struct lacks fails loudly (in tests).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import kvprotocol
+from kvprotocol._replies import DescribeReply
 
 from ..l1.cache import State
 from ..security.tenants import DEFAULT
@@ -58,6 +60,11 @@ def describe_server(server: KVServer) -> dict[str, Any]:
     }
 
 
+def describe_reply(server: KVServer) -> DescribeReply:
+    """describe_server as the ZMQ reply Struct."""
+    return DescribeReply(**describe_server(server))
+
+
 def fleet_stats(server: KVServer) -> dict[str, Any]:
     """A heartbeat's body for the fleet coordinator (http/fleet.py): cheap, sent every few seconds."""
     l1 = server.l1
@@ -71,16 +78,16 @@ def fleet_stats(server: KVServer) -> dict[str, Any]:
     return out
 
 
-def describe_tenant(server: KVServer, who: Identity) -> dict[str, Any]:
+def describe_tenant(server: KVServer, who: Identity) -> DescribeReply:
     """What a tenant's token may see of describe: the server's identity and its own tenant only."""
-    return {
-        "version": kvprotocol.__version__,
-        "protocol": kvprotocol.PROTOCOL_VERSION,
-        "uptime_s": round(time.time() - server.started, 3),
-        "chunk_size": server.config.chunk_size,
-        "tenant": who.tenant,
-        "tenants": tenant_rows(server, who.tenant),
-    }
+    return DescribeReply(
+        version=kvprotocol.__version__,
+        protocol=kvprotocol.PROTOCOL_VERSION,
+        uptime_s=round(time.time() - server.started, 3),
+        chunk_size=server.config.chunk_size,
+        tenant=who.tenant,
+        tenants=tenant_rows(server, who.tenant),
+    )
 
 
 def tenant_rows(server: KVServer, only: str | None) -> dict[str, dict[str, Any]]:

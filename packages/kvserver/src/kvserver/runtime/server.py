@@ -14,12 +14,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
 import kvprotocol
 from kvprotocol import ValidationError
+from kvprotocol._envelope import ErrorEnvelope, OkEnvelope
 from kvprotocol._messages import MAX_HEADER_BYTES, decode_request, error_reply, ok_reply
+from kvprotocol._replies import PingReply, Reply_
 from kvprotocol._requests import Request
 
 from ..service.after_reply import AfterReply
@@ -28,7 +31,7 @@ from ..security.auth import ServerAuth
 from ..blend.index import BlendService
 from ..service.cache import CacheService
 from ..config import ServerConfig
-from .describe import describe_server, describe_tenant, fleet_stats
+from .describe import describe_reply, describe_server, describe_tenant, fleet_stats
 from ..ec.cache import ECCache, check_ec_space, ec_arena_name
 from ..errors import BadField, Forbidden, Unauthorized, internal_error, wire_error
 from ..l1.eviction import make_policy
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
     from ..kvevents import EventsSnapshot, KVEvents
 
 log = logging.getLogger("kvserver")
-Result = tuple[dict[str, Any], list[Any]]
+Result = tuple[Reply_, list[Any]]  # the reply Struct (kvprotocol._replies) and its data frames
 Handler = Callable[[Any, list[memoryview], Identity], Result | Awaitable[Result]]
 OPERATOR_OPS = frozenset({"query", "pin", "unpin"})  # an operator's look at a keyspace, not engine traffic
 OPEN_OPS = frozenset({"ping"})  # answered without a token, like the HTTP health probes
@@ -153,11 +156,8 @@ class KVServer:
         """op -> handler(typed request, data frames, sender's identity)."""
         c = self.cache
         return {
-            "ping": lambda r, fr, w: (
-                {"version": kvprotocol.__version__, "protocol": kvprotocol.PROTOCOL_VERSION, "time": time.time()},
-                [],
-            ),
-            "describe": lambda r, fr, w: (self.describe() if w.admin else describe_tenant(self, w), []),
+            "ping": lambda r, fr, w: (PingReply(kvprotocol.__version__, kvprotocol.PROTOCOL_VERSION, time.time()), []),
+            "describe": lambda r, fr, w: (describe_reply(self) if w.admin else describe_tenant(self, w), []),
             "register_engine": lambda r, fr, w: (
                 c.register_engine(r, f"eng-{os.getpid()}-{next(self._engine_ids)}", w),
                 [],
@@ -186,7 +186,7 @@ class KVServer:
 
     # -- what the HTTP layer sees (http/backend.py's AdminBackend) -----------------------------------
     def describe(self) -> dict[str, Any]:
-        """Everything an operator may see (the server's token): see describe.py."""
+        """Everything an operator may see (the server's token), as a map: see describe.py."""
         return describe_server(self)
 
     @property
@@ -206,6 +206,7 @@ class KVServer:
         self._after.run()  # (normally empty already) every request sees all earlier ones' effects
         started = time.perf_counter()
         rid, op = 0, "invalid"
+        reply: OkEnvelope | ErrorEnvelope
         try:
             rid, req = decode_request(header_frame)
             op = req.op_name()
@@ -231,6 +232,7 @@ class KVServer:
         return reply, data
 
     async def _finish(self, pending: Awaitable[Result], rid: int, op: str, started: float) -> Answer:
+        reply: OkEnvelope | ErrorEnvelope
         try:
             result, data = await pending
             reply = ok_reply(rid, result)
@@ -242,7 +244,8 @@ class KVServer:
 
     async def execute(self, req: Request, who: Identity = ADMIN) -> dict[str, Any]:
         """HTTP: run one already-authenticated request through the same handlers and the same accounting
-        (ops, errors, latency) as the control plane; raises what the handler raised (errors.py)."""
+        (ops, errors, latency) as the control plane; raises what the handler raised (errors.py). The
+        reply Struct comes back as the map the ZMQ reply encodes (JSON takes maps)."""
         started = time.perf_counter()
         op = req.op_name()
         try:
@@ -255,7 +258,8 @@ class KVServer:
             self._account(op, started, None)
         finally:
             self._after.run()
-        return dict(result)
+        as_map: dict[str, Any] = msgspec.to_builtins(result)
+        return as_map
 
     def count_refused(self, op: str, exc: Exception) -> None:
         """HTTP: a body refused before it became a request still counts as an error of its op."""
@@ -277,7 +281,7 @@ class KVServer:
             self.cache.engine_table.touch(model, world)  # its engines are alive (engine expiry, engines.py)
         return self.handlers[op](req, frames, who)
 
-    def _failed(self, rid: int, op: str, exc: Exception, started: float) -> dict[str, Any]:
+    def _failed(self, rid: int, op: str, exc: Exception, started: float) -> ErrorEnvelope:
         """Count one failed request and build its error reply: the one place ZMQ maps errors to codes."""
         expected = wire_error(exc)
         if expected is None:

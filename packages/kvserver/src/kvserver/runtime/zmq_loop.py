@@ -20,12 +20,12 @@ from typing import Any, cast
 
 import zmq
 
-from kvprotocol._messages import pack
+from kvprotocol._envelope import ErrorEnvelope, OkEnvelope, encode_reply
 
 from ..service.after_reply import AfterReply
 
 log = logging.getLogger("kvserver")
-Answer = tuple[dict[str, Any], list[Any]]  # a reply header map and its data frames
+Answer = tuple[OkEnvelope | ErrorEnvelope, list[Any]]  # a reply's envelope (the reply Struct inside) and data frames
 Begin = Callable[[bytes, list[memoryview]], Answer | Awaitable[Answer]]
 BATCH = 64  # requests answered per wake-up before other tasks get a turn
 # socket options and flags as plain ints: pyzmq's enums cost ~1 us per operation
@@ -90,8 +90,8 @@ class ZmqLoop:
         self._after.run()
         self._kick()  # a send outside the reader callback may have taken the descriptor's wake-up
 
-    def _reply(self, identity: zmq.Frame, reply: dict[str, Any], data: list[Any]) -> None:
-        send, frames = self._sock.send, [identity, pack(reply), *data]
+    def _reply(self, identity: zmq.Frame, reply: OkEnvelope | ErrorEnvelope, data: list[Any]) -> None:
+        send, frames = self._sock.send, [identity, encode_reply(reply), *data]
         try:  # not send_multipart: its type checks and enum flags cost as much as a ping's handler
             for frame in frames[:-1]:
                 send(frame, _MORE, copy=False)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvprotocol._replies import ArenaInfo
+
 from ..errors import Forbidden
 from .tenants import Identity
 
-NO_ARENA = {"name": "", "size": 0, "nonce": ""}  # what a tenant without shm learns of an arena
+NO_ARENA = ArenaInfo(name="", size=0, nonce="")  # what a tenant without shm learns of an arena
 
 
 def check_mode(op: str, req: Any, who: Identity) -> None:
@@ -26,6 +28,6 @@ def check_mode(op: str, req: Any, who: Identity) -> None:
         )
 
 
-def arena_for(who: Identity, arena: dict[str, Any]) -> dict[str, Any]:
+def arena_for(who: Identity, arena: ArenaInfo) -> ArenaInfo:
     """The arena a reply names: the real one for an identity with shm, else an empty name (use tcp)."""
-    return arena if who.shm else dict(NO_ARENA)
+    return arena if who.shm else NO_ARENA

@@ -1,6 +1,7 @@
 """The cache service: lookup, store, commit, retrieve and friends over L1 and the session table.
 
-Handlers receive typed requests (kvprotocol._requests Structs, already checked) and return results.
+Handlers receive typed requests (kvprotocol._requests Structs, already checked) and return reply
+Structs (kvprotocol._replies), which the server encodes as they are.
 Everything runs on the server's single event-loop thread, so no locks are needed and no operation
 ever waits on another.
 """
@@ -10,6 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from kvprotocol import ObjectKey
+from kvprotocol._replies import (
+    ArenaInfo,
+    ClearReply,
+    EndSessionReply,
+    LookupReply,
+    PinReply,
+    QueryReply,
+    RegisterReply,
+    ReleaseReply,
+    RetrievedObject,
+    RetrieveReply,
+)
 from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve
 
 from ..errors import LayoutMismatch, NoSpace, NotLeased, OutOfRange
@@ -23,7 +36,7 @@ class CacheService(WritePath):
     """The cache ops the server dispatches to (the read path here; writes in write_path.py)."""
 
     # -- engines -------------------------------------------------------------------------------
-    def register_engine(self, f: RegisterEngine, engine_id: str, who: Identity = ADMIN) -> dict[str, Any]:
+    def register_engine(self, f: RegisterEngine, engine_id: str, who: Identity = ADMIN) -> RegisterReply:
         layouts = f.layouts()
         for layout in layouts:
             if layout.chunk_size % self.chunk_size:
@@ -49,17 +62,16 @@ class CacheService(WritePath):
             ),
             [g.fingerprint for g in layouts],
         )
-        return {
-            "engine_id": engine_id,
-            "arena": arena_for(
-                who, {"name": self.l1.arena.name, "size": self.l1.arena.size, "nonce": self.l1.arena.nonce}
-            ),
-            "chunk_size": self.chunk_size,
-            "groups": [g.fingerprint for g in layouts],
-        }
+        arena = self.l1.arena
+        return RegisterReply(
+            engine_id=engine_id,
+            arena=arena_for(who, ArenaInfo(name=arena.name, size=arena.size, nonce=arena.nonce)),
+            chunk_size=self.chunk_size,
+            groups=[g.fingerprint for g in layouts],
+        )
 
     # -- lookup / query --------------------------------------------------------------------------
-    def lookup(self, f: Lookup, who: Identity = ADMIN, hashes: list[bytes] | None = None) -> dict[str, Any]:
+    def lookup(self, f: Lookup, who: Identity = ADMIN, hashes: list[bytes] | None = None) -> LookupReply:
         ks, salt = f.keyspace.key(), who.salt(f.salt)
         hashes = self._hashes(f, self._per_chunk(f), who) if hashes is None else hashes
         session = None if f.session is None else who.scope(f.session)
@@ -78,12 +90,7 @@ class CacheService(WritePath):
         rank = f.rank
         if rank is not None and rank >= ks[1]:
             raise OutOfRange("rank must be < world_size")
-        out = {
-            "hit_tokens": hit * self.chunk_size,
-            "hit_chunks": hit,
-            "num_chunks": len(hashes),
-            "chunk_size": self.chunk_size,
-        }
+        out = LookupReply(hit * self.chunk_size, hit, len(hashes), self.chunk_size)
         plan, keys_of = self.groups.plan(ks), None
         if plan is not None:  # per-group geometry: the objects this hit needs (groups.py)
             keys_of = plan.lease_keys(salt, hashes, hit)
@@ -93,7 +100,7 @@ class CacheService(WritePath):
         if self.reservations.live and hit < len(hashes):
             refs = [(ks[0], ks[1], salt, h) for h in hashes[: hit + 1]]
             if self.reservations.inflight(refs, hit):  # "ask again later": nothing is leased for it
-                out["inflight"] = True
+                out.inflight = True
                 return out
         if session is not None and hit == 0 and rank is None:
             self.leases.drop(session)  # nothing to lease: no session is left for the client to release
@@ -109,7 +116,7 @@ class CacheService(WritePath):
             for hook in self.on_hit:
                 hook(hit_keys)
 
-    async def lookup_l2(self, f: Lookup, who: Identity = ADMIN) -> dict[str, Any]:
+    async def lookup_l2(self, f: Lookup, who: Identity = ADMIN) -> LookupReply:
         """lookup, after loading what L2 holds of the missing prefix into L1 (a bounded wait).
 
         The answer counts only what is in L1 when the wait ends; see l2/prefetch.py.
@@ -140,7 +147,7 @@ class CacheService(WritePath):
                 pending = self.background.poll((ks, salt, hashes[hit], hashes[-1]), prefetch)
         out = self.lookup(f, who, hashes)  # no await since the wait: the prefix is recomputed and leased at once
         if not f.wait:
-            out["pending"] = pending
+            out.pending = pending
         return out
 
     def _query_keys(self, f: KeysRequest, who: Identity) -> tuple[list[bytes], list[list[ObjectKey]]]:
@@ -148,22 +155,24 @@ class CacheService(WritePath):
         hashes = self._hashes(f, self._per_chunk(f), who)
         return hashes, [self._chunk_keys(ks, salt, h, c) for c, h in enumerate(hashes)]
 
-    def query(self, f: Query, who: Identity = ADMIN) -> dict[str, Any]:
+    def query(self, f: Query, who: Identity = ADMIN) -> QueryReply:
         """Per-chunk presence in L1 (objects ready of objects needed) and the reusable prefix."""
         return self._query(f, who)[0]
 
-    def _query(self, f: Query, who: Identity) -> tuple[dict[str, Any], list[list[ObjectKey]]]:
+    def _query(self, f: Query, who: Identity) -> tuple[QueryReply, list[list[ObjectKey]]]:
         hashes, per_chunk = self._query_keys(f, who)
         ready = self.l1.ready
         present = [sum(1 for k in keys if ready(k) is not None) for keys in per_chunk]
-        chunks = [{"hash": h.hex(), "l1": n, "objects": len(keys)} for h, n, keys in zip(hashes, present, per_chunk)]
+        # rows stay maps: query_l2 adds one count per L2 tier, named after the tier ("l2", "l2.<i>")
+        chunks: list[dict[str, Any]] = [
+            {"hash": h.hex(), "l1": n, "objects": len(keys)} for h, n, keys in zip(hashes, present, per_chunk)
+        ]
         hit = next((i for i, (n, keys) in enumerate(zip(present, per_chunk)) if n < len(keys)), len(chunks))
         if self.groups.plan(f.keyspace.key()) is not None:  # not a plain prefix rule: the fold decides
             hit = self._prefix_hits(f.keyspace.key(), who.salt(f.salt), hashes)
-        result = {"chunks": chunks, "prefix_tokens": hit * self.chunk_size, "chunk_size": self.chunk_size}
-        return result, per_chunk
+        return QueryReply(chunks, hit * self.chunk_size, self.chunk_size), per_chunk
 
-    async def query_l2(self, f: Query, who: Identity = ADMIN) -> dict[str, Any]:
+    async def query_l2(self, f: Query, who: Identity = ADMIN) -> QueryReply:
         """query, plus presence per L2 tier: `l2` when one tier is configured, `l2.<i>` for each of several.
 
         A tier that is down or slower than the prefetch timeout reports nothing for that query.
@@ -178,21 +187,21 @@ class CacheService(WritePath):
             if present is None:
                 continue
             pos = 0
-            for chunk, keys in zip(result["chunks"], per_chunk):
+            for chunk, keys in zip(result.chunks, per_chunk):
                 chunk[name] = sum(present[pos : pos + len(keys)])
                 pos += len(keys)
         return result
 
-    def set_pinned(self, f: KeysRequest, pinned: bool, who: Identity = ADMIN) -> dict[str, Any]:
+    def set_pinned(self, f: KeysRequest, pinned: bool, who: Identity = ADMIN) -> PinReply:
         ks, salt = f.keyspace.key(), who.salt(f.salt)
         changed = 0
         for c, h in enumerate(self._hashes(f, self._per_chunk(f), who)):
             for key in self._chunk_keys(ks, salt, h, c):
                 changed += self.l1.set_pinned(key, pinned)
-        return {"objects": changed}
+        return PinReply(changed)
 
     # -- store ---------------------------------------------------------------------------------
-    def retrieve(self, f: Retrieve, who: Identity = ADMIN) -> tuple[dict[str, Any], list[bytes]]:
+    def retrieve(self, f: Retrieve, who: Identity = ADMIN) -> tuple[RetrieveReply, list[bytes]]:
         """Offsets (shm) or copies (tcp) of one rank's leased objects, and the reader's lease number.
 
         tcp frames are copies, never views of the arena: a frame may wait in ZMQ's queue after the
@@ -203,33 +212,32 @@ class CacheService(WritePath):
         if not start <= end <= reader.hit_chunks:
             raise NotLeased(f"chunks [{start}, {end}) not within the leased prefix of {reader.hit_chunks} chunks")
         mode = f.mode
-        objects, frames = [], []
+        objects: list[RetrievedObject] = []
+        frames: list[bytes] = []
         for chunk, group, key in self.groups.retrieve_objects(
             reader.keyspace, reader.salt, reader.hashes, reader.hit_chunks, rank, start, end
         ):
             entry = self.l1.entries[key]  # leased, so present and ready
-            obj = {"chunk": chunk, "group": group, "size": entry.size, "checksum": entry.checksum}
-            if mode == "shm":
-                obj["offset"] = entry.offset
-            else:
+            shm = mode == "shm"
+            objects.append(RetrievedObject(chunk, group, entry.size, entry.checksum, entry.offset if shm else None))
+            if not shm:
                 frames.append(bytes(self.l1.arena.read(entry.offset, entry.size)))
-            objects.append(obj)
             self.counters.retrieved_bytes += entry.size
         self.counters.retrieves += 1
         t = self.ledger.counters(who)
         t.retrieves += 1
-        t.retrieved_bytes += sum(o["size"] for o in objects)
-        return {"objects": objects, "lease": reader.lease}, frames
+        t.retrieved_bytes += sum(o.size for o in objects)
+        return RetrieveReply(objects, reader.lease), frames
 
     # -- sessions ------------------------------------------------------------------------------
-    def release(self, f: Release, who: Identity = ADMIN) -> dict[str, Any]:
+    def release(self, f: Release, who: Identity = ADMIN) -> ReleaseReply:
         """`{released, intact}`: see leases.Leases.release."""
         result = self.leases.release(who.scope(f.session), f.rank, f.lease)
-        if f.lease is not None and not result["intact"]:
+        if f.lease is not None and not result.intact:
             self.counters.broken_reads += 1
         return result
 
-    def end_session(self, session: str, who: Identity = ADMIN) -> dict[str, Any]:
+    def end_session(self, session: str, who: Identity = ADMIN) -> EndSessionReply:
         session_id = who.scope(session)
         released = self.leases.drop(session_id)
         aborted = 0
@@ -237,7 +245,7 @@ class CacheService(WritePath):
             del self.table.stores[txn.id]
             self._abort_txn(txn)
             aborted += 1
-        return {"released": released, "aborted_stores": aborted}
+        return EndSessionReply(released, aborted)
 
-    def clear(self) -> dict[str, Any]:
-        return {"removed": self.l1.clear()}
+    def clear(self) -> ClearReply:
+        return ClearReply(self.l1.clear())

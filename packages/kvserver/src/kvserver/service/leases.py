@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
-
 from kvprotocol import KeySpace, ObjectKey
+from kvprotocol._replies import ReleaseReply
 
 from ..errors import NotLeased, OutOfRange, UnknownSession
 from ..l1.cache import L1Cache
@@ -112,7 +111,7 @@ class Leases:
         session.expires = self.table.deadline()
         return reader
 
-    def release(self, session_id: str, rank: int | None, lease: int | None) -> dict[str, Any]:
+    def release(self, session_id: str, rank: int | None, lease: int | None) -> ReleaseReply:
         """Give back one rank's leases (or, without a rank, the whole session's).
 
         `intact` is true when the leases released are the ones the caller holds: with `lease`, the
@@ -121,18 +120,18 @@ class Leases:
         """
         session = self.table.sessions.get(session_id)
         if session is None:
-            return {"released": False, "intact": False}
+            return ReleaseReply(released=False, intact=False)
         if rank is None:
             self.drop(session_id)
-            return {"released": True, "intact": True}
+            return ReleaseReply(released=True, intact=True)
         reader = session.readers.get(rank)
         if reader is None or (lease is not None and reader.lease != lease):
-            return {"released": False, "intact": False}
+            return ReleaseReply(released=False, intact=False)
         del session.readers[rank]
         self._end_reader(reader)
         if not session.readers:
             del self.table.sessions[session_id]
-        return {"released": True, "intact": True}
+        return ReleaseReply(released=True, intact=True)
 
     def drop(self, session_id: str) -> bool:
         session = self.table.sessions.pop(session_id, None)

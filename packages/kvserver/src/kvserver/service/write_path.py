@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
 
+from kvprotocol._replies import AbortReply, CommitReply, StoreReply, StoreSlot
 from kvprotocol._requests import Store
 
 from ..errors import BadField, Forbidden, OutOfRange, UnknownStore
@@ -24,7 +24,7 @@ class WritePath(CacheBase):
         super().__init__(l1, chunk_size, lease_ttl, tenants)
         self.reservations.abort_stores = self._abort_stores  # a rollback aborts the producer's open stores
 
-    def store(self, f: Store, who: Identity = ADMIN) -> dict[str, Any]:
+    def store(self, f: Store, who: Identity = ADMIN) -> StoreReply:
         ks, salt, rank = f.keyspace.key(), who.salt(f.salt), f.rank
         t = self.ledger.counters(who)
         if rank >= ks[1]:
@@ -63,7 +63,7 @@ class WritePath(CacheBase):
             owner=who.tenant,
             reservation=None if res is None else res.id,
         )
-        reply_slots = []
+        reply_slots: list[StoreSlot] = []
         for chunk, group, key in self.groups.store_objects(ks, salt, rank, hashes, start):
             got = admit.take(key, sizes[group], hashes[chunk - 1] if chunk else None)
             if isinstance(got, str):
@@ -73,15 +73,12 @@ class WritePath(CacheBase):
                     self.counters.deduplicated_objects += 1
                     if res is not None:
                         book.draw(res, sizes[group], key, False, (ks[0], ks[1], salt, hashes[chunk]))
-                reply_slots.append({"chunk": chunk, "group": group, "status": got})
+                reply_slots.append(StoreSlot(chunk, group, got))
                 continue
             txn.slots.append(Slot(key, chunk, group, got))
             if res is not None:
                 book.draw(res, sizes[group], key, True, (ks[0], ks[1], salt, hashes[chunk]))
-            slot = {"chunk": chunk, "group": group, "status": "reserved", "size": got.size}
-            if txn.mode == "shm":
-                slot["offset"] = got.offset
-            reply_slots.append(slot)
+            reply_slots.append(StoreSlot(chunk, group, "reserved", got.size, got.offset if txn.mode == "shm" else None))
         if txn.slots:
             self.table.stores[txn.id] = txn
         if res is not None:
@@ -92,7 +89,7 @@ class WritePath(CacheBase):
             book.settle(res, None)
         self.counters.stores += 1
         t.stores += 1
-        return {"store_id": txn.id if txn.slots else None, "slots": reply_slots}
+        return StoreReply(txn.id if txn.slots else None, reply_slots)
 
     def _own_store(self, store_id: str, who: Identity) -> StoreTxn:
         """The caller's store transaction; another tenant's is as unknown as one that never existed."""
@@ -104,7 +101,7 @@ class WritePath(CacheBase):
 
     def commit(
         self, store_id: str, frames: list[memoryview], checksums: list[int], who: Identity = ADMIN
-    ) -> dict[str, Any]:
+    ) -> CommitReply:
         txn = self._own_store(store_id, who)
         if txn.expires <= time.monotonic():  # expired, the sweep just has not run yet: same answer
             del self.table.stores[store_id]
@@ -150,13 +147,13 @@ class WritePath(CacheBase):
             hook(keys)
         for txn_hook in self.on_commit_txn:
             txn_hook(txn)
-        return {"committed": len(txn.slots)}
+        return CommitReply(len(txn.slots))
 
-    def abort(self, store_id: str, who: Identity = ADMIN) -> dict[str, Any]:
+    def abort(self, store_id: str, who: Identity = ADMIN) -> AbortReply:
         txn = self._own_store(store_id, who)
         del self.table.stores[store_id]
         self._abort_txn(txn)
-        return {"aborted": len(txn.slots)}
+        return AbortReply(len(txn.slots))
 
     def _abort_txn(self, txn: StoreTxn) -> None:
         self.leases.end_write(txn)
