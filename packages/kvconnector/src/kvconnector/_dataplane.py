@@ -127,7 +127,7 @@ class DataPlane:
         still writing the chunk the hit stops at); with a session, lease the hit objects of every rank
         (or of `rank` only) to it."""
         req = self.lookup_request(tokens, salt, session, extra, rank, wait)
-        return self.lookup_answer(cast(rp.LookupReply, self.link.send(req, deadline)[0]))
+        return self.lookup_answer(self.link.send(req, deadline)[0])
 
     def lookup_request(
         self,

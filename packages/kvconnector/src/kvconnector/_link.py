@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import zmq
@@ -33,13 +33,14 @@ from kvprotocol import (
     RequestTimeout,
     ServerError,
 )
-from kvprotocol._replies import RegisterReply, Reply_
+from kvprotocol._replies import Reply_
 from kvprotocol._requests import LayoutW, RegisterEngine, Request
 from kvprotocol._shm import ShmMapping as ArenaMap
 from kvprotocol._shm import shm_exists
 
 
 R = TypeVar("R")
+Rep = TypeVar("Rep", bound=Reply_)  # the reply Struct of a typed request (kvprotocol.requests)
 
 
 class SharedArenas:
@@ -174,8 +175,8 @@ class ServerLink:
         self.token = token  # a tenant's token; None: $KVSERVER_API_TOKEN or the server's default token file
         self._client: Client | None = None
 
-    def send(self, req: Request, deadline: Deadline, frames: Sequence[Any] = ()) -> tuple[Reply_, list[memoryview]]:
-        """A typed request (kvprotocol.requests); returns the typed reply and data frames."""
+    def send(self, req: Request[Rep], deadline: Deadline, frames: Sequence[Any] = ()) -> tuple[Rep, list[memoryview]]:
+        """A typed request (kvprotocol.requests); returns its reply Struct and data frames."""
         return self._guarded(req.op_name(), deadline, lambda c, t: c.send(req, frames, timeout=t))
 
     def _guarded(self, op: str, deadline: Deadline, run: Callable[[Client, float], R]) -> R:
@@ -250,7 +251,7 @@ class EngineLink:
         self.arena: ArenaMap | None = None
         self.populate = populate  # fill a new mapping's page tables in the background (ShmMapping.populate)
 
-    def send(self, req: Request, deadline: Deadline, frames: Sequence[Any] = ()) -> tuple[Reply_, list[memoryview]]:
+    def send(self, req: Request[Rep], deadline: Deadline, frames: Sequence[Any] = ()) -> tuple[Rep, list[memoryview]]:
         return self.server.send(req, deadline, frames)
 
     def sender(self, deadline: Deadline) -> Callable[[Request, Sequence[Any]], tuple[Reply_, list[memoryview]]]:
@@ -262,20 +263,17 @@ class EngineLink:
         self.registration = None
 
     def _register(self, deadline: Deadline) -> Registration:
-        reply = cast(
-            RegisterReply,
-            self.send(
-                RegisterEngine(
-                    model=self.model,
-                    world_size=self.world_size,
-                    rank=self.rank,
-                    groups=[LayoutW(**lay.to_wire()) for lay in self.layouts],
-                    host=socket.gethostname()[:255] or "unknown",
-                    pid=os.getpid(),
-                ),
-                deadline,
-            )[0],
-        )
+        reply = self.send(
+            RegisterEngine(
+                model=self.model,
+                world_size=self.world_size,
+                rank=self.rank,
+                groups=[LayoutW(**lay.to_wire()) for lay in self.layouts],
+                host=socket.gethostname()[:255] or "unknown",
+                pid=os.getpid(),
+            ),
+            deadline,
+        )[0]
         if reply.chunk_size != self.unit:
             raise ValueError(f"server chunk_size {reply.chunk_size} differs from the layouts' smallest chunk_size")
         return Registration(reply.engine_id, reply.arena.name, reply.arena.size, reply.chunk_size, reply.arena.nonce)
