@@ -110,6 +110,17 @@ class Clients:
         except ProcessLookupError:
             pass
 
+    def armable(self, i: int, timeout: float = 60.0) -> bool:
+        """Wait until client i's current incarnation handles the fault signals (it says "ready" only
+        then): SIGUSR1/2 sent to one still importing torch would kill it by their default action."""
+        ready = self.dir / f"{ROLES[i].name}-{self.incarnations[i]}.jsonl.ready"
+        deadline = time.time() + timeout
+        while not ready.exists():
+            if time.time() > deadline or self.procs[i].poll() is not None:
+                return False
+            time.sleep(0.1)
+        return True
+
     def events(self) -> list[dict[str, Any]]:
         out = []
         for path in sorted(self.dir.glob("*.jsonl")):
@@ -261,6 +272,10 @@ def _inject(
         clients.signal(fault.target, signal.SIGCONT)
     elif fault.kind == "client_stop_mid_write":  # stopped inside a save: its reservation outlives the TTL
         rec["client"] = ROLES[fault.target].name
+        if not clients.armable(fault.target):
+            rec["skipped"] = "the client was not ready for the fault signal"
+            rec["end"] = time.time()
+            return rec
         clients.signal(fault.target, signal.SIGUSR2)
         rec["stopped_in_save"] = _wait_stopped(clients.procs[fault.target].pid, 5.0)
         if not rec["stopped_in_save"]:
@@ -281,6 +296,10 @@ def _inject(
     elif fault.kind == "client_kill_mid_write":
         i = fault.target
         rec["client"] = ROLES[i].name
+        if not clients.armable(i):
+            rec["skipped"] = "the client was not ready for the fault signal"
+            rec["end"] = time.time()
+            return rec
         proc = clients.procs[i]
         clients.expected_deaths.add(proc.pid)
         clients.signal(i, signal.SIGUSR1)

@@ -78,9 +78,13 @@ class Worker:
         ]
         for client, kv in zip(self.clients, self.kv, strict=True):
             client.register(kv)
-        open(spec.events + ".ready", "w").close()  # the conductor starts its clock once every client is here
         self.in_save_signal: int | None = None  # raised inside the next save's copy (a fault)
         self.stopping = False
+        # the fault signals are handled before the conductor hears "ready": it sends them only then
+        signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "in_save_signal", signal.SIGKILL))
+        signal.signal(signal.SIGUSR2, lambda *_: setattr(self, "in_save_signal", signal.SIGSTOP))
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))  # the run's end: finish this op
+        open(spec.events + ".ready", "w").close()  # the conductor starts its clock once every client is here
 
     def log(self, op: str, t0: float, ok: bool, error: str | None = None, **extra: Any) -> None:
         ms = (time.time() - t0) * 1000
@@ -130,9 +134,6 @@ class Worker:
         self.log("save", t0, res.ok, res.error, chunks=res.saved_chunks)
 
     def run(self) -> None:
-        signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "in_save_signal", signal.SIGKILL))
-        signal.signal(signal.SIGUSR2, lambda *_: setattr(self, "in_save_signal", signal.SIGSTOP))
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))  # the run's end: finish this op
         while time.time() < self.spec.deadline and not self.stopping:
             self.step()
             time.sleep(float(self.rng.uniform(0.0, 0.05)))
