@@ -114,8 +114,9 @@ def run(seed: int, minutes: float, workdir: Path, users: int, turns: int, sets_n
     server.args += ["--l1-size-gb", "0.004"]  # small: older chunks live only in Redis
     server.start()
     seconds = minutes * 60
-    # one set takes ~turns batches of `users` requests; sized so both engines run about `minutes`
-    n = sets_n or max(2, int(seconds / 20))
+    # a set of 4 users x 5 turns took ~2 s of each engine here (tiny model, 2 busy cores, both
+    # engines beside each other): sized so that the engines run about `minutes` after their start
+    n = sets_n or max(2, int(seconds / 2.5))
     sets = list(range(n))
     a_sets, b_sets = sets, sets[::-1]
     token = server.tokens["tenant-a"]
