@@ -62,3 +62,27 @@ def test_the_reference_check_sees_one_wrong_value_and_another_tenants_bytes(tag:
     assert mine.wrong_blocks(kv, tokens, 3, MAX_BLOCKS) == 1
     mine.fill(kv, tokens, 4, MAX_BLOCKS)  # a load that wrote past its hit (and rewrote the flipped value)
     assert mine.wrong_blocks(kv, tokens, 3, MAX_BLOCKS) == 2 * 4  # chunk 3's blocks, in both layers
+
+
+def test_a_mid_write_fault_waits_for_its_target_to_handle_the_signal(tmp_path: Path) -> None:
+    """A client respawned after a kill imports torch for seconds before it installs its handlers; a
+    SIGUSR1/2 then would kill it by the default action (the 30-minute run's 'exit -12'). The conductor
+    signals it only once its current incarnation says ready, and never a dead one."""
+    from bench.soak.run import ROLES, Clients
+
+    clients = Clients(tmp_path, server=None, seed=1, deadline=0.0)  # type: ignore[arg-type]
+    clients.incarnations[0] = 2
+    clients.procs[0] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert not clients.armable(0, timeout=0.3)  # still starting
+        (clients.dir / f"{ROLES[0].name}-1.jsonl.ready").touch()  # an earlier incarnation's word counts not
+        assert not clients.armable(0, timeout=0.3)
+        (clients.dir / f"{ROLES[0].name}-2.jsonl.ready").touch()
+        assert clients.armable(0, timeout=0.3)
+        clients.procs[0].kill()
+        clients.procs[0].wait()
+        (clients.dir / f"{ROLES[0].name}-2.jsonl.ready").unlink()
+        assert not clients.armable(0, timeout=5.0)  # a dead client is never signalled
+    finally:
+        clients.procs[0].kill()
+        clients.procs[0].wait()
