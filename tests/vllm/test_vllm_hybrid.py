@@ -18,6 +18,7 @@ import pytest
 from kvtestkit.engines.tiny_model import random_prompt
 from kvtestkit.engines.vllm_harness import VLLM_PYTHON, EngineRun, build_variant, prompt, run_engine
 from kvtestkit.serverproc import ServerFactory
+from test_vllm_tp import _remove_vllm_dist_segments  # noqa: F401 - autouse: cleans up after the TP run
 from vllm_cases import kv_config
 
 pytestmark = pytest.mark.vllm_engine
@@ -80,6 +81,30 @@ def test_sliding_global_failed_load_recomputes(gemma3_runs: Runs) -> None:
     assert params["load_failed"] is True
     assert got.connector_loaded_tokens == 0
     assert got.token_ids == gemma3_runs.ref.requests[1].token_ids
+
+
+def test_sliding_global_tp2_ranks_reuse_their_groups(
+    tmp_path_factory: pytest.TempPathFactory, kvserver_factory: ServerFactory, tmp_path
+) -> None:
+    """The same model with TP=2 (one worker process per rank, each with half the KV heads of both
+    groups): one engine stores P_STORE, then its next request loads the shared 512 tokens from the
+    server (vLLM's prefix cache off, so nothing else can supply them), and the tokens equal a TP=2
+    run without the connector."""
+    from test_vllm_tp import TP, tp_env
+
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"{VLLM_PYTHON} missing: build it with scripts/make-vllm-env.sh")
+    model = build_variant(tmp_path_factory.mktemp("tiny-gemma3-tp") / "model", "build_gemma3")
+    env = tp_env(tmp_path)
+    batches = [[prompt(P_STORE)], [prompt(P_REUSE)]]
+    no_cache = {**TP, "enable_prefix_caching": False}
+    ref = run_engine(model, batches, env=env, llm_kwargs=no_cache)
+    server = kvserver_factory()
+    run = run_engine(model, batches, env=env, llm_kwargs=no_cache, kv_transfer_config=kv_config(server.url))
+    assert run.log.count(f"2 {HYBRID_LINE}") >= 3, run.log[-3000:]  # the scheduler and both ranks' workers
+    assert "KVServerConnector disabled" not in run.log, run.log[-3000:]
+    assert [r.connector_loaded_tokens for r in run.requests] == [0, 512]
+    assert [r.token_ids for r in run.requests] == [r.token_ids for r in ref.requests]
 
 
 Q_STORE = random_prompt(640, seed=48)
