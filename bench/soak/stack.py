@@ -101,12 +101,12 @@ class Server:
     """The kvserver under test; `restart` starts a new process on the same port, which adopts the
     arena and journal a kill -9 left (warm restart)."""
 
-    def __init__(self, workdir: Path, l2: list[str], lease_ttl: float) -> None:
+    def __init__(self, workdir: Path, l2: list[str], lease_ttl: float, l1_gb: float = 0.01) -> None:
         self.workdir, self.port, self.http_port = workdir, free_port(), free_port()
         (workdir / "state").mkdir(parents=True, exist_ok=True)
         self.tenants = workdir / "tenants.json"
         self.tokens = {name: add_tenant(self.tenants, name, "--allow-shm") for name in ("tenant-a", "tenant-b")}
-        self.args = ["--l1-size-gb", "0.01", "--chunk-size", "64", "--lease-ttl", str(lease_ttl)]
+        self.args = ["--l1-size-gb", str(l1_gb), "--chunk-size", "64", "--lease-ttl", str(lease_ttl)]
         self.args += ["--shm-prefix", f"soak{self.port}", "--tenants-file", str(self.tenants)]
         self.args += ["--api-token", ADMIN_TOKEN, "--l2-negative-ttl", "0.2"]
         for url in l2:

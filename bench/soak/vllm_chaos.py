@@ -110,8 +110,7 @@ def run(seed: int, minutes: float, workdir: Path, users: int, turns: int, sets_n
     model = build_model(workdir / "model")
     red = Redis(workdir)
     red.start()
-    server = Server(workdir, [red.url], lease_ttl=5.0)
-    server.args += ["--l1-size-gb", "0.004"]  # small: older chunks live only in Redis
+    server = Server(workdir, [red.url], lease_ttl=5.0, l1_gb=0.004)  # small: older chunks live only in Redis
     server.start()
     seconds = minutes * 60
     # a set of 4 users x 5 turns took ~2 s of each engine here (tiny model, 2 busy cores, both
