@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvtestkit.serverproc import KVServer, ServerFactory
-from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT
+from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_SALTED, P_SHARED_ASKS, P_TURN1, TURN2_TEXT
 from kvtestkit.engines.vllm_harness import (
     SHARED_CACHE_ENV,
     VLLM_PYTHON,
@@ -77,7 +77,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def reference(model_dir: Path) -> EngineRun:
     """Greedy outputs of every test prompt, no connector, no prefix caching: plain recompute.
 
-    Batches: 0 P_LONG, 1 P_TURN1, 2 turn 2 of P_TURN1, 3 P_SALTED, 4 P_GEN, 5 turn 2 of P_GEN.
+    Batches: 0 P_LONG, 1 P_TURN1, 2 turn 2 of P_TURN1, 3 P_SALTED, 4 P_GEN, 5 turn 2 of P_GEN,
+    6 the four P_SHARED_ASKS.
     """
     return run_engine(
         model_dir,
@@ -88,6 +89,7 @@ def reference(model_dir: Path) -> EngineRun:
             [prompt(P_SALTED, "tenant-a")],
             [prompt(P_GEN)],
             [next_turn(4, 0, TURN2_TEXT)],
+            [prompt(p) for p in P_SHARED_ASKS],
         ],
         max_tokens=MAX_TOKENS,
         llm_kwargs={"enable_prefix_caching": False},

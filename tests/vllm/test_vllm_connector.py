@@ -13,7 +13,18 @@ from pathlib import Path
 import pytest
 
 from kvtestkit.serverproc import ServerFactory
-from vllm_cases import MAX_TOKENS, P_GEN, P_LONG, P_SALTED, P_TURN1, TURN2_TEXT, confirmed, kv_config
+from vllm_cases import (
+    MAX_TOKENS,
+    P_GEN,
+    P_LONG,
+    P_SALTED,
+    P_SHARED,
+    P_SHARED_ASKS,
+    P_TURN1,
+    TURN2_TEXT,
+    confirmed,
+    kv_config,
+)
 from kvtestkit.engines.vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
@@ -31,17 +42,17 @@ class TwoEngines:
 def two_engines(model_dir: Path, kvserver_factory: ServerFactory) -> TwoEngines:
     server = kvserver_factory()
     # A (storing generated tokens too): batches 0 P_LONG, 1 P_TURN1 (turn 1 of a chat), 2 P_SALTED
-    # under tenant-a, 3 P_GEN (turn 1 of another chat).
+    # under tenant-a, 3 P_GEN (turn 1 of another chat), 4 P_SHARED.
     a = run_engine(
         model_dir,
-        [[prompt(P_LONG)], [prompt(P_TURN1)], [prompt(P_SALTED, "tenant-a")], [prompt(P_GEN)]],
+        [[prompt(P_LONG)], [prompt(P_TURN1)], [prompt(P_SALTED, "tenant-a")], [prompt(P_GEN)], [prompt(P_SHARED)]],
         max_tokens=MAX_TOKENS,
         kv_transfer_config=kv_config(server.url, save_policy="all"),
     )
     turn1_out = a.batches[1].requests[0].token_ids
     gen_out = a.batches[3].requests[0].token_ids
     # B: 0 P_LONG again, 1 turn 2 of the chat, 2 P_SALTED under tenant-b, 3 P_SALTED under tenant-a,
-    # 4 turn 2 of the P_GEN chat.
+    # 4 turn 2 of the P_GEN chat, 5 four requests on P_SHARED's first two chunks, together.
     b = run_engine(
         model_dir,
         [
@@ -50,6 +61,7 @@ def two_engines(model_dir: Path, kvserver_factory: ServerFactory) -> TwoEngines:
             [prompt(P_SALTED, "tenant-b")],
             [prompt(P_SALTED, "tenant-a")],
             [prompt(P_GEN + gen_out + TURN2_TEXT)],
+            [prompt(p) for p in P_SHARED_ASKS],
         ],
         max_tokens=MAX_TOKENS,
         # B copies with the CUDA copier's code (torch index ops, staging, the streams interface) on
@@ -106,6 +118,18 @@ def test_cache_salt_isolates_tenants(two_engines: TwoEngines, reference: EngineR
     assert same.connector_loaded_tokens == 2 * CHUNK
     want = reference.batches[3].requests[0].token_ids
     assert other.token_ids == want and same.token_ids == want
+
+
+def test_requests_on_one_stored_prefix_share_one_load(two_engines: TwoEngines, reference: EngineRun) -> None:
+    """Four requests arrive together, each needing the same two stored chunks. One loads them from
+    the server; the other three wait for that one load, then find the chunks in vLLM's own prefix
+    cache. Without share_loads each loads its own copy, one after the other on the loader thread
+    (this test then sees 4 loads of 512 tokens)."""
+    asks = two_engines.b.batches[5].requests
+    assert [r.connector_loaded_tokens for r in asks].count(2 * CHUNK) == 1
+    assert sum(r.connector_loaded_tokens for r in asks) == 2 * CHUNK
+    assert all(r.num_cached_tokens == 2 * CHUNK for r in asks)  # every request got the prefix
+    assert [r.token_ids for r in asks] == [r.token_ids for r in reference.batches[6].requests]
 
 
 def test_scheduler_and_worker_compute_the_same_layout(two_engines: TwoEngines) -> None:

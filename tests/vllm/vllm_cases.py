@@ -14,6 +14,9 @@ P_SALTED = random_prompt(640, seed=14)
 # 506 prompt tokens + 8 generated: the KV of token 511 exists after the 6th decode step, so chunk 1
 # is full of prompt *and generated* tokens: stored only with save_policy "all".
 P_GEN = random_prompt(506, seed=15)
+# One stored 512-token prefix, then four requests that each need it, arriving together.
+P_SHARED = random_prompt(576, seed=16)
+P_SHARED_ASKS = [P_SHARED[:512] + random_prompt(64, seed=17 + i) for i in range(4)]
 MAX_TOKENS = 8
 
 

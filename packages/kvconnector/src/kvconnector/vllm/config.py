@@ -72,6 +72,10 @@ class ConnectorConfig:
     reserve_wait_s   how long a producer's save retries a reservation the server cannot admit yet
     inflight_wait_s  how long a lookup that finds its prefix still being written by a producer (reply
                      `inflight`) asks vLLM to ask again later before it recomputes instead
+    share_loads      True (default): a request whose next chunk another request of this engine is loading
+                     asynchronously waits for that load (vLLM then finds the prefix in its own prefix
+                     cache) instead of loading the same chunks again (local_loads.py); needs vLLM's
+                     prefix caching, bounded by timeout_s. False: every request loads its own copy
     debug_load_delay_s  TEST ONLY: sleep this long before each load's copy (a slow load on purpose)
     debug_save_delay_s  TEST ONLY: sleep this long before each background save (async_saves)
     debug_fail_load_chunks  TEST ONLY fault injection: after each load, overwrite the blocks of these
@@ -101,6 +105,7 @@ class ConnectorConfig:
     populate_arena: bool = True
     copy_backend: str = "auto"
     inflight_wait_s: float = 10.0
+    share_loads: bool = True
     debug_load_delay_s: float = 0.0
     debug_save_delay_s: float = 0.0
     debug_fail_load_chunks: tuple[int, ...] = ()
@@ -150,6 +155,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "async_loads": (bool,),
     "plan_loads": (bool,),
     "async_saves": (bool,),
+    "share_loads": (bool,),
     "debug_load_delay_s": (int, float),
     "debug_save_delay_s": (int, float),
     "reserve": (bool, type(None)),

@@ -88,7 +88,8 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
             client = _make_client(self.cfg, model, world, rank, layouts)
         groups = len(kv_cache_config.kv_cache_groups)
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = SchedulerSide(self.cfg, client, block_size, groups)
+            prefix_caching = bool(vllm_config.cache_config.enable_prefix_caching)
+            self._scheduler = SchedulerSide(self.cfg, client, block_size, groups, prefix_caching)
         else:
             load_client = None
             if client is not None and ((self.cfg.async_loads and self.cfg.load) or self.cfg.async_saves):
@@ -137,7 +138,9 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if self._scheduler is not None:
-            self._scheduler.update_connector_output(connector_output.kv_connector_worker_meta)
+            self._scheduler.update_connector_output(
+                connector_output.kv_connector_worker_meta, connector_output.finished_recving or ()
+            )
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """With async_saves, vLLM keeps the blocks of a request with saves until the workers report

@@ -35,6 +35,7 @@ _HELP = {
     "skipped_server_down": "Lookups skipped while the server was marked down.",
     "lookups_pending": "Lookups answered 'ask again later' while kvserver prefetched from L2.",
     "lookups_inflight": "Lookups answered 'ask again later' while a producer still wrote the prefix.",
+    "lookups_wait_local_load": "Lookups answered 'ask again later': another request of the engine loaded that prefix.",
     "partial_saves": "Saves kvserver stored only in part (no room for the rest).",
     "no_space_saves": "Saves of which nothing fitted in kvserver's full cache.",
     "declined_hits": "Hits not loaded because recomputing was estimated cheaper.",

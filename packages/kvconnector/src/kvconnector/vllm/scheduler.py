@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from .breaker import Breaker
 from .config import ConnectorConfig
 from .costs import CostModel
 from .extra_keys import AdapterDigests, request_keys
+from .local_loads import LocalLoads, prefix_digests
 from .._results import LookupResult
 from .log import log
 from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob, SaveJob
@@ -55,7 +57,14 @@ class _Req:
 
 
 class SchedulerSide:
-    def __init__(self, cfg: ConnectorConfig, client: EngineClient | None, block_size: int, num_groups: int = 1) -> None:
+    def __init__(
+        self,
+        cfg: ConnectorConfig,
+        client: EngineClient | None,
+        block_size: int,
+        num_groups: int = 1,
+        prefix_caching: bool = True,
+    ) -> None:
         self.cfg = cfg
         self.client = client
         self.block_size = block_size
@@ -69,6 +78,9 @@ class SchedulerSide:
         self.adapters = AdapterDigests()
         self.costs = CostModel.new()  # load vs recompute (plan_loads)
         self._async: list[str] = []  # requests whose asynchronous load the next metadata carries
+        # asynchronous loads in flight by the prefix they bring (a request needing it waits for it)
+        self.local_loads = LocalLoads()
+        self.share_loads = cfg.share_loads and prefix_caching and self.async_loads
 
     # --- vLLM hooks -------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -91,6 +103,8 @@ class SchedulerSide:
         if not self.breaker.allow():
             self.stats.add("skipped_server_down")
             return 0, False
+        if st.lookup_rid is None and self._wait_for_local_load(st, num_computed_tokens, n):
+            return None, False  # before any lookup: no round trip while another load brings the prefix
         try:
             res = self._lookup(st, request, n)
         except Exception as exc:  # noqa: BLE001 - the engine must never fail because of the cache
@@ -132,9 +146,29 @@ class SchedulerSide:
             self.stats.add("declined_hits")  # recomputing is estimated cheaper than loading
             self.stats.add("declined_tokens", ext)
             ext = 0
+        if ext > 0 and self._wait_for_local_load(st, num_computed_tokens, n):
+            self._release(st)
+            return None, False
         if ext == 0:
             self._release(st)
         return ext, self.async_loads and ext > 0
+
+    def _wait_for_local_load(self, st: _Req, num_computed_tokens: int, n: int) -> bool:
+        """Another request of this engine is loading the chunk this one would load first: wait for
+        it (vLLM caches those blocks when it ends), within timeout_s (local_loads.py)."""
+        if not self.local_loads or st.request is None:
+            return False
+        c = num_computed_tokens // self.chunk
+        if (c + 1) * self.chunk > n:
+            return False
+        digest = prefix_digests(
+            st.request.all_token_ids, st.salt, self._extra(st, (c + 1) * self.chunk), self.chunk, c, c + 1
+        )[0]
+        owner = self.local_loads.owner(digest)
+        if owner is None or owner == st.req_id or not self._may_wait(st):
+            return False
+        self.stats.add("lookups_wait_local_load")
+        return True
 
     def _lookup(self, st: _Req, request: Any, n: int) -> LookupResult | None:
         """The server's answer to this request's lookup (a LookupResult), or None while it is on its way.
@@ -202,6 +236,11 @@ class SchedulerSide:
             if self.async_loads and block_ids is not None:
                 st.block_ids = [list(b) for b in block_ids]
                 self._async.append(st.req_id)
+                if self.share_loads and st.request is not None:
+                    end = plan.load_end(st.local_computed, num_external_tokens, self.chunk)
+                    first, last = st.local_computed // self.chunk, end // self.chunk
+                    tokens, extra = st.request.all_token_ids, self._extra(st, end)
+                    self.local_loads.add(st.req_id, prefix_digests(tokens, st.salt, extra, self.chunk, first, last))
         if num_external_tokens > 0:
             self.stats.add("external_tokens", num_external_tokens)
         else:
@@ -242,13 +281,16 @@ class SchedulerSide:
         meta.finished = list(getattr(so, "finished_req_ids", ()) or ())
         return meta
 
-    def update_connector_output(self, report: object) -> None:
+    def update_connector_output(self, report: object, finished_recving: Iterable[str] = ()) -> None:
         """What the workers stored, and where loads failed (those chunks get stored again later).
 
-        `report` is vLLM's aggregated worker metadata: ours, or None on a step without any.
+        `report` is vLLM's aggregated worker metadata: ours, or None on a step without any;
+        `finished_recving`: the requests whose asynchronous load ended (ok or failed).
         A failed save is not retried: a store is best effort, and a dead server must not cost a
         retry every step. The request simply misses next time.
         """
+        for req_id in finished_recving:
+            self.local_loads.done(req_id)
         if not isinstance(report, KVServerWorkerMetadata):
             return
         self.costs.observe(report.load_tokens, report.load_s, report.step_tokens, report.step_s)
@@ -276,6 +318,7 @@ class SchedulerSide:
         st = self.reqs.pop(request.request_id, None)
         if st is None:
             return None
+        self.local_loads.done(st.req_id)
         if st.lookup_rid is not None and self.client is not None:  # aborted while its lookup was on its way
             self.client.lookup_forget(st.lookup_rid)
             st.leased = True  # what that lookup leases is released right after it

@@ -17,6 +17,7 @@ COUNTERS = (
     "lookup_errors",
     "lookups_pending",
     "lookups_inflight",
+    "lookups_wait_local_load",  # "ask again later": another request of this engine loads the same prefix
     "lookup_tokens",
     "hit_tokens",
     "external_tokens",
