@@ -1,5 +1,6 @@
 """Asynchronous loads (async_loads): a long load runs on the worker's loader thread while the other
-requests keep decoding; the loading request waits in WAITING_FOR_REMOTE_KVS and its output is exact."""
+requests keep decoding; the loading request waits in WAITING_FOR_REMOTE_KVS and its output is exact.
+Loads and saves run on threads of their own, so a load never queues behind earlier saves."""
 
 from __future__ import annotations
 
@@ -7,18 +8,26 @@ from pathlib import Path
 
 import pytest
 
-from kvtestkit.serverproc import ServerFactory
-from vllm_cases import MAX_TOKENS, P_LONG, P_TURN1, kv_config
+from kvtestkit.serverproc import ServerFactory, ServerProc
+from vllm_cases import MAX_TOKENS, P_LONG, P_SALTED, P_TURN1, kv_config
 from kvtestkit.engines.vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
 
 
-def test_long_load_does_not_stall_another_requests_decode(
-    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
-) -> None:
+@pytest.fixture(scope="module")
+def long_stored(model_dir: Path, kvserver_factory: ServerFactory) -> ServerProc:
+    """A server holding P_LONG's two chunks, stored by an engine of its own. The tests that use it
+    only read them (their failures are injected on the engine side), so one store serves them all."""
     server = kvserver_factory()
     run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    return server
+
+
+def test_long_load_does_not_stall_another_requests_decode(
+    model_dir: Path, long_stored: ServerProc, reference: EngineRun
+) -> None:
+    server = long_stored
     # P_LONG's load takes 3 s on purpose; P_TURN1 (not cached) is prefilled and decodes meanwhile.
     kv = kv_config(server.url, async_loads=True, debug_load_delay_s=3.0)
     run = run_engine(
@@ -39,11 +48,8 @@ def test_long_load_does_not_stall_another_requests_decode(
     assert len(other.token_ids) == MAX_TOKENS
 
 
-def test_async_load_failure_is_recomputed(
-    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
-) -> None:
-    server = kvserver_factory()
-    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+def test_async_load_failure_is_recomputed(model_dir: Path, long_stored: ServerProc, reference: EngineRun) -> None:
+    server = long_stored
     kv = kv_config(server.url, async_loads=True, debug_fail_load_chunks=[1])
     run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
     r = run.requests[0]
@@ -53,13 +59,12 @@ def test_async_load_failure_is_recomputed(
 
 
 def test_async_load_failing_from_the_first_chunk_is_tried_once(
-    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun
+    model_dir: Path, long_stored: ServerProc, reference: EngineRun
 ) -> None:
     """A load that leaves nothing valid (chunk 0 fails, e.g. a corrupt object) sends the request back
     to vLLM's waiting queue with no computed tokens, and vLLM asks the connector again. The same load
     would fail again, for ever: the connector answers 0 and the request is recomputed."""
-    server = kvserver_factory()
-    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    server = long_stored
     kv = kv_config(server.url, async_loads=True, debug_fail_load_chunks=[0])
     run = run_engine(
         model_dir,
@@ -75,6 +80,31 @@ def test_async_load_failing_from_the_first_chunk_is_tried_once(
     assert r.kv_transfer_params["kvserver"]["load_failed"] is True
     assert r.connector_loaded_tokens == 0
     assert r.token_ids == reference.batches[0].requests[0].token_ids
+
+
+def test_a_load_does_not_queue_behind_earlier_saves(
+    model_dir: Path, long_stored: ServerProc, reference: EngineRun
+) -> None:
+    """One request at a time (max_num_seqs 1): P_LONG is scheduled once P_SALTED finished, whose save
+    (held 3 s on purpose) was submitted before P_LONG's load. The load runs on its own thread and
+    ends while that save still runs; on a thread shared with saves it waited for it (count 0).
+    P_SALTED is a prompt no other test of this module stores on the shared server."""
+    kv = kv_config(long_stored.url, debug_save_delay_s=3.0)
+    run = run_engine(
+        model_dir,
+        [[prompt(P_SALTED), prompt(P_LONG)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv,
+        llm_kwargs={"max_num_seqs": 1},
+        extra_spec={"connector_stats": True},
+    )
+    saved, loaded = run.requests
+    stats = run.batches[0].connector_stats
+    assert stats is not None and stats["load_errors"] == 0 and stats["saved_chunks"] == 2, repr(stats)
+    assert loaded.connector_loaded_tokens == 512
+    assert stats["loads_past_saves"] == 1, stats
+    assert loaded.token_ids == reference.batches[0].requests[0].token_ids
+    assert saved.token_ids == reference.batches[3].requests[0].token_ids
 
 
 def test_async_save_keeps_blocks_until_stored(

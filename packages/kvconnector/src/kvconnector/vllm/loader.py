@@ -1,11 +1,14 @@
-"""Asynchronous loads and saves: copies that run on one background thread while the engine steps.
+"""Asynchronous loads and saves: copies that run on background threads while the engine steps.
 
 Why: a long load inside the step stalls the decode of every other running request. vLLM's async
 path parks the loading request in WAITING_FOR_REMOTE_KVS and polls `get_finished` each step; the
-copy itself runs here, on its own EngineClient (so the step's saves never wait on its lock). The
-copy kernels release the GIL. EngineClient.load keeps its contract on this thread: it ends this
+copy itself runs here, on an EngineClient of its own (so the step's calls never wait on its lock).
+The copy kernels release the GIL. EngineClient.load keeps its contract on this thread: it ends this
 rank's leases itself and fails unless the server confirms they were held through the copy.
-Results are handed back to the engine thread, which alone touches vLLM-facing state.
+Loads and saves run on a thread each, with a client each: a request waiting for its prefix must not
+queue behind the saves of the requests that ran before it (a busy engine submits a save per
+finished chunk, every step). Results are handed back to the engine thread, which alone touches
+vLLM-facing state.
 """
 
 from __future__ import annotations
@@ -101,23 +104,39 @@ def save_job(client: EngineClient, job: SaveJob, delay_s: float = 0.0, reserve_w
 
 
 class BackgroundLoader:
-    """Runs load and save jobs one at a time, in submission order, on a thread of its own."""
+    """Runs loads in submission order on one thread and saves in submission order on another.
+
+    `save_client` None: saves share the load client (its lock then orders a load after a save call
+    that is running, never after queued ones)."""
 
     def __init__(
-        self, client: EngineClient, delay_s: float = 0.0, save_delay_s: float = 0.0, reserve_wait_s: float = 0.0
+        self,
+        client: EngineClient,
+        delay_s: float = 0.0,
+        save_delay_s: float = 0.0,
+        reserve_wait_s: float = 0.0,
+        save_client: EngineClient | None = None,
     ) -> None:
         self.client = client
+        self.save_client = save_client if save_client is not None else client
         self.reserve_wait_s = reserve_wait_s
         self.delay_s = delay_s
         self.save_delay_s = save_delay_s
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvserver-load")
+        self._loads = ThreadPoolExecutor(1, thread_name_prefix="kvserver-load")
+        self._saves = ThreadPoolExecutor(1, thread_name_prefix="kvserver-save")
         self._jobs: list[tuple[Any, Future[Any]]] = []
+        self.loads_past_saves = 0  # loads that ended while a save submitted before them still ran
+
+    def clients(self) -> list[EngineClient]:
+        """The distinct clients of the two threads (each registers the KV tensors)."""
+        return [self.client] if self.save_client is self.client else [self.client, self.save_client]
 
     def submit(self, job: LoadJob, wanted: list[int]) -> None:
-        self._jobs.append((job, self._pool.submit(copy_job, self.client, job, wanted, self.delay_s)))
+        self._jobs.append((job, self._loads.submit(copy_job, self.client, job, wanted, self.delay_s)))
 
     def submit_save(self, job: SaveJob) -> None:
-        self._jobs.append((job, self._pool.submit(save_job, self.client, job, self.save_delay_s, self.reserve_wait_s)))
+        f = self._saves.submit(save_job, self.save_client, job, self.save_delay_s, self.reserve_wait_s)
+        self._jobs.append((job, f))
 
     def in_flight(self) -> int:
         return len(self._jobs)
@@ -137,10 +156,22 @@ class BackgroundLoader:
             wait([f for _, f in self._jobs], timeout, return_when=FIRST_COMPLETED)
 
     def take_done(self) -> list[tuple[Any, Any]]:
-        done = [(job, f.result()) for job, f in self._jobs if f.done()]
-        self._jobs = [(job, f) for job, f in self._jobs if not f.done()]
+        done: list[tuple[Any, Any]] = []
+        left: list[tuple[Any, Future[Any]]] = []
+        saving_before = False  # a save submitted before this job is still running
+        for job, f in self._jobs:
+            if not f.done():
+                left.append((job, f))
+                saving_before = saving_before or isinstance(job, SaveJob)
+                continue
+            if saving_before and isinstance(job, LoadJob):
+                self.loads_past_saves += 1
+            done.append((job, f.result()))
+        self._jobs = left
         return done
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)  # a copy into engine blocks must end before they are freed
-        self.client.close()
+        self._loads.shutdown(wait=True)  # a copy into engine blocks must end before they are freed
+        self._saves.shutdown(wait=True)
+        for client in self.clients():
+            client.close()

@@ -40,6 +40,7 @@ _HELP = {
     "no_space_saves": "Saves of which nothing fitted in kvserver's full cache.",
     "declined_hits": "Hits not loaded because recomputing was estimated cheaper.",
     "declined_tokens": "Tokens of declined hits (recomputed).",
+    "loads_past_saves": "Background loads that ended while a save submitted before them still ran.",
     "steps_during_loads": "Forward steps that ran while a background load was in flight.",
     "idle_waits": "Steps with nothing to compute that waited for a background load or save instead of spinning.",
     "scheduler_wait_s": "Seconds vLLM's scheduler waited for kvserver's lookup answers (its step loop halted).",

@@ -39,6 +39,7 @@ COUNTERS = (
     "declined_hits",
     "declined_tokens",  # hits plan_loads left to recompute (estimated cheaper)
     "save_drains",  # steps that waited for background saves (a preempted request's blocks get reused)
+    "loads_past_saves",  # background loads that ended while a save submitted before them still ran
     "steps_during_loads",  # forward steps that ran while a background load (async_loads) was in flight
     "idle_waits",  # steps with nothing to compute that waited (up to 2 ms) for a background load or save
     "scheduler_wait_s",  # seconds vLLM's scheduler waited for lookup answers (its step loop stood still)

@@ -37,12 +37,15 @@ class WorkerSide:
         client: EngineClient | None,
         expected: list[LayoutDescriptor] | None,
         load_client: EngineClient | None = None,
+        save_client: EngineClient | None = None,
     ) -> None:
         self.cfg = cfg
         self.client = client
-        # async_loads: background loads through a client of their own (see loader.py)
+        # async_loads/async_saves: background copies through clients of their own (see loader.py)
         self.loader = (
-            BackgroundLoader(load_client, cfg.debug_load_delay_s, cfg.debug_save_delay_s, cfg.reserve_wait_s)
+            BackgroundLoader(
+                load_client, cfg.debug_load_delay_s, cfg.debug_save_delay_s, cfg.reserve_wait_s, save_client
+            )
             if load_client is not None
             else None
         )
@@ -95,7 +98,7 @@ class WorkerSide:
             log.error("KVServerConnector: the EngineClient rejected the KV tensors; connector disabled")
             self.enabled = False
             return
-        if self.loader is not None and not self.loader.client.register(kv):
+        if self.loader is not None and not all(c.register(kv) for c in self.loader.clients()):
             log.error("KVServerConnector: the loader's EngineClient rejected the KV tensors; loads run in the step")
             self.loader = None
         if self.cfg.plan_loads and self.cfg.load and self.client is not None:
@@ -229,7 +232,11 @@ class WorkerSide:
                 self.stats.add("idle_waits")
                 self.loader.wait_any(IDLE_WAIT_S)
         bs = self.layout.block_size if self.layout else 1
-        for job, outcome in self.loader.take_done() if self.loader is not None else ():
+        done = self.loader.take_done() if self.loader is not None else []
+        if self.loader is not None and self.loader.loads_past_saves:
+            self.stats.add("loads_past_saves", self.loader.loads_past_saves)
+            self.loader.loads_past_saves = 0
+        for job, outcome in done:
             if isinstance(job, SaveJob):
                 self.saving[job.req_id] -= 1
                 if not self.saving[job.req_id]:
