@@ -41,6 +41,39 @@ def test_blend_stores_count_against_the_tenants_quota(tenancy: Any) -> None:
     assert len(blend_lookup(alice, ks, tokens, starts)["matches"]) == 2  # alice's objects untouched
 
 
+def test_blend_and_prefix_objects_share_one_quota(tenancy: Any) -> None:
+    """The tenant's L1 quota is one budget for prefix and blend objects: carol's blend store past it
+    evicts her own prefix objects, and her prefix store past it evicts her blend objects, never alice's."""
+    _, admin, c, ks, _, _ = tenancy
+    alice, carol = c["alice"], c["carol"]
+    mine = doc_of(2, 1_000)
+    assert statuses(blend_store(alice, ks, mine, lambda ch, g: payload(ch, OBJ))) == ["reserved"] * 2
+    prefix = doc_of(2, 60_000)
+    assert statuses(store(carol, ks, prefix, lambda ch, g: payload(ch, OBJ))) == ["reserved"] * 2
+
+    def carol_row() -> dict[str, Any]:
+        return admin.call("describe").result["tenants"]["carol"]
+
+    def prefix_hit() -> int:
+        return carol.call("lookup", keyspace=ks.to_wire(), tokens=pack_tokens(prefix)).result["hit_chunks"]
+
+    assert carol_row()["l1_used_bytes"] == 2 * OBJ and prefix_hit() == 2
+    blend = doc_of(2, 70_000)
+    assert statuses(blend_store(carol, ks, blend, lambda ch, g: payload(ch, OBJ))) == ["reserved"] * 2
+    row = carol_row()
+    assert row["l1_used_bytes"] == 3 * OBJ and row["quota_evictions"] == 1 and row["quota_refusals"] == 0
+    assert prefix_hit() < 2  # her own prefix made room for her blend object
+    tokens, starts = prompt_of([blend])
+    assert len(blend_lookup(carol, ks, tokens, starts)["matches"]) == 2
+    more = doc_of(2, 80_000)  # two prefix chunks more: her blend objects go, one is refused
+    assert statuses(store(carol, ks, more, lambda ch, g: payload(ch, OBJ))) == ["reserved"] * 2
+    row = carol_row()
+    assert row["l1_used_bytes"] == 3 * OBJ and row["quota_evictions"] == 3
+    assert len(blend_lookup(carol, ks, tokens, starts)["matches"]) < 2
+    tokens, starts = prompt_of([mine])
+    assert len(blend_lookup(alice, ks, tokens, starts)["matches"]) == 2  # alice's objects untouched
+
+
 def test_blend_and_prefix_stores_share_the_tenants_store_cap(tenancy: Any) -> None:
     _, _, c, ks, _, _ = tenancy
     alice, carol = c["alice"], c["carol"]

@@ -163,7 +163,8 @@ def test_the_largest_allowed_requests_are_answered(srv) -> None:
 
 
 def test_sessions_and_stores_are_capped(server_factory) -> None:
-    from kvserver.service.base import MAX_SESSIONS, MAX_STORES
+    from kvserver.service.admission import MAX_STORES
+    from kvserver.service.session_admission import MAX_SESSIONS
 
     srv = server_factory("--l1-size-gb", "0.1")
     auth = resolve_token(None, srv.url)

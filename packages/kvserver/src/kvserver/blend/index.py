@@ -1,10 +1,12 @@
 """CacheBlend on the server: a content index next to the prefix keys, blend_store and blend_lookup.
 
-Why apart from cache.py: a blend hit is a different promise from a prefix hit. A prefix hit is KV
-that is exact for the request; a blend hit is KV of the same document computed at another position
-and without the request's earlier context, which the engine must re-RoPE and partly recompute
-(kvconnector.blend). Its counters therefore never mix with the prefix counters, and nothing here
-changes what `lookup` answers.
+Why apart from the prefix ops (service/reads.py): a blend hit is a different promise from a prefix
+hit. A prefix hit is KV that is exact for the request; a blend hit is KV of the same document
+computed at another position and without the request's earlier context, which the engine must
+re-RoPE and partly recompute (kvconnector.blend). Its counters therefore never mix with the prefix
+counters, and nothing here changes what `lookup` answers. Admission is shared: its stores go through
+the prefix stores' `StoreAdmission`, its sessions through `SessionAdmission`, its keys through the
+`KeyPlanner` (all three on the same `CacheState`).
 
 Objects are ordinary L1 objects (same slabs, eviction, leases, commit, retrieve); only their
 chunk-hash field differs: `blend_object_hash(content fingerprint, reference position)`. The index maps
@@ -21,11 +23,12 @@ from kvprotocol._replies import BlendLookupReply, BlendMatch, BlendSlot, BlendSt
 from kvprotocol._requests import BlendLookup, BlendStore
 
 from ..errors import OutOfRange, TooLarge
-from ..service.cache import CacheService
+from ..service.keys import KeyPlanner
 from ..service.admission import MAX_STORES
 from ..service.leases import rank_keys
 from ..security.tenants import Identity
 from ..service.sessions import Slot, StoreTxn, new_store_id
+from ..service.state import CacheState
 
 IndexKey = tuple[str, int, tuple[str, ...], str, bytes]  # (model, world, groups, salt, fingerprint)
 MAX_PENDING = MAX_STORES  # blend stores awaiting commit whose index entries are held back
@@ -46,19 +49,20 @@ class BlendCounters:
 
 
 class BlendService:
-    """blend_store / blend_lookup over the cache service's L1, sessions and store transactions."""
+    """blend_store / blend_lookup over the cache state's L1, sessions and store transactions, with the
+    prefix ops' key planner, session admission and store admission."""
 
-    def __init__(self, cache: CacheService) -> None:
-        self.cache = cache
-        self.chunk_size = cache.chunk_size
+    def __init__(self, state: CacheState, keys: KeyPlanner) -> None:
+        self.state, self.keys = state, keys
+        self.chunk_size = state.chunk_size
         self.counters = BlendCounters()
         self.index: dict[IndexKey, tuple[int, bytes]] = {}  # -> (reference position, object hash)
         # (model, world, salt, object hash) -> the entries naming that object (one per group layout set)
         self._by_object: dict[tuple[str, int, str, bytes], set[IndexKey]] = {}
         self._pending: dict[str, list[tuple[IndexKey, int, bytes]]] = {}  # store id -> entries at commit
-        cache.on_commit_txn.append(self._committed)
-        cache.l1.on_evict.append(self._gone)
-        cache.l1.on_clear.append(self._gone)
+        state.hooks.commit_txn.append(self._committed)
+        state.l1.on_evict.append(self._gone)
+        state.l1.on_clear.append(self._gone)
 
     # -- index ---------------------------------------------------------------------------------
     def _publish(self, ik: IndexKey, ref_pos: int, obj: bytes) -> None:
@@ -96,14 +100,14 @@ class BlendService:
             self.counters.stored_bytes += sum(s.entry.size for s in txn.slots)
 
     def _sweep_pending(self) -> None:
-        for store_id in [s for s in self._pending if s not in self.cache.table.stores]:
+        for store_id in [s for s in self._pending if s not in self.state.table.stores]:
             del self._pending[store_id]  # aborted or expired: nothing to publish
 
     # -- ops -----------------------------------------------------------------------------------
     def store(self, f: BlendStore, who: Identity) -> BlendStoreReply:
         """Reserve slots for one segment's full chunks; commit (the ordinary op) publishes them.
         The salt and session are the caller's, inside its tenant's namespace (`who`)."""
-        c = self.cache
+        c = self.state
         ks, salt, rank = f.keyspace.key(), who.salt(f.salt), f.rank
         if rank >= ks[1]:
             raise OutOfRange("rank must be < world_size")
@@ -155,7 +159,7 @@ class BlendService:
         """Cached chunks of the prompt's segments, wherever they sit: `matches` in prompt order, each
         with its token offset `start` and the `ref_pos` its KV was computed at. With a session, the
         matched objects are leased and `retrieve` chunk i is match i."""
-        c = self.cache
+        c = self.state
         ks, salt, tokens = f.keyspace.key(), who.salt(f.salt), f.tokens
         session = who.scope(f.session) if f.session is not None else None
         n_tokens = len(tokens) // 4
@@ -171,7 +175,7 @@ class BlendService:
         if rank is not None and rank >= ks[1]:
             raise OutOfRange("rank must be < world_size")
         if session is not None:
-            c._admit_session(session, 0, who)  # the session counts (the tenant's cap too); its hits below
+            c.sessions.admit(session, 0, who)  # the session counts (the tenant's cap too); its hits below
         matches: list[BlendMatch] = []
         objects: list[bytes] = []
         for start, end in bounds:
@@ -179,7 +183,7 @@ class BlendService:
                 hit = self.index.get((ks[0], ks[1], ks[2], salt, fp))
                 if hit is None:
                     continue
-                keys = c._chunk_keys(ks, salt, hit[1])
+                keys = self.keys.chunk_keys(ks, salt, hit[1])
                 if any(c.l1.ready(k) is None for k in keys):
                     continue
                 for k in keys:
@@ -193,7 +197,7 @@ class BlendService:
         n.hit_chunks += len(matches)
         n.hit_tokens += len(matches) * self.chunk_size
         if session is not None:  # charged for what it holds: its matches, like a prefix lookup's hit
-            c._admit_session(session, len(objects) * (1 + per_chunk), who)
+            c.sessions.admit(session, len(objects) * (1 + per_chunk), who)
             c.leases.take(session, ks, salt, objects, len(objects), rank)
         return BlendLookupReply(matches, candidates, len(matches) * self.chunk_size, self.chunk_size)
 

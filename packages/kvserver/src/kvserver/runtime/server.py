@@ -106,7 +106,8 @@ class KVServer:
             self.cache = CacheService(self.l1, config.chunk_size, config.lease_ttl, self.auth.tenants)
             self.cache.reservations.lifetime = config.reservation_lifetime
             self.cache.engine_table.ttl = config.engine_ttl
-            self.blend = BlendService(self.cache)  # content-keyed chunks (CacheBlend), opt-in per request
+            # content-keyed chunks (CacheBlend), opt-in per request: the same state, keys and admission
+            self.blend = BlendService(self.cache.state, self.cache.keys)
             self.l2 = build_tier_manager(config, self.l1)  # None without --l2; ValueError on bad settings
         except BaseException:
             self.close()

@@ -4,7 +4,7 @@ A store is asked, in order: are its layouts registered (object sizes); may its t
 store (the server's and the tenant's caps); then, object by object: is the key already there
 (`present` / `writing`), does the object fit outside other producers' bookings (reservation
 headroom), within the tenant's L1 quota (its own objects evicted first), and in the arena. The
-prefix path (write_path.py) and CacheBlend (blend_index.py) both go through here, so a cap, a quota
+prefix path (writes.py) and CacheBlend (blend_index.py) both go through here, so a cap, a quota
 or a booking binds every way bytes enter L1, and the two paths cannot drift apart.
 """
 

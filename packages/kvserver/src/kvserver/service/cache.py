@@ -1,251 +1,92 @@
-"""The cache service: lookup, store, commit, retrieve and friends over L1 and the session table.
+"""The cache service: the one object the server's handlers call, composed of the state and its ops.
 
 Handlers receive typed requests (kvprotocol._requests Structs, already checked) and return reply
-Structs (kvprotocol._replies), which the server encodes as they are.
+Structs (kvprotocol._replies), which the server encodes as they are. The service holds no logic of
+its own: the state (state.py), the key planner (keys.py), session admission and expiry
+(session_admission.py), and the read (reads.py), write (writes.py) and registration (register.py)
+operations, each built once over the same state; its op names are those operations' bound methods.
 Everything runs on the server's single event-loop thread, so no locks are needed and no operation
 ever waits on another.
+May import: the service's own modules, `l1`, `security`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from kvprotocol import ObjectKey
-from kvprotocol._replies import (
-    ArenaInfo,
-    ClearReply,
-    EndSessionReply,
-    LookupReply,
-    PinReply,
-    QueryReply,
-    RegisterReply,
-    ReleaseReply,
-    RetrievedObject,
-    RetrieveReply,
-)
-from kvprotocol._requests import KeysRequest, Lookup, Query, RegisterEngine, Release, Retrieve
+from kvprotocol._replies import ClearReply, EndSessionReply
 
-from ..errors import LayoutMismatch, NoSpace, NotLeased, OutOfRange
+from .after_reply import Defer
 from .engines import Engine
-from ..security.shm import arena_for
-from ..security.tenants import ADMIN, Identity
-from .write_path import WritePath
+from .keys import KeyPlanner
+from ..l1.cache import L1Cache
+from .reads import ReadOps
+from .register import Registration
+from ..security.tenants import ADMIN, Identity, TenantBook
+from .state import CacheState
+from .writes import WriteOps
+
+if TYPE_CHECKING:
+    from ..l2 import TierManager
 
 
-class CacheService(WritePath):
-    """The cache ops the server dispatches to (the read path here; writes in write_path.py)."""
+class CacheService:
+    """The cache ops the server dispatches to, and the collaborators other parts of the server wire up
+    (hooks, the ledger and counters for describe, the engine table, the reservations' lifetime)."""
 
-    # -- engines -------------------------------------------------------------------------------
-    def register_engine(self, f: RegisterEngine, engine_id: str, who: Identity = ADMIN) -> RegisterReply:
-        layouts = f.layouts()
-        for layout in layouts:
-            if layout.chunk_size % self.chunk_size:
-                raise LayoutMismatch(
-                    f"layout chunk_size {layout.chunk_size} is not a "
-                    f"multiple of the server chunk_size {self.chunk_size}"
-                )
-            if layout.object_bytes > self.l1.alloc.capacity:
-                raise NoSpace("one object is larger than the whole L1 arena")
-        if f.rank >= f.world_size:
-            raise OutOfRange("rank must be < world_size")
-        self.layouts.admit(who.tenant, layouts, self.engine_table.in_use)
-        engine_id = self.engine_table.add(
-            Engine(
-                engine_id,
-                f.model,
-                f.world_size,
-                f.rank,
-                [g.to_wire() for g in layouts],
-                f.host or "",
-                f.pid or 0,
-                tenant=who.tenant,
-            ),
-            [g.fingerprint for g in layouts],
-        )
-        arena = self.l1.arena
-        return RegisterReply(
-            engine_id=engine_id,
-            arena=arena_for(who, ArenaInfo(name=arena.name, size=arena.size, nonce=arena.nonce)),
-            chunk_size=self.chunk_size,
-            groups=[g.fingerprint for g in layouts],
-        )
+    def __init__(self, l1: L1Cache, chunk_size: int, lease_ttl: float, tenants: TenantBook | None = None) -> None:
+        self.state = st = CacheState(l1, chunk_size, lease_ttl, tenants)
+        self.keys = KeyPlanner(st)
+        self.sessions = st.sessions  # session admission and the expiry sweep (CacheBlend's lookup too)
+        self.reads = ReadOps(st, self.keys, st.sessions)
+        self.writes = WriteOps(st, self.keys)
+        self.registration = Registration(st)
+        # what the rest of the server reads or wires (the same objects as the state's)
+        self.l1, self.chunk_size, self.table, self.leases = l1, chunk_size, st.table, st.leases
+        self.ledger, self.counters = st.ledger, st.counters
+        self.reservations, self.admission = st.reservations, st.admission
+        self.engine_table, self.layouts, self.hash_memo = st.engine_table, st.layouts, st.hash_memo
+        self.on_commit, self.on_hit = st.hooks.commit, st.hooks.hit
+        self.on_commit_txn, self.on_prefetched = st.hooks.commit_txn, st.hooks.prefetched
+        self.expire = st.sessions.expire
+        # the ops, bound once: a handler's call costs what a method call on one class costs
+        self.register_engine = self.registration.register_engine
+        self.lookup, self.lookup_l2 = self.reads.lookup, self.reads.lookup_l2
+        self.query, self.query_l2, self.set_pinned = self.reads.query, self.reads.query_l2, self.reads.set_pinned
+        self.retrieve, self.release = self.reads.retrieve, self.reads.release
+        self.store, self.commit, self.abort = self.writes.store, self.writes.commit, self.writes.abort
 
-    # -- lookup / query --------------------------------------------------------------------------
-    def lookup(self, f: Lookup, who: Identity = ADMIN, hashes: list[bytes] | None = None) -> LookupReply:
-        ks, salt = f.keyspace.key(), who.salt(f.salt)
-        hashes = self._hashes(f, self._per_chunk(f), who) if hashes is None else hashes
-        session = None if f.session is None else who.scope(f.session)
-        chunk_keys: list[list[ObjectKey]] = []  # each hit chunk's keys (no geometry), built once
-        hit = self._prefix_hits(ks, salt, hashes, chunk_keys)
-        if session is not None:  # charged for its hit only: a miss holds nothing
-            self._admit_session(session, hit * (1 + self._per_chunk(f)), who)
-        c = self.counters
-        c.lookups += 1
-        c.lookup_tokens += len(f.tokens) // 4
-        c.lookup_hit_tokens += hit * self.chunk_size
-        t = self.ledger.counters(who)
-        t.lookups += 1
-        t.lookup_tokens += len(f.tokens) // 4
-        t.lookup_hit_tokens += hit * self.chunk_size
-        rank = f.rank
-        if rank is not None and rank >= ks[1]:
-            raise OutOfRange("rank must be < world_size")
-        out = LookupReply(hit * self.chunk_size, hit, len(hashes), self.chunk_size)
-        plan, keys_of = self.groups.plan(ks), None
-        if plan is not None:  # per-group geometry: the objects this hit needs (groups.py)
-            keys_of = plan.lease_keys(salt, hashes, hit)
-            self.defer(lambda: plan.touch_hit(salt, hashes, hit, self.l1.touch, self.on_hit))
-        elif chunk_keys:
-            self.defer(lambda: self._touch_hit(chunk_keys))
-        if self.reservations.live and hit < len(hashes):
-            refs = [(ks[0], ks[1], salt, h) for h in hashes[: hit + 1]]
-            if self.reservations.inflight(refs, hit):  # "ask again later": nothing is leased for it
-                out.inflight = True
-                return out
-        if session is not None and hit == 0 and rank is None:
-            self.leases.drop(session)  # nothing to lease: no session is left for the client to release
-        elif session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
-            self.leases.take(session, ks, salt, hashes, hit, rank, keys_of)
-        return out
+    @property
+    def l2(self) -> TierManager | None:
+        """L2 prefetch on lookup misses (set by the server)."""
+        return self.state.l2
 
-    def _touch_hit(self, chunk_keys: list[list[ObjectKey]]) -> None:
-        """A plain lookup's bookkeeping, after its reply: recency and the hit hooks (L2 admission)."""
-        self.l1.touch_many([key for keys in reversed(chunk_keys) for key in keys])  # tail first: head most recent
-        if self.on_hit:
-            hit_keys = [k for keys in chunk_keys for k in keys]
-            for hook in self.on_hit:
-                hook(hit_keys)
+    @l2.setter
+    def l2(self, l2: TierManager | None) -> None:
+        self.state.l2 = l2
 
-    async def lookup_l2(self, f: Lookup, who: Identity = ADMIN) -> LookupReply:
-        """lookup, after loading what L2 holds of the missing prefix into L1 (a bounded wait).
+    @property
+    def defer(self) -> Defer:
+        """What a reply need not wait for (the server sets its after-reply queue: after_reply.py)."""
+        return self.state.defer
 
-        The answer counts only what is in L1 when the wait ends; see l2/prefetch.py.
-        """
-        ks, salt = f.keyspace.key(), who.salt(f.salt)
-        hashes = self._hashes(f, self._per_chunk(f), who)
-        if f.session is not None:
-            self._admit_session(who.scope(f.session), 0, who)  # the counts now; its hit's objects in lookup
-        hit = self._prefix_hits(ks, salt, hashes)
-        pending = False
-        if self.l2 is not None and hit < len(hashes):
-            plan = self.groups.plan(ks)  # with a geometry, snapshots and states are useful without a leading run
-            sets = [self._chunk_keys(ks, salt, h) for h in hashes] if plan is None else plan.prefetch_sets(salt, hashes)
-            tokens = f.tokens
+    @defer.setter
+    def defer(self, defer: Defer) -> None:
+        self.state.defer = defer
 
-            async def prefetch() -> None:
-                assert self.l2 is not None
-                await self.l2.prefetch(
-                    sets, hit if plan is None else 0, lambda key: self.object_sizes.get(key[1]), leading=plan is None
-                )
-                self.l1.link_chain(ks[0], ks[1], salt, hashes)
-                for hook in self.on_prefetched:
-                    hook(ks, salt, tokens, hashes, hit)
-
-            if f.wait:
-                await prefetch()
-            else:  # answer now; the engine asks again (see l2/background.py)
-                pending = self.background.poll((ks, salt, hashes[hit], hashes[-1]), prefetch)
-        out = self.lookup(f, who, hashes)  # no await since the wait: the prefix is recomputed and leased at once
-        if not f.wait:
-            out.pending = pending
-        return out
-
-    def _query_keys(self, f: KeysRequest, who: Identity) -> tuple[list[bytes], list[list[ObjectKey]]]:
-        ks, salt = f.keyspace.key(), who.salt(f.salt)
-        hashes = self._hashes(f, self._per_chunk(f), who)
-        return hashes, [self._chunk_keys(ks, salt, h, c) for c, h in enumerate(hashes)]
-
-    def query(self, f: Query, who: Identity = ADMIN) -> QueryReply:
-        """Per-chunk presence in L1 (objects ready of objects needed) and the reusable prefix."""
-        return self._query(f, who)[0]
-
-    def _query(self, f: Query, who: Identity) -> tuple[QueryReply, list[list[ObjectKey]]]:
-        hashes, per_chunk = self._query_keys(f, who)
-        ready = self.l1.ready
-        present = [sum(1 for k in keys if ready(k) is not None) for keys in per_chunk]
-        # rows stay maps: query_l2 adds one count per L2 tier, named after the tier ("l2", "l2.<i>")
-        chunks: list[dict[str, Any]] = [
-            {"hash": h.hex(), "l1": n, "objects": len(keys)} for h, n, keys in zip(hashes, present, per_chunk)
-        ]
-        hit = next((i for i, (n, keys) in enumerate(zip(present, per_chunk)) if n < len(keys)), len(chunks))
-        if self.groups.plan(f.keyspace.key()) is not None:  # not a plain prefix rule: the fold decides
-            hit = self._prefix_hits(f.keyspace.key(), who.salt(f.salt), hashes)
-        return QueryReply(chunks, hit * self.chunk_size, self.chunk_size), per_chunk
-
-    async def query_l2(self, f: Query, who: Identity = ADMIN) -> QueryReply:
-        """query, plus presence per L2 tier: `l2` when one tier is configured, `l2.<i>` for each of several.
-
-        A tier that is down or slower than the prefetch timeout reports nothing for that query.
-        """
-        result, per_chunk = self._query(f, who)
-        if self.l2 is None:
-            return result
-        flat = [k for keys in per_chunk for k in keys]
-        per_tier = await self.l2.presence(flat)
-        names = ["l2"] if len(per_tier) == 1 else [f"l2.{i}" for i in range(len(per_tier))]
-        for name, present in zip(names, per_tier):
-            if present is None:
-                continue
-            pos = 0
-            for chunk, keys in zip(result.chunks, per_chunk):
-                chunk[name] = sum(present[pos : pos + len(keys)])
-                pos += len(keys)
-        return result
-
-    def set_pinned(self, f: KeysRequest, pinned: bool, who: Identity = ADMIN) -> PinReply:
-        ks, salt = f.keyspace.key(), who.salt(f.salt)
-        changed = 0
-        for c, h in enumerate(self._hashes(f, self._per_chunk(f), who)):
-            for key in self._chunk_keys(ks, salt, h, c):
-                changed += self.l1.set_pinned(key, pinned)
-        return PinReply(changed)
-
-    # -- store ---------------------------------------------------------------------------------
-    def retrieve(self, f: Retrieve, who: Identity = ADMIN) -> tuple[RetrieveReply, list[bytes]]:
-        """Offsets (shm) or copies (tcp) of one rank's leased objects, and the reader's lease number.
-
-        tcp frames are copies, never views of the arena: a frame may wait in ZMQ's queue after the
-        lease ends, and a view would then send whatever object reuses the slot.
-        """
-        start, end, rank = f.start_chunk, f.end_chunk, f.rank
-        reader = self.leases.reader(who.scope(f.session), rank)
-        if not start <= end <= reader.hit_chunks:
-            raise NotLeased(f"chunks [{start}, {end}) not within the leased prefix of {reader.hit_chunks} chunks")
-        mode = f.mode
-        objects: list[RetrievedObject] = []
-        frames: list[bytes] = []
-        for chunk, group, key in self.groups.retrieve_objects(
-            reader.keyspace, reader.salt, reader.hashes, reader.hit_chunks, rank, start, end
-        ):
-            entry = self.l1.entries[key]  # leased, so present and ready
-            shm = mode == "shm"
-            objects.append(RetrievedObject(chunk, group, entry.size, entry.checksum, entry.offset if shm else None))
-            if not shm:
-                frames.append(bytes(self.l1.arena.read(entry.offset, entry.size)))
-            self.counters.retrieved_bytes += entry.size
-        self.counters.retrieves += 1
-        t = self.ledger.counters(who)
-        t.retrieves += 1
-        t.retrieved_bytes += sum(o.size for o in objects)
-        return RetrieveReply(objects, reader.lease), frames
-
-    # -- sessions ------------------------------------------------------------------------------
-    def release(self, f: Release, who: Identity = ADMIN) -> ReleaseReply:
-        """`{released, intact}`: see leases.Leases.release."""
-        result = self.leases.release(who.scope(f.session), f.rank, f.lease)
-        if f.lease is not None and not result.intact:
-            self.counters.broken_reads += 1
-        return result
+    @property
+    def engines(self) -> dict[str, Engine]:
+        """Registered engine ranks by id (describe, the fleet agent)."""
+        return self.engine_table.engines
 
     def end_session(self, session: str, who: Identity = ADMIN) -> EndSessionReply:
+        """Drop the session's leases, then abort its open stores."""
         session_id = who.scope(session)
         released = self.leases.drop(session_id)
-        aborted = 0
-        for txn in [t for t in self.table.stores.values() if t.session == session_id]:
-            del self.table.stores[txn.id]
-            self._abort_txn(txn)
-            aborted += 1
-        return EndSessionReply(released, aborted)
+        return EndSessionReply(released, self.writes.abort_session(session_id))
 
     def clear(self) -> ClearReply:
         return ClearReply(self.l1.clear())
+
+
+__all__ = ["CacheService"]

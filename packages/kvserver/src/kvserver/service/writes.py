@@ -1,27 +1,36 @@
-"""The write path: store reserves slots, commit makes them readable atomically, abort gives them back.
+"""Write operations: store reserves slots, commit makes them readable atomically, abort gives them back.
 
-Whole-request reservations (reservations.py) and tenant quotas are checked here, before anything
-changes; see cache_base.py for the shared state.
+Whole-request reservations (reservations.py) and tenant quotas are checked before anything changes,
+through the one store admission (admission.py) that CacheBlend's stores use too.
+May import: the service's own modules, `l1`, `security`, `errors`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from kvprotocol._replies import AbortReply, CommitReply, StoreReply, StoreSlot
 from kvprotocol._requests import Store
 
 from ..errors import BadField, Forbidden, OutOfRange, UnknownStore
-from ..l1.cache import L1Cache
+from .keys import KeyPlanner
 from .sessions import Slot, StoreTxn, new_store_id
-from ..security.tenants import ADMIN, Identity, TenantBook
-from .base import CacheBase
+from ..security.tenants import ADMIN, Identity
+
+if TYPE_CHECKING:
+    from .state import CacheState
 
 
-class WritePath(CacheBase):
-    def __init__(self, l1: L1Cache, chunk_size: int, lease_ttl: float, tenants: TenantBook | None = None) -> None:
-        super().__init__(l1, chunk_size, lease_ttl, tenants)
+class WriteOps:
+    """store, commit, abort (and the aborts a rollback or an ended session asks for), over the state."""
+
+    def __init__(self, state: CacheState, keys: KeyPlanner) -> None:
+        self.l1, self.table, self.ledger, self.leases = state.l1, state.table, state.ledger, state.leases
+        self.groups, self.counters, self.hooks = state.groups, state.counters, state.hooks
+        self.reservations, self.admission = state.reservations, state.admission
+        self.keys = keys
         self.reservations.abort_stores = self._abort_stores  # a rollback aborts the producer's open stores
 
     def store(self, f: Store, who: Identity = ADMIN) -> StoreReply:
@@ -30,7 +39,7 @@ class WritePath(CacheBase):
         if rank >= ks[1]:
             raise OutOfRange("rank must be < world_size")
         sizes = self.admission.sizes(ks)
-        hashes = self._hashes(f, len(ks[2]), who)
+        hashes = self.keys.hashes(f, len(ks[2]), who)
         self.admission.open(who)
         start = f.start_chunk
         if start > len(hashes):
@@ -143,9 +152,9 @@ class WritePath(CacheBase):
             self.reservations.hold(res, [s.key for s in txn.slots])
             self.reservations.settle(res, store_id)
         keys = [s.key for s in txn.slots]
-        for hook in self.on_commit:
+        for hook in self.hooks.commit:
             hook(keys)
-        for txn_hook in self.on_commit_txn:
+        for txn_hook in self.hooks.commit_txn:
             txn_hook(txn)
         return CommitReply(len(txn.slots))
 
@@ -154,6 +163,15 @@ class WritePath(CacheBase):
         del self.table.stores[store_id]
         self._abort_txn(txn)
         return AbortReply(len(txn.slots))
+
+    def abort_session(self, session_id: str) -> int:
+        """Abort every open store of a session (end_session); how many there were."""
+        aborted = 0
+        for txn in [t for t in self.table.stores.values() if t.session == session_id]:
+            del self.table.stores[txn.id]
+            self._abort_txn(txn)
+            aborted += 1
+        return aborted
 
     def _abort_txn(self, txn: StoreTxn) -> None:
         self.leases.end_write(txn)
@@ -169,4 +187,5 @@ class WritePath(CacheBase):
             if txn is not None:
                 self.leases.end_write(txn)
 
-    # -- retrieve ------------------------------------------------------------------------------
+
+__all__ = ["WriteOps"]

@@ -1,0 +1,93 @@
+"""The key planner: a request's chunk hashes, each chunk's object keys, and how much of a prefix is in L1.
+
+Why its own module: every op (reads.py, writes.py, CacheBlend's lookup) names objects the same way,
+and the prefix walk is the hot path of every lookup, kept here as plain loops over locals.
+May import: the service's own modules, `l1`, `security`, `errors`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kvprotocol import MAX_KEYS, KeySpace, ObjectKey
+from kvprotocol._requests import KeysRequest
+
+from ..errors import OutOfRange, TooLarge
+from ..l1.cache import State
+from ..security.tenants import Identity
+
+if TYPE_CHECKING:
+    from .state import CacheState
+
+
+class KeyPlanner:
+    """Chunk hashes (through the hash memo), object keys per chunk, the prefix hit in L1."""
+
+    def __init__(self, state: CacheState) -> None:
+        self.l1, self.groups, self.hash_memo = state.l1, state.groups, state.hash_memo
+        self.chunk_size = state.chunk_size
+
+    @staticmethod
+    def keyspace(keyspace: dict[str, Any]) -> KeySpace:
+        """A keyspace map (field-map handlers, e.g. blend_index.py) as the server's key tuple."""
+        return KeySpace(keyspace["model"], keyspace["world_size"], tuple(keyspace["groups"]))
+
+    @staticmethod
+    def per_chunk(f: KeysRequest) -> int:
+        """Objects per chunk the request names (ranks x groups), what MAX_KEYS counts."""
+        return f.keyspace.per_chunk
+
+    def chunk_keys(self, ks: KeySpace, salt: str, chunk_hash: bytes, c: int = -1) -> list[ObjectKey]:
+        """Every (rank, group) object of one chunk (with a geometry: every object ending at unit c)."""
+        plan = self.groups.plan(ks)
+        if plan is not None:
+            return plan.ending_at(salt, chunk_hash, c)
+        model, world, groups = ks
+        return [
+            tuple.__new__(ObjectKey, (model, fp, world, rank, g, salt, chunk_hash))  # hot: see ObjectKey
+            for rank in range(world)
+            for g, fp in enumerate(groups)
+        ]
+
+    def prefix_hits(
+        self, ks: KeySpace, salt: str, hashes: list[bytes], hit_keys: list[list[ObjectKey]] | None = None
+    ) -> int:
+        """Largest k such that every (group, rank) object of chunks 0..k-1 is ready in L1.
+
+        With `hit_keys` (a keyspace without a geometry), the keys of chunks 0..k-1 are appended to it,
+        one list per chunk, so a lookup touches them without building them again.
+        """
+        plan = self.groups.plan(ks)
+        if plan is not None:
+            return plan.hit(salt, hashes, self.l1.ready)
+        # the hot path of every lookup: plain loops over locals, no generators; l1.ready inlined
+        entries, ready, new = self.l1.entries.get, State.READY, tuple.__new__
+        model, world, groups = ks
+        parts = [(model, fp, world, rank, g, salt) for rank in range(world) for g, fp in enumerate(groups)]
+        for i, h in enumerate(hashes):
+            keys = [new(ObjectKey, (*p, h)) for p in parts]  # see ObjectKey: built in C
+            for key in keys:
+                e = entries(key)
+                if e is None or e.state is not ready:
+                    return i
+            if hit_keys is not None:
+                hit_keys.append(keys)
+        return len(hashes)
+
+    def hashes(self, f: KeysRequest, per_chunk: int, who: Identity) -> list[bytes]:
+        """The request's chunk hashes, its per-chunk extra keys folded in (kvprotocol's one definition,
+        remembered per key-space salt: hash_memo.py).
+
+        Runs before a handler changes anything: a request naming more than MAX_KEYS objects is
+        TOO_LARGE before any hashing, and an extra key beyond the last full chunk is OUT_OF_RANGE.
+        """
+        chunks = len(f.tokens) // 4 // self.chunk_size
+        if chunks * per_chunk > MAX_KEYS:
+            raise TooLarge(f"{chunks} chunks x {per_chunk} objects each is over {MAX_KEYS} objects per request")
+        try:
+            return self.hash_memo.hashes(who.salt(f.salt), f.tokens, self.chunk_size, f.extra or ())
+        except IndexError as exc:
+            raise OutOfRange(str(exc)) from None
+
+
+__all__ = ["KeyPlanner"]
