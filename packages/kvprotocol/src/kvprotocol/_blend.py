@@ -12,18 +12,14 @@ at different positions is different bytes, and the engine re-applies RoPE from t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from typing import Any
-
 from blake3 import blake3
 
-from ._hashing import big_endian_tokens, token_count
+from ._hashing import Tokens, big_endian_tokens, token_count
 
 BLEND_SEED = blake3(b"kvblend-v1").digest()
 
 
-def blend_fingerprints(tokens: Sequence[int] | bytes | Any, chunk_size: int) -> list[bytes]:
+def blend_fingerprints(tokens: Tokens, chunk_size: int) -> list[bytes]:
     """Fingerprints of every full chunk of one segment, from its first token (the tail is not hashed)."""
     if chunk_size <= 0:
         raise ValueError("chunk_size must be positive")

@@ -136,7 +136,7 @@ class Client(TypedOps):
         self._ids = itertools.count(_start_id() & 0xFFFFFFFFFFFF)
         self._lock = threading.Lock()
 
-    def call(self, op: str, frames: Sequence[Buffer] = (), timeout: float | None = None, **fields: Any) -> Reply:
+    def call(self, op: str, frames: Sequence[Buffer] = (), timeout: float | None = None, **fields: object) -> Reply:
         """Send one untyped request (a map of fields) and wait for its reply; raises ServerError, RequestTimeout."""
         return self._roundtrip(op, lambda rid: _envelope(rid, op, fields, self._token), frames, timeout).untyped()
 
@@ -215,7 +215,9 @@ class AsyncClient(TypedOps):
         self._pending: dict[int, asyncio.Future[_Raw]] = {}
         self._reader: asyncio.Task[None] | None = None
 
-    async def call(self, op: str, frames: Sequence[Buffer] = (), timeout: float | None = None, **fields: Any) -> Reply:
+    async def call(
+        self, op: str, frames: Sequence[Buffer] = (), timeout: float | None = None, **fields: object
+    ) -> Reply:
         raw = await self._roundtrip(op, lambda rid: _envelope(rid, op, fields, self._token), frames, timeout)
         return raw.untyped()
 

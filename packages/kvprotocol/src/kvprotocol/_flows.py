@@ -14,14 +14,14 @@ move the bytes (buffers, arena offsets, device copies: the caller's business).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 from ._errors import ErrorCode, KVProtocolError, ServerError
 from ._replies import Reply_, RetrieveReply, StoreReply, StoreSlot
 from ._requests import Abort, BlendStore, Commit, Release, Request, Retrieve, Store
 
 Buffer = bytes | bytearray | memoryview
-Send = Callable[[Request, Sequence[Any]], tuple[Reply_, list[memoryview]]]
+Send = Callable[[Request, Sequence[Buffer]], tuple[Reply_, list[memoryview]]]
 T = TypeVar("T")
 LEASE_LOST_CODES = (ErrorCode.UNKNOWN_SESSION, ErrorCode.NOT_LEASED)
 
@@ -35,7 +35,7 @@ class LeaseBroken(KVProtocolError):
 def store_and_commit(
     send: Send,
     req: Store | BlendStore,
-    fill: Callable[[StoreReply, list[StoreSlot]], tuple[Sequence[Any], list[int]]],
+    fill: Callable[[StoreReply, list[StoreSlot]], tuple[Sequence[Buffer], list[int]]],
     abort_send: Send | None = None,
 ) -> StoreReply:
     """Reserve the missing objects, let `fill` write the reserved slots, commit; abort on any failure.

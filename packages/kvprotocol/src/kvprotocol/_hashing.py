@@ -10,13 +10,27 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from blake3 import blake3
 
 ZERO_HASH = bytes(32)
 EXTRA_DIGEST_BYTES = 32  # one per-chunk extra key (adapter, multimodal items, ...): a 32-byte digest
 ExtraKeys = Sequence[tuple[int, bytes]]  # (chunk index, digest), chunk indices strictly increasing
+
+
+class TokenArray(Protocol):
+    """A one-dimensional array of token ids that numpy reads (a numpy array, a CPU tensor): numpy
+    converts it (`numpy.asarray`), so engines keep their vectorised path."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, key: slice, /) -> TokenArray: ...
+
+    def __array__(self) -> object: ...
+
+
+Tokens = Sequence[int] | bytes | TokenArray  # token ids, or their packed little-endian uint32 bytes
 _U32 = "I" if array("I").itemsize == 4 else "L"  # tokens on the wire: packed little-endian uint32
 _LITTLE = sys.byteorder == "little"
 
@@ -57,7 +71,7 @@ def _ndarray_u32(tokens: Any, dtype: str) -> bytes:
     return tokens.astype(dtype, copy=False).tobytes()
 
 
-def pack_tokens(tokens: Sequence[int] | Any) -> bytes:
+def pack_tokens(tokens: Sequence[int] | TokenArray) -> bytes:
     """Pack token ids (a sequence of ints or a 1-D numpy array) as little-endian uint32 bytes (the wire form)."""
     if _is_ndarray(tokens):  # numpy converts and orders the bytes itself: one copy
         return _ndarray_u32(tokens, "<u4")
@@ -84,7 +98,7 @@ def unpack_tokens(data: bytes | bytearray | memoryview) -> Sequence[int]:
     return out
 
 
-def big_endian_tokens(tokens: Sequence[int] | bytes | Any, count: int | None = None) -> bytes:
+def big_endian_tokens(tokens: Tokens, count: int | None = None) -> bytes:
     """The first `count` tokens (all by default) as big-endian uint32 bytes, the form chunks are hashed in."""
     if isinstance(tokens, (bytes, bytearray, memoryview)):
         if len(tokens) % 4:
@@ -102,7 +116,7 @@ def big_endian_tokens(tokens: Sequence[int] | bytes | Any, count: int | None = N
     return arr.tobytes()
 
 
-def token_count(tokens: Sequence[int] | bytes | Any) -> int:
+def token_count(tokens: Tokens) -> int:
     return len(tokens) // 4 if isinstance(tokens, (bytes, bytearray, memoryview)) else len(tokens)
 
 
@@ -129,7 +143,7 @@ def check_extra(extra: Iterable[tuple[int, bytes]], num_chunks: int | None = Non
 
 
 def chunk_hashes(
-    tokens: Sequence[int] | bytes | Any,
+    tokens: Tokens,
     chunk_size: int,
     extra: ExtraKeys = (),
     *,

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 from ._layout import LayoutDescriptor
 
 if TYPE_CHECKING:
     from ._requests import KeySpaceW
+
+
+class KeySpaceWire(TypedDict):
+    """A KeySpace as an untyped request (`Client.call`) carries it."""
+
+    model: str
+    world_size: int
+    groups: list[str]
 
 
 class KeySpace(NamedTuple):
@@ -26,7 +34,7 @@ class KeySpace(NamedTuple):
     def from_layouts(cls, model: str, world_size: int, layouts: Sequence[LayoutDescriptor]) -> KeySpace:
         return cls(model, world_size, tuple(layout.fingerprint for layout in layouts))
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> KeySpaceWire:
         return {"model": self.model, "world_size": self.world_size, "groups": list(self.groups)}
 
     def wire(self) -> KeySpaceW:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NotRequired, TypedDict
 
 import msgpack
 from blake3 import blake3
@@ -18,6 +18,24 @@ MAX_OBJECT_BYTES = 1 << 31
 MAX_BLOCK_DIMS = 8  # a block's tensor shape; bounded so a registration cannot carry a huge list
 _TAG_RE = re.compile(r"^[a-z0-9_]{1,32}$")
 _SCALES_RE = re.compile(r"^[0-9a-f]{16}$")
+
+
+class LayoutWire(TypedDict):
+    """A LayoutDescriptor as an untyped request carries it (`to_wire`; the typed one is `LayoutW`)."""
+
+    tag: str
+    dtype: str
+    num_layers: int
+    block_size: int
+    block_bytes: int
+    chunk_size: int
+    block_shape: list[int]
+    stacked: bool
+    variant: str
+    kind: str
+    window: int
+    shared: bool
+    scales: NotRequired[str]  # only when set
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +127,27 @@ class LayoutDescriptor:
         canon = msgpack.packb(parts)
         return blake3(b"kv-layout-v1" + canon).hexdigest()[:16]
 
-    def to_wire(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["block_shape"] = list(self.block_shape)
-        if not self.scales:  # servers that predate fp8 scales accept every layout without them
-            del d["scales"]
+    def to_wire(self) -> LayoutWire:
+        d = LayoutWire(
+            tag=self.tag,
+            dtype=self.dtype,
+            num_layers=self.num_layers,
+            block_size=self.block_size,
+            block_bytes=self.block_bytes,
+            chunk_size=self.chunk_size,
+            block_shape=list(self.block_shape),
+            stacked=self.stacked,
+            variant=self.variant,
+            kind=self.kind,
+            window=self.window,
+            shared=self.shared,
+        )
+        if self.scales:  # servers that predate fp8 scales accept every layout without them
+            d["scales"] = self.scales
         return d
 
     @classmethod
-    def from_wire(cls, data: Any) -> LayoutDescriptor:
+    def from_wire(cls, data: object) -> LayoutDescriptor:
         if not isinstance(data, dict):
             raise ValidationError(ErrorCode.BAD_FIELD, "layout must be a map")
         fields = {

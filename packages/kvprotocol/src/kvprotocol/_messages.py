@@ -138,7 +138,7 @@ def check_envelope(msg: dict[str, Any]) -> type[Request]:
     return SCHEMA[op]
 
 
-def validate_request(msg: dict[str, Any]) -> tuple[int, str, Request]:
+def validate_request(msg: dict[str, object]) -> tuple[int, str, Request]:
     """Check a decoded map (envelope, then fields); returns (id, op, the typed request)."""
     cls = check_envelope(msg)
     op = cls.__struct_config__.tag

@@ -11,7 +11,7 @@ write its reply Struct in `_replies.py` and map it in `REPLIES`, then give the s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -391,7 +391,7 @@ AnyRequest = (
 )
 
 
-def fields_of(req: Request) -> dict[str, Any]:
+def fields_of(req: Request) -> dict[str, object]:
     """The op's own fields (no envelope) as builtins: what a log line or test inspects."""
     out = msgspec.structs.asdict(req)
     for name in ("v", "id", "auth"):

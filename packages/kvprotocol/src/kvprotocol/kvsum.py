@@ -10,12 +10,15 @@ Not imported by `kvprotocol/__init__` (numpy stays off the import path of client
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 try:
     import numpy as np
 except ImportError as exc:  # the one kvprotocol module that needs numpy; see the `kvsum` extra
     raise ImportError("kvprotocol.kvsum needs numpy: install kvprotocol[kvsum] (or numpy)") from exc
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12 (numpy arrays are one there)
 
 MASK = (1 << 64) - 1
 P1 = 0x9E3779B97F4A7C15
@@ -63,11 +66,11 @@ def kvsum64_array(data: np.ndarray, seed: int = 0) -> int:
     return _fmix_int((acc & MASK) ^ seed ^ (((n + 1) * P2) & MASK))
 
 
-def kvsum64(buffer: Any, seed: int = 0) -> int:
+def kvsum64(buffer: Buffer | np.ndarray, seed: int = 0) -> int:
     """kvsum64 of a C-contiguous bytes-like object (bytes, memoryview, numpy array, mmap)."""
     if not 0 <= seed <= MASK:
         raise TypeError("seed must be an unsigned 64-bit integer")
-    mv = memoryview(buffer)
+    mv = buffer.data if isinstance(buffer, np.ndarray) else memoryview(buffer)
     if not mv.c_contiguous:
         raise ValueError("kvsum64 needs a C-contiguous buffer")
     flat = mv.cast("B") if mv.ndim != 1 or mv.itemsize != 1 else mv

@@ -21,7 +21,8 @@ import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+
+from kvprotocol._layout import LayoutWire
 
 from ..security.tenants import DEFAULT
 
@@ -38,7 +39,7 @@ class Engine:
     model: str
     world_size: int
     rank: int
-    groups: list[dict[str, Any]]
+    groups: list[LayoutWire]
     host: str
     pid: int
     registered_at: float = field(default_factory=time.time)
