@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Literal, NotRequired, TypedDict, TypeVar
 
-import msgspec
 import numpy as np
 
 from kvprotocol import Client, ErrorCode, KVProtocolError, ServerError
+from kvprotocol._replies import ArenaInfo, ECObject
 from kvprotocol._shm import ShmMapping as ArenaMap
 from kvprotocol._shm import shm_exists
 
@@ -30,6 +30,39 @@ from .vllm.breaker import Breaker
 T = TypeVar("T")
 
 log = logging.getLogger("kvconnector.ec")
+
+
+class ArenaWire(TypedDict):
+    name: str
+    size: int
+    nonce: str
+
+
+class ECDescriptor(TypedDict):
+    """A cached item as `lookup` found it (the server's ECObject, plus the arena its offset is in);
+    a plain map, so it travels in vLLM's connector metadata as it is."""
+
+    size: int
+    dtype: str
+    shape: list[int]
+    checksum: int
+    offset: NotRequired[int]  # shm identities only
+    lease: NotRequired[str]  # a leased lookup (readers > 0) only
+    arena: NotRequired[ArenaWire]
+
+
+def _arena_wire(arena: ArenaInfo) -> ArenaWire:
+    return ArenaWire(name=arena.name, size=arena.size, nonce=arena.nonce)
+
+
+def _descriptor(obj: ECObject, arena: ArenaInfo) -> ECDescriptor:
+    d = ECDescriptor(size=obj.size, dtype=obj.dtype, shape=list(obj.shape), checksum=obj.checksum)
+    if obj.offset is not None:
+        d["offset"] = obj.offset
+    if obj.lease is not None:
+        d["lease"] = obj.lease
+    d["arena"] = _arena_wire(arena)
+    return d
 
 
 @dataclass
@@ -84,9 +117,9 @@ class ECClient:
         self._breaker.succeeded()
         return reply
 
-    def _segment(self, arena: Any) -> ArenaMap | None:
+    def _segment(self, arena: ArenaWire | None) -> ArenaMap | None:
         """The mapped EC segment the reply names, if it is visible here and is that server's (nonce)."""
-        if not self._shm_ok or not isinstance(arena, dict):
+        if not self._shm_ok or arena is None:
             return None
         seg = self._seg
         if seg is not None and (
@@ -124,7 +157,7 @@ class ECClient:
         return True
 
     # -- ops -----------------------------------------------------------------------------------
-    def lookup(self, items: list[str], readers: int = 0) -> list[dict[str, Any] | None]:
+    def lookup(self, items: list[str], readers: int = 0) -> list[ECDescriptor | None]:
         """Per item: None (miss) or its descriptor; with readers > 0 each hit is leased until released."""
         self.stats.lookups += 1
         reply = self._call(
@@ -133,10 +166,7 @@ class ECClient:
         )
         if reply is None:
             return [None] * len(items)
-        out: list[dict[str, Any] | None] = list(reply.items)
-        for d in out:
-            if d is not None:
-                d["arena"] = msgspec.structs.asdict(reply.arena)
+        out = [None if obj is None else _descriptor(obj, reply.arena) for obj in reply.items]
         self.stats.hits += sum(d is not None for d in out)
         return out
 
@@ -159,7 +189,7 @@ class ECClient:
         store_id = r.store_id
         checksum = checksum_bytes(buf)
         if mode == "shm":
-            seg = self._segment(msgspec.structs.asdict(r.arena) if r.arena is not None else None)
+            seg = self._segment(_arena_wire(r.arena) if r.arena is not None else None)
             if seg is None or r.offset is None:  # not mappable from here after all: give the slot back, send the bytes
                 self._call("ec_abort", lambda c: c.ec_abort(store_id=store_id))
                 if self.mode == "shm":
@@ -178,12 +208,12 @@ class ECClient:
             self.stats.saved_bytes += size
         return ok
 
-    def load(self, item: str, desc: dict[str, Any] | None = None) -> tuple[np.ndarray, str, list[int]] | None:
+    def load(self, item: str, desc: ECDescriptor | None = None) -> tuple[np.ndarray, str, list[int]] | None:
         """(bytes as uint8 array, dtype, shape) of one item, or None. With a leased descriptor from
         `lookup` the bytes are read straight from the mapped segment (no round trip); otherwise the
         item is retrieved. The checksum is verified on the returned copy."""
         data: np.ndarray | None = None
-        if desc is not None and "lease" in desc:
+        if desc is not None and "lease" in desc and "offset" in desc:
             seg = self._segment(desc.get("arena"))
             if seg is not None:
                 try:
@@ -199,7 +229,11 @@ class ECClient:
             )
             if got is None or not got[0].found or len(got[1]) != 1:
                 return None
-            desc = msgspec.structs.asdict(got[0])
+            found = got[0]
+            if found.size is None or found.dtype is None or found.shape is None or found.checksum is None:
+                self.stats.bad_checksums += 1  # found, yet not described: as untrusted as a mismatch
+                return None
+            desc = ECDescriptor(size=found.size, dtype=found.dtype, shape=found.shape, checksum=found.checksum)
             data = np.frombuffer(got[1][0], np.uint8).copy()
         assert desc is not None
         if data.nbytes != desc["size"] or checksum_bytes(data) != desc["checksum"]:

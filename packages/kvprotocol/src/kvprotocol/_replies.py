@@ -11,7 +11,7 @@ shapes (the server's token, a tenant's) use `UNSET` instead, since its values ma
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -37,28 +37,28 @@ class DescribeReply(Reply_):
     version: str
     protocol: int
     uptime_s: float
-    tenants: dict[str, dict[str, Any]]  # per-tenant usage, limits and counters
+    tenants: dict[str, dict[str, object]]  # per-tenant usage, limits and counters
     tenant: str | UnsetType = UNSET  # a tenant's describe: who asked
     chunk_size: int | UnsetType = UNSET  # a tenant's describe (the server's token reads config)
-    config: dict[str, Any] | UnsetType = UNSET
-    l1: dict[str, Any] | UnsetType = UNSET
-    warm_restart: dict[str, Any] | UnsetType | None = UNSET
-    engines: list[dict[str, Any]] | UnsetType = UNSET
+    config: dict[str, object] | UnsetType = UNSET
+    l1: dict[str, object] | UnsetType = UNSET
+    warm_restart: dict[str, object] | UnsetType | None = UNSET
+    engines: list[dict[str, object]] | UnsetType = UNSET
     engines_expired: int | UnsetType = UNSET  # registrations dropped since start (exited, or silent past the TTL)
-    layouts: Any = UNSET
+    layouts: dict[str, int] | UnsetType = UNSET
     sessions: int | UnsetType = UNSET
     stores_in_flight: int | UnsetType = UNSET
     counters: dict[str, int] | UnsetType = UNSET
-    hash_memo: dict[str, Any] | UnsetType = UNSET
-    reservations: dict[str, Any] | UnsetType = UNSET
-    ec: dict[str, Any] | UnsetType = UNSET
-    blend: dict[str, Any] | UnsetType = UNSET
+    hash_memo: dict[str, object] | UnsetType = UNSET
+    reservations: dict[str, object] | UnsetType = UNSET
+    ec: dict[str, object] | UnsetType = UNSET
+    blend: dict[str, object] | UnsetType = UNSET
     errors: dict[str, int] | UnsetType = UNSET
     ops: dict[str, int] | UnsetType = UNSET
-    latency: dict[str, Any] | UnsetType = UNSET
-    l2: dict[str, Any] | UnsetType = UNSET  # with --l2
-    l2_queue: dict[str, Any] | UnsetType = UNSET  # with --l2
-    kv_events: dict[str, Any] | UnsetType = UNSET  # with --kv-events
+    latency: dict[str, object] | UnsetType = UNSET
+    l2: dict[str, object] | UnsetType = UNSET  # with --l2
+    l2_queue: dict[str, object] | UnsetType = UNSET  # with --l2
+    kv_events: dict[str, object] | UnsetType = UNSET  # with --kv-events
 
 
 class ClearReply(Reply_):
@@ -94,7 +94,7 @@ class ChunkPresence(msgspec.Struct):
 
 
 class QueryReply(Reply_):
-    chunks: list[dict[str, Any]]  # ChunkPresence plus one count per L2 tier ("l2" or "l2.<i>")
+    chunks: list[dict[str, str | int]]  # ChunkPresence plus one count per L2 tier ("l2" or "l2.<i>")
     prefix_tokens: int
     chunk_size: int
 
@@ -165,7 +165,7 @@ class BlendMatch(msgspec.Struct):
 
 
 class BlendLookupReply(Reply_):
-    matches: list[Any]  # BlendMatch maps: clients read them as maps (kvconnector.blend), so not typed here
+    matches: list[BlendMatch]
     candidate_chunks: int
     hit_tokens: int
     chunk_size: int
@@ -183,7 +183,7 @@ class ECObject(msgspec.Struct, omit_defaults=True):
 
 
 class ECLookupReply(Reply_):
-    items: list[Any]  # per item: null (a miss) or an ECObject map (clients read maps: kvconnector.ec_client)
+    items: list[ECObject | None]  # per item: null (a miss) or its descriptor
     arena: ArenaInfo
 
 

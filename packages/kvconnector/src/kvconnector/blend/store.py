@@ -131,7 +131,7 @@ class BlendStore:
                 starts=[int(s) for s in starts],
                 salt=self.salt,
             )
-            return [BlendMatch(m["start"], m["ref_pos"]) for m in result.matches]
+            return [BlendMatch(m.start, m.ref_pos) for m in result.matches]
         except Exception as exc:
             self._error("lookup", exc)
             return []
@@ -159,9 +159,9 @@ class BlendStore:
                 out = []
                 for m, obj, frame in zip(matches, reply.objects, frames, strict=True):
                     if kvsum64(frame) != obj.checksum:
-                        raise ValueError(f"checksum mismatch for the chunk at {m['start']}")
+                        raise ValueError(f"checksum mismatch for the chunk at {m.start}")
                     k, v = self.codec.decode(frame)
-                    out.append(LoadedChunk(m["start"], m["ref_pos"], k, v))
+                    out.append(LoadedChunk(m.start, m.ref_pos, k, v))
                 return out
 
             # the release names the lease and must come back intact (flows.read_leased, prove=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from types import FrameType
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorBase, ECConnectorMetadata, ECConnectorRole
 
-from ..ec_client import ECClient
+from ..ec_client import ECClient, ECDescriptor
 from .config import parse_config
 from .ec_keys import ec_item, ec_model_and_space
 from .ec_stats import KVServerECStats, StatDelta, build_stats
@@ -46,7 +47,7 @@ class ECLoad:
     num_embeds: int
     req_id: str
     input_id: int
-    desc: dict[str, Any]
+    desc: ECDescriptor  # a plain map
 
 
 @dataclass
@@ -82,7 +83,7 @@ class KVServerECConnector(ECConnectorBase):
             retry_after_s=cfg.retry_after_s,
             token=cfg.token(),
         )
-        self._promised: dict[str, tuple[float, dict[str, Any]]] = {}  # scheduler: mm_hash -> (when, leased desc)
+        self._promised: dict[str, tuple[float, ECDescriptor]] = {}  # scheduler: mm_hash -> (when, leased desc)
         self._loads: list[ECLoad] = []
         self._stats = StatDelta()  # scheduler side: what vLLM's stat loggers get (ec_stats.py)
         self.encoded_instead = 0  # worker: promised loads that failed and were encoded in the same step
@@ -131,7 +132,7 @@ class KVServerECConnector(ECConnectorBase):
         return self._stats.take()
 
     @classmethod
-    def build_ec_connector_stats(cls, data: dict[str, Any] | None = None) -> KVServerECStats | None:
+    def build_ec_connector_stats(cls, data: Mapping[str, float] | None = None) -> KVServerECStats | None:
         return build_stats(data)
 
     # -- worker side -------------------------------------------------------------------------------

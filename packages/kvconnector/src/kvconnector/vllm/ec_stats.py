@@ -8,7 +8,7 @@ forward worker-side EC stats, so loads done, saves and fallbacks stay in the con
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from vllm.distributed.ec_transfer.ec_connector.metrics import ECConnectorStats
 
@@ -48,5 +48,5 @@ class StatDelta:
         return out
 
 
-def build_stats(data: dict[str, Any] | None) -> KVServerECStats:
+def build_stats(data: Mapping[str, float] | None) -> KVServerECStats:
     return KVServerECStats(data=dict(data or {}))
