@@ -29,10 +29,16 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from blake3 import blake3
 from kvprotocol import DEFAULT_CHUNK_SIZE, DTYPES, LayoutDescriptor
+
+if TYPE_CHECKING:  # never imported at run time: the scheduler side's tests run without vLLM
+    import torch
+    from vllm.v1.kv_cache_interface import AttentionSpec
+    from vllm.v1.kv_cache_layout import KVCacheLayout
 
 # vllm.v1.kv_cache_layout.KVCacheLayout: physical order of the logical axes [L, B, H, N, C]
 KV_CACHE_LAYOUTS: dict[str, tuple[int, ...]] = {
@@ -74,7 +80,7 @@ class ReadLayout:
     order: str  # the KVCacheLayout name
     head_major: bool  # H before N inside a block
 
-    def engine_view(self, tensor: Any) -> Any:
+    def engine_view(self, tensor: torch.Tensor) -> torch.Tensor:
         """vLLM's logical [B, H, N, C] per-layer view (torch) as [B, <interior in physical order>] of
         the descriptor's dtype: no copy, the same bytes."""
         if tuple(tensor.shape[1:]) != self.logical_interior:
@@ -107,7 +113,7 @@ class ReadLayout:
         return (shape[1], shape[0], shape[2])
 
 
-def layout_name(name: Any) -> str:
+def layout_name(name: str | KVCacheLayout) -> str:
     """A KVCacheLayout member, its name, or a legacy alias (NHD/HND), as the canonical name."""
     text = str(getattr(name, "name", name)).upper().removeprefix("KVCACHELAYOUT.")
     text = LEGACY_LAYOUT_NAMES.get(text, text)
@@ -140,7 +146,7 @@ def scales_digest(scales: Sequence[tuple[float, float]]) -> str:
 
 def read_layout(
     *,
-    order: Any,
+    order: str | KVCacheLayout,
     backend: str,
     num_layers: int,
     block_size: int,
@@ -153,7 +159,7 @@ def read_layout(
     kv_quant_mode: int = 0,
     num_head_slots: int | None = None,
     state_content_bytes: int | None = None,
-    tokens_per_state: Any = 1,
+    tokens_per_state: int | Fraction = 1,
     kv_scales: Sequence[tuple[float, float]] | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     variant: str = "",
@@ -218,9 +224,9 @@ def read_layout(
 
 
 def read_spec_layout(
-    spec: Any,
+    spec: AttentionSpec,
     *,
-    order: Any,
+    order: str | KVCacheLayout,
     backend: str,
     num_layers: int,
     cache_dtype: str = "auto",

@@ -17,9 +17,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvprotocol import DEFAULT_CHUNK_SIZE, DTYPES, LayoutDescriptor
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    # a dtype's name ("bfloat16"), a torch dtype, or a numpy dtype or scalar type
+    DType = str | torch.dtype | np.dtype | type[np.generic]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +50,7 @@ TAG_GEOMETRY: dict[str, TagGeometry] = {
 }
 
 
-def dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: DType) -> str:
     """Canonical dtype string (a key of kvprotocol.DTYPES) for a torch dtype, numpy dtype or name."""
     if isinstance(dtype, str):
         name = dtype
@@ -70,7 +77,13 @@ def block_shape_of(tag: str, per_layer_shape: tuple[int, ...]) -> tuple[int, ...
 
 
 def _make(
-    tag: str, dtype: Any, num_layers: int, block_size: int, block_shape: tuple[int, ...], chunk_size: int, stacked: bool
+    tag: str,
+    dtype: DType,
+    num_layers: int,
+    block_size: int,
+    block_shape: tuple[int, ...],
+    chunk_size: int,
+    stacked: bool,
 ) -> LayoutDescriptor:
     name = dtype_name(dtype)
     block_bytes = math.prod(block_shape) * DTYPES[name]
@@ -92,7 +105,7 @@ def vllm_cpu_layout(
     num_kv_heads: int,
     head_dim: int,
     block_size: int,
-    dtype: Any,
+    dtype: DType,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     stacked: bool = False,
 ) -> LayoutDescriptor:
@@ -107,7 +120,7 @@ def flash_attn_layout(
     num_kv_heads: int,
     head_dim: int,
     block_size: int,
-    dtype: Any,
+    dtype: DType,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     stacked: bool = False,
 ) -> LayoutDescriptor:
@@ -121,7 +134,7 @@ def mla_layout(
     num_layers: int,
     latent_dim: int,
     block_size: int,
-    dtype: Any,
+    dtype: DType,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     stacked: bool = False,
     shared: bool = False,
@@ -135,7 +148,11 @@ def mla_layout(
 
 
 def layout_from_tensor(
-    tensor: Any, tag: str, block_size: int, chunk_size: int = DEFAULT_CHUNK_SIZE, num_layers: int | None = None
+    tensor: torch.Tensor | np.ndarray,
+    tag: str,
+    block_size: int,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    num_layers: int | None = None,
 ) -> LayoutDescriptor:
     """Infer the layout from one engine KV tensor (torch or numpy).
 
