@@ -11,17 +11,21 @@ the arena. Real loads replace the estimate within a few samples (exponential smo
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvprotocol import LayoutDescriptor
 
 if TYPE_CHECKING:
+    import torch
+
     from ..engine_client import EngineClient
 
 REPEATS = 3
 
 
-def calibrate_load(client: EngineClient, tensors: list[Any], layout: LayoutDescriptor) -> tuple[int, float] | None:
+def calibrate_load(
+    client: EngineClient, tensors: list[torch.Tensor], layout: LayoutDescriptor
+) -> tuple[int, float] | None:
     """(tokens, seconds) of one estimated chunk load, or None when it cannot be measured here."""
     if not tensors or any(not t.is_contiguous() for t in tensors):
         return None

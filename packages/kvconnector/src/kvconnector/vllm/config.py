@@ -170,27 +170,27 @@ _TYPES: dict[str, tuple[type, ...]] = {
 URL_ENV = "KVSERVER_URL"  # how a container learns its node's server (e.g. tcp://$(HOST_IP):5555)
 
 
-def parse_config(extra: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> ConnectorConfig:
+def parse_config(extra: Mapping[str, object] | None, environ: Mapping[str, str] | None = None) -> ConnectorConfig:
     """Build a ConnectorConfig from kv_connector_extra_config; unknown keys and bad values raise ValueError.
 
     kvserver_url: the key if set, else $KVSERVER_URL, else the loopback default.
     """
-    extra = dict(extra or {})
+    fields: dict[str, Any] = dict(extra or {})  # each value checked against _TYPES below
     env_url = (os.environ if environ is None else environ).get(URL_ENV)
-    if "kvserver_url" not in extra and env_url:
-        extra["kvserver_url"] = env_url
-    unknown = sorted(set(extra) - set(_TYPES))
+    if "kvserver_url" not in fields and env_url:
+        fields["kvserver_url"] = env_url
+    unknown = sorted(set(fields) - set(_TYPES))
     if unknown:
         raise ValueError(
             f"KVServerConnector: unknown kv_connector_extra_config keys {unknown}; known: {sorted(_TYPES)}"
         )
-    for key, value in extra.items():
+    for key, value in fields.items():
         ok = isinstance(value, _TYPES[key]) and (not isinstance(value, bool) or bool in _TYPES[key])
         if not ok:
             raise ValueError(f"KVServerConnector: {key} has type {type(value).__name__}")
     cfg = ConnectorConfig(
-        **{k: v for k, v in extra.items() if k != "debug_fail_load_chunks"},
-        debug_fail_load_chunks=tuple(extra.get("debug_fail_load_chunks", ())),
+        **{k: v for k, v in fields.items() if k != "debug_fail_load_chunks"},
+        debug_fail_load_chunks=tuple(fields.get("debug_fail_load_chunks", ())),
     )
     if not cfg.kvserver_url.startswith(("tcp://", "ipc://")):
         raise ValueError(f"KVServerConnector: kvserver_url must be tcp:// or ipc://, got {cfg.kvserver_url!r}")

@@ -17,6 +17,7 @@ A single-group model is unchanged: one object group, the same layout fingerprint
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 
 
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ from .worker import WorkerSide
 if TYPE_CHECKING:
     import torch
     from kvprotocol import LayoutDescriptor
+    from ..engine_client import EngineClient
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, PromMetric, PromMetricT
     from vllm.forward_context import ForwardContext
@@ -92,7 +94,11 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
             self._scheduler = SchedulerSide(self.cfg, client, block_size, groups, prefix_caching)
         else:
             load_client = save_client = None
-            if client is not None and ((self.cfg.async_loads and self.cfg.load) or self.cfg.async_saves):
+            if (
+                client is not None
+                and layouts is not None
+                and ((self.cfg.async_loads and self.cfg.load) or self.cfg.async_saves)
+            ):
                 load_client = _make_client(self.cfg, model, world or 1, rank, layouts)
             if load_client is not None and self.cfg.async_saves and self.cfg.save_policy != "none":
                 save_client = _make_client(self.cfg, model, world or 1, rank, layouts)  # see loader.py
@@ -144,7 +150,7 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
                 connector_output.kv_connector_worker_meta, connector_output.finished_recving or ()
             )
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, object] | None]:
         """With async_saves, vLLM keeps the blocks of a request with saves until the workers report
         it in get_finished's "finished sending" set (its saves have read them)."""
         assert self._scheduler is not None
@@ -152,7 +158,7 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
+    ) -> tuple[bool, dict[str, object] | None]:
         """SupportsHMA's request_finished: the delay covers the blocks of every group alike."""
         assert self._scheduler is not None
         return self._scheduler.request_finished_delay(request)
@@ -228,7 +234,7 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
         return side.stats.take() if side is not None else None
 
     @classmethod
-    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVServerConnectorStats | None:
+    def build_kv_connector_stats(cls, data: Mapping[str, float] | None = None) -> KVServerConnectorStats | None:
         return KVServerConnectorStats(data=dict(data or {}))
 
     @classmethod
@@ -282,7 +288,9 @@ def _world_and_rank(vllm_config: VllmConfig, role: KVConnectorRole) -> tuple[int
     return world, int(get_tensor_model_parallel_rank())
 
 
-def _make_client(cfg: ConnectorConfig, model: str, world: int, rank: int, layouts: Any) -> Any:
+def _make_client(
+    cfg: ConnectorConfig, model: str, world: int, rank: int, layouts: Sequence[LayoutDescriptor]
+) -> EngineClient:
     from ..engine_client import EngineClient
 
     return EngineClient(

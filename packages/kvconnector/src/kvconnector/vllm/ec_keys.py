@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING
 
 from blake3 import blake3
 
 from .fingerprint import model_fingerprint, model_key_with_fingerprint
 
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
 _ITEM_RE = re.compile(r"^[A-Za-z0-9._:@+=/-]{1,200}$")
 
 
-def ec_config_parts(vllm_config: Any) -> dict[str, str]:
+def ec_config_parts(vllm_config: VllmConfig) -> dict[str, str]:
     mc = vllm_config.model_config
     return {
         "model": str(mc.model),
@@ -40,7 +43,7 @@ def ec_space(dtype: str) -> str:
     ).hexdigest()[:16]
 
 
-def ec_model_and_space(vllm_config: Any, model_name: str | None, model_id: str | None) -> tuple[str, str]:
+def ec_model_and_space(vllm_config: VllmConfig, model_name: str | None, model_id: str | None) -> tuple[str, str]:
     mc = vllm_config.model_config
     served = getattr(mc, "served_model_name", None)
     if isinstance(served, (list, tuple)):

@@ -26,15 +26,20 @@ import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from blake3 import blake3
+
+if TYPE_CHECKING:  # read by attribute: these functions take duck-typed requests in the tests
+    from vllm.v1.request import Request
+
+Part = tuple[str | int | bytes, ...]  # ("lora", name, digest), ("mm", identifier, offset), ...
 
 _VERSION = b"kvserver-extra-v1"
 _ADAPTER_READ = 1 << 20  # bytes read at a time while hashing adapter files
 
 
-def _encode(parts: Sequence[tuple[Any, ...]]) -> bytes:
+def _encode(parts: Sequence[Part]) -> bytes:
     """Unambiguous bytes for a list of (tag, str | int ...) tuples: length-prefixed, typed."""
     out = [_VERSION]
     for part in parts:
@@ -50,7 +55,7 @@ def _encode(parts: Sequence[tuple[Any, ...]]) -> bytes:
     return b"".join(out)
 
 
-def digest_parts(parts: Sequence[tuple[Any, ...]]) -> bytes:
+def digest_parts(parts: Sequence[Part]) -> bytes:
     """The 32-byte extra-key digest of one chunk's parts (see docs/protocol.md)."""
     return blake3(_encode(parts)).digest()
 
@@ -116,7 +121,7 @@ class RequestKeys:
 PLAIN = RequestKeys(True)
 
 
-def _lora_part(request: Any, adapters: AdapterDigests) -> tuple[Any, ...] | bool | None:
+def _lora_part(request: Request, adapters: AdapterDigests) -> Part | bool | None:
     """("lora", name, digest), None without an adapter, False when the adapter cannot be named."""
     lora = getattr(request, "lora_request", None)
     if lora is None:
@@ -128,7 +133,7 @@ def _lora_part(request: Any, adapters: AdapterDigests) -> tuple[Any, ...] | bool
     return ("lora", str(lora.lora_name), digest)
 
 
-def _mm_items(request: Any) -> list[tuple[str, int, int]] | None:
+def _mm_items(request: Request) -> list[tuple[str, int, int]] | None:
     """(identifier, placeholder offset, length) per multimodal item; None if one lacks an identifier."""
     items = []
     for feature in getattr(request, "mm_features", None) or ():
@@ -141,7 +146,7 @@ def _mm_items(request: Any) -> list[tuple[str, int, int]] | None:
     return items
 
 
-def request_keys(request: Any, num_tokens: int, chunk_size: int, adapters: AdapterDigests) -> RequestKeys:
+def request_keys(request: Request, num_tokens: int, chunk_size: int, adapters: AdapterDigests) -> RequestKeys:
     """Extra keys for the full chunks of the first num_tokens tokens of a vLLM `Request`."""
     if getattr(request, "prompt_embeds", None) is not None:
         return RequestKeys(False, (), "prompt_embeds")
@@ -156,7 +161,7 @@ def request_keys(request: Any, num_tokens: int, chunk_size: int, adapters: Adapt
     out: list[tuple[int, bytes]] = []
     for i in range(num_tokens // chunk_size):
         lo, hi = i * chunk_size, (i + 1) * chunk_size
-        parts: list[tuple[Any, ...]] = [lora] if isinstance(lora, tuple) else []
+        parts: list[Part] = [lora] if isinstance(lora, tuple) else []
         parts += [("mm", ident, off - lo) for ident, off, length in items if off < hi and off + length > lo]
         if parts:
             out.append((i, digest_parts(parts)))

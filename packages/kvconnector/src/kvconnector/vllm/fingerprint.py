@@ -18,11 +18,14 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, BinaryIO
 
 from blake3 import blake3
 
 from .plan import model_key
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz", ".msgpack", ".h5")
 _SAMPLE = 64 << 10  # bytes per sample
@@ -30,7 +33,7 @@ _MAX_HEADER = 100 << 20  # safetensors caps its JSON header at 100 MB
 _FP_HEX = 16
 
 
-def _safetensors_header(f: Any, size: int) -> bytes:
+def _safetensors_header(f: BinaryIO, size: int) -> bytes:
     if size < 8:
         return b""
     (n,) = struct.unpack("<Q", f.read(8))
@@ -69,7 +72,7 @@ def weight_files(model: str) -> list[tuple[str, str]]:
     return sorted(out)
 
 
-def config_parts(vllm_config: Any) -> dict[str, str]:
+def config_parts(vllm_config: VllmConfig) -> dict[str, str]:
     """The parts of vLLM's config that change the KV of a token sequence, as strings."""
     mc, cc = vllm_config.model_config, vllm_config.cache_config
     return {

@@ -8,6 +8,7 @@ Labels stay vLLM's: never request ids or salts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from vllm.config import VllmConfig
@@ -70,7 +71,7 @@ class KVServerPromMetrics(KVConnectorPromMetrics):
             for engine_idx, values in per_engine_labelvalues.items():
                 self._bound[(engine_idx, name)] = counter.labels(*values)
 
-    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+    def observe(self, transfer_stats_data: Mapping[str, object], engine_idx: int = 0) -> None:
         for name, value in transfer_stats_data.items():
             bound = self._bound.get((engine_idx, name))
             if bound is not None and isinstance(value, int | float) and value > 0:

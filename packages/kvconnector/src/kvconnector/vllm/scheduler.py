@@ -11,7 +11,7 @@ import hashlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvprotocol import new_session_id
 
@@ -27,13 +27,16 @@ from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob
 from .stats import KVServerConnectorStats
 
 if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
     from ..engine_client import EngineClient
 
 
 @dataclass
 class _Req:
     req_id: str
-    request: Any  # vllm.v1.request.Request: its all_token_ids grow as tokens are generated
+    request: Request | None  # its all_token_ids grow as tokens are generated; None: never looked up
     salt: str
     session: str
     hit_tokens: int = 0
@@ -83,7 +86,7 @@ class SchedulerSide:
         self.share_loads = cfg.share_loads and prefix_caching and self.async_loads
 
     # --- vLLM hooks -------------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         st = self._state(request)
         self._release(st)  # a repeated call (the request could not be scheduled) leases afresh
         if st.load_failed:
@@ -170,7 +173,7 @@ class SchedulerSide:
         self.stats.add("lookups_wait_local_load")
         return True
 
-    def _lookup(self, st: _Req, request: Any, n: int) -> LookupResult | None:
+    def _lookup(self, st: _Req, request: Request, n: int) -> LookupResult | None:
         """The server's answer to this request's lookup (a LookupResult), or None while it is on its way.
 
         Sent once; each call waits at most lookup_wait_s for it, so the scheduler (and with it every
@@ -202,7 +205,7 @@ class SchedulerSide:
         st.lookup_rid = None
         return res
 
-    def hit_sources(self, request: Any, num_external_tokens: int) -> dict[str, int]:
+    def hit_sources(self, request: Request, num_external_tokens: int) -> dict[str, int]:
         """Split the external tokens by tier: "l1" (in the server's memory when first asked) and
         "l2" (brought into L1 by the prefetch the lookup started)."""
         st = self.reqs.get(request.request_id)
@@ -221,7 +224,7 @@ class SchedulerSide:
         return now - st.pending_since < (self.cfg.timeout_s if limit is None else limit)
 
     def update_state_after_alloc(
-        self, request: Any, num_external_tokens: int, block_ids: list[list[int]] | None = None
+        self, request: Request, num_external_tokens: int, block_ids: list[list[int]] | None = None
     ) -> None:
         """With async_loads, vLLM parks the request until its load ends: the load is planned from the
         blocks allocated here (the request is not among the next step's scheduled ones); vLLM calls
@@ -246,7 +249,7 @@ class SchedulerSide:
         else:
             self._release(st)
 
-    def build_connector_meta(self, so: Any) -> KVServerConnectorMetadata:
+    def build_connector_meta(self, so: SchedulerOutput) -> KVServerConnectorMetadata:
         meta = KVServerConnectorMetadata(
             scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
             preempted=bool(getattr(so, "preempted_req_ids", None)),
@@ -308,13 +311,13 @@ class SchedulerSide:
                 st.saved_upto = min(st.saved_upto, plan.floor_to(pos, self.chunk))
                 st.stored = min(st.stored, plan.floor_to(pos, self.chunk))
 
-    def request_finished_delay(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished_delay(self, request: Request) -> tuple[bool, dict[str, object] | None]:
         """(keep the blocks until the workers' saves end, kv_transfer_params)."""
         st = self.reqs.get(request.request_id)
         delay = bool(st is not None and st.had_saves and self.cfg.async_saves)
         return delay, self.request_finished(request)
 
-    def request_finished(self, request: Any) -> dict[str, Any] | None:
+    def request_finished(self, request: Request) -> dict[str, object] | None:
         st = self.reqs.pop(request.request_id, None)
         if st is None:
             return None
@@ -457,14 +460,14 @@ class SchedulerSide:
             return int(st.request.num_prompt_tokens)
         return len(prompt_tokens or [])
 
-    def _state(self, request: Any) -> _Req:
+    def _state(self, request: Request) -> _Req:
         st = self.reqs.get(request.request_id)
         if st is None:
             st = self._new_state(request.request_id, request, getattr(request, "cache_salt", None))
         st.request = request
         return st
 
-    def _check_cacheable(self, st: _Req, request: Any) -> None:
+    def _check_cacheable(self, st: _Req, request: Request | None) -> None:
         if request is None:
             st.cacheable = False
             return
@@ -474,7 +477,7 @@ class SchedulerSide:
             self.stats.add("uncacheable_requests")
             log.debug("KVServerConnector: request %s is not cached (%s)", st.req_id, keys.reason)
 
-    def _new_state(self, req_id: str, request: Any, cache_salt: str | None) -> _Req:
+    def _new_state(self, req_id: str, request: Request | None, cache_salt: str | None) -> _Req:
         st = _Req(
             req_id=req_id, request=request, salt=plan.key_salt(cache_salt), session=new_session_id()
         )  # 128 random bits: the server refuses guessable ids

@@ -8,7 +8,6 @@ no request ids, no salts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
@@ -49,7 +48,7 @@ COUNTERS = (
 
 @dataclass
 class KVServerConnectorStats(KVConnectorStats):
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, float] = field(default_factory=dict)  # counters by name
 
     def __post_init__(self) -> None:
         for name in COUNTERS:

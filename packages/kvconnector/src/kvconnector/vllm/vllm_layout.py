@@ -13,12 +13,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeGuard
 
 from kvprotocol import LayoutDescriptor
 
 from ..layout_reader import ReadLayout, UnreadableLayout, read_spec_layout
 from ..layouts import layout_from_tensor
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 
 
 class UnsupportedLayout(ValueError):
@@ -43,7 +48,7 @@ class KVBackend:
 GPU_DEFAULT_BACKENDS = {"attention": "FLASH_ATTN", "mla": "FLASHMLA"}
 
 
-def engine_backend(vllm_config: Any, kv_cache_config: Any, device: str | None = None) -> KVBackend:
+def engine_backend(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, device: str | None = None) -> KVBackend:
     """The backend whose blocks the connector reads, on the engine's device ("cpu" or "cuda"; default:
     vLLM's current platform). Another device disables the connector (UnsupportedLayout)."""
     device = device or _device_type()
@@ -65,7 +70,7 @@ def _device_type() -> str:
     return str(current_platform.device_type)
 
 
-def attention_group(kv_cache_config: Any) -> tuple[list[str], Any]:
+def attention_group(kv_cache_config: KVCacheConfig) -> tuple[list[str], AttentionSpec]:
     """(layer names, attention spec) of a single-group engine (today's path, unchanged fingerprints)."""
     groups = list(kv_cache_config.kv_cache_groups)
     if len(groups) != 1:
@@ -73,7 +78,7 @@ def attention_group(kv_cache_config: Any) -> tuple[list[str], Any]:
     return _checked(list(groups[0].layer_names), groups[0].kv_cache_spec, hybrid=False)
 
 
-def kv_groups(kv_cache_config: Any) -> list[tuple[list[str], Any]]:
+def kv_groups(kv_cache_config: KVCacheConfig) -> list[tuple[list[str], AttentionSpec]]:
     """(layer names, spec) of every KV cache group, in vLLM's group order: object group i is KV cache
     group i. One group is today's path; several come from vLLM's hybrid KV cache manager (the
     connector implements SupportsHMA), each group with its own block table."""
@@ -92,7 +97,7 @@ def kv_groups(kv_cache_config: Any) -> list[tuple[list[str], Any]]:
         raise UnsupportedLayout(f"{len(groups)} KV cache groups (hybrid manager): {exc}") from exc
 
 
-def _checked(layer_names: list[str], spec: Any, hybrid: bool) -> tuple[list[str], Any]:
+def _checked(layer_names: list[str], spec: KVCacheSpec, hybrid: bool) -> tuple[list[str], AttentionSpec]:
     kind = type(spec).__name__
     if hybrid and kind == "MambaSpec":
         # Why not yet: vLLM ("align" mode) keeps a state only at its block boundaries and frees most of
@@ -107,7 +112,7 @@ def _checked(layer_names: list[str], spec: Any, hybrid: bool) -> tuple[list[str]
     if kind == "MLAAttentionSpec" and not hybrid:
         if getattr(spec, "model_version", None) is not None or getattr(spec, "alignment", None) is not None:
             raise UnsupportedLayout("this MLA cache variant (DeepSeek-V4 style) is not supported")
-        return layer_names, spec
+        return layer_names, _attention(spec)
     if kind == "SlidingWindowSpec":  # vLLM frees blocks out of the window
         if int(getattr(spec, "extra_retained_tokens", 0) or 0):
             raise UnsupportedLayout("sliding windows with extra retained tokens (multi-module MTP) are not supported")
@@ -120,23 +125,43 @@ def _checked(layer_names: list[str], spec: Any, hybrid: bool) -> tuple[list[str]
     # promotes the windowed layers of a model that mixes them with global ones (Gemma-2/3) to full
     # attention. Their blocks are then never freed, so they are cached as full attention: the KV of a
     # token does not depend on the window, only the attention over it does.
-    if getattr(spec, "head_size_v", spec.head_size) != spec.head_size:
+    attn = _attention(spec)
+    if getattr(attn, "head_size_v", attn.head_size) != attn.head_size:
         raise UnsupportedLayout("different K and V head sizes are not supported")
-    return layer_names, spec
+    return layer_names, attn
 
 
-def is_mla(spec: Any) -> bool:
+# The kinds _checked lets through, all AttentionSpecs (told by vLLM's class names: vLLM is not
+# imported here, so the scheduler side's tests run anywhere).
+_ATTENTION_SPECS = ("FullAttentionSpec", "SlidingWindowSpec", "MLAAttentionSpec")
+
+
+def _is_attention(spec: KVCacheSpec) -> TypeGuard[AttentionSpec]:
+    return type(spec).__name__ in _ATTENTION_SPECS
+
+
+def _is_sliding(spec: KVCacheSpec) -> TypeGuard[SlidingWindowSpec]:
+    return type(spec).__name__ == "SlidingWindowSpec"
+
+
+def _attention(spec: KVCacheSpec) -> AttentionSpec:
+    if not _is_attention(spec):  # not reached: _checked refuses every other kind first
+        raise UnsupportedLayout(f"KV cache spec {type(spec).__name__} is not an attention spec")
+    return spec
+
+
+def is_mla(spec: KVCacheSpec) -> bool:
     return type(spec).__name__ == "MLAAttentionSpec"
 
 
-def _kind(layout: LayoutDescriptor, spec: Any) -> LayoutDescriptor:
+def _kind(layout: LayoutDescriptor, spec: KVCacheSpec) -> LayoutDescriptor:
     """A sliding-window group's objects are window snapshots (kvprotocol._geometry): one per store end."""
-    if type(spec).__name__ == "SlidingWindowSpec":
+    if _is_sliding(spec):
         return dataclasses.replace(layout, kind="sliding", window=int(spec.sliding_window))
     return layout
 
 
-def attention_isa(vllm_config: Any, kv_cache_config: Any) -> str:
+def attention_isa(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> str:
     """The CPU attention ISA that packs each block (vec, vec16, amx, neon, ...), exactly as vLLM picks it.
 
     The packing inside a block differs per ISA, so it is part of the layout fingerprint: an AMX host
@@ -149,9 +174,12 @@ def attention_isa(vllm_config: Any, kv_cache_config: Any) -> str:
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
     except ImportError as exc:  # never guess: without the ISA the bytes' meaning is unknown
         raise UnsupportedLayout(f"cannot tell vLLM's CPU attention ISA: {exc}") from exc
+    dtype = vllm_config.model_config.dtype
+    if isinstance(dtype, str):  # ModelConfig resolves "auto", "half", ... to a torch dtype when built
+        raise UnsupportedLayout(f"cannot tell vLLM's CPU attention ISA: model dtype {dtype!r} is unresolved")
     return str(
         _get_attn_isa(
-            vllm_config.model_config.dtype,
+            dtype,
             int(spec.block_size),
             int(spec.head_size),
             vllm_config.cache_config.cache_dtype,
@@ -159,7 +187,7 @@ def attention_isa(vllm_config: Any, kv_cache_config: Any) -> str:
     )
 
 
-def _mla_variant(vllm_config: Any) -> str:
+def _mla_variant(vllm_config: VllmConfig) -> str:
     """Which CPU MLA backend writes the latent cache ("cpu_mla", the reference one, or "amx_mla").
 
     Every tensor-parallel rank of an MLA model holds the same latent cache (one replicated KV head),
@@ -175,7 +203,7 @@ def _mla_variant(vllm_config: Any) -> str:
     return "amx_mla" if amx and _backend_name(vllm_config) != "CPU_MLA" else "cpu_mla"
 
 
-def _backend_name(vllm_config: Any) -> str:
+def _backend_name(vllm_config: VllmConfig) -> str:
     """The attention backend the user pinned ("" when none): an AttentionBackendEnum member, whose
     str() is "AttentionBackendEnum.CPU_MLA", or a plain string."""
     backend = getattr(vllm_config.attention_config, "backend", None)
@@ -184,7 +212,9 @@ def _backend_name(vllm_config: Any) -> str:
     return str(getattr(backend, "name", backend)).upper()
 
 
-def _read(kv_cache_config: Any, layer_names: list[str], spec: Any, chunk_size: int, backend: KVBackend) -> ReadLayout:
+def _read(
+    kv_cache_config: KVCacheConfig, layer_names: list[str], spec: AttentionSpec, chunk_size: int, backend: KVBackend
+) -> ReadLayout:
     """The layout of one group from vLLM's description (spec + resolved KVCacheLayout) and its backend.
 
     The CPU attention backend only reads LBHNC; an MLA latent cache (one head) has the same bytes in
@@ -208,13 +238,13 @@ def _read(kv_cache_config: Any, layer_names: list[str], spec: Any, chunk_size: i
         raise UnsupportedLayout(str(exc)) from exc
 
 
-def scheduler_layout(kv_cache_config: Any, chunk_size: int, backend: KVBackend) -> LayoutDescriptor:
+def scheduler_layout(kv_cache_config: KVCacheConfig, chunk_size: int, backend: KVBackend) -> LayoutDescriptor:
     """The layout of a single-group engine."""
     layer_names, spec = attention_group(kv_cache_config)
     return _kind(_read(kv_cache_config, layer_names, spec, chunk_size, backend).layout, spec)
 
 
-def scheduler_layouts(kv_cache_config: Any, chunk_size: int, backend: KVBackend) -> list[LayoutDescriptor]:
+def scheduler_layouts(kv_cache_config: KVCacheConfig, chunk_size: int, backend: KVBackend) -> list[LayoutDescriptor]:
     """One layout per KV cache group (the object groups, in vLLM's group order)."""
     return [
         _kind(_read(kv_cache_config, names, spec, chunk_size, backend).layout, spec)
@@ -223,16 +253,16 @@ def scheduler_layouts(kv_cache_config: Any, chunk_size: int, backend: KVBackend)
 
 
 def worker_layout(
-    kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, backend: KVBackend
-) -> tuple[LayoutDescriptor, list[Any]]:
+    kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, torch.Tensor], chunk_size: int, backend: KVBackend
+) -> tuple[LayoutDescriptor, list[torch.Tensor]]:
     """Layout from the registered tensors of a single-group engine, and its tensors in layer order."""
     layer_names, spec = attention_group(kv_cache_config)
     return _group_views(kv_cache_config, layer_names, spec, kv_caches, chunk_size, backend)
 
 
 def worker_layouts(
-    kv_cache_config: Any, kv_caches: Mapping[str, Any], chunk_size: int, backend: KVBackend
-) -> tuple[list[LayoutDescriptor], list[list[Any]]]:
+    kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, torch.Tensor], chunk_size: int, backend: KVBackend
+) -> tuple[list[LayoutDescriptor], list[list[torch.Tensor]]]:
     """Per KV cache group: its layout from the registered tensors, and its tensors in layer order.
     (With vLLM's hybrid manager, layers of different groups may share memory: block ids of one
     pool keep their blocks apart.)"""
@@ -244,13 +274,13 @@ def worker_layouts(
 
 
 def _group_views(
-    kv_cache_config: Any,
+    kv_cache_config: KVCacheConfig,
     layer_names: list[str],
-    spec: Any,
-    kv_caches: Mapping[str, Any],
+    spec: AttentionSpec,
+    kv_caches: Mapping[str, torch.Tensor],
     chunk_size: int,
     backend: KVBackend,
-) -> tuple[LayoutDescriptor, list[Any]]:
+) -> tuple[LayoutDescriptor, list[torch.Tensor]]:
     """The group's tensors in layer order, each viewed in the layout's physical order
     (layout_reader.ReadLayout.engine_view), and the layout they were checked against."""
     missing = [n for n in layer_names if n not in kv_caches]

@@ -12,7 +12,7 @@ are one batched kernel call each; on a GPU a request's copies run on the copier'
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvprotocol import LayoutDescriptor
 
@@ -25,6 +25,8 @@ from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob
 from .stats import KVServerConnectorStats
 
 if TYPE_CHECKING:
+    import torch
+
     from ..engine_client import EngineClient
 
 IDLE_WAIT_S = 0.002  # how long a step with nothing scheduled waits for a background load or save to end
@@ -58,8 +60,8 @@ class WorkerSide:
         self.expected = expected
         self.layouts: list[LayoutDescriptor] = []
         self.layout: LayoutDescriptor | None = None  # group 0's (its block size is every group's)
-        self.tensors: list[Any] = []  # group 0's
-        self.group_tensors: list[list[Any]] = []
+        self.tensors: list[torch.Tensor] = []  # group 0's
+        self.group_tensors: list[list[torch.Tensor]] = []
         self.enabled = client is not None
         self.failed_blocks: set[int] = set()
         self.failed_requests: set[str] = set()  # several groups: failed loads reported per request
@@ -80,7 +82,7 @@ class WorkerSide:
     def multi_group(self) -> bool:
         return len(self.layouts) > 1
 
-    def register(self, layouts: list[LayoutDescriptor], groups: list[list[Any]]) -> None:
+    def register(self, layouts: list[LayoutDescriptor], groups: list[list[torch.Tensor]]) -> None:
         """Adopt the KV tensors of every group (one list per KV cache group, layouts in that order)."""
         if self.expected is not None and [x.fingerprint for x in layouts] != [x.fingerprint for x in self.expected]:
             log.error(
