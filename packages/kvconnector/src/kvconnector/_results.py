@@ -6,10 +6,18 @@ from the cache), so callers can branch on fields instead of catching.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    TokenIds = Sequence[int] | np.ndarray | torch.Tensor  # one-dimensional
+    # One block table for every object group, or one per group (vLLM's tuple of lists)
+    BlockIds = Sequence[int] | Sequence[Sequence[int] | np.ndarray] | np.ndarray | torch.Tensor
 
 __all__ = ["LoadResult", "LookupResult", "SaveResult", "as_tables", "as_tokens"]
 
@@ -43,7 +51,7 @@ class SaveResult:
     retry_later: bool = False
 
 
-def as_tokens(tokens: Any) -> np.ndarray:
+def as_tokens(tokens: TokenIds) -> np.ndarray:
     """Token ids from a list, numpy array or torch tensor, as a 1-D integer array."""
     if hasattr(tokens, "detach"):
         tokens = tokens.detach().cpu().numpy()
@@ -57,7 +65,7 @@ def as_tokens(tokens: Any) -> np.ndarray:
     return arr
 
 
-def as_tables(block_ids: Any, groups: int) -> list[np.ndarray]:
+def as_tables(block_ids: BlockIds, groups: int) -> list[np.ndarray]:
     """One block table per group: a flat list serves every group, a nested one is per group."""
     if hasattr(block_ids, "detach"):
         block_ids = block_ids.detach().cpu().numpy()

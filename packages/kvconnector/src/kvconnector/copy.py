@@ -14,11 +14,21 @@ from __future__ import annotations
 import logging
 import os
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import _copy_fallback
+
+if TYPE_CHECKING:
+    import mmap
+
+    import torch
+    from typing_extensions import TypeIs
+
+    HostBuffer = bytes | bytearray | memoryview | mmap.mmap  # shm.buf is a memoryview
+    Memory = torch.Tensor | np.ndarray | HostBuffer
+    Rows = np.ndarray | HostBuffer  # int64 rows: an array, or a contiguous bytes-like of native int64s
 
 _log = logging.getLogger("kvconnector")
 
@@ -45,7 +55,7 @@ def backend_name() -> str:
     return _backend_name
 
 
-def batch_copy(src_base: int, dst_base: int, segments: Any, num_threads: int = 0) -> int:
+def batch_copy(src_base: int, dst_base: int, segments: Rows, num_threads: int = 0) -> int:
     """Copy every row (src_off, dst_off, len) of `segments`: len bytes from src_base+src_off to
     dst_base+dst_off. Returns the total bytes copied.
 
@@ -59,7 +69,7 @@ def batch_copy(src_base: int, dst_base: int, segments: Any, num_threads: int = 0
 
 
 def copy_checksum(
-    src_base: int, dst_base: int, segments: Any, objects: Any, object_side: str, num_threads: int = 0, seed: int = 0
+    src_base: int, dst_base: int, segments: Rows, objects: Rows, object_side: str, num_threads: int = 0, seed: int = 0
 ) -> list[int]:
     """`batch_copy`, fused with the kvsum64 of every object, summed from the bytes as they are copied.
 
@@ -79,7 +89,7 @@ def checksum(addr: int, length: int, seed: int = 0) -> int:
     return int(_backend.checksum(addr, length, seed))
 
 
-def checksum_bytes(buffer: Any, seed: int = 0) -> int:
+def checksum_bytes(buffer: np.ndarray | HostBuffer, seed: int = 0) -> int:
     """kvsum64 of a C-contiguous bytes-like object (bytes, bytearray, memoryview, numpy array, mmap)."""
     return int(_backend.checksum_bytes(buffer, seed))
 
@@ -89,13 +99,18 @@ def default_threads() -> int:
     return int(_backend.default_threads())
 
 
-def address_of(obj: Any, *, writable: bool = False) -> int:
+def _is_tensor(obj: Memory) -> TypeIs[torch.Tensor]:
+    """A torch.Tensor, told without importing torch."""
+    return hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous") and hasattr(obj, "element_size")
+
+
+def address_of(obj: Memory, *, writable: bool = False) -> int:
     """Base address of a torch tensor, numpy array or bytes-like buffer (mmap, shm.buf, bytearray).
 
     With `writable=True`, refuses read-only memory (e.g. `bytes`, read-only arrays) so it can serve as
     a copy destination. The address is valid only while `obj` (and, for mmap, its mapping) lives.
     """
-    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # torch.Tensor, without importing torch
+    if _is_tensor(obj):
         if obj.device.type != "cpu":
             raise ValueError(f"address_of needs host memory, got a tensor on {obj.device}")
         return int(obj.data_ptr())
@@ -111,9 +126,9 @@ def address_of(obj: Any, *, writable: bool = False) -> int:
     return int(arr.__array_interface__["data"][0])
 
 
-def nbytes_of(obj: Any) -> int:
+def nbytes_of(obj: Memory) -> int:
     """Size in bytes of a torch tensor's storage view, numpy array or bytes-like buffer."""
-    if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):
+    if _is_tensor(obj):
         return int(obj.numel() * obj.element_size())
     if isinstance(obj, np.ndarray):
         return int(obj.nbytes)

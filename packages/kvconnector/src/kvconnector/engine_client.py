@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 from kvprotocol import (
@@ -35,6 +35,14 @@ from ._dataplane import ChecksumMismatch, DataPlane, Prompt
 from ._results import LoadResult, LookupResult, SaveResult, as_tables, as_tokens
 from ._link import Deadline, EngineLink
 from .engine_kv import Copier, EngineKV, HostCopier
+
+if TYPE_CHECKING:
+    from ._results import BlockIds, TokenIds
+    from .engine_kv import KVTensor, LayerTensors
+
+    # One object group's KV: per-layer tensors (a list, or a dict in layer order) or one stacked tensor
+    GroupKV = LayerTensors | Mapping[str, KVTensor]
+    KVCaches = GroupKV | Sequence[GroupKV]  # several groups: one GroupKV each, in layout order
 
 log = logging.getLogger("kvconnector.engine_client")
 
@@ -177,7 +185,7 @@ class EngineClient:
         return Deadline(self.timeout)
 
     # -- worker side --------------------------------------------------------------------------------
-    def register(self, kv_caches: Any) -> bool:
+    def register(self, kv_caches: KVCaches) -> bool:
         """Adopt this rank's KV tensors and register with the server; never raises.
 
         One object group: a list of per-layer tensors (or a dict of them, in layer order), or one
@@ -221,8 +229,8 @@ class EngineClient:
     def load(
         self,
         session: str,
-        tokens: Any,
-        block_ids: Any,
+        tokens: TokenIds,
+        block_ids: BlockIds,
         skip_tokens: int,
         num_tokens: int,
         salt: str = "",
@@ -266,8 +274,8 @@ class EngineClient:
 
     def save(
         self,
-        tokens: Any,
-        block_ids: Any,
+        tokens: TokenIds,
+        block_ids: BlockIds,
         salt: str = "",
         skip_tokens: int = 0,
         extra: ExtraKeys = (),
@@ -305,7 +313,7 @@ class EngineClient:
 
     # -- scheduler side -----------------------------------------------------------------------------
     def lookup(
-        self, tokens: Any, salt: str = "", session: str | None = None, extra: ExtraKeys = (), wait: bool = True
+        self, tokens: TokenIds, salt: str = "", session: str | None = None, extra: ExtraKeys = (), wait: bool = True
     ) -> LookupResult:
         """Tokens of the longest cached prefix (a multiple of chunk_size); with a session, the hit
         objects of every rank stay leased until each rank's load (or release(session, rank)) gives
@@ -326,7 +334,7 @@ class EngineClient:
 
     # -- scheduler side, never blocking longer than asked (a kvprotocol Pipeline of its own) -------------
     def lookup_submit(
-        self, tokens: Any, salt: str = "", session: str | None = None, extra: ExtraKeys = (), wait: bool = True
+        self, tokens: TokenIds, salt: str = "", session: str | None = None, extra: ExtraKeys = (), wait: bool = True
     ) -> int | LookupResult:
         """Send a lookup and return at once: its id for `lookup_result`, or a LookupResult carrying the
         error when it could not even be sent. Same answer as `lookup`; requests of this client's

@@ -21,13 +21,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from kvprotocol import DTYPES, GroupGeometry, LayoutDescriptor
 
 from . import copy as kvcopy
 from .layouts import TAG_GEOMETRY, block_shape_of, dtype_name, tag_geometry
+
+if TYPE_CHECKING:
+    import torch
+
+    KVTensor = torch.Tensor | np.ndarray  # host memory (torch on the CPU, or numpy)
+    LayerTensors = Sequence[KVTensor] | KVTensor  # per-layer tensors, or one stacked [layers, ...]
 
 
 @dataclass(frozen=True)
@@ -175,12 +181,14 @@ class EngineKV:
         return cls(layout, np.asarray(layer_bases, dtype=np.int64), num_blocks, bstride, rstride)
 
     @classmethod
-    def from_tensors(cls, layout: LayoutDescriptor, tensors: Any) -> EngineKV:
+    def from_tensors(cls, layout: LayoutDescriptor, tensors: LayerTensors) -> EngineKV:
         """From the engine's KV tensors (torch CPU or numpy): a list of per-layer tensors, or one
         stacked tensor with a leading layer dimension. Strides are read from the tensors, so padded
         block strides work; each run (one block's K or V) must itself be contiguous."""
-        stacked = not isinstance(tensors, (list, tuple))
-        per_layer = [tensors[i] for i in range(tensors.shape[0])] if stacked else list(tensors)
+        if isinstance(tensors, Sequence):
+            per_layer = list(tensors)
+        else:
+            per_layer = [tensors[i] for i in range(tensors.shape[0])]
         if len(per_layer) != layout.num_layers:
             raise ValueError(f"{len(per_layer)} layer tensors for a {layout.num_layers}-layer layout")
         geo = tag_geometry(layout.tag)
@@ -315,7 +323,7 @@ class HostCopier:
     """The CPU copier: KV in host memory, moved by the csrc `copy_checksum` kernel (copy and checksum
     fused), one call per group and direction."""
 
-    def __init__(self, groups: Sequence[EngineKV], keepalive: Any = None, num_threads: int = 0) -> None:
+    def __init__(self, groups: Sequence[EngineKV], keepalive: object = None, num_threads: int = 0) -> None:
         self.groups = list(groups)
         self._keepalive = keepalive  # the engine's tensors: their addresses are in `groups`
         self.num_threads = num_threads

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from .rope import rerope, rotate_half
+
+if TYPE_CHECKING:
+    from transformers import Cache, PreTrainedModel
 
 
 @dataclass
@@ -35,7 +38,7 @@ class ReusedChunk:
 @dataclass
 class BlendOutcome:
     logits: torch.Tensor  # (vocab,) next-token logits after the prompt
-    cache: Any  # a transformers DynamicCache holding the blended KV: decode continues from it
+    cache: Cache  # a transformers DynamicCache holding the blended KV: decode continues from it
     reused_tokens: int  # tokens covered by loaded chunks
     recomputed_tokens: int  # of those, recomputed from the check layer on
     flops: float  # prefill FLOPs spent (projections, MLP and attention; embeddings and head excluded)
@@ -104,7 +107,7 @@ def _make_cache(model: Any, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> A
 
 
 @torch.no_grad()
-def full_prefill(model: Any, input_ids: torch.Tensor) -> BlendOutcome:
+def full_prefill(model: PreTrainedModel, input_ids: torch.Tensor) -> BlendOutcome:
     """The reference: the model's own forward over the whole prompt."""
     s = _Shapes(model)
     out = model(input_ids[None], use_cache=True)
@@ -115,7 +118,7 @@ def full_prefill(model: Any, input_ids: torch.Tensor) -> BlendOutcome:
 
 @torch.no_grad()
 def blend_prefill(
-    model: Any,
+    model: PreTrainedModel,  # Llama-style: model.layers of self_attn (q/k/v/o_proj) and mlp, rotary_emb
     input_ids: torch.Tensor,
     chunks: Sequence[ReusedChunk],
     recompute_ratio: float,
