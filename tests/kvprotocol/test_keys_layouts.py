@@ -100,3 +100,19 @@ def test_a_key_hashes_and_compares_as_its_plain_tuple():
     k = ObjectKey(*parts)
     assert k == parts and hash(k) == hash(parts) and {parts: 1}[k] == 1
     assert (k.model, k.kv_rank, k.chunk_hash) == ("m", 0, H)
+
+
+def test_to_wire_names_every_descriptor_field_in_order():
+    """LayoutWire (a TypedDict) is spelled out field by field: it must follow the dataclass."""
+    from kvprotocol._layout import LayoutWire
+
+    names = [f.name for f in dataclasses.fields(LayoutDescriptor)]
+    assert list(LayoutWire.__annotations__) == names
+    lay = LayoutDescriptor("vllm_cpu", "float16", 2, 16, 4096, 256, (2, 16, 64))
+    wire = lay.to_wire()
+    assert list(wire) == [n for n in names if n != "scales"]  # unset scales stay off the wire
+    assert wire == {**{n: getattr(lay, n) for n in names if n != "scales"}, "block_shape": [2, 16, 64]}
+    assert LayoutDescriptor.from_wire(wire) == lay
+    scaled = dataclasses.replace(lay, dtype="float8_e4m3fn", block_bytes=2048, scales="0123456789abcdef")
+    assert scaled.to_wire()["scales"] == "0123456789abcdef"
+    assert LayoutDescriptor.from_wire(scaled.to_wire()) == scaled
