@@ -25,7 +25,6 @@ PACKAGES = {
 # "module:qualname(:param)" -> why Any is the contract there. Keep it short.
 ALLOWED: dict[str, str] = {
     "kvprotocol._client:Reply.result": "the untyped `call` path: the decoded msgpack map of any op (`send` is typed)",
-    "kvconnector.vllm:__getattr__:return": "PEP 562 module __getattr__: the lazily imported connector classes",
     "kvconnector.vllm.connector:KVServerConnector.start_load_kv:**kwargs": "KVConnectorBase_V1's signature",
     "kvconnector.vllm.connector:KVServerConnector.save_kv_layer:**kwargs": "KVConnectorBase_V1's signature",
     "kvconnector.vllm.ec_connector:KVServerECConnector.start_load_caches:**kwargs": "ECConnectorBase's signature",

@@ -7,7 +7,7 @@ torch-free helpers (`config`, `plan`) import anywhere.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .connector import KVServerConnector
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["KVServerConnector", "KVServerECConnector"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type[KVServerConnector] | type[KVServerECConnector]:
     if name == "KVServerConnector":
         from .connector import KVServerConnector
 

@@ -27,6 +27,7 @@ from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob
 from .stats import KVServerConnectorStats
 
 if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
@@ -284,7 +285,9 @@ class SchedulerSide:
         meta.finished = list(getattr(so, "finished_req_ids", ()) or ())
         return meta
 
-    def update_connector_output(self, report: object, finished_recving: Iterable[str] = ()) -> None:
+    def update_connector_output(
+        self, report: KVConnectorWorkerMetadata | None, finished_recving: Iterable[str] = ()
+    ) -> None:
         """What the workers stored, and where loads failed (those chunks get stored again later).
 
         `report` is vLLM's aggregated worker metadata: ours, or None on a step without any;
