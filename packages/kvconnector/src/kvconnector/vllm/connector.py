@@ -100,7 +100,12 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
                 and ((self.cfg.async_loads and self.cfg.load) or self.cfg.async_saves)
             ):
                 load_client = _make_client(self.cfg, model, world or 1, rank, layouts)
-            if load_client is not None and self.cfg.async_saves and self.cfg.save_policy != "none":
+            if (
+                load_client is not None
+                and layouts is not None
+                and self.cfg.async_saves
+                and self.cfg.save_policy != "none"
+            ):
                 save_client = _make_client(self.cfg, model, world or 1, rank, layouts)  # see loader.py
             self._worker = WorkerSide(self.cfg, client, layouts, load_client, save_client)
         log.info(
