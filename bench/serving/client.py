@@ -173,6 +173,7 @@ async def run_workload(router: RoundRobin, w: Workload, tick: Callable[[], None]
 # (metric, label source or None) -> our name; summed over the engines.
 WANTED = {
     ("vllm:prompt_tokens_total", None): "prompt",
+    ("vllm:num_preemptions_total", None): "preemptions",  # requests the scheduler evicted to free KV blocks
     ("vllm:prompt_tokens_by_source_total", "local_compute"): "computed",
     ("vllm:prompt_tokens_by_source_total", "local_cache_hit"): "local_hit",
     ("vllm:prompt_tokens_by_source_total", "external_kv_transfer"): "external",
