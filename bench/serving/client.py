@@ -218,5 +218,15 @@ def scrape(urls: list[str]) -> dict[str, float]:
     return total
 
 
+def kv_cache_blocks(url: str) -> int | None:
+    """The engine's KV cache size in blocks, as it reports it (`vllm:cache_config_info`'s num_gpu_blocks)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("vllm:cache_config_info{") and 'num_gpu_blocks="' in line:
+                value = line.split('num_gpu_blocks="', 1)[1].split('"', 1)[0]
+                return int(value) if value.isdigit() else None
+    return None
+
+
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: v - before.get(k, 0.0) for k, v in after.items()}

@@ -3,14 +3,16 @@ and without a shared KV cache, on a multi-round chat, a Mooncake trace replay, a
 
 Run with the .venv-vllm interpreter (scripts/make-vllm-env.sh builds it; `uv sync` builds kvserver):
 
-    .venv-vllm/bin/python -m bench.serving            # full run, about 10 minutes on 2 cores
-    .venv-vllm/bin/python -m bench.serving --quick    # smaller workloads, none and kvserver only
+    .venv-vllm/bin/python -m bench.serving            # full run: 4 configurations x 3 rounds (hours on 2 cores)
+    .venv-vllm/bin/python -m bench.serving --quick    # smaller workloads, none and kvserver, 3 rounds
     .venv-vllm/bin/python -m bench.serving --smoke    # KVServerConnector only, a handful of requests
     .venv-vllm/bin/python -m bench.serving --quick --configs kvserver --workloads chat \
         --topology per-engine --routers rr,kv,kvscore   # KV-aware routing vs round robin, a kvserver per engine
 
 Every configuration starts its own engines (vLLM's OpenAI server, one OpenMP thread each) on a random
-fp32 Llama built locally, and KVServerConnector configurations their own kvserver; the workloads then
+fp32 Llama built locally, each engine's KV cache capped to a share of the run's working set (`--kv-share`,
+plan_kv_cache: the same for every configuration), and KVServerConnector configurations their own
+kvserver; the workloads then
 run one after another on the same engines (their prompts share nothing across workloads). Per
 configuration and workload the tables give TTFT p50/p90/p99, ITL p99, request throughput, and where
 the prompt tokens came from, from the difference of vLLM's /metrics counters before and after the
@@ -19,7 +21,8 @@ ratios against the no-connector configuration of the same run, never asserted. W
 every configuration runs once per router (fresh engines each time); the KV-aware rows are named
 `<config>+kv` (the coordinator's best instance) or `<config>+kvscore` (its hint weighed against load
 and the router's memory of each engine) and say how many requests the coordinator routed and how many
-fell back.
+fell back. With `--repeats` (3 by default, 1 in --smoke) every figure gets its median and range over
+the rounds, its ratio to `none` and a verdict (bench/serving/repeats.py, bench/serving/verdict.py).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import bench.serving.engines as eng
 import bench.serving.workloads as wl
-from bench.serving.client import RequestRecord, delta, run_workload, scrape
+from bench.serving.client import RequestRecord, delta, kv_cache_blocks, run_workload, scrape
 import bench.serving.repeats as serving_repeats
 from bench.serving.router import ROUTERS, KvRouter, KvScoreRouter, RoundRobin
 from kvtestkit.engines.vllm_harness import SHARED_CACHE_ENV, build_model
@@ -303,6 +306,9 @@ def run_config(
     out: dict[str, Any] = {"startup_s": dep.started_s, "router": router, "workloads": {}}
     try:
         urls = [e.url for e in dep.engines]
+        out["engine_kv_blocks"] = [kv_cache_blocks(u) for u in urls]
+        if plan["blocks"] is not None and out["engine_kv_blocks"] != [plan["blocks"]] * len(urls):
+            raise RuntimeError(f"engines report {out['engine_kv_blocks']} KV blocks, not {plan['blocks']}")
         warm_up(urls)
         make = router_factory(router, dep, args.kv_decode_tokens)
         for name, w in workloads.items():
