@@ -80,16 +80,19 @@ def verdicts(rounds: list[dict[str, Any]], labels: list[str], workloads: list[st
 
 
 def report(rounds: list[dict[str, Any]], labels: list[str], workloads: list[str], out: Console) -> None:
+    def say(text: str) -> None:
+        out.print(text, markup=False)  # "[min-max]" is not a style
+
     has_base = any(BASELINE in r for r in rounds)
-    out.print(
+    say(
         f"\n### {len(rounds)} rounds: median [min-max] over the rounds; ratio = configuration / none of the "
         f"same round; verdict: better/worse when the per-round ranges do not overlap or every round's ratio is "
         f"on the same side of 1, else within noise (fewer than {MIN_ROUNDS} rounds: no verdict)\n"
     )
     for name in workloads:
-        out.print(f"\n#### {name}\n")
-        out.print("| figure | configuration | median [min-max] | vs none: median [min-max] | verdict |")
-        out.print("|---|---|---:|---:|---|")
+        say(f"\n#### {name}\n")
+        say("| figure | configuration | median [min-max] | vs none: median [min-max] | verdict |")
+        say("|---|---|---:|---:|---|")
         for fig, (title, up, fmt) in FIGURES.items():
             base = values(rounds, BASELINE, name, fig)
             for label in labels:
@@ -98,8 +101,8 @@ def report(rounds: list[dict[str, Any]], labels: list[str], workloads: list[str]
                     continue
                 m = Span.of([x for x in mine if x is not None])
                 if label == BASELINE or not has_base:
-                    out.print(f"| {title} | {label} | {m.fmt(fmt) if m else '-'} | - | - |")
+                    say(f"| {title} | {label} | {m.fmt(fmt) if m else '-'} | - | - |")
                     continue
                 v = judge(mine, base, up)
                 ratio = v.ratio.fmt(".3f") if v.ratio else "-"
-                out.print(f"| {title} | {label} | {m.fmt(fmt) if m else '-'} | {ratio} | {v.verdict} |")
+                say(f"| {title} | {label} | {m.fmt(fmt) if m else '-'} | {ratio} | {v.verdict} |")

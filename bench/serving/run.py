@@ -98,39 +98,11 @@ SCALES: dict[str, dict[str, Any]] = {
         "saturate": dict(conversations=2, block_tokens=32, max_prompt=1024, max_tokens=8, concurrency=4),
     },
 }
-REUSE_WORKLOADS = ("chat", "trace", "saturate")  # noreuse's working set is all of it and reused by nobody
 
 
-def plan_kv_cache(workloads: dict[str, wl.Workload], share: float, block: int = eng.BLOCK_SIZE) -> dict[str, Any]:
-    """Each engine's KV cache for a run, fixed from the workloads before any engine starts, the same for
-    every configuration. The working set is the largest unique-token count (wl.working_set) of the
-    run's workloads with reuse; the cache holds `share` of it, never less than the longest request
-    of the run (`clamped` says so), plus vLLM's null block. `share` 0: uncapped (VLLM_CPU_KVCACHE_SPACE)."""
-    sets = {n: wl.working_set(w, block) for n, w in workloads.items()}
-    reuse = [sets[n] for n in sets if n in REUSE_WORKLOADS] or list(sets.values())
-    ws = max(reuse, default=0)
-    longest = max((wl.longest_request(w) for w in workloads.values()), default=0)
-    plan: dict[str, Any] = {
-        "share": share,
-        "working_set_tokens": ws,
-        "working_sets": sets,
-        "longest_request": longest,
-        "bytes_per_token": kv_bytes_per_token(),
-    }
-    if share <= 0:
-        return {**plan, "blocks": None, "max_model_len": MAX_MODEL_LEN, "clamped": False}
-    want = -(-int(share * ws) // block)
-    floor = -(-longest // block)
-    blocks = max(want, floor)
-    return {
-        **plan,
-        "blocks": blocks + 1,  # vLLM's block pool keeps one null block
-        "cache_tokens": blocks * block,
-        "cache_mib": blocks * block * kv_bytes_per_token() / 2**20,
-        "max_model_len": floor * block,
-        "clamped": floor > want,
-        "shares": {n: blocks * block / v for n, v in sets.items() if v},
-    }
+def plan_kv_cache(workloads: dict[str, wl.Workload], share: float) -> dict[str, Any]:
+    """Each engine's KV cache for a run (wl.plan_kv_cache), for this benchmark's model and block size."""
+    return wl.plan_kv_cache(workloads, share, eng.BLOCK_SIZE, kv_bytes_per_token(), MAX_MODEL_LEN)
 
 
 def kv_bytes_per_token() -> int:

@@ -29,6 +29,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 VOCAB = 1024
 TRACE_NAME = "mooncake_conversation_trace.jsonl"
@@ -198,3 +199,42 @@ def fingerprint(w: Workload) -> str:
             h.update(f"t {t.max_tokens} {t.think_s:.6f} {t.extend} {len(t.append)}".encode())
             h.update(",".join(map(str, t.append)).encode())
     return h.hexdigest()[:16]
+
+
+REUSE_WORKLOADS = ("chat", "trace", "saturate")  # noreuse's working set is all of it and reused by nobody
+
+
+def plan_kv_cache(
+    workloads: dict[str, Workload], share: float, block: int, bytes_per_token: int, uncapped_max_len: int
+) -> dict[str, Any]:
+    """Each engine's KV cache for a run, fixed from the workloads before any engine starts, the same for
+    every configuration. The working set is the largest `working_set` of the run's workloads with
+    reuse; the cache holds `share` of it in whole blocks, never less than the run's longest request
+    (`clamped` says so), plus the null block vLLM's block pool keeps (`blocks` is what to ask vLLM
+    for; `cache_tokens` what requests can use). `max_model_len`: the longest request, rounded up to a
+    block (vLLM refuses a cache that cannot hold one max-length request). `share` <= 0: uncapped."""
+    sets = {n: working_set(w, block) for n, w in workloads.items()}
+    reuse = [sets[n] for n in sets if n in REUSE_WORKLOADS] or list(sets.values())
+    ws = max(reuse, default=0)
+    longest = max((longest_request(w) for w in workloads.values()), default=0)
+    plan: dict[str, Any] = {
+        "share": share,
+        "working_set_tokens": ws,
+        "working_sets": sets,
+        "longest_request": longest,
+        "bytes_per_token": bytes_per_token,
+    }
+    if share <= 0:
+        return {**plan, "blocks": None, "max_model_len": uncapped_max_len, "clamped": False}
+    want = -(-int(share * ws) // block)
+    floor = max(1, -(-longest // block))
+    n = max(want, floor)
+    return {
+        **plan,
+        "blocks": n + 1,
+        "cache_tokens": n * block,
+        "cache_mib": n * block * bytes_per_token / 2**20,
+        "max_model_len": floor * block,
+        "clamped": floor > want,
+        "shares": {name: n * block / v for name, v in sets.items() if v},
+    }

@@ -88,3 +88,27 @@ def test_the_same_workload_every_round_and_a_different_one_otherwise() -> None:
     n = wl.noreuse(requests=4, prompt_tokens=64, max_tokens=8, concurrency=2)
     assert wl.fingerprint(n) == wl.fingerprint(wl.noreuse(requests=4, prompt_tokens=64, max_tokens=8, concurrency=2))
     assert wl.fingerprint(n) != wl.fingerprint(wl.noreuse(requests=4, prompt_tokens=64, max_tokens=8, concurrency=3))
+
+
+def test_kv_cache_plan_takes_a_share_of_the_largest_reuse_working_set() -> None:
+    chat = wl.chat(users=24, rounds=4, system_tokens=512, user_tokens=128, max_tokens=16, think_s=1.0, stagger_s=0.5)
+    big = wl.noreuse(requests=100, prompt_tokens=512, max_tokens=16, concurrency=4)
+    plan = wl.plan_kv_cache({"chat": chat, "noreuse": big}, 0.1, 64, 8192, 4096)
+    # noreuse's working set is larger but reused by nobody: the cap follows chat's
+    assert plan["working_set_tokens"] == wl.working_set(chat, 64) == 14336
+    assert plan["cache_tokens"] == 23 * 64  # ceil(1433.6 / 64) blocks
+    assert plan["blocks"] == 24  # plus vLLM's null block
+    assert plan["cache_mib"] == 23 * 64 * 8192 / 2**20
+    assert not plan["clamped"]
+    assert plan["max_model_len"] == 1088 == wl.longest_request(chat)  # 17 blocks
+    assert plan["shares"]["chat"] == 1472 / 14336
+
+
+def test_kv_cache_plan_never_holds_less_than_the_longest_request() -> None:
+    chat = wl.chat(users=1, rounds=4, system_tokens=512, user_tokens=64, max_tokens=8, think_s=0.3, stagger_s=0.0)
+    plan = wl.plan_kv_cache({"chat": chat}, 0.1, 64, 8192, 4096)
+    assert plan["clamped"]
+    assert plan["cache_tokens"] == 832 >= wl.longest_request(chat) == 800
+    assert plan["max_model_len"] == 832
+    uncapped = wl.plan_kv_cache({"chat": chat}, 0.0, 64, 8192, 4096)
+    assert uncapped["blocks"] is None and uncapped["max_model_len"] == 4096
