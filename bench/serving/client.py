@@ -38,6 +38,9 @@ class RequestRecord:
     turn: int = 0
 
 
+KEEPALIVE_S = 2.0
+
+
 class RequestFailed(RuntimeError):
     pass
 
@@ -148,7 +151,11 @@ async def run_workload(router: RoundRobin, w: Workload, tick: Callable[[], None]
     """All sessions of `w`; returns the records and the wall time from the first send to the last answer."""
     records: list[RequestRecord] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+    # keepalive_timeout: reuse an idle connection only within 2 s of its last answer; vLLM's server
+    # (uvicorn) closes idle ones after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and a request sent on one
+    # as it closes fails with ServerDisconnectedError (it took down a 3-engine, 24-user chat)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         t_origin = time.perf_counter()
         if w.concurrency is None:
             await asyncio.gather(
