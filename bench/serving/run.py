@@ -3,7 +3,7 @@ and without a shared KV cache, on a multi-round chat, a Mooncake trace replay, a
 
 Run with the .venv-vllm interpreter (scripts/make-vllm-env.sh builds it; `uv sync` builds kvserver):
 
-    .venv-vllm/bin/python -m bench.serving            # full run: 4 configurations x 3 rounds (hours on 2 cores)
+    .venv-vllm/bin/python -m bench.serving            # full run: 4 configurations x 3 rounds (about an hour here)
     .venv-vllm/bin/python -m bench.serving --quick    # smaller workloads, none and kvserver, 3 rounds
     .venv-vllm/bin/python -m bench.serving --smoke    # KVServerConnector only, a handful of requests
     .venv-vllm/bin/python -m bench.serving --quick --configs kvserver --workloads chat \
