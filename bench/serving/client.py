@@ -38,6 +38,9 @@ class RequestRecord:
     turn: int = 0
 
 
+KEEPALIVE_S = 2.0
+
+
 class RequestFailed(RuntimeError):
     pass
 
@@ -148,7 +151,11 @@ async def run_workload(router: RoundRobin, w: Workload, tick: Callable[[], None]
     """All sessions of `w`; returns the records and the wall time from the first send to the last answer."""
     records: list[RequestRecord] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+    # keepalive_timeout: reuse an idle connection only within 2 s of its last answer; vLLM's server
+    # (uvicorn) closes idle ones after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and a request sent on one
+    # as it closes fails with ServerDisconnectedError (it took down a 3-engine, 24-user chat)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         t_origin = time.perf_counter()
         if w.concurrency is None:
             await asyncio.gather(
@@ -173,6 +180,7 @@ async def run_workload(router: RoundRobin, w: Workload, tick: Callable[[], None]
 # (metric, label source or None) -> our name; summed over the engines.
 WANTED = {
     ("vllm:prompt_tokens_total", None): "prompt",
+    ("vllm:num_preemptions_total", None): "preemptions",  # requests the scheduler evicted to free KV blocks
     ("vllm:prompt_tokens_by_source_total", "local_compute"): "computed",
     ("vllm:prompt_tokens_by_source_total", "local_cache_hit"): "local_hit",
     ("vllm:prompt_tokens_by_source_total", "external_kv_transfer"): "external",
@@ -215,6 +223,16 @@ def scrape(urls: list[str]) -> dict[str, float]:
             for k, v in parse_metrics(r.read().decode()).items():
                 total[k] = total.get(k, 0.0) + v
     return total
+
+
+def kv_cache_blocks(url: str) -> int | None:
+    """The engine's KV cache size in blocks, as it reports it (`vllm:cache_config_info`'s num_gpu_blocks)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("vllm:cache_config_info{") and 'num_gpu_blocks="' in line:
+                value = line.split('num_gpu_blocks="', 1)[1].split('"', 1)[0]
+                return int(value) if value.isdigit() else None
+    return None
 
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:

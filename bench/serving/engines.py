@@ -229,7 +229,9 @@ ENGINE_PROCESSES_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 ENGINE_PROCESSES_ARGS = ["--distributed-executor-backend", "uni"]
 
 
-def _engine_cmd(model: Path, port: int, max_model_len: int, kv: dict[str, Any] | None) -> list[str]:
+def _engine_cmd(
+    model: Path, port: int, max_model_len: int, kv: dict[str, Any] | None, kv_blocks: int | None = None
+) -> list[str]:
     cmd = [
         str(VLLM_PYTHON),
         "-m",
@@ -256,6 +258,8 @@ def _engine_cmd(model: Path, port: int, max_model_len: int, kv: dict[str, Any] |
         "--disable-uvicorn-access-log",
         *ENGINE_PROCESSES_ARGS,
     ]
+    if kv_blocks is not None:  # the engine's KV cache (its prefix cache's capacity), in blocks of BLOCK_SIZE
+        cmd += ["--num-gpu-blocks-override", str(kv_blocks)]
     if kv is not None:
         cmd += ["--kv-transfer-config", json.dumps(kv)]
     return cmd
@@ -278,9 +282,11 @@ def start(
     kvserver_gb: float = 1.0,
     topology: str = "shared",
     timeout: float = 600.0,
+    kv_blocks: int | None = None,
 ) -> Deployment:
     """Start the engines of `config` (and fresh kvservers, and for the per-engine topology a
-    coordinator, for KVServerConnector); wait until all serve."""
+    coordinator, for KVServerConnector); wait until all serve. `kv_blocks`: each engine's KV cache in
+    blocks (vLLM's `--num-gpu-blocks-override`; None: what VLLM_CPU_KVCACHE_SPACE holds, 1 GiB)."""
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     engines: list[Engine] = []
@@ -310,7 +316,7 @@ def start(
             )
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
-                    _engine_cmd(model, port, max_model_len, kv),
+                    _engine_cmd(model, port, max_model_len, kv, kv_blocks),
                     env=env,
                     cwd=workdir,
                     stdout=log,

@@ -1,8 +1,9 @@
 """Repeated rounds of the serving benchmark: every configuration runs once per round, on fresh
 engines, rounds in turn and in alternating order (A B, B A, ...), so that slow drifts of a shared
 host's load, and whatever the first or the second configuration of a round suffers, hit every
-configuration alike. Each round's figures are divided by the no-connector configuration's of the same round; the
-report gives the median of those ratios and their range. Why: one run of a 10 s workload on a shared
+configuration alike. Every figure is reported as its median and range over the rounds, with its
+ratio to the no-connector configuration of the same round (median and range) and a verdict
+(bench/serving/verdict.py). Why: one run of a 10 s workload on a shared
 2-core host moves by more than the few percent a connector costs when nothing is reused."""
 
 from __future__ import annotations
@@ -12,7 +13,22 @@ from typing import Any
 
 from rich.console import Console
 
-FIGURES = ("req_per_s", "ttft_p50_s", "ttft_p90_s", "itl_p99_s", "cpu_ms_per_req")
+from bench.serving.verdict import MIN_ROUNDS, Span, judge, paired_ratios
+
+# figure -> (what the report calls it, higher is better, format); every round keeps these
+FIGURES: dict[str, tuple[str, bool, str]] = {
+    "req_per_s": ("req/s", True, ".3f"),
+    "out_tok_per_s": ("output tok/s", True, ".1f"),
+    "ttft_p50_s": ("TTFT p50 s", False, ".3f"),
+    "ttft_p90_s": ("TTFT p90 s", False, ".3f"),
+    "ttft_p99_s": ("TTFT p99 s", False, ".3f"),
+    "itl_p99_s": ("ITL p99 s", False, ".4f"),
+    "engine_cpu_s": ("engine CPU s", False, ".1f"),
+    "cpu_ms_per_req": ("CPU ms/req (engines + kvserver)", False, ".0f"),
+    "reused_pct": ("prompt tokens not recomputed %", True, ".1f"),
+    "preemptions": ("preemptions", False, ".0f"),
+}
+BASELINE = "none"
 
 
 def compact(config_result: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -25,40 +41,68 @@ def compact(config_result: dict[str, Any]) -> dict[str, dict[str, float]]:
     }
 
 
-def ratios(rounds: list[dict[str, Any]], label: str, workload: str, figure: str) -> list[float]:
-    """`figure` of `label` over none's in the same round, for every round where both ran."""
-    out = []
+def values(rounds: list[dict[str, Any]], label: str, workload: str, figure: str) -> list[float | None]:
+    """`figure` of `label` in every round (None where it failed or lacks the figure)."""
+    out: list[float | None] = []
     for r in rounds:
-        mine, base = r.get(label, {}).get(workload), r.get("none", {}).get(workload)
-        if mine and base and base.get(figure):
-            out.append(mine[figure] / base[figure])
+        v = r.get(label, {}).get(workload, {}).get(figure)
+        out.append(None if v is None else float(v))
     return out
 
 
+def ratios(rounds: list[dict[str, Any]], label: str, workload: str, figure: str) -> list[float]:
+    """`figure` of `label` over none's in the same round, for every round where both ran."""
+    return paired_ratios(values(rounds, label, workload, figure), values(rounds, BASELINE, workload, figure))
+
+
 def span(xs: list[float], fmt: str) -> str:
-    if not xs:
-        return "-"
-    return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
+    s = Span.of(xs)
+    return s.fmt(fmt) if s else "-"
+
+
+def verdicts(rounds: list[dict[str, Any]], labels: list[str], workloads: list[str]) -> dict[str, Any]:
+    """workload -> configuration -> figure -> its median/range, ratio to none and verdict (for the JSON)."""
+    out: dict[str, Any] = {}
+    for name in workloads:
+        for label in labels:
+            for fig, (_, up, _) in FIGURES.items():
+                mine, base = values(rounds, label, name, fig), values(rounds, BASELINE, name, fig)
+                if all(v is None for v in mine):
+                    continue
+                v = judge(mine, base, up) if label != BASELINE else None
+                out.setdefault(name, {}).setdefault(label, {})[fig] = {
+                    "values": mine,
+                    "median": statistics.median([x for x in mine if x is not None]),
+                    "ratio_vs_none": v.ratio.__dict__ if v and v.ratio else None,
+                    "verdict": v.verdict if v else None,
+                }
+    return out
 
 
 def report(rounds: list[dict[str, Any]], labels: list[str], workloads: list[str], out: Console) -> None:
-    out.print(f"\n### {len(rounds)} rounds: medians (range) of every round\n")
+    def say(text: str) -> None:
+        out.print(text, markup=False)  # "[min-max]" is not a style
+
+    has_base = any(BASELINE in r for r in rounds)
+    say(
+        f"\n### {len(rounds)} rounds: median [min-max] over the rounds; ratio = configuration / none of the "
+        f"same round; verdict: better/worse when the per-round ranges do not overlap or every round's ratio is "
+        f"on the same side of 1, else within noise (fewer than {MIN_ROUNDS} rounds: no verdict)\n"
+    )
     for name in workloads:
-        out.print(f"\n#### {name}\n")
-        out.print(
-            "| configuration | req/s | req/s vs none | TTFT p50 s | TTFT p50 vs none | TTFT p90 vs none "
-            "| ITL p99 vs none | CPU ms/req | CPU vs none | rounds |"
-        )
-        out.print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for label in labels:
-            got = [r[label][name] for r in rounds if name in r.get(label, {})]
-            out.print(
-                f"| {label} | {span([g['req_per_s'] for g in got], '.3f')} | "
-                f"{span(ratios(rounds, label, name, 'req_per_s'), '.3f')} | "
-                f"{span([g['ttft_p50_s'] for g in got], '.3f')} | "
-                f"{span(ratios(rounds, label, name, 'ttft_p50_s'), '.2f')} | "
-                f"{span(ratios(rounds, label, name, 'ttft_p90_s'), '.2f')} | "
-                f"{span(ratios(rounds, label, name, 'itl_p99_s'), '.2f')} | "
-                f"{span([g.get('cpu_ms_per_req', 0.0) for g in got], '.0f')} | "
-                f"{span(ratios(rounds, label, name, 'cpu_ms_per_req'), '.3f')} | {len(got)} |"
-            )
+        say(f"\n#### {name}\n")
+        say("| figure | configuration | median [min-max] | vs none: median [min-max] | verdict |")
+        say("|---|---|---:|---:|---|")
+        for fig, (title, up, fmt) in FIGURES.items():
+            base = values(rounds, BASELINE, name, fig)
+            for label in labels:
+                mine = values(rounds, label, name, fig)
+                if all(v is None for v in mine):
+                    continue
+                m = Span.of([x for x in mine if x is not None])
+                if label == BASELINE or not has_base:
+                    say(f"| {title} | {label} | {m.fmt(fmt) if m else '-'} | - | - |")
+                    continue
+                v = judge(mine, base, up)
+                ratio = v.ratio.fmt(".3f") if v.ratio else "-"
+                say(f"| {title} | {label} | {m.fmt(fmt) if m else '-'} | {ratio} | {v.verdict} |")

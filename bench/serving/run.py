@@ -3,14 +3,16 @@ and without a shared KV cache, on a multi-round chat, a Mooncake trace replay, a
 
 Run with the .venv-vllm interpreter (scripts/make-vllm-env.sh builds it; `uv sync` builds kvserver):
 
-    .venv-vllm/bin/python -m bench.serving            # full run, about 10 minutes on 2 cores
-    .venv-vllm/bin/python -m bench.serving --quick    # smaller workloads, none and kvserver only
+    .venv-vllm/bin/python -m bench.serving            # full run: 4 configurations x 3 rounds (about an hour here)
+    .venv-vllm/bin/python -m bench.serving --quick    # smaller workloads, none and kvserver, 3 rounds
     .venv-vllm/bin/python -m bench.serving --smoke    # KVServerConnector only, a handful of requests
     .venv-vllm/bin/python -m bench.serving --quick --configs kvserver --workloads chat \
         --topology per-engine --routers rr,kv,kvscore   # KV-aware routing vs round robin, a kvserver per engine
 
 Every configuration starts its own engines (vLLM's OpenAI server, one OpenMP thread each) on a random
-fp32 Llama built locally, and KVServerConnector configurations their own kvserver; the workloads then
+fp32 Llama built locally, each engine's KV cache capped to a share of the run's working set (`--kv-share`,
+plan_kv_cache: the same for every configuration), and KVServerConnector configurations their own
+kvserver; the workloads then
 run one after another on the same engines (their prompts share nothing across workloads). Per
 configuration and workload the tables give TTFT p50/p90/p99, ITL p99, request throughput, and where
 the prompt tokens came from, from the difference of vLLM's /metrics counters before and after the
@@ -19,7 +21,8 @@ ratios against the no-connector configuration of the same run, never asserted. W
 every configuration runs once per router (fresh engines each time); the KV-aware rows are named
 `<config>+kv` (the coordinator's best instance) or `<config>+kvscore` (its hint weighed against load
 and the router's memory of each engine) and say how many requests the coordinator routed and how many
-fell back.
+fell back. With `--repeats` (3 by default, 1 in --smoke) every figure gets its median and range over
+the rounds, its ratio to `none` and a verdict (bench/serving/repeats.py, bench/serving/verdict.py).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import bench.serving.engines as eng
 import bench.serving.workloads as wl
-from bench.serving.client import RequestRecord, delta, run_workload, scrape
+from bench.serving.client import RequestRecord, delta, kv_cache_blocks, run_workload, scrape
 import bench.serving.repeats as serving_repeats
 from bench.serving.router import ROUTERS, KvRouter, KvScoreRouter, RoundRobin
 from kvtestkit.engines.vllm_harness import SHARED_CACHE_ENV, build_model
@@ -55,31 +58,69 @@ MODEL = {
     "intermediate_size": 1408,
     "vocab_size": wl.VOCAB,
 }
-MAX_MODEL_LEN = 4096
+MAX_MODEL_LEN = 4096  # uncapped engines (--kv-share 0); capped ones get the run's longest request
+# Each engine's KV cache (so its prefix cache) as a share of the run's working set (plan_kv_cache): a
+# deployment's HBM holds a few concurrent long contexts, not a day of conversations.
+KV_SHARE = 0.1
 SCALES: dict[str, dict[str, Any]] = {
     "full": {
         "configs": "none,example,kvserver,kvserver-sync",
-        "workloads": "chat,trace,noreuse",
-        "chat": dict(users=8, rounds=4, system_tokens=1024, user_tokens=192, max_tokens=24, think_s=2.0, stagger_s=1.0),
-        "trace": dict(conversations=24, block_tokens=32, duration_s=45.0, max_prompt=2048, max_tokens=24),
-        "noreuse": dict(requests=48, prompt_tokens=768, max_tokens=24, concurrency=4),
+        "workloads": "chat,trace,noreuse,saturate",
+        "engines": 3,
+        "repeats": 3,
+        "kv_share": KV_SHARE,
+        "chat": dict(users=32, rounds=4, system_tokens=512, user_tokens=128, max_tokens=16, think_s=2.0, stagger_s=0.5),
+        "trace": dict(conversations=24, block_tokens=32, duration_s=60.0, max_prompt=1024, max_tokens=16),
+        "noreuse": dict(requests=48, prompt_tokens=768, max_tokens=16, concurrency=6),
+        "saturate": dict(conversations=24, block_tokens=32, max_prompt=1024, max_tokens=16, concurrency=12),
     },
     "quick": {
         "configs": "none,kvserver",
-        "workloads": "chat,trace,noreuse",
-        "chat": dict(users=4, rounds=3, system_tokens=768, user_tokens=128, max_tokens=16, think_s=1.0, stagger_s=0.5),
-        "trace": dict(conversations=6, block_tokens=32, duration_s=10.0, max_prompt=1536, max_tokens=16),
-        "noreuse": dict(requests=12, prompt_tokens=512, max_tokens=16, concurrency=4),
+        "workloads": "chat,trace,noreuse",  # add saturate with --workloads
+        "engines": 3,
+        "repeats": 3,
+        "kv_share": KV_SHARE,
+        "chat": dict(users=24, rounds=4, system_tokens=512, user_tokens=128, max_tokens=16, think_s=1.0, stagger_s=0.5),
+        "trace": dict(conversations=16, block_tokens=32, duration_s=30.0, max_prompt=1024, max_tokens=16),
+        "noreuse": dict(requests=24, prompt_tokens=512, max_tokens=16, concurrency=6),
+        "saturate": dict(conversations=16, block_tokens=32, max_prompt=1024, max_tokens=16, concurrency=12),
     },
     "smoke": {
         "configs": "kvserver",
         "workloads": "chat",
+        "engines": 2,
+        "repeats": 1,
+        "kv_share": KV_SHARE,  # clamped to one request's KV: the capped path runs in the suite too
         # one user: round k runs on engine k mod 2, so engine 1 must load what engine 0 stored
         "chat": dict(users=1, rounds=4, system_tokens=512, user_tokens=64, max_tokens=8, think_s=0.3, stagger_s=0.0),
         "trace": dict(conversations=2, block_tokens=32, duration_s=5.0, max_prompt=1024, max_tokens=8),
         "noreuse": dict(requests=4, prompt_tokens=256, max_tokens=8, concurrency=2),
+        "saturate": dict(conversations=2, block_tokens=32, max_prompt=1024, max_tokens=8, concurrency=4),
     },
 }
+
+
+def plan_kv_cache(workloads: dict[str, wl.Workload], share: float) -> dict[str, Any]:
+    """Each engine's KV cache for a run (wl.plan_kv_cache), for this benchmark's model and block size."""
+    return wl.plan_kv_cache(workloads, share, eng.BLOCK_SIZE, kv_bytes_per_token(), MAX_MODEL_LEN)
+
+
+def kv_bytes_per_token() -> int:
+    """K and V of every layer, fp32: 2 x layers x KV heads x head size x 4 bytes."""
+    return 2 * MODEL["num_layers"] * MODEL["num_kv_heads"] * (MODEL["hidden_size"] // MODEL["num_heads"]) * 4
+
+
+def describe_plan(plan: dict[str, Any], engines: int) -> str:
+    if plan["blocks"] is None:
+        return f"engine KV caches uncapped (--kv-share 0); working set {plan['working_set_tokens']} tokens"
+    sets = ", ".join(f"{n} {plan['working_sets'][n]} tokens ({100 * plan['shares'][n]:.0f}%)" for n in plan["shares"])
+    return (
+        f"engine KV cache {plan['cache_tokens']} tokens ({plan['cache_mib']:.1f} MiB, {plan['blocks']} blocks "
+        f"incl. the null block) per engine, x{engines} engines, the same for every configuration: "
+        f"--kv-share {plan['share']} of the working set {plan['working_set_tokens']} tokens"
+        + (f", CLAMPED to the longest request ({plan['longest_request']} tokens)" if plan["clamped"] else "")
+        + f"; per workload: {sets}; max-model-len {plan['max_model_len']}"
+    )
 
 
 def build_workload(name: str, scale: dict[str, Any], trace_path: Path | None) -> wl.Workload:
@@ -89,6 +130,8 @@ def build_workload(name: str, scale: dict[str, Any], trace_path: Path | None) ->
         return wl.trace(trace_path or wl.default_trace(), **scale["trace"])
     if name == "noreuse":
         return wl.noreuse(**scale["noreuse"])
+    if name == "saturate":
+        return wl.saturate(trace_path or wl.default_trace(), **scale["saturate"])
     raise SystemExit(f"unknown workload {name}")
 
 
@@ -152,6 +195,8 @@ def summarise(records: list[RequestRecord], wall: float, m: dict[str, float]) ->
         "cached_matches_metrics": src["cached_per_request"] == src["prompt"] - src["recomputed"],
         "kvserver": {k: m[k] for k in m if k.startswith("kvserver_")},
         "per_engine_requests": [sum(1 for r in records if r.engine == e) for e in sorted({r.engine for r in records})],
+        "preemptions": int(m.get("preemptions", 0)),
+        "reused_pct": 100 * (src["prompt"] - src["recomputed"]) / max(1, src["prompt"]),
     }
 
 
@@ -219,12 +264,23 @@ def run_config(
 ) -> dict[str, Any]:
     label = config if router == "rr" else f"{config}+{router}"
     progress.update(bar, description=f"[{label}] starting {args.engines} engines")
+    plan = args.kv_plan
     dep = eng.start(
-        config, model, args.engines, MAX_MODEL_LEN, work / label, kvserver_gb=args.kvserver_gb, topology=args.topology
+        config,
+        model,
+        args.engines,
+        plan["max_model_len"],
+        work / label,
+        kvserver_gb=args.kvserver_gb,
+        topology=args.topology,
+        kv_blocks=plan["blocks"],
     )
     out: dict[str, Any] = {"startup_s": dep.started_s, "router": router, "workloads": {}}
     try:
         urls = [e.url for e in dep.engines]
+        out["engine_kv_blocks"] = [kv_cache_blocks(u) for u in urls]
+        if plan["blocks"] is not None and out["engine_kv_blocks"] != [plan["blocks"]] * len(urls):
+            raise RuntimeError(f"engines report {out['engine_kv_blocks']} KV blocks, not {plan['blocks']}")
         warm_up(urls)
         make = router_factory(router, dep, args.kv_decode_tokens)
         for name, w in workloads.items():
@@ -234,6 +290,7 @@ def run_config(
             cpu = {k: v - cpu0[k] for k, v in dep.cpu_seconds().items()}  # before the idle polling
             out["workloads"][name] = summarise(records, wall, delta(settled(urls), before))
             out["workloads"][name]["cpu_s"] = cpu
+            out["workloads"][name]["engine_cpu_s"] = cpu["engines"]
             out["workloads"][name]["cpu_ms_per_req"] = 1000 * sum(cpu.values()) / max(1, len(records))
             out["workloads"][name]["routing"] = routing(records, lookup_s)
             out["workloads"][name]["loadavg_1m"] = os.getloadavg()[0]  # other load on the host skews timings
@@ -263,9 +320,10 @@ def report(results: dict[str, Any], console: Console) -> None:
         console.print(f"\n### {name} ({results['workload_sizes'][name]} requests)\n")
         console.print(
             "| configuration | TTFT p50 s | p90 s | p99 s | ITL p99 ms | req/s | req/s vs none "
-            "| TTFT p50 vs none | CPU ms/req (kvserver's) | CPU vs none | host load (1 min) |"
+            "| TTFT p50 vs none | CPU ms/req (kvserver's) | CPU vs none | engine CPU s | preemptions "
+            "| host load (1 min) |"
         )
-        console.print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        console.print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for c in configs:
             r = results["configs"][c]["workloads"][name]
             cpu = r.get("cpu_ms_per_req", 0.0)
@@ -275,7 +333,8 @@ def report(results: dict[str, Any], console: Console) -> None:
                 f"{1000 * r['itl_p99_s']:.1f} | {r['req_per_s']:.3f} | "
                 f"{_ratio(r['req_per_s'], base and base['req_per_s'])} | "
                 f"{_ratio(r['ttft_p50_s'], base and base['ttft_p50_s'])} | {cpu:.0f} ({mine:.0f}) | "
-                f"{_ratio(cpu, base and base.get('cpu_ms_per_req'))} | {r.get('loadavg_1m', 0):.1f} |"
+                f"{_ratio(cpu, base and base.get('cpu_ms_per_req'))} | {r.get('engine_cpu_s', 0.0):.1f} | "
+                f"{r.get('preemptions', 0)} | {r.get('loadavg_1m', 0):.1f} |"
             )
         console.print(
             "\n| configuration | prompt tokens | vLLM prefix cache | kvserver L1 | kvserver L2 "
@@ -315,8 +374,15 @@ def main() -> int:
     mode.add_argument("--quick", action="store_true", help="smaller workloads, none and kvserver")
     mode.add_argument("--smoke", action="store_true", help="KVServerConnector on a tiny chat (the test's mode)")
     ap.add_argument("--configs", default=None, help=f"comma list of {','.join(eng.CONFIGS)}")
-    ap.add_argument("--workloads", default=None, help="comma list of chat,trace,noreuse")
-    ap.add_argument("--engines", type=int, default=2)
+    ap.add_argument("--workloads", default=None, help="comma list of chat,trace,noreuse,saturate")
+    ap.add_argument("--engines", type=int, default=None, help="engines behind the router (default: 3; smoke 2)")
+    ap.add_argument(
+        "--kv-share",
+        type=float,
+        default=None,
+        help=f"each engine's KV cache as a share of the run's working set (default {KV_SHARE}, never below "
+        "the longest request; 0: uncapped, the setup before 2026-12-06)",
+    )
     ap.add_argument(
         "--routers",
         default="rr",
@@ -344,13 +410,17 @@ def main() -> int:
     ap.add_argument(
         "--repeats",
         type=int,
-        default=1,
-        help="run every configuration this many times, in alternating rounds on fresh engines; "
-        "the report adds each figure's median ratio against none (the tables show round 1)",
+        default=None,
+        help="run every configuration this many times, in alternating rounds on fresh engines (default 3; "
+        "smoke 1); the report adds every figure's median and range, its ratio to none and a verdict "
+        "(the first tables show round 1)",
     )
     args = ap.parse_args()
     scale_name = "smoke" if args.smoke else "quick" if args.quick else "full"
     scale = SCALES[scale_name]
+    for key in ("engines", "repeats", "kv_share"):
+        if getattr(args, key) is None:
+            setattr(args, key, scale[key])
     configs = (args.configs or scale["configs"]).split(",")
     unknown = set(configs) - set(eng.CONFIGS)
     if unknown:
@@ -366,6 +436,8 @@ def main() -> int:
     labels = [c if r == "rr" else f"{c}+{r}" for c, r in runs]
     names = (args.workloads or scale["workloads"]).split(",")
     workloads = {n: build_workload(n, scale, args.trace) for n in names}
+    args.kv_plan = plan_kv_cache(workloads, args.kv_share)
+    fingerprints = {n: wl.fingerprint(w) for n, w in workloads.items()}
     console = Console(stderr=True)
     out = Console(width=250, soft_wrap=True, highlight=False)
     t_all = time.perf_counter()
@@ -379,6 +451,9 @@ def main() -> int:
         "workloads": names,
         "workload_sizes": {n: w.n_requests for n, w in workloads.items()},
         "scale": {n: scale[n] for n in names},
+        "repeats": args.repeats,
+        "kv_cache": args.kv_plan,
+        "fingerprints": fingerprints,
     }
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp_s:
         tmp = Path(tmp_s)
@@ -387,6 +462,8 @@ def main() -> int:
         os.environ.setdefault(SHARED_CACHE_ENV, str(tmp / "vllm-cache"))
         model = build_model(args.model_dir or tmp / "model", MODEL)
         total = args.repeats * len(runs) * sum(w.n_requests for w in workloads.values())
+        console.log(describe_plan(args.kv_plan, args.engines))
+        same_requests = True
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
         ) as progress:
@@ -397,6 +474,8 @@ def main() -> int:
                 order = list(zip(runs, labels, strict=True))
                 for (c, router), label in order[::-1] if rnd % 2 else order:  # A B, B A, ...: no order bias
                     fresh = {n: build_workload(n, scale, args.trace) for n in names}  # sessions are consumed
+                    # the same requests in every round and configuration (fixed seeds): checked, not assumed
+                    same_requests &= {n: wl.fingerprint(w) for n, w in fresh.items()} == fingerprints
                     w = run_config(c, router, model, fresh, args, tmp, progress, bar)
                     results["configs"].setdefault(label, w)
                     rounds[-1][label] = serving_repeats.compact(w)
@@ -411,10 +490,20 @@ def main() -> int:
                     )
             results["rounds"] = rounds
     results["total_s"] = time.perf_counter() - t_all
+    results["same_requests"] = same_requests
+    results["verdicts"] = serving_repeats.verdicts(rounds, labels, names)
     out.print(
         f"\nbench_serving --{scale_name}: {args.engines} engines, routers {args.routers}, "
-        f"topology {args.topology}, model {MODEL}, "
+        f"topology {args.topology}, {args.repeats} round(s), model {MODEL}, "
         f"total {results['total_s']:.0f}s"
+    )
+    out.print(describe_plan(args.kv_plan, args.engines))
+    out.print(
+        "same requests in every round and configuration: "
+        + ("yes" if same_requests else "NO")
+        + " ("
+        + ", ".join(f"{n} {f}" for n, f in fingerprints.items())
+        + ")"
     )
     report(results, out)
     if args.repeats > 1:
@@ -431,8 +520,10 @@ def main() -> int:
         args.json.write_text(json.dumps(results, indent=2))
     bad = [(c, n) for c in labels for n, r in results["configs"][c]["workloads"].items() if not r["sources_sum_ok"]]
     bad += [(c, "error") for c in labels if "error" in results["configs"][c]]
+    if not same_requests:
+        bad.append(("all", "the rounds' requests differ"))
     if bad:
-        out.print(f"token sources do not sum to the prompt tokens for {bad}")
+        out.print(f"failed checks (token sources that do not sum, errors, differing requests): {bad}")
     return 1 if bad else 0
 
 

@@ -13,15 +13,23 @@ ended; a turn's prompt may extend the previous turn's prompt and generated token
            to the target duration.
   noreuse  prompts of random tokens, no shared prefix, a fixed concurrency (closed loop): what a
            connector costs when there is nothing to reuse.
+  saturate the trace's requests sent as fast as the engines take them (closed loop, a fixed number in
+           flight, arrival times ignored): the load point where throughput, not latency, can differ.
+
+`working_set` and `longest_request` size the engines' KV caches before any engine starts (run.py's
+`--kv-share`); `fingerprint` names a workload's requests, so the rounds of a run can be checked to
+send the same ones.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 VOCAB = 1024
 TRACE_NAME = "mooncake_conversation_trace.jsonl"
@@ -92,13 +100,20 @@ def default_trace() -> Path:
     raise SystemExit(f"no trace found; pass --trace (looked for ../shared/traces/{TRACE_NAME})")
 
 
-def _block(hash_id: int, block_tokens: int) -> list[int]:
-    """The fixed synthetic tokens of one trace hash id (the same id gives the same tokens everywhere)."""
-    return tokens(block_tokens, random.Random(1_000_003 * hash_id + 17))
+def _block(hash_id: int, block_tokens: int, salt: int = 0) -> list[int]:
+    """The fixed synthetic tokens of one trace hash id (the same id gives the same tokens everywhere;
+    another `salt`, other tokens: workloads that replay the same requests share nothing)."""
+    return tokens(block_tokens, random.Random(1_000_003 * hash_id + 17 + 7919 * salt))
 
 
 def trace(
-    path: Path, conversations: int, block_tokens: int, duration_s: float, max_prompt: int, max_tokens: int
+    path: Path,
+    conversations: int,
+    block_tokens: int,
+    duration_s: float,
+    max_prompt: int,
+    max_tokens: int,
+    salt: int = 0,
 ) -> Workload:
     """Replay the first `conversations` multi-turn conversations of the trace (every request is its own
     session: the trace fixes arrival times, not turn order), scaled as the module docstring says."""
@@ -120,7 +135,7 @@ def trace(
         n = min(max_prompt, max(block_tokens, int(r["input_length"] * scale)))
         ids: list[int] = []
         for h in r["hash_ids"]:
-            ids += _block(h, block_tokens)
+            ids += _block(h, block_tokens, salt)
             if len(ids) >= n:
                 break
         ids = ids[:n]
@@ -128,3 +143,98 @@ def trace(
         start = (r["timestamp"] - t0) / span * duration_s
         sessions.append(Session(start, [Turn(ids, out, extend=False)]))
     return Workload("trace", sessions)
+
+
+def saturate(
+    path: Path, conversations: int, block_tokens: int, max_prompt: int, max_tokens: int, concurrency: int
+) -> Workload:
+    """The trace's requests (as `trace` picks and scales them, on tokens of their own: `trace` runs on
+    the same engines first), closed loop with `concurrency` in flight."""
+    w = trace(path, conversations, block_tokens, 1.0, max_prompt, max_tokens, salt=1)
+    for s in w.sessions:
+        s.start_s = 0.0
+    return Workload("saturate", w.sessions, concurrency=concurrency)
+
+
+def _prompts(w: Workload) -> list[list[int]]:
+    """Every request's prompt and output length, answers stood in by distinct placeholder tokens (ids
+    >= VOCAB, never real tokens): what the engines will see, up to the generated tokens' values."""
+    out: list[list[int]] = []
+    fill = VOCAB
+    for s in w.sessions:
+        history: list[int] = []
+        for t in s.turns:
+            prompt = history + t.append if t.extend else list(t.append)
+            answer = list(range(fill, fill + t.max_tokens))
+            fill += t.max_tokens
+            out.append(prompt + answer)  # the request's KV at its end: prompt + answer
+            history = prompt + answer
+    return out
+
+
+def working_set(w: Workload, block_tokens: int) -> int:
+    """The workload's unique prompt tokens, as a prefix cache counts them: the distinct full blocks
+    (a block is named by its whole prefix, as vLLM hashes them) of all prompts and answers, times
+    `block_tokens`. What a prefix cache must hold for every reuse in the workload to hit."""
+    seen: set[int] = set()
+    for toks in _prompts(w):
+        h = 0
+        for i in range(0, len(toks) - block_tokens + 1, block_tokens):
+            h = hash((h, tuple(toks[i : i + block_tokens])))
+            seen.add(h)
+    return len(seen) * block_tokens
+
+
+def longest_request(w: Workload) -> int:
+    """The most tokens (prompt + answer) one request of the workload holds at once."""
+    return max((len(p) for p in _prompts(w)), default=0)
+
+
+def fingerprint(w: Workload) -> str:
+    """A digest of every request the workload will send: start times, think times, tokens, lengths."""
+    h = hashlib.sha256(f"{w.name} {w.concurrency}".encode())
+    for s in w.sessions:
+        h.update(f"s {s.start_s:.6f}".encode())
+        for t in s.turns:
+            h.update(f"t {t.max_tokens} {t.think_s:.6f} {t.extend} {len(t.append)}".encode())
+            h.update(",".join(map(str, t.append)).encode())
+    return h.hexdigest()[:16]
+
+
+REUSE_WORKLOADS = ("chat", "trace", "saturate")  # noreuse's working set is all of it and reused by nobody
+
+
+def plan_kv_cache(
+    workloads: dict[str, Workload], share: float, block: int, bytes_per_token: int, uncapped_max_len: int
+) -> dict[str, Any]:
+    """Each engine's KV cache for a run, fixed from the workloads before any engine starts, the same for
+    every configuration. The working set is the largest `working_set` of the run's workloads with
+    reuse; the cache holds `share` of it in whole blocks, never less than the run's longest request
+    (`clamped` says so), plus the null block vLLM's block pool keeps (`blocks` is what to ask vLLM
+    for; `cache_tokens` what requests can use). `max_model_len`: the longest request, rounded up to a
+    block (vLLM refuses a cache that cannot hold one max-length request). `share` <= 0: uncapped."""
+    sets = {n: working_set(w, block) for n, w in workloads.items()}
+    reuse = [sets[n] for n in sets if n in REUSE_WORKLOADS] or list(sets.values())
+    ws = max(reuse, default=0)
+    longest = max((longest_request(w) for w in workloads.values()), default=0)
+    plan: dict[str, Any] = {
+        "share": share,
+        "working_set_tokens": ws,
+        "working_sets": sets,
+        "longest_request": longest,
+        "bytes_per_token": bytes_per_token,
+    }
+    if share <= 0:
+        return {**plan, "blocks": None, "max_model_len": uncapped_max_len, "clamped": False}
+    want = -(-int(share * ws) // block)
+    floor = max(1, -(-longest // block))
+    n = max(want, floor)
+    return {
+        **plan,
+        "blocks": n + 1,
+        "cache_tokens": n * block,
+        "cache_mib": n * block * bytes_per_token / 2**20,
+        "max_model_len": floor * block,
+        "clamped": floor > want,
+        "shares": {name: n * block / v for name, v in sets.items() if v},
+    }

@@ -1,0 +1,114 @@
+"""The serving benchmark's verdicts over rounds (bench/serving/verdict.py) and the workload
+helpers that size the engines' KV caches (bench/serving/workloads.py). Pure logic, no engines."""
+
+from __future__ import annotations
+
+import pytest
+
+import bench.serving.workloads as wl
+from bench.serving.verdict import BETTER, NOISE, TOO_FEW, WORSE, Span, judge, overlap, paired_ratios
+
+
+def test_disjoint_ranges_decide_by_the_figures_direction() -> None:
+    base, mine = [1.0, 1.1, 1.2], [1.5, 1.4, 1.6]
+    assert judge(mine, base, higher_is_better=True).verdict == BETTER  # e.g. req/s
+    assert judge(mine, base, higher_is_better=False).verdict == WORSE  # e.g. TTFT
+    assert judge(base, mine, higher_is_better=False).verdict == BETTER
+
+
+def test_overlapping_ranges_with_ratios_on_both_sides_of_one_are_noise() -> None:
+    v = judge([1.0, 1.3, 1.1], [1.1, 1.0, 1.2], higher_is_better=True)
+    assert v.verdict == NOISE
+    assert v.ratio is not None and v.ratio.lo < 1.0 < v.ratio.hi
+
+
+def test_paired_ratios_all_above_one_decide_even_when_ranges_overlap() -> None:
+    # The host's load moves both configurations together from round to round; in every round the
+    # configuration beats the baseline of the same round by about 5%.
+    base = [1.0, 2.0, 3.0]
+    mine = [1.05, 2.1, 3.15]
+    v = judge(mine, base, higher_is_better=True)
+    assert v.mine is not None and v.base is not None and overlap(v.mine, v.base)
+    assert v.verdict == BETTER
+    assert v.ratio == Span(1.05, pytest.approx(1.05), pytest.approx(1.05))  # type: ignore[arg-type]
+    assert judge(mine, base, higher_is_better=False).verdict == WORSE
+
+
+def test_medians_and_ranges() -> None:
+    v = judge([3.0, 1.0, 2.0], [2.0, 2.0, 4.0], higher_is_better=True)
+    assert v.mine == Span(2.0, 1.0, 3.0)
+    assert v.base == Span(2.0, 2.0, 4.0)
+    assert v.ratio == Span(0.5, 0.5, 1.5)
+    assert v.mine.fmt(".1f") == "2.0 [1.0-3.0]"
+
+
+def test_too_few_rounds_give_no_verdict() -> None:
+    assert judge([2.0], [1.0], higher_is_better=True).verdict == TOO_FEW
+    assert judge([2.0, 2.1], [1.0, 1.1], higher_is_better=True).verdict == TOO_FEW
+    assert judge([2.0, 2.1], [1.0, 1.1], higher_is_better=True, min_rounds=2).verdict == BETTER
+    # a configuration that failed in a round leaves fewer rounds to judge
+    assert judge([2.0, None, 2.2], [1.0, 1.1, 1.2], higher_is_better=True).verdict == TOO_FEW
+    assert judge([], [], higher_is_better=True).verdict == TOO_FEW
+
+
+def test_equal_values_and_zero_baselines() -> None:
+    # no preemptions in either: the same, and no ratio to speak of
+    v = judge([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], higher_is_better=False)
+    assert v.verdict == NOISE and v.ratio is None
+    # preemptions where the baseline had none: worse by the ranges alone
+    assert judge([3.0, 5.0, 4.0], [0.0, 0.0, 0.0], higher_is_better=False).verdict == WORSE
+    assert paired_ratios([1.0, None, 2.0], [0.0, 1.0, 4.0]) == [0.5]
+
+
+def test_rounds_must_pair_up() -> None:
+    with pytest.raises(ValueError):
+        judge([1.0, 2.0, 3.0], [1.0, 2.0], higher_is_better=True)
+
+
+def test_working_set_counts_shared_blocks_once() -> None:
+    # 4 users on one 512-token system prompt, 2 rounds each of 64 user tokens and 32 generated
+    w = wl.chat(users=4, rounds=2, system_tokens=512, user_tokens=64, max_tokens=32, think_s=0.1, stagger_s=0.0)
+    # each user's last request holds 512 + 64 + 32 + 64 + 32 = 704 tokens: 11 blocks of 64
+    assert wl.longest_request(w) == 704
+    # the system prompt's 8 blocks once, then 3 blocks per user (704 / 64 = 11, 8 of them shared)
+    assert wl.working_set(w, 64) == (8 + 4 * 3) * 64
+    # no reuse: every full block is its own
+    n = wl.noreuse(requests=3, prompt_tokens=256, max_tokens=16, concurrency=1)
+    assert wl.working_set(n, 64) == 3 * (272 // 64) * 64
+
+
+def test_the_same_workload_every_round_and_a_different_one_otherwise() -> None:
+    def make(seed: int) -> wl.Workload:
+        return wl.chat(
+            users=3, rounds=3, system_tokens=128, user_tokens=32, max_tokens=8, think_s=1.0, stagger_s=0.5, seed=seed
+        )
+
+    assert wl.fingerprint(make(1)) == wl.fingerprint(make(1))
+    assert wl.fingerprint(make(1)) != wl.fingerprint(make(2))
+    n = wl.noreuse(requests=4, prompt_tokens=64, max_tokens=8, concurrency=2)
+    assert wl.fingerprint(n) == wl.fingerprint(wl.noreuse(requests=4, prompt_tokens=64, max_tokens=8, concurrency=2))
+    assert wl.fingerprint(n) != wl.fingerprint(wl.noreuse(requests=4, prompt_tokens=64, max_tokens=8, concurrency=3))
+
+
+def test_kv_cache_plan_takes_a_share_of_the_largest_reuse_working_set() -> None:
+    chat = wl.chat(users=24, rounds=4, system_tokens=512, user_tokens=128, max_tokens=16, think_s=1.0, stagger_s=0.5)
+    big = wl.noreuse(requests=100, prompt_tokens=512, max_tokens=16, concurrency=4)
+    plan = wl.plan_kv_cache({"chat": chat, "noreuse": big}, 0.1, 64, 8192, 4096)
+    # noreuse's working set is larger but reused by nobody: the cap follows chat's
+    assert plan["working_set_tokens"] == wl.working_set(chat, 64) == 14336
+    assert plan["cache_tokens"] == 23 * 64  # ceil(1433.6 / 64) blocks
+    assert plan["blocks"] == 24  # plus vLLM's null block
+    assert plan["cache_mib"] == 23 * 64 * 8192 / 2**20
+    assert not plan["clamped"]
+    assert plan["max_model_len"] == 1088 == wl.longest_request(chat)  # 17 blocks
+    assert plan["shares"]["chat"] == 1472 / 14336
+
+
+def test_kv_cache_plan_never_holds_less_than_the_longest_request() -> None:
+    chat = wl.chat(users=1, rounds=4, system_tokens=512, user_tokens=64, max_tokens=8, think_s=0.3, stagger_s=0.0)
+    plan = wl.plan_kv_cache({"chat": chat}, 0.1, 64, 8192, 4096)
+    assert plan["clamped"]
+    assert plan["cache_tokens"] == 832 >= wl.longest_request(chat) == 800
+    assert plan["max_model_len"] == 832
+    uncapped = wl.plan_kv_cache({"chat": chat}, 0.0, 64, 8192, 4096)
+    assert uncapped["blocks"] is None and uncapped["max_model_len"] == 4096
