@@ -63,16 +63,19 @@ class LMCacheServer:
 
     Its L1 is `l1_gb` of DRAM with LRU eviction (the flags LMCache's docs use), its chunk the
     connector's (256 tokens, its default too). `--supported-transfer-mode auto`: on a CPU-only host
-    the MP connector's worker picks the engine-driven path (a CPU SHM / pickle transfer; CUDA IPC
-    needs a GPU), which the server's default, `lmcache_driven`, does not register (the worker then
-    waits out its 300 s request timeout at start: "No handler registered for operation
-    register_kv_cache_engine_driven_context"). Usage telemetry off."""
+    the MP connector's worker picks the engine-driven path (CUDA IPC needs a GPU), which the
+    server's default, `lmcache_driven`, does not register (the worker then waits out its 300 s
+    request timeout at start: "No handler registered for operation
+    register_kv_cache_engine_driven_context"). `--shm-name`: that path then moves KV through an L1
+    in a shared-memory segment the engines map, as kvserver's engines do; without it, each chunk
+    travels pickled over ZMQ. Usage telemetry off."""
 
     def __init__(self, log_path: Path, l1_gb: float) -> None:
         if not LMCACHE_PYTHON.exists():
             raise RuntimeError(f"{LMCACHE_PYTHON} missing: run scripts/make-lmcache-env.sh (or set KV_LMCACHE_VENV)")
         self.port = free_port()
         self.http_port = free_port()
+        self.shm_name = f"kvbench-lmcache{self.port}"
         self.log_path = log_path
         cmd = [
             str(LMCACHE_PYTHON),
@@ -94,6 +97,8 @@ class LMCacheServer:
             str(CHUNK_SIZE),
             "--supported-transfer-mode",
             "auto",
+            "--shm-name",
+            self.shm_name,
             "--disable-observability",
         ]
         env = engine_env(log_path.parent / "vllm-cache", {"LMCACHE_TRACK_USAGE": "false", "OMP_NUM_THREADS": "1"})
@@ -122,6 +127,7 @@ class LMCacheServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        Path("/dev/shm", self.shm_name).unlink(missing_ok=True)  # what a killed server leaves
 
 
 class Coordinator:

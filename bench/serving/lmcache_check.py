@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 import tempfile
 import urllib.error
@@ -65,6 +66,12 @@ def main() -> int:
             after = scrape([dep.engines[1].url])
         finally:
             dep.stop()
+        assert dep.lmcache is not None
+        server_log = [
+            re.sub(r"\x1b\[[0-9;]*m", "", line).split("LMCache INFO:")[-1].strip()
+            for line in dep.lmcache.log_path.read_text(errors="replace").splitlines()
+            if "transfer strategy" in line or "Stored " in line or "Retrieved " in line
+        ]
         base = eng.start("none", model, 1, MAX_MODEL_LEN, tmp / "none")
         try:
             recomputed = complete(base.engines[0].url, PROMPT)
@@ -77,6 +84,7 @@ def main() -> int:
     drift = max(abs(a - b) for a, b in zip(loaded[1], recomputed[1], strict=True))
     print(f"largest logprob difference, engine 1 vs no connector: {drift:.2e}")
     print(f"engine 1's {len(PROMPT)} prompt tokens: {json.dumps(sources)}")
+    print("LMCache server:", *server_log, sep="\n  ")
     ok = sources["external"] > 0 and loaded[0] == recomputed[0] == stored[0] and drift < 1e-3
     print("OK: engine 1 loaded from LMCache, tokens equal recompute" if ok else "FAILED")
     return 0 if ok else 1
