@@ -10,6 +10,11 @@ Topologies of KVServerConnector configurations: `shared` (one kvserver for all e
 loads what any other stored) and `per-engine` (one kvserver per engine, each registered with a
 kvcoordinator and publishing KV events to it, heartbeating every second; an engine loads only what
 it stored itself, so where a request lands matters, which is what the KV-aware router exploits).
+
+The `lmcache` configuration is the anchor a user would pick instead: LMCache 0.5.6's multiprocess
+server (one per configuration, shared by all engines, its L1 the size of `--kvserver-gb`) and vLLM's
+LMCacheMPConnector. Its engines run from .venv-lmcache (scripts/make-lmcache-env.sh; not part of CI),
+which is .venv-vllm plus lmcache.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 import psutil  # the CPU each configuration uses (a dependency of vLLM, so in .venv-vllm)
 
 from kvtestkit.serverproc import KVSERVER_BIN, KVServer, free_port
-from kvtestkit.engines.vllm_harness import VLLM_PYTHON, engine_env
+from kvtestkit.engines.vllm_harness import REPO_ROOT, VLLM_PYTHON, engine_env
 
 BLOCK_SIZE = 64  # vLLM's block size (the CPU backend needs a multiple of 32)
 CHUNK_SIZE = 256  # the connector's (and kvserver's) chunk: 4 vLLM blocks
@@ -42,11 +47,87 @@ CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "kvserver-sync": ("KVServerConnector", {"async_loads": False, "async_saves": False, "plan_loads": False}),
     "kvserver-noplan": ("KVServerConnector", {"plan_loads": False}),  # async, every hit loaded
     "kvserver-l2": ("KVServerConnector", {}),  # a small L1 over a filesystem L2 (SERVER_ARGS)
+    "lmcache": ("LMCacheMPConnector", {}),  # LMCache's MP server (LMCacheServer), engines from .venv-lmcache
 }
 # kvserver arguments per configuration ({work} is the configuration's work directory); default: L1 only.
 SERVER_ARGS: dict[str, list[str]] = {"kvserver-l2": ["--l1-size-gb", "0.03", "--l2", "fs://{work}/l2"]}
 TOPOLOGIES = ("shared", "per-engine")
 COORDINATOR_BIN = KVSERVER_BIN.parent / "kvcoordinator"
+LMCACHE_VENV = Path(os.environ.get("KV_LMCACHE_VENV", REPO_ROOT / ".venv-lmcache"))
+LMCACHE_PYTHON = LMCACHE_VENV / "bin" / "python"
+
+
+class LMCacheServer:
+    """LMCache's multiprocess server (`python -m lmcache.v1.multiprocess.http_server`, the ZMQ cache
+    server plus its HTTP admin API) from .venv-lmcache, on free loopback ports.
+
+    Its L1 is `l1_gb` of DRAM with LRU eviction (the flags LMCache's docs use), its chunk the
+    connector's (256 tokens, its default too). `--supported-transfer-mode auto`: on a CPU-only host
+    the MP connector's worker picks the engine-driven path (CUDA IPC needs a GPU), which the
+    server's default, `lmcache_driven`, does not register (the worker then waits out its 300 s
+    request timeout at start: "No handler registered for operation
+    register_kv_cache_engine_driven_context"). `--shm-name`: that path then moves KV through an L1
+    in a shared-memory segment the engines map, as kvserver's engines do; without it, each chunk
+    travels pickled over ZMQ. Usage telemetry off."""
+
+    def __init__(self, log_path: Path, l1_gb: float) -> None:
+        if not LMCACHE_PYTHON.exists():
+            raise RuntimeError(f"{LMCACHE_PYTHON} missing: run scripts/make-lmcache-env.sh (or set KV_LMCACHE_VENV)")
+        self.port = free_port()
+        self.http_port = free_port()
+        self.shm_name = f"kvbench-lmcache{self.port}"
+        self.log_path = log_path
+        cmd = [
+            str(LMCACHE_PYTHON),
+            "-m",
+            "lmcache.v1.multiprocess.http_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(self.http_port),
+            "--l1-size-gb",
+            str(l1_gb),
+            "--eviction-policy",
+            "LRU",
+            "--chunk-size",
+            str(CHUNK_SIZE),
+            "--supported-transfer-mode",
+            "auto",
+            "--shm-name",
+            self.shm_name,
+            "--disable-observability",
+        ]
+        env = engine_env(log_path.parent / "vllm-cache", {"LMCACHE_TRACK_USAGE": "false", "OMP_NUM_THREADS": "1"})
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + 120  # it imports torch and LMCache: 20-30 s here
+        # the HTTP API answers only after the ZMQ cache server runs ("LMCache cache server is running")
+        while not _ready(f"http://127.0.0.1:{self.http_port}", "/"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"LMCache server did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.5)
+
+    def kv_transfer_config(self) -> dict[str, Any]:
+        return {
+            "kv_connector": "LMCacheMPConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": self.port},
+        }
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        Path("/dev/shm", self.shm_name).unlink(missing_ok=True)  # what a killed server leaves
 
 
 class Coordinator:
@@ -175,6 +256,7 @@ class Deployment:
     engines: list[Engine]
     kvservers: list[KVServer] = field(default_factory=list)  # one shared, or one per engine
     coordinator: Coordinator | None = None
+    lmcache: LMCacheServer | None = None
     started_s: float = 0.0
     workdir: Path = field(default_factory=Path)
 
@@ -199,9 +281,13 @@ class Deployment:
                 total += t.user + t.system
             return total
 
+        # "kvserver": the cache server's share, whichever it is (LMCache's MP server for `lmcache`)
+        cache_pids = [k.proc.pid for k in self.kvservers if k.proc is not None]
+        if self.lmcache is not None:
+            cache_pids.append(self.lmcache.proc.pid)
         return {
             "engines": sum(used(e.proc.pid) for e in self.engines),
-            "kvserver": sum(used(k.proc.pid) for k in self.kvservers if k.proc is not None),
+            "kvserver": sum(used(pid) for pid in cache_pids),
         }
 
     def stop(self) -> None:
@@ -216,6 +302,8 @@ class Deployment:
                 e.proc.wait()
         for k in self.kvservers:
             k.stop()
+        if self.lmcache is not None:
+            self.lmcache.stop()
         if self.coordinator is not None:
             self.coordinator.stop()
 
@@ -230,10 +318,15 @@ ENGINE_PROCESSES_ARGS = ["--distributed-executor-backend", "uni"]
 
 
 def _engine_cmd(
-    model: Path, port: int, max_model_len: int, kv: dict[str, Any] | None, kv_blocks: int | None = None
+    model: Path,
+    port: int,
+    max_model_len: int,
+    kv: dict[str, Any] | None,
+    kv_blocks: int | None = None,
+    python: Path = VLLM_PYTHON,
 ) -> list[str]:
     cmd = [
-        str(VLLM_PYTHON),
+        str(python),
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
@@ -305,9 +398,11 @@ def start(
                     )
             else:
                 dep.kvservers.append(KVServer(workdir / "kvserver.log", *args).start())
+        elif CONFIGS[config][0] == "LMCacheMPConnector":  # one server for all engines, as `shared`
+            dep.lmcache = LMCacheServer(workdir / "lmcache.log", kvserver_gb)
         for i in range(n_engines):
             server = dep.kvservers[i % len(dep.kvservers)].url if dep.kvservers else None
-            kv = kv_transfer_config(config, workdir, server)
+            kv = dep.lmcache.kv_transfer_config() if dep.lmcache else kv_transfer_config(config, workdir, server)
             port = free_port()
             log_path = workdir / f"engine{i}.log"
             env = engine_env(
@@ -316,7 +411,9 @@ def start(
             )
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
-                    _engine_cmd(model, port, max_model_len, kv, kv_blocks),
+                    _engine_cmd(
+                        model, port, max_model_len, kv, kv_blocks, LMCACHE_PYTHON if dep.lmcache else VLLM_PYTHON
+                    ),
                     env=env,
                     cwd=workdir,
                     stdout=log,

@@ -64,7 +64,7 @@ MAX_MODEL_LEN = 4096  # uncapped engines (--kv-share 0); capped ones get the run
 KV_SHARE = 0.1
 SCALES: dict[str, dict[str, Any]] = {
     "full": {
-        "configs": "none,example,kvserver,kvserver-sync",
+        "configs": "none,example,kvserver,kvserver-sync,lmcache",  # lmcache: when .venv-lmcache exists
         "workloads": "chat,trace,noreuse,saturate",
         "engines": 3,
         "repeats": 3,
@@ -425,6 +425,14 @@ def main() -> int:
     unknown = set(configs) - set(eng.CONFIGS)
     if unknown:
         ap.error(f"unknown configs {sorted(unknown)}")
+    if "lmcache" in configs and not eng.LMCACHE_PYTHON.exists():
+        if args.configs:
+            ap.error(f"lmcache needs {eng.LMCACHE_PYTHON}: build it with scripts/make-lmcache-env.sh")
+        configs.remove("lmcache")
+        print(
+            f"bench.serving: the lmcache anchor is left out: no {eng.LMCACHE_PYTHON} (scripts/make-lmcache-env.sh)",
+            file=sys.stderr,
+        )
     routers = args.routers.split(",")
     if set(routers) - set(ROUTERS):
         ap.error(f"unknown routers {sorted(set(routers) - set(ROUTERS))}")
