@@ -16,6 +16,7 @@ COUNTERS = (
     "lookups",
     "lookup_errors",
     "lookups_pending",
+    "lookups_streamed",  # L2 hits reported while the server's prefetch still brought them into L1
     "lookups_inflight",
     "lookup_tokens",
     "hit_tokens",
