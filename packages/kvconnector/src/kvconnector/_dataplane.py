@@ -130,11 +130,12 @@ class DataPlane:
         rank: int | None = None,
         wait: bool = True,
         expect: bool = False,
+        progress: bool = False,
     ) -> tuple[int, bool, bool, int | None]:
         """(hit tokens, whether an L2 prefetch still runs (only with wait=False), whether a producer is
         still writing the chunk the hit stops at, the tokens L1 + that prefetch will cover (with
         expect, else None)); with a session, lease the hit objects of every rank (or of `rank` only) to it."""
-        req = self.lookup_request(tokens, salt, session, extra, rank, wait, expect)
+        req = self.lookup_request(tokens, salt, session, extra, rank, wait, expect, progress)
         return self.lookup_answer(self.link.send(req, deadline)[0])
 
     def lookup_request(
@@ -146,6 +147,7 @@ class DataPlane:
         rank: int | None = None,
         wait: bool = True,
         expect: bool = False,
+        progress: bool = False,
     ) -> rq.Lookup:
         link = self.link
         return rq.Lookup(
@@ -157,6 +159,7 @@ class DataPlane:
             rank=rank if session is not None else None,
             wait=wait,
             expect=expect,
+            progress=progress,
         )
 
     def lookup_answer(self, result: rp.LookupReply) -> tuple[int, bool, bool, int | None]:
@@ -252,7 +255,8 @@ class DataPlane:
         """Load tokens [skip, num) while an L2 prefetch brings them into L1: (where the loaded range
         ends, the failure that stopped it or None).
 
-        Each round leases what L1 holds now (a lookup of this rank, wait=False) and loads the chunks
+        Each round leases what L1 holds (a lookup of this rank, wait=False, which the server answers
+        once the chunk the hit stops at has landed or the prefetch ended) and loads the chunks
         that landed since the last round (`load`: retrieve, copy, verify, release with proof), until the
         range is loaded, or the prefetch ended (`pending` false) or the deadline passed short of it:
         then [end, num) failed. Blocks before the end were copied and verified. With layouts whose
@@ -264,8 +268,16 @@ class DataPlane:
         loaded, tokens = skip, prompt.tokens
         try:
             while loaded < num:
-                hit, pending, _, _ = self.lookup(
-                    deadline, tokens, prompt.salt, session, prompt.extra, rank=link.rank, wait=False
+                hit, pending, _, _ = self.lookup(  # answered once the next chunk landed (or the prefetch ended)
+                    deadline,
+                    tokens,
+                    prompt.salt,
+                    session,
+                    prompt.extra,
+                    rank=link.rank,
+                    wait=False,
+                    expect=True,
+                    progress=True,
                 )
                 upto = min(hit, num)
                 if upto > loaded and (piecewise or upto == num):

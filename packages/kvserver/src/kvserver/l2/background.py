@@ -68,6 +68,13 @@ class BackgroundPrefetches:
             await asyncio.wait((future, task), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         return future.result() if future.done() and not future.cancelled() else None
 
+    async def progress(self, key: Hashable, loads: list[asyncio.Future[bool]], timeout: float) -> None:
+        """Wait until one of `loads` ended or the prefetch of `key` did (at most `timeout`)."""
+        task = self.running.get(key)
+        if task is not None and loads:
+            waits: list[asyncio.Future[Any]] = [*loads, task]
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+
     def _reach(self, key: Hashable) -> asyncio.Future[int]:
         future = self.reach.get(key)
         if future is None:

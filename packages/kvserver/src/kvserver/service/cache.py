@@ -153,6 +153,11 @@ class CacheService(WritePath):
                 pending = self.background.poll(record, prefetch)
                 if pending and f.expect and plan is None:  # a streamed load's target: wait for the contains step
                     reach = await self.background.expected(record, self.l2.prefetch_timeout)
+                    now = self._prefix_hits(ks, salt, hashes)
+                    if f.progress and reach is not None and now < reach:  # a streamed load's poll: the next chunk
+                        inflight = self.l2.prefetcher.inflight
+                        loads = [inflight[k] for k in sets[now] if k in inflight]
+                        await self.background.progress(record, loads, self.l2.prefetch_timeout)
         out = self.lookup(f, who, hashes)  # no await since the wait: the prefix is recomputed and leased at once
         if not f.wait:
             out.pending = pending
