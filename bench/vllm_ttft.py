@@ -5,7 +5,8 @@ Run with the .venv-vllm interpreter (scripts/make-vllm-env.sh builds it):
     .venv-vllm/bin/python -m bench.vllm_ttft [--prompt-len 4096] [--configs none,example,...]
 
 Every configuration runs its engines in fresh subprocesses (tests/vllm/engine_runner.py), on a random
-fp32 Llama (8 layers x hidden 1024, 8 KV heads: 32 KiB of KV per token) built locally. TTFT is the
+fp32 Llama (8 layers x hidden 1024, 8 KV heads: 64 KiB of KV per token; `--kv-kib 128`: 16 layers,
+128 KiB per token, where the bytes dominate) built locally. TTFT is the
 wall time of one `generate` call with max_tokens=1, after a short warm-up request in the same
 engine. Configurations:
 
@@ -18,6 +19,11 @@ engine. Configurations:
             an empty L1, so B's hit comes from L2 (prefetched into L1, then loaded); page cache warm
   kvserver-l2-cold  the same with the L2 files dropped from the page cache (fsync + POSIX_FADV_DONTNEED)
             before B runs: the disk's speed
+  kvserver-l2-nostream, kvserver-l2-cold-nostream  the same two with the connector's stream_l2 off: the
+            hit is reported only once the whole prefetch landed in L1, then loaded (the baseline)
+
+The L2 configurations run the server with --l2-prefetch-timeout 10, so a slow (cold) read of the
+whole prompt is not cut short by the 0.5 s default (the bytes are what is measured).
 
 Timings are printed, never asserted. This machine kind has 2 cores: other load skews them.
 """
@@ -25,6 +31,7 @@ Timings are printed, never asserted. This machine kind has 2 cores: other load s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import statistics
@@ -37,11 +44,21 @@ from typing import Any
 
 from kvtestkit.pagecache import drop_cache
 from kvtestkit.serverproc import KVSERVER_BIN, KVServer, ServerProc
-from kvtestkit.engines.tiny_model import BENCH, build_llama, random_prompt
+from kvtestkit.engines.tiny_model import BENCH, TinyLlamaSpec, build_llama, random_prompt
 from kvtestkit.engines.vllm_harness import VLLM_PYTHON, EngineRun, EngineRunError, prompt, run_engine
 
 BLOCK_SIZE = 64
-CONFIGS = ("none", "example", "offload", "kvserver", "kvserver-l2", "kvserver-l2-cold")
+CONFIGS = (
+    "none",
+    "example",
+    "offload",
+    "kvserver",
+    "kvserver-l2",
+    "kvserver-l2-cold",
+    "kvserver-l2-nostream",
+    "kvserver-l2-cold-nostream",
+)
+SPECS = {64: BENCH, 128: dataclasses.replace(BENCH, num_layers=16)}  # KiB of fp32 KV per token
 
 
 def _ttft_engine(
@@ -144,13 +161,13 @@ def bench_kvserver(model: Path, p: list[int], max_len: int, tmp: Path) -> dict[s
         server.stop()
 
 
-def _kv_config(url: str) -> dict[str, Any]:
+def _kv_config(url: str, stream: bool = True) -> dict[str, Any]:
     return {
         "kv_connector": "KVServerConnector",
         "kv_connector_module_path": "kvconnector.vllm",
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"kvserver_url": url, "mode": "auto"},
+        "kv_connector_extra_config": {"kvserver_url": url, "mode": "auto", "stream_l2": stream},
     }
 
 
@@ -158,13 +175,15 @@ def _l2_files(root: Path) -> list[Path]:
     return [f for f in root.rglob("*") if f.is_file() and not f.name.startswith(".")]
 
 
-def bench_kvserver_l2(model: Path, p: list[int], max_len: int, tmp: Path, cold: bool) -> dict[str, Any]:
+def bench_kvserver_l2(
+    model: Path, p: list[int], max_len: int, tmp: Path, cold: bool, stream: bool = True
+) -> dict[str, Any]:
     """Engine A stores with an fs L2 below L1; once every chunk is on disk the server restarts on its
     port with an empty L1 (its arena removed), so new engine B's hit is an L2 hit."""
     if not KVSERVER_BIN.exists():
         return {"skipped": f"{KVSERVER_BIN} missing (run `uv sync`)"}
     l2 = Path(tempfile.mkdtemp(prefix="l2-", dir=tmp))
-    args = ("--l1-size-gb", "2", "--l2", f"fs://{l2}")
+    args = ("--l1-size-gb", "2", "--l2", f"fs://{l2}", "--l2-prefetch-timeout", "10")
     server = KVServer(tmp / "kvserver-l2.log", *args).start()
     try:
         a = _ttft_engine(model, [p], _kv_config(server.url), max_len)
@@ -177,12 +196,13 @@ def bench_kvserver_l2(model: Path, p: list[int], max_len: int, tmp: Path, cold: 
         server = ServerProc(server.port, server.args, tmp / "kvserver-l2b.log").start()
         if cold:
             drop_cache(_l2_files(l2))
-        b = _ttft_engine(model, [p], _kv_config(server.url), max_len)
+        b = _ttft_engine(model, [p], _kv_config(server.url, stream), max_len)
         rb = b.batches[1].requests[0]
         return {
             "store_s": a.batches[1].wall_s,
             "hit_s": b.batches[1].wall_s,
             "l2_objects": on_disk,
+            "l2_tokens": (rb.kv_transfer_params or {}).get("kvserver", {}).get("l2_tokens"),
             "hit_cached_tokens": rb.num_cached_tokens,
             "loaded_tokens": rb.connector_loaded_tokens,
             "tokens": [a.batches[1].requests[0].token_ids, rb.token_ids],
@@ -195,6 +215,7 @@ def bench_kvserver_l2(model: Path, p: list[int], max_len: int, tmp: Path, cold: 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompt-len", type=int, default=4096)
+    ap.add_argument("--kv-kib", type=int, choices=sorted(SPECS), default=64, help="KiB of fp32 KV per token")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse/build the bench model here")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -210,13 +231,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp_s:
         tmp = Path(tmp_s)
         t = time.perf_counter()
-        model = build_llama(args.model_dir or tmp / "model", BENCH)
+        spec = SPECS[args.kv_kib]
+        model = build_llama(args.model_dir or tmp / "model", spec)
         print(
-            f"model: {BENCH} ({BENCH.kv_bytes_per_token_fp32 // 1024} KiB KV/token), "
+            f"model: {spec} ({spec.kv_bytes_per_token_fp32 // 1024} KiB KV/token), "
             f"built in {time.perf_counter() - t:.1f}s",
             flush=True,
         )
-        p = random_prompt(args.prompt_len, seed=7, vocab_size=BENCH.vocab_size)
+        p = random_prompt(args.prompt_len, seed=7, vocab_size=spec.vocab_size)
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
         for rep in range(args.repeat):
             for c in configs:
@@ -230,12 +252,12 @@ def main() -> int:
                 elif c == "kvserver":
                     r = bench_kvserver(model, p, max_len, tmp)
                 else:
-                    r = bench_kvserver_l2(model, p, max_len, tmp, cold=c.endswith("cold"))
+                    r = bench_kvserver_l2(model, p, max_len, tmp, cold="cold" in c, stream=not c.endswith("nostream"))
                 runs[c].append(r)
                 shown = {k: v for k, v in r.items() if k != "tokens"}
                 print(f"[{c} #{rep + 1}] {json.dumps(shown)} ({time.perf_counter() - t:.0f}s)", flush=True)
         results = {c: _median(rs) for c, rs in runs.items()}
-    _report(results, args.prompt_len)
+    _report(results, args.prompt_len, spec, runs)
     if args.json:
         args.json.write_text(json.dumps({"median": results, "runs": runs}, indent=2))
     return 0
@@ -250,12 +272,17 @@ def _median(rs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _report(results: dict[str, Any], n: int) -> None:
+def _range(runs: list[dict[str, Any]], key: str) -> str:
+    nums = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+    return f"[{min(nums):.3f}-{max(nums):.3f}]" if len(nums) > 1 else ""
+
+
+def _report(results: dict[str, Any], n: int, spec: TinyLlamaSpec, runs: dict[str, list[dict[str, Any]]]) -> None:
     base = results.get("none", {}).get("recompute_s")
     rows: list[tuple[str, float | None, str]] = []
     if "none" in results:
         r = results["none"]
-        rows.append(("recompute (no connector)", r["recompute_s"], ""))
+        rows.append(("recompute (no connector)", r["recompute_s"], _range(runs["none"], "recompute_s")))
         rows.append(("in-process prefix cache", r["prefix_cache_s"], f"cached {r['prefix_cached_tokens']}"))
     if "example" in results:
         r = results["example"]
@@ -282,10 +309,15 @@ def _report(results: dict[str, Any], n: int) -> None:
                 (
                     "KVServerConnector hit (new engine B)",
                     r["hit_s"],
-                    f"cached {r['hit_cached_tokens']}, loaded {r['loaded_tokens']}",
+                    f"cached {r['hit_cached_tokens']}, loaded {r['loaded_tokens']} {_range(runs['kvserver'], 'hit_s')}",
                 )
             )
-    for name, label in (("kvserver-l2", "page cache warm"), ("kvserver-l2-cold", "page cache dropped")):
+    for name, label in (
+        ("kvserver-l2", "page cache warm"),
+        ("kvserver-l2-nostream", "warm, stream_l2 off"),
+        ("kvserver-l2-cold", "page cache dropped"),
+        ("kvserver-l2-cold-nostream", "dropped, stream_l2 off"),
+    ):
         r = results.get(name)
         if r is None:
             continue
@@ -298,15 +330,19 @@ def _report(results: dict[str, Any], n: int) -> None:
             (
                 f"KVServerConnector L2 hit ({label})",
                 r["hit_s"],
-                f"loaded {r['loaded_tokens']} ({r['l2_objects']} objects on disk){vs_l1}",
+                f"loaded {r['loaded_tokens']}, from L2 {r.get('l2_tokens')} ({r['l2_objects']} objects on disk)"
+                f"{vs_l1} {_range(runs[name], 'hit_s')}",
             )
         )
-    print(f"\nTTFT, {n}-token prompt, fp32 Llama {BENCH.num_layers}x{BENCH.hidden_size} on CPU")
-    print(f"{'configuration':<42} {'TTFT s':>8} {'vs recompute':>13}  note")
+    print(
+        f"\nTTFT, {n}-token prompt, fp32 Llama {spec.num_layers}x{spec.hidden_size} on CPU "
+        f"({spec.kv_bytes_per_token_fp32 // 1024} KiB KV/token); medians [ranges]"
+    )
+    print(f"{'configuration':<48} {'TTFT s':>8} {'vs recompute':>13}  note")
     for name, secs, note in rows:
         s = f"{secs:8.3f}" if secs is not None else f"{'-':>8}"
         ratio = f"{secs / base:12.3f}x" if secs is not None and base else f"{'-':>13}"
-        print(f"{name:<42} {s} {ratio}  {note}")
+        print(f"{name:<48} {s} {ratio}  {note}")
     toks = [r["tokens"] for r in results.values() if isinstance(r, dict) and "tokens" in r]
     flat = [t for pair in toks for t in pair]
     if flat:

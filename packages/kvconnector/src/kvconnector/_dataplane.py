@@ -12,6 +12,7 @@ reply, copy, verify) are in one place.
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -36,6 +37,12 @@ from .engine_kv import (
 )
 
 U64_MAX = (1 << 64) - 1
+
+
+class NotStreamed(EngineError):
+    """A streamed load's prefetch ended (or its time ran out) before it brought every chunk: the rest failed."""
+
+    KIND = "not_streamed"
 
 
 class ChecksumMismatch(EngineError):
@@ -122,11 +129,13 @@ class DataPlane:
         extra: ExtraKeys = (),
         rank: int | None = None,
         wait: bool = True,
-    ) -> tuple[int, bool, bool]:
+        expect: bool = False,
+        progress: bool = False,
+    ) -> tuple[int, bool, bool, int | None]:
         """(hit tokens, whether an L2 prefetch still runs (only with wait=False), whether a producer is
-        still writing the chunk the hit stops at); with a session, lease the hit objects of every rank
-        (or of `rank` only) to it."""
-        req = self.lookup_request(tokens, salt, session, extra, rank, wait)
+        still writing the chunk the hit stops at, the tokens L1 + that prefetch will cover (with
+        expect, else None)); with a session, lease the hit objects of every rank (or of `rank` only) to it."""
+        req = self.lookup_request(tokens, salt, session, extra, rank, wait, expect, progress)
         return self.lookup_answer(self.link.send(req, deadline)[0])
 
     def lookup_request(
@@ -137,6 +146,8 @@ class DataPlane:
         extra: ExtraKeys = (),
         rank: int | None = None,
         wait: bool = True,
+        expect: bool = False,
+        progress: bool = False,
     ) -> rq.Lookup:
         link = self.link
         return rq.Lookup(
@@ -147,16 +158,22 @@ class DataPlane:
             session=session,
             rank=rank if session is not None else None,
             wait=wait,
+            expect=expect,
+            progress=progress,
         )
 
-    def lookup_answer(self, result: rp.LookupReply) -> tuple[int, bool, bool]:
-        """(hit tokens, pending, inflight) of a lookup reply; a server of another chunk size is an error."""
+    def lookup_answer(self, result: rp.LookupReply) -> tuple[int, bool, bool, int | None]:
+        """(hit tokens, pending, inflight, expected tokens) of a lookup reply; a server of another chunk
+        size is an error."""
         if result.chunk_size != self.link.unit:
             raise ServerError(
                 ErrorCode.LAYOUT_MISMATCH,
                 f"server chunk_size {result.chunk_size} != layout chunk_size {self.link.unit}",
             )
-        return result.hit_tokens, bool(result.pending), bool(result.inflight)
+        expected = result.expected_tokens
+        if expected is not None and not result.hit_tokens <= expected <= result.num_chunks * result.chunk_size:
+            raise ValueError(f"lookup answered expected_tokens {expected} outside [hit, prompt]")
+        return result.hit_tokens, bool(result.pending), bool(result.inflight), expected
 
     # -- load ---------------------------------------------------------------------------------------
     def load_blocks(self, tables: Sequence[np.ndarray], skip: int, num: int) -> list[int]:
@@ -193,7 +210,9 @@ class DataPlane:
         tokens = prompt.tokens
 
         def relookup() -> None:  # this rank's lease expired or was never taken here: lease again
-            hit, _, _ = self.lookup(deadline, tokens[: end * chunk], prompt.salt, session, prompt.extra, rank=link.rank)
+            hit, _, _, _ = self.lookup(
+                deadline, tokens[: end * chunk], prompt.salt, session, prompt.extra, rank=link.rank
+            )
             if hit < end * chunk:
                 raise ServerError(
                     ErrorCode.NOT_LEASED, f"only {hit} of the {end * chunk} tokens to load are cached now"
@@ -229,6 +248,51 @@ class DataPlane:
             )
         except flows.LeaseBroken as exc:
             raise LeaseLost(str(exc)) from exc
+
+    def load_streamed(
+        self, deadline: Deadline, session: str, prompt: Prompt, skip: int, num: int, poll_s: float
+    ) -> tuple[int, Exception | None]:
+        """Load tokens [skip, num) while an L2 prefetch brings them into L1: (where the loaded range
+        ends, the failure that stopped it or None).
+
+        Each round leases what L1 holds (a lookup of this rank, wait=False, which the server answers
+        once the chunk the hit stops at has landed or the prefetch ended) and loads the chunks
+        that landed since the last round (`load`: retrieve, copy, verify, release with proof), until the
+        range is loaded, or the prefetch ended (`pending` false) or the deadline passed short of it:
+        then [end, num) failed. Blocks before the end were copied and verified. With layouts whose
+        objects are not one per chunk (windows, states, shared), nothing is loaded before the whole
+        range is in L1 (a piece of those is not the range's KV).
+        """
+        link = self.link
+        piecewise = all(geo.trivial for geo in link.geoms)
+        loaded, tokens = skip, prompt.tokens
+        try:
+            while loaded < num:
+                hit, pending, _, _ = self.lookup(  # answered once the next chunk landed (or the prefetch ended)
+                    deadline,
+                    tokens,
+                    prompt.salt,
+                    session,
+                    prompt.extra,
+                    rank=link.rank,
+                    wait=False,
+                    expect=True,
+                    progress=True,
+                )
+                upto = min(hit, num)
+                if upto > loaded and (piecewise or upto == num):
+                    self.load(deadline, session, prompt, loaded, upto)  # ends this rank's leases
+                    loaded = upto
+                    continue
+                if not pending:
+                    raise NotStreamed(f"the L2 prefetch ended with {hit} of {num} tokens in L1")
+                if deadline.remaining() <= poll_s:
+                    raise NotStreamed(f"{hit} of {num} tokens in L1 when the load's time ran out")
+                time.sleep(poll_s)
+        except Exception as exc:
+            self._give_back(deadline, session)
+            return loaded, exc
+        return loaded, None
 
     def _give_back(self, deadline: Deadline, session: str) -> None:
         """Best effort: return this rank's leases (the server also expires them after its lease TTL)."""

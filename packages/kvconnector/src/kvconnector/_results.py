@@ -28,6 +28,9 @@ class LookupResult:
     error: str | None = None
     pending: bool = False  # wait=False only: an L2 prefetch runs; ask again later for a bigger hit
     inflight: bool = False  # a producer's reservation is writing the chunk the hit stops at (docs/pd.md)
+    # expect=True and pending only: the tokens L1 + the running L2 prefetch will cover once it landed
+    # (EngineClient.load_streamed loads them as they land); None: not known
+    expected_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

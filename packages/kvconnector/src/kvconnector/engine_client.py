@@ -272,6 +272,53 @@ class EngineClient:
                     failed = []
                 return LoadResult(False, 0, failed, error)
 
+    def load_streamed(
+        self,
+        session: str,
+        tokens: TokenIds,
+        block_ids: BlockIds,
+        skip_tokens: int,
+        num_tokens: int,
+        salt: str = "",
+        extra: ExtraKeys = (),
+        poll_s: float = 0.002,
+    ) -> LoadResult:
+        """`load`, for a range the server's L2 prefetch is still bringing into L1 (a lookup answered
+        `pending` with `expected_tokens`): chunks are loaded as they land, each verified; the wait
+        polls every `poll_s` and lasts at most the client's timeout.
+
+        A chunk that does not land (the prefetch ended without it: an L2 error, a corrupt or vanished
+        object, its timeout) fails, and so does every block after it: failed_block_ids lists them,
+        ok is False, and loaded_tokens counts the verified blocks before them (which the engine keeps).
+        Ends this rank's leases of the session, as `load` does.
+        """
+        with self._lock:
+            tables: list[Any] = []
+            start, end = int(skip_tokens), int(num_tokens)
+            try:
+                deadline = self._deadline()
+                tables = as_tables(block_ids, len(self._link.layouts))
+                if self._plane.copier is None:
+                    raise ValueError("register(kv_caches) must be called before load")
+                validate_salt(salt)
+                if poll_s <= 0:
+                    raise ValueError("poll_s must be positive")
+                prompt = Prompt(as_tokens(tokens), tables, salt, extra)
+                loaded, exc = self._plane.load_streamed(deadline, session, prompt, start, end, poll_s)
+            except Exception as err:
+                loaded, exc = start, err
+            if exc is None:
+                return LoadResult(True, loaded - start, [], None)
+            if isinstance(exc, ChecksumMismatch):
+                self.verify_failures += 1
+                self.verify_failed_objects += exc.objects
+            error = self._failed("load", exc)
+            try:
+                failed = self._plane.load_blocks(tables, loaded, end)
+            except Exception:
+                failed = []
+            return LoadResult(False, loaded - start, failed, error)
+
     def save(
         self,
         tokens: TokenIds,
@@ -313,28 +360,42 @@ class EngineClient:
 
     # -- scheduler side -----------------------------------------------------------------------------
     def lookup(
-        self, tokens: TokenIds, salt: str = "", session: str | None = None, extra: ExtraKeys = (), wait: bool = True
+        self,
+        tokens: TokenIds,
+        salt: str = "",
+        session: str | None = None,
+        extra: ExtraKeys = (),
+        wait: bool = True,
+        expect: bool = False,
     ) -> LookupResult:
         """Tokens of the longest cached prefix (a multiple of chunk_size); with a session, the hit
         objects of every rank stay leased until each rank's load (or release(session, rank)) gives
         its part back, release(session) gives all back, or the server's lease TTL passes.
 
         wait=False never waits for the server's L2: the hit is what L1 holds now, and `pending` says
-        a prefetch of the rest runs; a later lookup of the same tokens returns the grown hit."""
+        a prefetch of the rest runs; a later lookup of the same tokens returns the grown hit. With
+        expect too, a pending answer waits until that prefetch located its objects and says how far
+        L1 + L2 will cover (`expected_tokens`): a `load_streamed` of that range can start at once."""
         with self._lock:
             try:
                 deadline = self._deadline()
                 validate_salt(salt)
-                hit, pending, inflight = self._plane.lookup(
-                    deadline, as_tokens(tokens), salt, session, extra, wait=wait
+                hit, pending, inflight, expected = self._plane.lookup(
+                    deadline, as_tokens(tokens), salt, session, extra, wait=wait, expect=expect
                 )
-                return LookupResult(hit, None, pending, inflight)
+                return LookupResult(hit, None, pending, inflight, expected)
             except Exception as exc:
                 return LookupResult(0, self._failed("lookup", exc))
 
     # -- scheduler side, never blocking longer than asked (a kvprotocol Pipeline of its own) -------------
     def lookup_submit(
-        self, tokens: TokenIds, salt: str = "", session: str | None = None, extra: ExtraKeys = (), wait: bool = True
+        self,
+        tokens: TokenIds,
+        salt: str = "",
+        session: str | None = None,
+        extra: ExtraKeys = (),
+        wait: bool = True,
+        expect: bool = False,
     ) -> int | LookupResult:
         """Send a lookup and return at once: its id for `lookup_result`, or a LookupResult carrying the
         error when it could not even be sent. Same answer as `lookup`; requests of this client's
@@ -343,7 +404,7 @@ class EngineClient:
             try:
                 self._deadline()
                 validate_salt(salt)
-                req = self._plane.lookup_request(as_tokens(tokens), salt, session, extra, wait=wait)
+                req = self._plane.lookup_request(as_tokens(tokens), salt, session, extra, wait=wait, expect=expect)
                 return self._pipeline().submit(req)
             except Exception as exc:
                 return LookupResult(0, self._failed("lookup", exc))
@@ -355,8 +416,8 @@ class EngineClient:
                 got = self._pipeline().result(rid, wait_s)
                 if got is None:
                     return None
-                hit, pending, inflight = self._plane.lookup_answer(cast(rp.LookupReply, got[0]))
-                return LookupResult(hit, None, pending, inflight)
+                hit, pending, inflight, expected = self._plane.lookup_answer(cast(rp.LookupReply, got[0]))
+                return LookupResult(hit, None, pending, inflight, expected)
             except Exception as exc:
                 if isinstance(exc, ServerError) and exc.code == ErrorCode.UNAUTHORIZED:
                     self._reset_pipeline()  # the next one reads the token again (a restarted server's)

@@ -85,6 +85,9 @@ class LookupReply(Reply_):
     chunk_size: int
     pending: bool | None = None  # only with wait=False: an L2 prefetch of the rest runs
     inflight: bool | None = None  # true: a producer's reservation is writing the chunk the hit stops at
+    # only with wait=False, expect=True and pending: the tokens L1 + the running prefetch will cover
+    # once its loads land (a load may fail: a streamed load re-leases as chunks arrive, l2.md)
+    expected_tokens: int | None = None
 
 
 class ChunkPresence(msgspec.Struct):

@@ -186,6 +186,12 @@ class Lookup(KeysRequest["rp.LookupReply"], tag="lookup"):
     session: SessionId | None = None
     rank: Rank | None = None  # with session: lease only this rank's objects
     wait: bool = True  # False: never wait for an L2 prefetch; the reply says whether one is pending
+    # with wait=False: while a prefetch runs, wait (bounded) until it has located its objects and
+    # answer how far L1 + L2 will cover (`expected_tokens`), so a streamed load can start at once
+    expect: bool = False
+    # with expect: also wait (bounded) until the chunk the L1 hit stops at has landed or the prefetch
+    # ended: a streamed load's poll, one round trip per step of progress instead of a busy loop
+    progress: bool = False
 
 
 class Query(KeysRequest["rp.QueryReply"], tag="query"):

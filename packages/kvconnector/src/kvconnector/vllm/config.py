@@ -46,6 +46,12 @@ class ConnectorConfig:
     wait_for_l2      False (default): a lookup never waits for the server's L2 prefetch; while one runs
                      the connector tells vLLM "ask again later" (None) and reports the hit once it is
                      in L1. True: the lookup blocks up to the server's --l2-prefetch-timeout
+    stream_l2        True (default; with async_loads and wait_for_l2 false): a lookup that starts an L2
+                     prefetch waits on the server only for the prefetch to locate its objects, then
+                     reports the whole hit L1 + L2 will cover; the worker's background load copies each
+                     chunk as it lands in L1 (each verified) and reports a chunk that never lands as a
+                     failed load, which vLLM recomputes (docs/l2.md). False: "ask again later" until
+                     the whole prefetch has landed, then load
     async_loads      True (default): loads run on a background thread (vLLM's asynchronous path: the
                      request waits in WAITING_FOR_REMOTE_KVS, other requests keep decoding, completion is
                      reported through get_finished); False: loads run inside the step, before the forward
@@ -96,6 +102,7 @@ class ConnectorConfig:
     api_token: str | None = dataclasses.field(default=None, repr=False)  # never in a log line
     token_file: str | None = None
     wait_for_l2: bool = False
+    stream_l2: bool = True
     lookup_wait_s: float = 0.002
     async_loads: bool = True
     plan_loads: bool = True
@@ -152,6 +159,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "debug_fail_load_chunks": (list, tuple),
     "debug_fail_plan_loads": (bool,),
     "wait_for_l2": (bool,),
+    "stream_l2": (bool,),
     "async_loads": (bool,),
     "plan_loads": (bool,),
     "async_saves": (bool,),

@@ -49,7 +49,8 @@ def copy_job(client: EngineClient, job: LoadJob, wanted: list[int], delay_s: flo
         time.sleep(delay_s)  # TEST ONLY (debug_load_delay_s): a slow load on purpose
     before = client.verify_failures
     try:
-        res = client.load(
+        load = client.load_streamed if job.stream else client.load
+        res = load(
             job.session,
             job.tokens,
             job.block_ids,

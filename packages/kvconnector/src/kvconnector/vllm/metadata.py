@@ -29,6 +29,9 @@ class LoadJob:
     # the first token vLLM computes after the load (local + external tokens); a sliding window needs
     # exactly the blocks that token attends to, which vLLM allocated (the others are its null block)
     compute_from: int = -1
+    # the range is still landing in the server's L1 (a streamed L2 hit): load chunks as they land, and
+    # report those that never do as failed (EngineClient.load_streamed)
+    stream: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ _HELP = {
     "save_s": "Seconds workers spent saving.",
     "skipped_server_down": "Lookups skipped while the server was marked down.",
     "lookups_pending": "Lookups answered 'ask again later' while kvserver prefetched from L2.",
+    "lookups_streamed": "L2 hits reported while kvserver's prefetch still brought them into L1 (streamed loads).",
     "lookups_inflight": "Lookups answered 'ask again later' while a producer still wrote the prefix.",
     "lookups_wait_local_load": "Lookups answered 'ask again later': another request of the engine loaded that prefix.",
     "partial_saves": "Saves kvserver stored only in part (no room for the rest).",

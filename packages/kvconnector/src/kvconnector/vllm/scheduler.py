@@ -58,6 +58,7 @@ class _Req:
     lookup_rid: int | None = None  # a lookup sent whose answer has not been taken yet
     lookup_sent: float = 0.0  # monotonic time it was sent
     l1_hit: int | None = None  # the L1 hit before the server's L2 prefetch (tokens); None: no prefetch
+    stream: bool = False  # the hit reported is still landing in L1 (the server's L2 prefetch): a streamed load
 
 
 class SchedulerSide:
@@ -75,6 +76,8 @@ class SchedulerSide:
         # Several KV cache groups (vLLM's hybrid manager): vLLM takes load failures only per request
         # (failed_recving of an asynchronous load), never as block ids, so every load is asynchronous.
         self.async_loads = cfg.async_loads or num_groups > 1
+        # a streamed L2 hit is loaded while it lands: only by a background load (vLLM waits for it)
+        self.stream_l2 = cfg.stream_l2 and self.async_loads and not cfg.wait_for_l2
         self.chunk = cfg.chunk_size
         self.reqs: dict[str, _Req] = {}
         self.stats = KVServerConnectorStats()
@@ -97,7 +100,7 @@ class SchedulerSide:
             st.external_tokens, st.load_pending = 0, False
             return 0, False
         st.hit_tokens = st.external_tokens = 0
-        st.load_pending = False
+        st.load_pending = st.stream = False
         st.local_computed = num_computed_tokens
         if st.pending_since is None:  # a fresh lookup, not the next round of an "ask again later"
             st.l1_hit = None
@@ -132,7 +135,17 @@ class SchedulerSide:
             self._release(st)
             self.stats.add("lookups_inflight")
             return None, False
-        if res.pending and self._may_wait(st):
+        expected = res.expected_tokens if res.pending else None
+        if expected is not None and self._may_wait(st):
+            # The server located the rest in L2 and is bringing it into L1: report the whole hit now;
+            # the worker's background load copies chunks as they land (a chunk that never lands is a
+            # failed load: vLLM recomputes it). A prefetch that found nothing more leaves the L1 hit.
+            st.l1_hit = hit if st.l1_hit is None else min(st.l1_hit, hit)
+            grown = min(plan.floor_to(expected, self.chunk), plan.floor_to(n, self.chunk))
+            if grown > hit:
+                hit, st.stream, st.leased = grown, True, True
+                self.stats.add("lookups_streamed")
+        elif res.pending and self._may_wait(st):
             # The server prefetches the rest from L2: never block the scheduler on it. vLLM skips the
             # request this step and asks again; the leases taken now are given back at once.
             st.l1_hit = hit if st.l1_hit is None else min(st.l1_hit, hit)
@@ -192,6 +205,7 @@ class SchedulerSide:
                 session=st.session,
                 extra=self._extra(st, n),
                 wait=self.cfg.wait_for_l2,
+                expect=self.stream_l2,
             )
             if isinstance(sent, LookupResult):
                 return sent  # it could not even be sent: the error
@@ -408,6 +422,7 @@ class SchedulerSide:
                     st.epoch,
                     background=background,
                     compute_from=st.local_computed + st.external_tokens,
+                    stream=st.stream,
                 )
             )
             st.loaded_tokens = st.external_tokens

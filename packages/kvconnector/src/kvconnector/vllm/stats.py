@@ -15,6 +15,7 @@ COUNTERS = (
     "lookups",
     "lookup_errors",
     "lookups_pending",
+    "lookups_streamed",  # L2 hits reported while the server's prefetch still brought them into L1
     "lookups_inflight",
     "lookups_wait_local_load",  # "ask again later": another request of this engine loads the same prefix
     "lookup_tokens",

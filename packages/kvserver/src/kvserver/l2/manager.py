@@ -349,9 +349,10 @@ class TierManager:
         first_miss: int,
         size_of: Callable[[ObjectKey], int | None],
         leading: bool = True,
+        located: Callable[[int], None] | None = None,
     ) -> None:
         """Load into L1 what the tiers hold of the prefix after `first_miss` (see prefetch.py)."""
-        await self.prefetcher.run(chunks, first_miss, size_of, self.prefetch_timeout, leading)
+        await self.prefetcher.run(chunks, first_miss, size_of, self.prefetch_timeout, leading, located)
 
     # -- usage -----------------------------------------------------------------------------------
     async def _usage_loop(self) -> None:

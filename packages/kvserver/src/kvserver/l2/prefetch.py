@@ -76,9 +76,12 @@ class Prefetcher:
         size_of: Callable[[ObjectKey], int | None],
         timeout: float,
         leading: bool = True,
+        located: Callable[[int], None] | None = None,
     ) -> None:
         """`leading=False`: load every chunk L1 + L2 cover, not only the leading run (per-group
-        geometry: a window snapshot or a state is useful on its own, see kvserver/service/groups.py)."""
+        geometry: a window snapshot or a state is useful on its own, see kvserver/service/groups.py).
+        `located(end)`: called once the tiers have answered, with the end (in chunks) of the leading
+        run L1 + L2 (+ loads in flight) cover, before any load starts (a streamed load's target)."""
         self.lookups += 1
         deadline = time.monotonic() + timeout
         l1 = self.l1
@@ -105,6 +108,8 @@ class Prefetcher:
                 continue
             to_load.extend(plan)
             end += 1
+        if located is not None:
+            located(end)
         if not to_load and not waits:
             return
         protected = [k for ch in (chunks[:end] if leading else chunks) for k in ch if l1.ready(k) is not None]

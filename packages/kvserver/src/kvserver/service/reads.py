@@ -98,17 +98,23 @@ class ReadOps:
         if f.session is not None:
             self.sessions.admit(who.scope(f.session), 0, who)  # the counts now; its hit's objects in lookup
         hit = self._prefix_hits(ks, salt, hashes)
-        pending = False
+        pending, reach = False, None
         if self.state.l2 is not None and hit < len(hashes):
             plan = self.groups.plan(ks)  # with a geometry, snapshots and states are useful without a leading run
             sets = [self._chunk_keys(ks, salt, h) for h in hashes] if plan is None else plan.prefetch_sets(salt, hashes)
             tokens = f.tokens
+            record = (ks, salt, hashes[-1])  # the whole prefix: a hit that grew meanwhile finds the same record
 
             async def prefetch() -> None:
                 l2 = self.state.l2
                 assert l2 is not None
+                located = None if f.wait else (lambda end: self.background.located(record, end))
                 await l2.prefetch(
-                    sets, hit if plan is None else 0, lambda key: self.object_sizes.get(key[1]), leading=plan is None
+                    sets,
+                    hit if plan is None else 0,
+                    lambda key: self.object_sizes.get(key[1]),
+                    leading=plan is None,
+                    located=located,
                 )
                 self.l1.link_chain(ks[0], ks[1], salt, hashes)
                 for hook in self.hooks.prefetched:
@@ -117,10 +123,20 @@ class ReadOps:
             if f.wait:
                 await prefetch()
             else:  # answer now; the engine asks again (see l2/background.py)
-                pending = self.background.poll((ks, salt, hashes[hit], hashes[-1]), prefetch)
+                l2 = self.state.l2
+                pending = self.background.poll(record, prefetch)
+                if pending and f.expect and plan is None:  # a streamed load's target: wait for the contains step
+                    reach = await self.background.expected(record, l2.prefetch_timeout)
+                    now = self._prefix_hits(ks, salt, hashes)
+                    if f.progress and reach is not None and now < reach:  # a streamed load's poll: the next chunk
+                        inflight = l2.prefetcher.inflight
+                        loads = [inflight[k] for k in sets[now] if k in inflight]
+                        await self.background.progress(record, loads, l2.prefetch_timeout)
         out = self.lookup(f, who, hashes)  # no await since the wait: the prefix is recomputed and leased at once
         if not f.wait:
             out.pending = pending
+            if reach is not None:
+                out.expected_tokens = max(reach, out.hit_chunks) * self.chunk_size
         return out
 
     def _query_keys(self, f: KeysRequest, who: Identity) -> tuple[list[bytes], list[list[ObjectKey]]]:

@@ -1,0 +1,93 @@
+"""Streamed L2 hits (#38): a lookup with `expect` answers how far L1 + L2 will cover while the server's
+prefetch still runs, and EngineClient.load_streamed copies chunks as they land in L1, each verified.
+A chunk the prefetch does not bring fails (with every block after it), and is never reported loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from engine_kv_helpers import Geometry
+from kvconnector.engine_client import EngineClient
+from kvprotocol import KeySpace, ObjectKey, chunk_hashes, pack_tokens
+from kvserver.l2.fs import FsAdapter
+from kvtestkit.kvhelpers import sid
+from test_verified_reads import assert_blocks_equal
+
+GEO = Geometry("vllm_cpu")
+LAY = GEO.layout()
+CHUNK = GEO.chunk_size
+BPC = CHUNK // GEO.block_size
+MODEL = "stream/model"
+CHUNKS = 6
+
+
+def _engine(server) -> EngineClient:  # type: ignore[no-untyped-def]
+    return EngineClient(server.url, MODEL, 1, 0, [LAY])
+
+
+def _l2_only(server_factory, tmp_path: Path, tokens: np.ndarray, src):  # type: ignore[no-untyped-def]
+    """A server whose L2 (fs) holds the prompt's chunks and whose L1 is empty, and the L2 root."""
+    root = tmp_path / "l2"
+    args = ("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), "--l2", f"fs://{root}", "--l2-prefetch-timeout", "10")
+    first = server_factory(*args)
+    with _engine(first) as a:
+        assert a.register(src) and a.save(tokens, list(range(CHUNKS * BPC))).saved_chunks == CHUNKS
+    first.stop()  # a graceful stop flushes the write-behind queue
+    return server_factory(*args), root
+
+
+def _l2_paths(root: Path, tokens: np.ndarray) -> list[Path]:
+    ks = KeySpace.from_layouts(MODEL, 1, [LAY])
+    fs = FsAdapter(root)
+    return [
+        fs.path_of(ObjectKey(ks.model, ks.groups[0], 1, 0, 0, "", h).to_str())
+        for h in chunk_hashes(pack_tokens(tokens), CHUNK)
+    ]
+
+
+def test_a_pending_lookup_says_the_expected_hit_and_the_streamed_load_is_byte_identical(
+    server_factory, tmp_path: Path
+) -> None:
+    src, dst = GEO.random_kv(CHUNKS * BPC, seed=7), GEO.sentinel_kv(CHUNKS * BPC + 4)
+    tokens = np.random.default_rng(8).integers(0, 50_000, CHUNKS * CHUNK)
+    server, _ = _l2_only(server_factory, tmp_path, tokens, src)
+    with _engine(server) as b:
+        assert b.register(dst)
+        first = b.lookup(tokens, session=sid("stream"), wait=False, expect=True)
+        # the answer of the lookup that started the prefetch: still pending, and how far it will reach
+        assert first.error is None and first.pending and first.expected_tokens == CHUNKS * CHUNK
+        ids = [CHUNKS * BPC + 3 - i for i in range(CHUNKS * BPC)]  # another order than the writer's
+        res = b.load_streamed(sid("stream"), tokens, ids, 0, CHUNKS * CHUNK)
+        assert res.ok and res.loaded_tokens == CHUNKS * CHUNK and not res.failed_block_ids
+        assert b.verify_failures == 0
+        whole = b.lookup(tokens, wait=False, expect=True)  # all of it in L1 now: no prefetch, nothing expected
+        assert (whole.hit_tokens, whole.pending, whole.expected_tokens) == (CHUNKS * CHUNK, False, None)
+    assert_blocks_equal(dst, ids, src, list(range(CHUNKS * BPC)))
+
+
+def test_a_chunk_the_prefetch_does_not_bring_is_reported_failed_not_loaded(server_factory, tmp_path: Path) -> None:
+    src, dst = GEO.random_kv(CHUNKS * BPC, seed=9), GEO.sentinel_kv(CHUNKS * BPC)
+    tokens = np.random.default_rng(10).integers(0, 50_000, CHUNKS * CHUNK)
+    server, root = _l2_only(server_factory, tmp_path, tokens, src)
+    bad = 3
+    path = _l2_paths(root, tokens)[bad]
+    flipped = bytearray(path.read_bytes())
+    flipped[len(flipped) // 2] ^= (
+        0x10  # a bit flip in the body: the file exists (contains says yes), its bytes are wrong
+    )
+    path.write_bytes(bytes(flipped))
+    with _engine(server) as b:
+        assert b.register(dst)
+        first = b.lookup(tokens, session=sid("bad"), wait=False, expect=True)
+        assert first.pending and first.expected_tokens == CHUNKS * CHUNK  # the corrupt file is found, not yet read
+        ids = list(range(CHUNKS * BPC))
+        res = b.load_streamed(sid("bad"), tokens, ids, 0, CHUNKS * CHUNK)
+        assert not res.ok and "not_streamed" in (res.error or "")
+        assert res.loaded_tokens == bad * CHUNK  # the chunks before the hole: copied and verified
+        assert res.failed_block_ids == ids[bad * BPC :]  # the hole and every block after it
+        assert b.verify_failures == 0  # refused by the server (corrupt in L2), never copied
+        assert b.lookup(tokens).hit_tokens == bad * CHUNK
+    assert_blocks_equal(dst, ids[: bad * BPC], src, list(range(bad * BPC)))
+    with server.client() as raw:  # no lease is left behind by the failed load
+        assert raw.call("describe").result["l1"]["leased"] == 0
