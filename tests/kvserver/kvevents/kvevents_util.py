@@ -38,15 +38,21 @@ class EventServer:
 
 @dataclass
 class BlockIndex:
-    """What a router would know: the blocks announced and not yet removed, per medium."""
+    """What a router would know of one medium (L1 by default): the blocks announced and not yet removed.
+
+    The same block is announced once per medium that holds it (an L2 tier's write-behind announces
+    an L1 block again, as `kvserver_l2_fs`), so each medium needs an index of its own."""
 
     blocks: dict[bytes | int, dict[str, Any]] = field(default_factory=dict)
     seqs: list[int] = field(default_factory=list)
+    medium: str = "kvserver_l1"
 
     def apply(self, batches: list[Batch]) -> None:
         for b in batches:
             self.seqs.append(b.seq)
             for ev in b.events:
+                if ev.get("medium", self.medium) != self.medium:
+                    continue
                 if ev["type"] == "BlockStored":
                     for h in ev["block_hashes"]:
                         assert h not in self.blocks, "a block announced twice without a removal between"
