@@ -86,10 +86,12 @@ def test_a_load_does_not_queue_behind_earlier_saves(
     model_dir: Path, long_stored: ServerProc, reference: EngineRun
 ) -> None:
     """One request at a time (max_num_seqs 1): P_LONG is scheduled once P_SALTED finished, whose save
-    (held 3 s on purpose) was submitted before P_LONG's load. The load runs on its own thread and
-    ends while that save still runs; on a thread shared with saves it waited for it (count 0).
-    P_SALTED is a prompt no other test of this module stores on the shared server."""
-    kv = kv_config(long_stored.url, debug_save_delay_s=3.0)
+    was submitted before P_LONG's load and is held until a load ended (at most 30 s). The load runs
+    on its own thread and ends while that save is still held; on a thread shared with saves it
+    would wait behind the save (30 s, then count 0). No clock is raced: the count is taken as the
+    load ends, before the save is released. P_SALTED is a prompt no other test of this module
+    stores on the shared server."""
+    kv = kv_config(long_stored.url, debug_save_delay_s=30.0, debug_hold_saves_for_load=True)
     run = run_engine(
         model_dir,
         [[prompt(P_SALTED), prompt(P_LONG)]],

@@ -84,6 +84,8 @@ class ConnectorConfig:
                      prefix caching, bounded by timeout_s. False: every request loads its own copy
     debug_load_delay_s  TEST ONLY: sleep this long before each load's copy (a slow load on purpose)
     debug_save_delay_s  TEST ONLY: sleep this long before each background save (async_saves)
+    debug_hold_saves_for_load  TEST ONLY: end that sleep as soon as a background load ended (a test
+                     that a load does not wait for earlier saves, without racing a clock)
     debug_fail_load_chunks  TEST ONLY fault injection: after each load, overwrite the blocks of these
                      chunk indexes with garbage and report them as failed, so tests can prove that
                      vLLM's kv_load_failure_policy recomputes them
@@ -115,6 +117,7 @@ class ConnectorConfig:
     share_loads: bool = True
     debug_load_delay_s: float = 0.0
     debug_save_delay_s: float = 0.0
+    debug_hold_saves_for_load: bool = False
     debug_fail_load_chunks: tuple[int, ...] = ()
     debug_fail_plan_loads: bool = False  # TEST ONLY: take _plan's "cannot name the blocks" branch
     load: bool = True  # not a key: False for kv_role "kv_producer" (saves only); see apply_role
@@ -166,6 +169,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "share_loads": (bool,),
     "debug_load_delay_s": (int, float),
     "debug_save_delay_s": (int, float),
+    "debug_hold_saves_for_load": (bool,),
     "reserve": (bool, type(None)),
     "reserve_wait_s": (int, float),
     "inflight_wait_s": (int, float),

@@ -13,6 +13,7 @@ vLLM-facing state.
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -81,12 +82,18 @@ class SaveOutcome:
     no_space: bool = False  # also: a reservation the server could not admit within reserve_wait_s
 
 
-def save_job(client: EngineClient, job: SaveJob, delay_s: float = 0.0, reserve_wait_s: float = 0.0) -> SaveOutcome:
+def save_job(
+    client: EngineClient,
+    job: SaveJob,
+    delay_s: float = 0.0,
+    reserve_wait_s: float = 0.0,
+    released: threading.Event | None = None,
+) -> SaveOutcome:
     """One save through `client`; never raises (a failed store is a future miss). A reserved save
     the server cannot admit yet (RETRY_LATER: other requests fill L1) is retried for reserve_wait_s."""
     t = time.perf_counter()
-    if delay_s > 0:
-        time.sleep(delay_s)  # TEST ONLY (debug_save_delay_s): a slow save on purpose
+    if delay_s > 0:  # TEST ONLY (debug_save_delay_s): a slow save on purpose, held until `released`
+        (released or threading.Event()).wait(delay_s)
     try:
         kw: dict[str, Any] = {}
         if job.reservation is not None:
@@ -108,7 +115,8 @@ class BackgroundLoader:
     """Runs loads in submission order on one thread and saves in submission order on another.
 
     `save_client` None: saves share the load client (its lock then orders a load after a save call
-    that is running, never after queued ones)."""
+    that is running, never after queued ones). `hold_saves_for_load` (TEST ONLY): a save held by
+    `save_delay_s` is released as soon as a load ends, so a test can tell which ended first."""
 
     def __init__(
         self,
@@ -117,6 +125,7 @@ class BackgroundLoader:
         save_delay_s: float = 0.0,
         reserve_wait_s: float = 0.0,
         save_client: EngineClient | None = None,
+        hold_saves_for_load: bool = False,
     ) -> None:
         self.client = client
         self.save_client = save_client if save_client is not None else client
@@ -126,17 +135,38 @@ class BackgroundLoader:
         self._loads = ThreadPoolExecutor(1, thread_name_prefix="kvserver-load")
         self._saves = ThreadPoolExecutor(1, thread_name_prefix="kvserver-save")
         self._jobs: list[tuple[Any, Future[Any]]] = []
-        self.loads_past_saves = 0  # loads that ended while a save submitted before them still ran
+        self._past_saves = 0  # loads that ended while a save submitted before them still ran
+        self._lock = threading.Lock()  # _past_saves is counted on the load thread, taken on the engine's
+        self._load_ended = threading.Event() if hold_saves_for_load else None
 
     def clients(self) -> list[EngineClient]:
         """The distinct clients of the two threads (each registers the KV tensors)."""
         return [self.client] if self.save_client is self.client else [self.client, self.save_client]
 
     def submit(self, job: LoadJob, wanted: list[int]) -> None:
-        self._jobs.append((job, self._loads.submit(copy_job, self.client, job, wanted, self.delay_s)))
+        earlier = [f for j, f in self._jobs if isinstance(j, SaveJob) and not f.done()]
+        f = self._loads.submit(copy_job, self.client, job, wanted, self.delay_s)
+        f.add_done_callback(lambda _: self._load_done(earlier))
+        self._jobs.append((job, f))
+
+    def _load_done(self, earlier: list[Future[Any]]) -> None:
+        """On the load thread, as the load ends: did a save submitted before it still run?"""
+        if any(not f.done() for f in earlier):
+            with self._lock:
+                self._past_saves += 1
+        if self._load_ended is not None:
+            self._load_ended.set()
+
+    def take_loads_past_saves(self) -> int:
+        """Loads that ended while a save submitted before them still ran, since the last call."""
+        with self._lock:
+            n, self._past_saves = self._past_saves, 0
+        return n
 
     def submit_save(self, job: SaveJob) -> None:
-        f = self._saves.submit(save_job, self.save_client, job, self.save_delay_s, self.reserve_wait_s)
+        f = self._saves.submit(
+            save_job, self.save_client, job, self.save_delay_s, self.reserve_wait_s, self._load_ended
+        )
         self._jobs.append((job, f))
 
     def in_flight(self) -> int:
@@ -159,14 +189,10 @@ class BackgroundLoader:
     def take_done(self) -> list[tuple[Any, Any]]:
         done: list[tuple[Any, Any]] = []
         left: list[tuple[Any, Future[Any]]] = []
-        saving_before = False  # a save submitted before this job is still running
         for job, f in self._jobs:
             if not f.done():
                 left.append((job, f))
-                saving_before = saving_before or isinstance(job, SaveJob)
                 continue
-            if saving_before and isinstance(job, LoadJob):
-                self.loads_past_saves += 1
             done.append((job, f.result()))
         self._jobs = left
         return done

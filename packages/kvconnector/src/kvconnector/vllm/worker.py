@@ -46,7 +46,12 @@ class WorkerSide:
         # async_loads/async_saves: background copies through clients of their own (see loader.py)
         self.loader = (
             BackgroundLoader(
-                load_client, cfg.debug_load_delay_s, cfg.debug_save_delay_s, cfg.reserve_wait_s, save_client
+                load_client,
+                cfg.debug_load_delay_s,
+                cfg.debug_save_delay_s,
+                cfg.reserve_wait_s,
+                save_client,
+                cfg.debug_hold_saves_for_load,
             )
             if load_client is not None
             else None
@@ -235,9 +240,8 @@ class WorkerSide:
                 self.loader.wait_any(IDLE_WAIT_S)
         bs = self.layout.block_size if self.layout else 1
         done = self.loader.take_done() if self.loader is not None else []
-        if self.loader is not None and self.loader.loads_past_saves:
-            self.stats.add("loads_past_saves", self.loader.loads_past_saves)
-            self.loader.loads_past_saves = 0
+        if self.loader is not None:
+            self.stats.add("loads_past_saves", self.loader.take_loads_past_saves())
         for job, outcome in done:
             if isinstance(job, SaveJob):
                 self.saving[job.req_id] -= 1
