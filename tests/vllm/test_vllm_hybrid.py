@@ -62,7 +62,7 @@ def test_sliding_window_saves_finish_within_their_step(gemma3_runs: Runs) -> Non
     the background then could read a block given to another request. So saves finish within the
     step, and by the end of the request everything it stored is confirmed (never a part)."""
     run = gemma3_runs.store
-    assert run.log.count("sliding-window groups: saves run within the step") == 2, run.log[-3000:]
+    assert run.log.count("sliding-window or state groups: saves run within the step") == 2, run.log[-3000:]
     assert run.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 512
 
 
@@ -108,38 +108,74 @@ def test_sliding_global_tp2_ranks_reuse_their_groups(
 
 
 Q_STORE = random_prompt(640, seed=48)
-Q_REUSE = Q_STORE[:600] + random_prompt(40, seed=49)  # vLLM's own cache: 2 hybrid blocks of 288
+Q_REUSE = Q_STORE[:600] + random_prompt(40, seed=49)  # shares 2 hybrid blocks of 288 with Q_STORE
 QWEN3_NEXT = {"dtype": "bfloat16", "enable_prefix_caching": True}  # vLLM CPU's GDN runs in bf16 only
+Q_CHUNK = 288  # vLLM's block for this hybrid (one attention page holds a GDN state): the chunk size
+
+
+@dataclass(frozen=True)
+class GdnRuns:
+    ref: EngineRun  # no connector: Q_STORE, then Q_REUSE on vLLM's own prefix cache
+    store: EngineRun  # the same two prompts with the connector (Q_REUSE hits vLLM's own cache)
+    reuse: EngineRun  # another engine process: Q_REUSE, its prefix and GDN state loaded
+    corrupt: EngineRun  # the same, its load's first chunk overwritten with garbage and reported failed
 
 
 @pytest.fixture(scope="module")
-def qwen3_next_runs(
-    tmp_path_factory: pytest.TempPathFactory, kvserver_factory: ServerFactory
-) -> tuple[EngineRun, EngineRun]:
-    """A gated-delta-net hybrid (tiny random Qwen3-Next): the same two prompts in one engine without
-    and one with the connector (vLLM's own prefix cache on in both: a GDN scan depends on where its
-    chunks start, so only the same schedule gives the same tokens)."""
+def qwen3_next_runs(tmp_path_factory: pytest.TempPathFactory, kvserver_factory: ServerFactory) -> GdnRuns:
+    """A gated-delta-net hybrid (tiny random Qwen3-Next). vLLM's own prefix cache is on everywhere:
+    a GDN scan depends on where its chunks start, so tokens are compared between runs with the same
+    schedule: a hit at 576 tokens (vLLM's own in `ref`, a load in `reuse`), then tokens 576..640."""
     if not VLLM_PYTHON.exists():
         pytest.skip(f"{VLLM_PYTHON} missing: build it with scripts/make-vllm-env.sh")
     model = build_variant(tmp_path_factory.mktemp("tiny-qwen3-next") / "model", "build_qwen3_next")
     batches = [[prompt(Q_STORE)], [prompt(Q_REUSE)]]
-    ref = run_engine(model, batches, llm_kwargs=QWEN3_NEXT)
-    # the default chunk size (256) is no multiple of the block vLLM picks for this hybrid (288: the
-    # attention page must hold a GDN state); the connector disables itself before it would check that
-    server = kvserver_factory()
-    run = run_engine(model, batches, llm_kwargs=QWEN3_NEXT, kv_transfer_config=kv_config(server.url))
-    return ref, run
+    probe = {"state_digests": True}
+    ref = run_engine(model, batches, llm_kwargs=QWEN3_NEXT, extra_spec=probe)
+    server = kvserver_factory("--chunk-size", str(Q_CHUNK))
+    kv = kv_config(server.url, chunk_size=Q_CHUNK)
+    store = run_engine(model, batches, llm_kwargs=QWEN3_NEXT, kv_transfer_config=kv)
+    reuse = run_engine(model, [[prompt(Q_REUSE)]], llm_kwargs=QWEN3_NEXT, kv_transfer_config=kv, extra_spec=probe)
+    bad = kv_config(server.url, chunk_size=Q_CHUNK, debug_fail_load_chunks=[0])
+    corrupt = run_engine(model, [[prompt(Q_REUSE)]], llm_kwargs=QWEN3_NEXT, kv_transfer_config=bad, extra_spec=probe)
+    return GdnRuns(ref, store, reuse, corrupt)
 
 
-def test_gdn_hybrid_starts_and_runs_uncached(qwen3_next_runs: tuple[EngineRun, EngineRun]) -> None:
-    """Without SupportsHMA vLLM refused to start such a model with the connector configured. Now it
-    starts with the hybrid manager (an attention group and a GDN state group); the connector says in
-    one line per role (scheduler, worker) that it does not cache recurrent states yet, and never loads: tokens equal the
-    engine without the connector, vLLM's own prefix cache still works."""
-    ref, run = qwen3_next_runs
-    line = "KVServerConnector disabled: 2 KV cache groups (hybrid manager): hybrid model with recurrent-state layers"
-    assert run.log.count(line) == 2, run.log[-3000:]  # the scheduler's and the worker's connector
-    assert "(GDN_ATTN, mamba_cache_mode 'align')" in run.log
-    assert [r.token_ids for r in run.requests] == [r.token_ids for r in ref.requests]
-    assert [r.connector_loaded_tokens for r in run.requests] == [0, 0]
-    assert run.requests[1].num_cached_tokens == ref.requests[1].num_cached_tokens > 0
+def test_gdn_hybrid_stores_its_states_within_the_step(qwen3_next_runs: GdnRuns) -> None:
+    """Without SupportsHMA vLLM refused to start such a model with the connector configured. Now
+    both groups are object groups: the attention group's chunks and, at each store's end, the GDN
+    state vLLM keeps at that boundary. vLLM frees a state block two steps after writing it, so saves
+    run within the step; everything the prompt stored is confirmed when it finishes."""
+    run = qwen3_next_runs.store
+    assert "KVServerConnector disabled" not in run.log, run.log[-3000:]
+    assert f"2 {HYBRID_LINE}: state, full" in run.log or f"2 {HYBRID_LINE}: full, state" in run.log
+    assert run.log.count("sliding-window or state groups: saves run within the step") == 2
+    assert run.requests[0].kv_transfer_params["kvserver"]["stored_tokens"] == 576
+    assert [r.token_ids for r in run.requests] == [r.token_ids for r in qwen3_next_runs.ref.requests]
+
+
+def test_gdn_hybrid_reuses_prefix_and_state_across_engines(qwen3_next_runs: GdnRuns) -> None:
+    """Another engine process loads 576 tokens: the attention blocks and the GDN state after token
+    576. The state vLLM then holds in its own prefix cache for that boundary is byte for byte the one
+    the reference engine computed itself (this tiny random model's greedy tokens barely depend on
+    the GDN state: loading the wrong state slot left them equal, the digests caught it)."""
+    runs = qwen3_next_runs
+    reused = runs.reuse.requests[0]
+    assert reused.connector_loaded_tokens == 576, runs.reuse.log[-3000:]
+    assert runs.ref.requests[1].num_cached_tokens == 576  # the reference hit vLLM's own cache there
+    assert reused.token_ids == runs.ref.requests[1].token_ids
+    assert runs.ref.state_digests is not None and runs.reuse.state_digests is not None
+    assert runs.reuse.state_digests[576] == runs.ref.state_digests[576]
+
+
+def test_gdn_hybrid_failed_load_recomputes(qwen3_next_runs: GdnRuns) -> None:
+    """A load whose first chunk is garbage and reported failed: vLLM recomputes the request from its
+    first token (several KV cache groups: the whole request), so the state it caches at 576 is its
+    own again, equal to the reference's, and so are the tokens."""
+    runs = qwen3_next_runs
+    got = runs.corrupt.requests[0]
+    assert got.kv_transfer_params["kvserver"]["load_failed"] is True
+    assert got.connector_loaded_tokens == 0
+    assert got.token_ids == runs.ref.requests[1].token_ids
+    assert runs.corrupt.state_digests is not None and runs.ref.state_digests is not None
+    assert runs.corrupt.state_digests[576] == runs.ref.state_digests[576]

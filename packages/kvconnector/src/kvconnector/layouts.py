@@ -10,6 +10,7 @@ Per-layer tensor shapes (one tensor per layer; `stacked=True` adds a leading num
   mla        [num_blocks, block_size, latent_dim]                 one run per block
   vllm_hnd   [num_blocks, num_kv_heads, block_size, 2*head_dim]   one run per block (vLLM LBHNC/BLHNC)
   vllm_nhd   [num_blocks, block_size, num_kv_heads, 2*head_dim]   one run per block (vLLM LBNHC/BLNHC)
+  state_page [num_blocks, state bytes] (uint8)                     one run per block (a recurrent state)
 The vLLM 0.32 layouts of every backend are read by kvconnector.layout_reader.
 """
 
@@ -37,7 +38,7 @@ class TagGeometry:
     block_axis: int  # the axis that indexes blocks
     run_axis: int | None  # the axis separating the runs of one block (K/V), if any
     runs_per_block: int  # contiguous runs one block of one layer is made of
-    block_size_axis: int  # the axis holding the tokens of a block
+    block_size_axis: int | None  # the axis holding the tokens of a block (None: a state page has none)
 
 
 TAG_GEOMETRY: dict[str, TagGeometry] = {
@@ -47,6 +48,8 @@ TAG_GEOMETRY: dict[str, TagGeometry] = {
     # vLLM's [B, H, N, C] views in physical order (kvconnector.layout_reader.ReadLayout.engine_view)
     "vllm_hnd": TagGeometry(ndim=4, block_axis=0, run_axis=None, runs_per_block=1, block_size_axis=2),
     "vllm_nhd": TagGeometry(ndim=4, block_axis=0, run_axis=None, runs_per_block=1, block_size_axis=1),
+    # a recurrent-state group (kvconnector.vllm.vllm_layout.state_layout): per layer [num_blocks, bytes]
+    "state_page": TagGeometry(ndim=2, block_axis=0, run_axis=None, runs_per_block=1, block_size_axis=None),
 }
 
 
@@ -172,6 +175,8 @@ def layout_from_tensor(
         raise ValueError("num_layers is required for a per-layer tensor")
     if geo.run_axis is not None and shape[geo.run_axis] != geo.runs_per_block:
         raise ValueError(f"{tag} tensor must have {geo.runs_per_block} at axis {geo.run_axis}, got {shape}")
+    if geo.block_size_axis is None:
+        raise ValueError(f"a {tag} tensor has no tokens axis: its layout comes from the engine's state spec")
     if shape[geo.block_size_axis] != block_size:
         raise ValueError(f"{tag} tensor holds {shape[geo.block_size_axis]} tokens per block, not {block_size}")
     return _make(tag, tensor.dtype, num_layers, block_size, block_shape_of(tag, shape), chunk_size, stacked)

@@ -11,7 +11,7 @@ from blake3 import blake3
 
 from ._errors import ErrorCode, ValidationError
 
-LAYOUT_TAGS = ("vllm_cpu", "flash_attn", "mla", "vllm_hnd", "vllm_nhd")
+LAYOUT_TAGS = ("vllm_cpu", "flash_attn", "mla", "vllm_hnd", "vllm_nhd", "state_page")
 GROUP_KINDS = ("full", "sliding", "state")  # see kvprotocol._geometry
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int8": 1}
 MAX_OBJECT_BYTES = 1 << 31

@@ -29,6 +29,7 @@ class ConnectorConfig:
     save_policy      "prompt": store full chunks of prompts; "all": also chunks filled by generated
                      tokens (useful for multi-turn chat); "none": read only
     chunk_size       tokens per cached object; a multiple of vLLM's block size, equal to the server's
+                     (with recurrent-state layers, e.g. GDN: exactly vLLM's hybrid block size)
     model_name       names the model in cache keys (default: vLLM's served model name or model path);
                      the key's model part is `<model_name>@<fingerprint>` (see fingerprint.py)
     model_id         an operator-chosen identity of the weights that replaces the model path and the

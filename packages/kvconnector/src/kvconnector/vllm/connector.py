@@ -77,11 +77,16 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
             log.error("KVServerConnector disabled: %s", exc)
         if layouts is not None:  # a model the connector leaves alone starts whatever its block size
             self.cfg.check_block_size(block_size)
-        if layouts is not None and len(layouts) > 1 and any(lay.window for lay in layouts) and self.cfg.async_saves:
-            # vLLM's hybrid manager frees a sliding-window block as soon as it leaves the window, in the
-            # next step, while a background save might still be reading it: save within the step
+        exact = layouts is not None and len(layouts) > 1 and any(lay.kind != "full" for lay in layouts)
+        if exact and self.cfg.async_saves:
+            # vLLM's hybrid manager frees a sliding-window block as soon as it leaves the window, and a
+            # state block two steps after it was written ("align" mode), while a background save might
+            # still be reading it: save within the step that computed them
             self.cfg = dataclasses.replace(self.cfg, async_saves=False)
-            log.info("KVServerConnector %s: sliding-window groups: saves run within the step", role.name.lower())
+            log.info(
+                "KVServerConnector %s: sliding-window or state groups: saves run within the step",
+                role.name.lower(),
+            )
         world, rank = _world_and_rank(vllm_config, role)
         client = None
         model = ""

@@ -11,6 +11,7 @@ being object group i.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeGuard
@@ -23,7 +24,10 @@ from ..layouts import layout_from_tensor
 if TYPE_CHECKING:
     import torch
     from vllm.config import VllmConfig
-    from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec, MambaSpec, SlidingWindowSpec
+
+    # what vLLM registers per layer: an attention layer's tensor, a state layer's list of state tensors
+    EngineCache = torch.Tensor | list[torch.Tensor]
 
 
 class UnsupportedLayout(ValueError):
@@ -52,7 +56,7 @@ def engine_backend(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, devi
     """The backend whose blocks the connector reads, on the engine's device ("cpu" or "cuda"; default:
     vLLM's current platform). Another device disables the connector (UnsupportedLayout)."""
     device = device or _device_type()
-    _, spec = kv_groups(kv_cache_config)[0]
+    spec = _first_attention(kv_cache_config)
     if device == "cpu":
         isa = attention_isa(vllm_config, kv_cache_config)
         if is_mla(spec):
@@ -75,10 +79,11 @@ def attention_group(kv_cache_config: KVCacheConfig) -> tuple[list[str], Attentio
     groups = list(kv_cache_config.kv_cache_groups)
     if len(groups) != 1:
         raise UnsupportedLayout(f"{len(groups)} KV cache groups where one was expected")
-    return _checked(list(groups[0].layer_names), groups[0].kv_cache_spec, hybrid=False)
+    names, spec = _checked(list(groups[0].layer_names), groups[0].kv_cache_spec, hybrid=False)
+    return names, _attention(spec)
 
 
-def kv_groups(kv_cache_config: KVCacheConfig) -> list[tuple[list[str], AttentionSpec]]:
+def kv_groups(kv_cache_config: KVCacheConfig) -> list[tuple[list[str], KVCacheSpec]]:
     """(layer names, spec) of every KV cache group, in vLLM's group order: object group i is KV cache
     group i. One group is today's path; several come from vLLM's hybrid KV cache manager (the
     connector implements SupportsHMA), each group with its own block table."""
@@ -87,28 +92,30 @@ def kv_groups(kv_cache_config: KVCacheConfig) -> list[tuple[list[str], Attention
         return [attention_group(kv_cache_config)]
     try:
         out = [_checked(list(g.layer_names), g.kv_cache_spec, hybrid=True) for g in groups]
-        # The CPU attention ISA (the layouts' variant) is read from group 0's spec; it depends on the
-        # head and block size, so groups that differ in them could be packed otherwise: refused.
-        first = out[0][1]
-        if any((s.head_size, s.block_size) != (first.head_size, first.block_size) for _, s in out):
+        # The CPU attention ISA (the layouts' variant) is read from the first attention group's spec;
+        # it depends on the head and block size, so groups that differ in them could be packed
+        # otherwise: refused. Every group shares one block size (one block table row per token block).
+        attn = [s for _, s in out if _is_attention(s)]
+        if not attn:
+            raise UnsupportedLayout("no attention group")
+        if any((s.head_size, s.block_size) != (attn[0].head_size, attn[0].block_size) for s in attn):
             raise UnsupportedLayout("groups with different head or block sizes are not supported")
+        if any(int(s.block_size) != int(attn[0].block_size) for _, s in out):
+            raise UnsupportedLayout("state groups with another block size than the attention groups")
         return out
     except UnsupportedLayout as exc:
         raise UnsupportedLayout(f"{len(groups)} KV cache groups (hybrid manager): {exc}") from exc
 
 
-def _checked(layer_names: list[str], spec: KVCacheSpec, hybrid: bool) -> tuple[list[str], AttentionSpec]:
+def _first_attention(kv_cache_config: KVCacheConfig) -> AttentionSpec:
+    return next(s for _, s in kv_groups(kv_cache_config) if _is_attention(s))
+
+
+def _checked(layer_names: list[str], spec: KVCacheSpec, hybrid: bool) -> tuple[list[str], KVCacheSpec]:
     kind = type(spec).__name__
     if hybrid and kind == "MambaSpec":
-        # Why not yet: vLLM ("align" mode) keeps a state only at its block boundaries and frees most of
-        # them while the request runs; storing and loading them bit-exactly needs the state group's
-        # own block semantics on both sides (docs/layouts.md). Until then the engine runs uncached.
-        mamba = getattr(getattr(spec, "mamba_type", None), "name", kind)
-        mode = getattr(spec, "mamba_cache_mode", "?")
-        raise UnsupportedLayout(
-            f"hybrid model with recurrent-state layers ({mamba}, mamba_cache_mode {mode!r}): their states "
-            "are not cached yet; the engine runs without the cache"
-        )
+        _check_state(spec)
+        return layer_names, spec
     if kind == "MLAAttentionSpec" and not hybrid:
         if getattr(spec, "model_version", None) is not None or getattr(spec, "alignment", None) is not None:
             raise UnsupportedLayout("this MLA cache variant (DeepSeek-V4 style) is not supported")
@@ -129,6 +136,49 @@ def _checked(layer_names: list[str], spec: KVCacheSpec, hybrid: bool) -> tuple[l
     if getattr(attn, "head_size_v", attn.head_size) != attn.head_size:
         raise UnsupportedLayout("different K and V head sizes are not supported")
     return layer_names, attn
+
+
+def _check_state(spec: KVCacheSpec) -> None:
+    """A recurrent-state group (Mamba/GDN/short conv) is cached only as vLLM itself keeps its states:
+    in "align" mode block slot p holds the state after exactly (p + 1) * block_size tokens (vLLM's
+    prefill chunks end on those boundaries), which is what one state object per chunk names."""
+    mamba = getattr(getattr(spec, "mamba_type", None), "name", "MambaSpec")
+    mode = getattr(spec, "mamba_cache_mode", "?")
+    if mode != "align":
+        raise UnsupportedLayout(
+            f"hybrid model with recurrent-state layers ({mamba}, mamba_cache_mode {mode!r}): states are "
+            "cached only in mamba_cache_mode 'align' (vLLM's choice with prefix caching on)"
+        )
+    if int(getattr(spec, "num_speculative_blocks", 0) or 0):
+        raise UnsupportedLayout(f"recurrent-state layers ({mamba}) with speculative blocks are not supported")
+
+
+def _is_state(spec: KVCacheSpec) -> TypeGuard[MambaSpec]:
+    return type(spec).__name__ == "MambaSpec"
+
+
+def state_layout(spec: MambaSpec, num_layers: int, chunk_size: int) -> LayoutDescriptor:
+    """One object per chunk: every layer's state page (its content, not vLLM's padding) after the
+    chunk's last token. The variant names the state's kind, shapes and dtypes (what the bytes mean)."""
+    if chunk_size != int(spec.block_size):  # a wrong setting, not a model we leave alone: refuse to start
+        raise ValueError(
+            f"chunk_size {chunk_size} must equal vLLM's block size {spec.block_size} for a model with "
+            "recurrent-state layers (one state per chunk, where vLLM keeps them): set chunk_size to it"
+        )
+    mamba = str(getattr(getattr(spec, "mamba_type", None), "name", "mamba")).lower()
+    what = repr((mamba, [list(x) for x in spec.shapes], [str(d) for d in spec.dtypes])).encode()
+    content = int(spec.state_content_size_bytes)
+    return LayoutDescriptor(
+        tag="state_page",
+        dtype="uint8",
+        num_layers=num_layers,
+        block_size=int(spec.block_size),
+        block_bytes=content,
+        chunk_size=chunk_size,
+        block_shape=(content,),
+        variant=f"{mamba[:14]}_{hashlib.sha256(what).hexdigest()[:16]}",
+        kind="state",
+    )
 
 
 # The kinds _checked lets through, all AttentionSpecs (told by vLLM's class names: vLLM is not
@@ -167,7 +217,7 @@ def attention_isa(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> st
     The packing inside a block differs per ISA, so it is part of the layout fingerprint: an AMX host
     and an AVX-512 host sharing an L2 tier then miss instead of reading each other's bytes wrongly.
     """
-    _, spec = kv_groups(kv_cache_config)[0]
+    spec = _first_attention(kv_cache_config)
     if is_mla(spec):
         return _mla_variant(vllm_config)
     try:
@@ -247,13 +297,15 @@ def scheduler_layout(kv_cache_config: KVCacheConfig, chunk_size: int, backend: K
 def scheduler_layouts(kv_cache_config: KVCacheConfig, chunk_size: int, backend: KVBackend) -> list[LayoutDescriptor]:
     """One layout per KV cache group (the object groups, in vLLM's group order)."""
     return [
-        _kind(_read(kv_cache_config, names, spec, chunk_size, backend).layout, spec)
+        state_layout(spec, len(names), chunk_size)
+        if _is_state(spec)
+        else _kind(_read(kv_cache_config, names, _attention(spec), chunk_size, backend).layout, spec)
         for names, spec in kv_groups(kv_cache_config)
     ]
 
 
 def worker_layout(
-    kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, torch.Tensor], chunk_size: int, backend: KVBackend
+    kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, EngineCache], chunk_size: int, backend: KVBackend
 ) -> tuple[LayoutDescriptor, list[torch.Tensor]]:
     """Layout from the registered tensors of a single-group engine, and its tensors in layer order."""
     layer_names, spec = attention_group(kv_cache_config)
@@ -261,13 +313,15 @@ def worker_layout(
 
 
 def worker_layouts(
-    kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, torch.Tensor], chunk_size: int, backend: KVBackend
+    kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, EngineCache], chunk_size: int, backend: KVBackend
 ) -> tuple[list[LayoutDescriptor], list[list[torch.Tensor]]]:
     """Per KV cache group: its layout from the registered tensors, and its tensors in layer order.
     (With vLLM's hybrid manager, layers of different groups may share memory: block ids of one
     pool keep their blocks apart.)"""
     pairs = [
-        _group_views(kv_cache_config, names, spec, kv_caches, chunk_size, backend)
+        _state_views(kv_cache_config, names, spec, kv_caches, chunk_size)
+        if _is_state(spec)
+        else _group_views(kv_cache_config, names, _attention(spec), kv_caches, chunk_size, backend)
         for names, spec in kv_groups(kv_cache_config)
     ]
     return [p[0] for p in pairs], [p[1] for p in pairs]
@@ -277,7 +331,7 @@ def _group_views(
     kv_cache_config: KVCacheConfig,
     layer_names: list[str],
     spec: AttentionSpec,
-    kv_caches: Mapping[str, torch.Tensor],
+    kv_caches: Mapping[str, EngineCache],
     chunk_size: int,
     backend: KVBackend,
 ) -> tuple[LayoutDescriptor, list[torch.Tensor]]:
@@ -287,7 +341,12 @@ def _group_views(
     if missing:
         raise UnsupportedLayout(f"registered KV caches lack layers {missing[:3]}")
     read = _read(kv_cache_config, layer_names, spec, chunk_size, backend)
-    tensors = [kv_caches[n] for n in layer_names]
+    tensors: list[torch.Tensor] = []
+    for n in layer_names:
+        t = kv_caches[n]
+        if isinstance(t, (list, tuple)):
+            raise UnsupportedLayout(f"layer {n}: a list of tensors where one attention tensor was expected")
+        tensors.append(t)
     first = tensors[0]
     # One device per rank (cuda:<local rank> under tensor parallelism): the copier's streams are its.
     for name, t in zip(layer_names, tensors, strict=True):
@@ -310,3 +369,45 @@ def _group_views(
     ):
         raise UnsupportedLayout(f"KV tensors {tuple(first.shape)} do not match the spec's layout {read.layout}")
     return _kind(read.layout, spec), views
+
+
+def _state_views(
+    kv_cache_config: KVCacheConfig,
+    layer_names: list[str],
+    spec: MambaSpec,
+    kv_caches: Mapping[str, EngineCache],
+    chunk_size: int,
+) -> tuple[LayoutDescriptor, list[torch.Tensor]]:
+    """Per layer a byte view [num_blocks, state content] of its state pages. vLLM registers a state
+    layer as an int8 page view [num_blocks, 1, 1, page] (what MambaBase.bind_kv_cache unpacks: the
+    layer's states, conv then ssm, packed from the page's first byte) or as the whole backing
+    allocation, where its KVCacheTensor places layer l's page of block b at offset + l *
+    layer_stride + b * block_stride."""
+    import torch
+
+    layout = state_layout(spec, len(layer_names), chunk_size)
+    content = int(spec.state_content_size_bytes)
+    placement = {name: (t, i) for t in kv_cache_config.kv_cache_tensors for i, name in enumerate(t.layers)}
+    views: list[torch.Tensor] = []
+    for name in layer_names:
+        buf = kv_caches.get(name)
+        if not isinstance(buf, torch.Tensor) or buf.element_size() != 1:
+            raise UnsupportedLayout(f"layer {name}: expected vLLM's int8 state pages, got {type(buf).__name__}")
+        if buf.dim() == 4 and tuple(buf.shape[1:3]) == (1, 1) and buf.stride(-1) == 1:
+            num_blocks, start, stride, end = int(buf.shape[0]), 0, int(buf.stride(0)), int(buf.shape[3])
+        elif buf.dim() == 1 and name in placement:
+            tensor, index = placement[name]
+            num_blocks = int(kv_cache_config.num_blocks_of(tensor))
+            start = int(tensor.offset) + index * int(tensor.layer_stride)
+            stride = int(tensor.block_stride)
+            end = buf.numel() - start - (num_blocks - 1) * stride
+        else:
+            raise UnsupportedLayout(f"layer {name}: state pages shaped {tuple(buf.shape)} are not vLLM's")
+        if stride < content or end < content:
+            raise UnsupportedLayout(f"layer {name}: its state pages hold less than the spec's {content} bytes")
+        views.append(
+            torch.tensor([], dtype=torch.uint8, device=buf.device).set_(
+                buf.untyped_storage(), buf.storage_offset() + start, (num_blocks, content), (stride, 1)
+            )
+        )
+    return layout, views

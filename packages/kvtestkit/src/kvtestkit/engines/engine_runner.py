@@ -213,9 +213,45 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
             batches[-1]["ec"] = _ec_stats()
             encoder_runs[0] = 0
     result: dict[str, Any] = {"init_s": init_s, "batches": batches, "async_scheduling": async_on}
+    if spec.get("state_digests"):
+        result["state_digests"] = _state_digests(llm)
     if totals is not None:
         result["prometheus"] = _connector_prometheus()
     return result
+
+
+def _state_digests(llm: Any) -> dict[str, list[str]]:
+    """What vLLM itself keeps of a hybrid model's recurrent states: for every block its own prefix
+    cache holds in a state group ("align" mode: the state after exactly the block's hashed tokens),
+    the sha256 of every layer's states in that block, keyed by that token boundary. A test compares
+    these across engines: a state our connector loaded must equal the one vLLM computed itself."""
+    import hashlib
+
+    import torch
+    from vllm.v1.core.kv_cache_utils import get_group_id
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    core = llm.llm_engine.engine_core.engine_core
+    sched = core.scheduler
+    groups = {
+        i: list(g.layer_names)
+        for i, g in enumerate(sched.kv_cache_config.kv_cache_groups)
+        if isinstance(g.kv_cache_spec, MambaSpec)
+    }
+    layers = core.model_executor.driver_worker.worker.model_runner.compilation_config.static_forward_context
+    out: dict[str, list[str]] = {}
+    for key, found in sched.kv_cache_manager.block_pool.cached_block_hash_to_block._cache.items():
+        gid = get_group_id(key)
+        if gid not in groups:
+            continue
+        for block in found.values() if isinstance(found, dict) else [found]:
+            h = hashlib.sha256()
+            for name in groups[gid]:
+                states = layers[name].kv_cache
+                for state in states[0] if isinstance(states, list) else states:
+                    h.update(state[block.block_id].contiguous().view(torch.uint8).numpy().tobytes())
+            out.setdefault(str(block.block_hash_num_tokens), []).append(h.hexdigest())
+    return out
 
 
 def _connector_prometheus() -> dict[str, float]:

@@ -53,6 +53,9 @@ class EngineRun:
     log: str = field(repr=False, default="")
     prometheus: dict[str, float] | None = None  # the connector's vllm:kvserver_* counters, with connector_stats
     async_scheduling: bool = False
+    # with extra_spec={"state_digests": True}: per token boundary, a digest of every recurrent-state
+    # layer's state in each block vLLM's own prefix cache holds for it (engine_runner._state_digests)
+    state_digests: dict[int, list[str]] | None = None
 
     @property
     def requests(self) -> list[RequestResult]:
@@ -251,6 +254,9 @@ def run_engine(
             log=log,
             prometheus=raw.get("prometheus"),
             async_scheduling=bool(raw.get("async_scheduling")),
+            state_digests=(
+                {int(k): list(v) for k, v in raw["state_digests"].items()} if "state_digests" in raw else None
+            ),
         )
     finally:
         if tmp_ctx is not None:
