@@ -30,6 +30,7 @@ from .engine_kv import (
     block_range,
     ceil_div,
     check_blocks,
+    load_block_ids,
     load_moves,
     save_moves,
     window_base,
@@ -179,11 +180,7 @@ class DataPlane:
     def load_blocks(self, tables: Sequence[np.ndarray], skip: int, num: int) -> list[int]:
         """Every engine block a load of [skip, num) would write (reported as failed when it fails)."""
         link = self.link
-        out: set[int] = set()
-        for geo, lay, table in zip(link.geoms, link.layouts, tables, strict=False):
-            lo, hi = block_range(geo, lay, skip, num, link.unit)
-            out.update(int(b) for b in table[max(0, lo) : min(table.shape[0], hi)])
-        return sorted(out)
+        return load_block_ids(link.geoms, link.layouts, tables, skip, num, link.unit)
 
     def load(self, deadline: Deadline, session: str, prompt: Prompt, skip: int, num: int) -> int:
         """Write engine blocks covering tokens [skip, num) from the cache; returns the tokens loaded.
