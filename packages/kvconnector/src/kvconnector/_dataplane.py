@@ -291,10 +291,16 @@ class DataPlane:
             return loaded, exc
         return loaded, None
 
+    def release(self, deadline: Deadline, session: str, rank: int | None) -> None:
+        """Return the session's leases of `rank` (None: of every rank) over the link, waiting for the
+        server's answer; raises. kvconnector's one confirmed release (EngineClient.release and a
+        failed load's give-back); the shm load's proof release is flows.read_leased's."""
+        self.link.send(rq.Release(session=session, rank=rank), deadline)
+
     def _give_back(self, deadline: Deadline, session: str) -> None:
         """Best effort: return this rank's leases (the server also expires them after its lease TTL)."""
         try:
-            self.link.send(rq.Release(session=session, rank=self.link.rank), _grace(deadline))
+            self.release(_grace(deadline), session, self.link.rank)
         except Exception:
             pass
 

@@ -508,7 +508,7 @@ class SchedulerSide:
         if not st.leased or self.client is None:
             return
         st.leased = False
-        self.client.release_nowait(st.session)  # ordered after the lookups; the answer is not awaited
+        self.client.release(st.session, wait=False)  # ordered after the lookups; the answer is not awaited
 
     def _failed(self, op: str, err: str) -> None:
         log.warning("KVServerConnector: %s failed (%s); recomputing, retrying the server later", op, err)
