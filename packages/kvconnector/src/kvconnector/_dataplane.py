@@ -30,6 +30,7 @@ from .engine_kv import (
     block_range,
     ceil_div,
     check_blocks,
+    load_block_ids,
     load_moves,
     save_moves,
     window_base,
@@ -179,11 +180,7 @@ class DataPlane:
     def load_blocks(self, tables: Sequence[np.ndarray], skip: int, num: int) -> list[int]:
         """Every engine block a load of [skip, num) would write (reported as failed when it fails)."""
         link = self.link
-        out: set[int] = set()
-        for geo, lay, table in zip(link.geoms, link.layouts, tables, strict=False):
-            lo, hi = block_range(geo, lay, skip, num, link.unit)
-            out.update(int(b) for b in table[max(0, lo) : min(table.shape[0], hi)])
-        return sorted(out)
+        return load_block_ids(link.geoms, link.layouts, tables, skip, num, link.unit)
 
     def load(self, deadline: Deadline, session: str, prompt: Prompt, skip: int, num: int) -> int:
         """Write engine blocks covering tokens [skip, num) from the cache; returns the tokens loaded.
@@ -294,10 +291,16 @@ class DataPlane:
             return loaded, exc
         return loaded, None
 
+    def release(self, deadline: Deadline, session: str, rank: int | None) -> None:
+        """Return the session's leases of `rank` (None: of every rank) over the link, waiting for the
+        server's answer; raises. kvconnector's one confirmed release (EngineClient.release and a
+        failed load's give-back); the shm load's proof release is flows.read_leased's."""
+        self.link.send(rq.Release(session=session, rank=rank), deadline)
+
     def _give_back(self, deadline: Deadline, session: str) -> None:
         """Best effort: return this rank's leases (the server also expires them after its lease TTL)."""
         try:
-            self.link.send(rq.Release(session=session, rank=self.link.rank), _grace(deadline))
+            self.release(_grace(deadline), session, self.link.rank)
         except Exception:
             pass
 

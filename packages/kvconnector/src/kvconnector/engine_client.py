@@ -140,7 +140,7 @@ class EngineClient:
         self._lock = threading.RLock()
         self._warner = _Warner(warn_interval)
         self._closed = False
-        self._pipe: Pipeline | None = None  # lookup_submit / release_nowait, created on first use
+        self._pipe: Pipeline | None = None  # lookup_submit / release(wait=False), created on first use
         self.verify_failures = 0  # loads failed because an object's bytes did not match its checksum
         self.verify_failed_objects = 0
 
@@ -399,7 +399,7 @@ class EngineClient:
     ) -> int | LookupResult:
         """Send a lookup and return at once: its id for `lookup_result`, or a LookupResult carrying the
         error when it could not even be sent. Same answer as `lookup`; requests of this client's
-        pipeline (lookups, `release_nowait`) reach the server in the order they were sent."""
+        pipeline (lookups, `release(wait=False)`) reach the server in the order they were sent."""
         with self._lock:
             try:
                 self._deadline()
@@ -437,14 +437,6 @@ class EngineClient:
             self._reset_pipeline()
         return LookupResult(0, self._failed("lookup", RequestTimeout("lookup: no reply within the timeout")))
 
-    def release_nowait(self, session: str) -> None:
-        """`release(session)` without waiting for the answer (ordered after this client's lookups)."""
-        with self._lock:
-            try:
-                self._pipeline().submit(rq.Release(session=session), want_reply=False)
-            except Exception as exc:
-                self._failed("release", exc)
-
     def _reset_pipeline(self) -> None:
         if self._pipe is not None:
             self._pipe.close()
@@ -455,12 +447,20 @@ class EngineClient:
             self._pipe = Pipeline(self._link.server.url, self._link.server.token)
         return self._pipe
 
-    def release(self, session: str, rank: int | None = None) -> None:
+    def release(self, session: str, rank: int | None = None, *, wait: bool = True) -> None:
         """Return the session's leases: of every rank (the scheduler, for a hit it will not load), or
-        of one rank (a worker that will not load its part); a no-op for unknown sessions; never raises."""
+        of one rank (a worker that will not load its part); a no-op for unknown sessions; never raises.
+
+        wait=False (the scheduler): sent on this client's lookup pipeline and not awaited, so the
+        scheduler never stands still for a round trip, and the release reaches the server after the
+        lookups that took the leases. wait=True: over the link, answered (DataPlane.release)."""
         with self._lock:
             try:
-                self._link.send(rq.Release(session=session, rank=None if rank is None else int(rank)), self._deadline())
+                r = None if rank is None else int(rank)
+                if wait:
+                    self._plane.release(self._deadline(), session, r)
+                else:
+                    self._pipeline().submit(rq.Release(session=session, rank=r), want_reply=False)
             except Exception as exc:
                 self._failed("release", exc)
 

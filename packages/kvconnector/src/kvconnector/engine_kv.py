@@ -82,10 +82,17 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def token_blocks(skip: int, num: int, block_size: int) -> tuple[int, int]:
+    """Request blocks [lo, hi) holding tokens [skip, num): the block holding `skip` only when skip
+    starts it (a partial block before skip is the engine's), the partial block at `num` included."""
+    return ceil_div(skip, block_size), ceil_div(num, block_size)
+
+
 def block_range(geo: GroupGeometry, lay: LayoutDescriptor, skip: int, num: int, unit: int) -> tuple[int, int]:
     """Request blocks [lo, hi) of one group that a load of tokens [skip, num) writes (see
     kvprotocol._geometry): of a sliding group only the window the first computed token attends to
-    (tokens [num - W + 1, num)), of a state group only the blocks of the object holding the state at num."""
+    (tokens [num - W + 1, num)), of a state group only the blocks of the object holding the state at num.
+    The one place this is computed: the copy plan and the blocks a failed load reports both use it."""
     bs = lay.block_size
     if geo.kind == "state":
         top = num // bs
@@ -93,7 +100,32 @@ def block_range(geo: GroupGeometry, lay: LayoutDescriptor, skip: int, num: int, 
     if geo.kind == "sliding":
         top = ceil_div(num, unit) * unit // bs
         return max(top - lay.blocks_per_chunk, max(skip, num - geo.window + 1, 0) // bs, 0), ceil_div(num, bs)
-    return ceil_div(skip, bs), ceil_div(num, bs)
+    return token_blocks(skip, num, bs)
+
+
+def load_block_ids(
+    geoms: Sequence[GroupGeometry],
+    layouts: Sequence[LayoutDescriptor],
+    tables: Sequence[np.ndarray],
+    skip: int,
+    num: int,
+    unit: int,
+) -> list[int]:
+    """Every engine block, over all groups, that a load of tokens [skip, num) writes (block_range of
+    each group, clipped to its table): what a load that failed while copying reports."""
+    out: set[int] = set()
+    for geo, lay, table in zip(geoms, layouts, tables, strict=False):
+        lo, hi = block_range(geo, lay, skip, num, unit)
+        out.update(int(b) for b in table[max(0, lo) : min(table.shape[0], hi)])
+    return sorted(out)
+
+
+def promised_block_ids(table: Sequence[int], block_size: int, skip: int, num: int) -> list[int]:
+    """Blocks of one group's `table` holding tokens [skip, num) (token_blocks): what a vLLM worker
+    reports failed when a load fails before the copy could name its blocks. The whole promised range,
+    not block_range's window: vLLM recomputes from the first failed block of that one table."""
+    lo, hi = token_blocks(skip, num, block_size)
+    return list(table[lo:hi])
 
 
 def window_base(lay: LayoutDescriptor, end_unit: int, unit: int) -> int:

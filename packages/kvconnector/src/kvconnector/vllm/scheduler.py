@@ -22,6 +22,7 @@ from .costs import CostModel
 from .extra_keys import AdapterDigests, request_keys
 from .local_loads import LocalLoads, prefix_digests
 from .._results import LookupResult
+from ..engine_kv import token_blocks
 from .log import log
 from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob, SaveJob
 from .stats import KVServerConnectorStats
@@ -407,7 +408,7 @@ class SchedulerSide:
         st.load_pending = False
         end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
         toks = self._tokens(st, end, prompt_tokens)
-        nblocks = end // self.block_size
+        nblocks = token_blocks(0, end, self.block_size)[1]  # the blocks the load's range lies in
         if len(toks) == end and _covers(st.block_ids, nblocks) and not self.cfg.debug_fail_plan_loads:
             meta.loads.append(
                 LoadJob(
@@ -507,7 +508,7 @@ class SchedulerSide:
         if not st.leased or self.client is None:
             return
         st.leased = False
-        self.client.release_nowait(st.session)  # ordered after the lookups; the answer is not awaited
+        self.client.release(st.session, wait=False)  # ordered after the lookups; the answer is not awaited
 
     def _failed(self, op: str, err: str) -> None:
         log.warning("KVServerConnector: %s failed (%s); recomputing, retrying the server later", op, err)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from kvprotocol import LayoutDescriptor
 
+from ..engine_kv import promised_block_ids, token_blocks
 from .breaker import Breaker
 from .calibrate import calibrate_load
 from .config import ConnectorConfig
@@ -207,8 +208,7 @@ class WorkerSide:
 
     # --- internals ------------------------------------------------------------------------
     def _load(self, job: LoadJob) -> None:
-        bs = self.layout.block_size if self.layout else 1
-        wanted = list(job.block_ids[0][job.skip_tokens // bs : job.num_tokens // bs])
+        wanted = self._promised(job)
         if not self.enabled or self.layout is None or job.fail:
             self._release(job.session)
             self._fail(job, wanted, job.fail or "connector disabled on this worker")
@@ -238,7 +238,6 @@ class WorkerSide:
                 # it. Waiting here yields both; it ends as soon as a copy does.
                 self.stats.add("idle_waits")
                 self.loader.wait_any(IDLE_WAIT_S)
-        bs = self.layout.block_size if self.layout else 1
         done = self.loader.take_done() if self.loader is not None else []
         if self.loader is not None:
             self.stats.add("loads_past_saves", self.loader.take_loads_past_saves())
@@ -249,8 +248,7 @@ class WorkerSide:
                     del self.saving[job.req_id]
                 self._finish_save(job, outcome)
                 continue
-            wanted = list(job.block_ids[0][job.skip_tokens // bs : job.num_tokens // bs])
-            self._finish_load(job, wanted, outcome)
+            self._finish_load(job, self._promised(job), outcome)
             self.received.add(job.req_id)
         self.finishing |= finished & self.save_reqs
         sent = {r for r in self.finishing if r not in self.saving}
@@ -264,6 +262,15 @@ class WorkerSide:
         if preempted and self.loader is not None and self.saving:
             self.loader.wait_saves()
             self.stats.add("save_drains")
+
+    def _promised(self, job: LoadJob) -> list[int]:
+        """Group 0's blocks of the load's range, reported failed when the client could not name the
+        blocks (engine_kv.promised_block_ids). Unregistered, block ids are taken one per token."""
+        return promised_block_ids(job.block_ids[0], self._block_size, job.skip_tokens, job.num_tokens)
+
+    @property
+    def _block_size(self) -> int:
+        return self.layout.block_size if self.layout else 1
 
     def _finish_load(self, job: LoadJob, wanted: list[int], outcome: LoadOutcome) -> None:
         self.stats.add("verify_failures", outcome.verify_failures)
@@ -293,7 +300,7 @@ class WorkerSide:
             self.failed_blocks.update(blocks)
         self.failed_reqs.add(job.req_id)
         self.failed_epochs[job.req_id] = max(job.epoch, self.failed_epochs.get(job.req_id, -1))
-        bs = self.layout.block_size if self.layout else 1
+        bs = self._block_size
         pos = {b: i for i, b in enumerate(job.block_ids[0])}
         first = min((pos[b] * bs for b in blocks if b in pos), default=job.skip_tokens)
         if self.multi_group:  # the whole load is lost (vLLM recomputes the request)
@@ -306,11 +313,11 @@ class WorkerSide:
         assert self.layout is not None
         # several groups: the first full-attention one (a sliding group's table holds vLLM's null block)
         g = next((i for i, lay in enumerate(self.layouts) if lay.kind == "full"), 0) if self.multi_group else 0
-        bs, bpc = self.layout.block_size, self.layouts[g].blocks_per_chunk
-        first = job.skip_tokens // bs
+        bpc = self.layouts[g].blocks_per_chunk
+        first, end = token_blocks(job.skip_tokens, job.num_tokens, self.layout.block_size)
         bad = [
             b
-            for j, b in enumerate(job.block_ids[g][: job.num_tokens // bs])
+            for j, b in enumerate(job.block_ids[g][:end])
             if j >= first and j // bpc in self.cfg.debug_fail_load_chunks
         ]
         for t in self.group_tensors[g]:
