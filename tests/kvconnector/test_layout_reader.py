@@ -352,11 +352,14 @@ def test_hybrid_groups_become_object_groups_in_vllm_order() -> None:
     assert [[t.data_ptr() for t in g] for g in groups] == [[v.data_ptr() for v in views], [v.data_ptr() for v in more]]
 
 
-def test_hybrid_with_recurrent_states_is_refused_in_one_line() -> None:
+def test_hybrid_with_states_vllm_keeps_no_boundary_of_is_refused_in_one_line() -> None:
+    """A state group in mamba_cache_mode "none" (no prefix caching: one running state per request,
+    none at block boundaries) has nothing to cache: the connector says so in one line. ("align"
+    state groups are object groups: tests/kvconnector/test_state_layout.py, tests/vllm.)"""
     from kvconnector.vllm.vllm_layout import UnsupportedLayout, scheduler_layouts
 
-    config = _hybrid_config("MambaSpec", mamba_type=_Spec({"name": "GDN_ATTN"}), mamba_cache_mode="align")
+    config = _hybrid_config("MambaSpec", mamba_type=_Spec({"name": "GDN_ATTN"}), mamba_cache_mode="none")
     with pytest.raises(
-        UnsupportedLayout, match=r"^2 KV cache groups \(hybrid manager\): .*GDN_ATTN, mamba_cache_mode 'align'"
+        UnsupportedLayout, match=r"^2 KV cache groups \(hybrid manager\): .*GDN_ATTN, mamba_cache_mode 'none'"
     ):
         scheduler_layouts(config, CHUNK, VEC)

@@ -6,6 +6,7 @@ Like tiny_model.py, weights come from a fixed seed, so every build of one spec i
 - `build_mistral_sw`: a Mistral (Llama-style) model whose every layer has a sliding window.
 - `build_gemma3`: a Gemma-3 text model, a sliding-window layer then a global one.
 - `build_qwen3_next`: a Qwen3-Next hybrid, gated delta net layers between full-attention ones.
+- `build_granite4`: a Granite-4-style hybrid, Mamba2 layers between full-attention ones.
 """
 
 from __future__ import annotations
@@ -117,5 +118,32 @@ def build_qwen3_next(out_dir: Path, seed: int = 1234) -> Path:
         moe_intermediate_size=64,
         shared_expert_intermediate_size=64,
         decoder_sparse_step=1,
+        tie_word_embeddings=False,
+    )
+
+
+def build_granite4(out_dir: Path, seed: int = 1234) -> Path:
+    """Granite-4-style hybrid (GraniteMoeHybrid): Mamba2 layers and full attention, alternating; a
+    dense MLP (no experts)."""
+    return _save(
+        out_dir,
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        seed,
+        hidden_size=256,
+        num_hidden_layers=4,
+        layer_types=["mamba", "attention", "mamba", "attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_n_heads=8,
+        mamba_d_head=64,
+        mamba_d_state=64,
+        mamba_n_groups=1,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=64,
+        num_local_experts=0,
+        shared_intermediate_size=256,
+        position_embedding_type="rope",
         tie_word_embeddings=False,
     )
