@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import zmq
@@ -249,28 +249,11 @@ class EngineClient:
         server confirms they were held until the copy finished. A later load of the same session
         leases this rank's objects again by itself.
         """
-        with self._lock:
-            tables: list[Any] = []
-            try:
-                deadline = self._deadline()
-                tables = as_tables(block_ids, len(self._link.layouts))
-                if self._plane.copier is None:
-                    raise ValueError("register(kv_caches) must be called before load")
-                validate_salt(salt)
-                loaded = self._plane.load(
-                    deadline, session, Prompt(as_tokens(tokens), tables, salt, extra), int(skip_tokens), int(num_tokens)
-                )
-                return LoadResult(True, loaded, [], None)
-            except Exception as exc:
-                if isinstance(exc, ChecksumMismatch):
-                    self.verify_failures += 1
-                    self.verify_failed_objects += exc.objects
-                error = self._failed("load", exc)
-                try:
-                    failed = self._plane.load_blocks(tables, int(skip_tokens), int(num_tokens))
-                except Exception:
-                    failed = []
-                return LoadResult(False, 0, failed, error)
+
+        def run(deadline: Deadline, prompt: Prompt, start: int, end: int) -> tuple[int, Exception | None]:
+            return start + self._plane.load(deadline, session, prompt, start, end), None
+
+        return self._load(tokens, block_ids, skip_tokens, num_tokens, salt, extra, run)
 
     def load_streamed(
         self,
@@ -292,6 +275,26 @@ class EngineClient:
         ok is False, and loaded_tokens counts the verified blocks before them (which the engine keeps).
         Ends this rank's leases of the session, as `load` does.
         """
+
+        def run(deadline: Deadline, prompt: Prompt, start: int, end: int) -> tuple[int, Exception | None]:
+            if poll_s <= 0:
+                raise ValueError("poll_s must be positive")
+            return self._plane.load_streamed(deadline, session, prompt, start, end, poll_s)
+
+        return self._load(tokens, block_ids, skip_tokens, num_tokens, salt, extra, run)
+
+    def _load(
+        self,
+        tokens: TokenIds,
+        block_ids: BlockIds,
+        skip_tokens: int,
+        num_tokens: int,
+        salt: str,
+        extra: ExtraKeys,
+        run: Callable[[Deadline, Prompt, int, int], tuple[int, Exception | None]],
+    ) -> LoadResult:
+        """What `load` and `load_streamed` share: checks, the copy (`run` answers how far the verified
+        blocks reach and the error that stopped it, if any), and on failure the blocks from there on."""
         with self._lock:
             tables: list[Any] = []
             start, end = int(skip_tokens), int(num_tokens)
@@ -301,23 +304,20 @@ class EngineClient:
                 if self._plane.copier is None:
                     raise ValueError("register(kv_caches) must be called before load")
                 validate_salt(salt)
-                if poll_s <= 0:
-                    raise ValueError("poll_s must be positive")
-                prompt = Prompt(as_tokens(tokens), tables, salt, extra)
-                loaded, exc = self._plane.load_streamed(deadline, session, prompt, start, end, poll_s)
+                upto, exc = run(deadline, Prompt(as_tokens(tokens), tables, salt, extra), start, end)
             except Exception as err:
-                loaded, exc = start, err
+                upto, exc = start, err
             if exc is None:
-                return LoadResult(True, loaded - start, [], None)
+                return LoadResult(True, upto - start, [], None)
             if isinstance(exc, ChecksumMismatch):
                 self.verify_failures += 1
                 self.verify_failed_objects += exc.objects
             error = self._failed("load", exc)
             try:
-                failed = self._plane.load_blocks(tables, loaded, end)
+                failed = self._plane.load_blocks(tables, upto, end)
             except Exception:
                 failed = []
-            return LoadResult(False, loaded - start, failed, error)
+            return LoadResult(False, upto - start, failed, error)
 
     def save(
         self,
