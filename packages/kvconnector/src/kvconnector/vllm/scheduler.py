@@ -1,4 +1,5 @@
-"""Scheduler side of KVServerConnector: lookups, and the per-step load/save plan.
+"""Scheduler side of KVServerConnector: lookups and each request's life; the per-step load/save
+plan is step_plan.py's, the per-request state request_state.py's.
 
 Per request it remembers the hit it announced, the blocks vLLM gave the request, and how far the
 request's chunks are known to be stored, so each step's metadata names exactly the blocks to load
@@ -7,10 +8,8 @@ request's chunks are known to be stored, so each step's metadata names exactly t
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvprotocol import new_session_id
@@ -22,10 +21,11 @@ from .costs import CostModel
 from .extra_keys import AdapterDigests, request_keys
 from .local_loads import LocalLoads, prefix_digests
 from .._results import LookupResult
-from ..engine_kv import token_blocks
 from .log import log
-from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, LoadJob, SaveJob
+from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata
+from .request_state import ReqState
 from .stats import KVServerConnectorStats
+from .step_plan import StepPlanner
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
@@ -33,33 +33,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
     from ..engine_client import EngineClient
-
-
-@dataclass
-class _Req:
-    req_id: str
-    request: Request | None  # its all_token_ids grow as tokens are generated; None: never looked up
-    salt: str
-    session: str
-    hit_tokens: int = 0
-    local_computed: int = 0
-    external_tokens: int = 0
-    load_pending: bool = False
-    leased: bool = False
-    block_ids: list[list[int]] = field(default_factory=list)  # per KV cache group
-    saved_upto: int = 0  # chunk-aligned: tokens [0, saved_upto) are stored or being stored
-    stored: int = 0  # tokens [0, stored) confirmed stored by the workers (or found on the server)
-    loaded_tokens: int = 0
-    had_saves: bool = False  # a SaveJob was planned (async_saves: vLLM must keep the blocks until "sent")
-    l2_tokens: int = 0  # of loaded_tokens, those the server's L2 prefetch brought into L1
-    load_failed: bool = False
-    cacheable: bool = True  # False: never looked up nor saved (prompt embeddings, unknown adapter, ...)
-    epoch: int = 0  # failed loads the scheduler has heard of (SaveJob.epoch)
-    pending_since: float | None = None  # monotonic time of the first "L2 prefetch pending" answer
-    lookup_rid: int | None = None  # a lookup sent whose answer has not been taken yet
-    lookup_sent: float = 0.0  # monotonic time it was sent
-    l1_hit: int | None = None  # the L1 hit before the server's L2 prefetch (tokens); None: no prefetch
-    stream: bool = False  # the hit reported is still landing in L1 (the server's L2 prefetch): a streamed load
 
 
 class SchedulerSide:
@@ -80,7 +53,7 @@ class SchedulerSide:
         # a streamed L2 hit is loaded while it lands: only by a background load (vLLM waits for it)
         self.stream_l2 = cfg.stream_l2 and self.async_loads and not cfg.wait_for_l2
         self.chunk = cfg.chunk_size
-        self.reqs: dict[str, _Req] = {}
+        self.reqs: dict[str, ReqState] = {}
         self.stats = KVServerConnectorStats()
         self.breaker = Breaker(cfg.retry_after_s)
         self.adapters = AdapterDigests()
@@ -89,6 +62,7 @@ class SchedulerSide:
         # asynchronous loads in flight by the prefix they bring (a request needing it waits for it)
         self.local_loads = LocalLoads()
         self.share_loads = cfg.share_loads and prefix_caching and self.async_loads
+        self.steps = StepPlanner(cfg, client is not None, block_size, self._extra)
 
     # --- vLLM hooks -------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -171,7 +145,7 @@ class SchedulerSide:
             self._release(st)
         return ext, self.async_loads and ext > 0
 
-    def _wait_for_local_load(self, st: _Req, num_computed_tokens: int, n: int) -> bool:
+    def _wait_for_local_load(self, st: ReqState, num_computed_tokens: int, n: int) -> bool:
         """Another request of this engine is loading the chunk this one would load first: wait for
         it (vLLM caches those blocks when it ends), within timeout_s (local_loads.py)."""
         if not self.local_loads or st.request is None:
@@ -188,7 +162,7 @@ class SchedulerSide:
         self.stats.add("lookups_wait_local_load")
         return True
 
-    def _lookup(self, st: _Req, request: Request, n: int) -> LookupResult | None:
+    def _lookup(self, st: ReqState, request: Request, n: int) -> LookupResult | None:
         """The server's answer to this request's lookup (a LookupResult), or None while it is on its way.
 
         Sent once; each call waits at most lookup_wait_s for it, so the scheduler (and with it every
@@ -231,7 +205,7 @@ class SchedulerSide:
         l1 = max(0, min(num_external_tokens, l1_end - st.local_computed))
         return {k: v for k, v in (("l1", l1), ("l2", num_external_tokens - l1)) if v}
 
-    def _may_wait(self, st: _Req, limit: float | None = None) -> bool:
+    def _may_wait(self, st: ReqState, limit: float | None = None) -> bool:
         """Ask again later, for at most timeout_s per request (a server that keeps prefetching, e.g.
         restarted meanwhile, must not hold a request back for good; a producer that died, too)."""
         now = time.monotonic()
@@ -273,14 +247,14 @@ class SchedulerSide:
         for req_id in self._async:  # loads vLLM is waiting for (WAITING_FOR_REMOTE_KVS)
             st = self.reqs.get(req_id)
             if st is not None and st.load_pending:
-                self._plan_load(meta, st, None, background=True)
+                self.steps.plan_load(meta, st, None, background=True)
         self._async.clear()
         for new in so.scheduled_new_reqs:
             st = self.reqs.get(new.req_id)
             if st is None:  # never looked up (should not happen): without its Request, its keys are
                 st = self._new_state(new.req_id, None, None)  # unknown: never saved
             st.block_ids = [list(b) for b in new.block_ids]
-            self._plan(
+            self.steps.plan(
                 meta, st, int(new.num_computed_tokens), so.num_scheduled_tokens.get(new.req_id, 0), new.prompt_token_ids
             )
         cached = so.scheduled_cached_reqs
@@ -295,8 +269,8 @@ class SchedulerSide:
                 for mine, new_ids in zip(st.block_ids, new_blocks, strict=True):
                     mine.extend(new_ids)
             elif new_blocks is not None:  # a table we never saw begin: its positions are unknown
-                st.block_ids = []  # nothing of it is loaded or saved from now on (_covers)
-            self._plan(meta, st, int(cached.num_computed_tokens[i]), so.num_scheduled_tokens.get(req_id, 0), None)
+                st.block_ids = []  # nothing of it is loaded or saved from now on (step_plan.covers)
+            self.steps.plan(meta, st, int(cached.num_computed_tokens[i]), so.num_scheduled_tokens.get(req_id, 0), None)
         meta.finished = list(getattr(so, "finished_req_ids", ()) or ())
         return meta
 
@@ -362,131 +336,20 @@ class SchedulerSide:
             self.client.close()
 
     # --- internals ------------------------------------------------------------------------
-    def _plan(
-        self,
-        meta: KVServerConnectorMetadata,
-        st: _Req,
-        num_computed: int,
-        num_scheduled: int,
-        prompt_tokens: list[int] | None,
-    ) -> None:
-        if st.load_pending:
-            self._plan_load(meta, st, prompt_tokens)
-        if self.cfg.save_policy == "none" or self.client is None or not st.cacheable:
-            return
-        limit = self._num_prompt_tokens(st, prompt_tokens) if self.cfg.save_policy == "prompt" else 1 << 62
-        save_to = plan.save_end(st.saved_upto, num_computed + num_scheduled, limit, self.chunk)
-        if save_to is None:
-            return
-        end = save_to
-        toks = self._tokens(st, end, prompt_tokens)
-        nblocks = end // self.block_size
-        if len(toks) < end or not _covers(st.block_ids, nblocks):
-            return
-        st.had_saves = True
-        reservation, total = None, 0
-        if self.cfg.reserve and self.cfg.save_policy == "prompt":  # the total is known: the prompt's full chunks
-            reservation, total = hashlib.sha256(st.session.encode()).hexdigest()[:32], limit // self.chunk
-        meta.saves.append(
-            SaveJob(
-                st.req_id,
-                toks,
-                [b[:nblocks] for b in st.block_ids],
-                st.saved_upto,
-                st.salt,
-                self._extra(st, end),
-                st.epoch,
-                reservation,
-                total,
-            )
-        )
-        st.saved_upto = end
-
-    def _plan_load(
-        self, meta: KVServerConnectorMetadata, st: _Req, prompt_tokens: list[int] | None, background: bool = False
-    ) -> None:
-        st.load_pending = False
-        end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
-        toks = self._tokens(st, end, prompt_tokens)
-        nblocks = token_blocks(0, end, self.block_size)[1]  # the blocks the load's range lies in
-        if len(toks) == end and _covers(st.block_ids, nblocks) and not self.cfg.debug_fail_plan_loads:
-            meta.loads.append(
-                LoadJob(
-                    st.req_id,
-                    st.session,
-                    toks,
-                    [b[:nblocks] for b in st.block_ids],
-                    st.local_computed,
-                    end,
-                    st.salt,
-                    self._extra(st, end),
-                    st.epoch,
-                    background=background,
-                    compute_from=st.local_computed + st.external_tokens,
-                    stream=st.stream,
-                )
-            )
-            st.loaded_tokens = st.external_tokens
-            st.leased = False  # the worker releases the session once the load is done
-        else:
-            self._fail_load(meta, st, end, nblocks, background)
-
-    def _fail_load(
-        self, meta: KVServerConnectorMetadata, st: _Req, end: int, nblocks: int, background: bool = False
-    ) -> None:
-        """vLLM was promised external tokens that we cannot load (cannot happen with vLLM 0.32's
-        allocation). Fail safe: the worker reports the blocks of the promised range as failed, so
-        vLLM recomputes them instead of computing over uninitialised blocks, and nothing of the
-        request from there on is saved before the scheduler hears of the failure."""
-        log.error(
-            "KVServerConnector: request %s has %d blocks for a %d-token load; reporting them failed",
-            st.req_id,
-            min((len(b) for b in st.block_ids), default=0),
-            end,
-        )
-        meta.loads.append(
-            LoadJob(
-                st.req_id,
-                st.session,
-                [],
-                [b[:nblocks] for b in st.block_ids],
-                st.local_computed,
-                end,
-                st.salt,
-                (),
-                st.epoch,
-                fail="blocks missing for the promised load",
-                background=background,
-            )
-        )
-        st.loaded_tokens = 0
-
-    def _extra(self, st: _Req, num_tokens: int) -> tuple[tuple[int, bytes], ...]:
+    def _extra(self, st: ReqState, num_tokens: int) -> tuple[tuple[int, bytes], ...]:
         if st.request is None:
             return ()
         keys = request_keys(st.request, num_tokens, self.chunk, self.adapters)
         return keys.extra
 
-    @staticmethod
-    def _tokens(st: _Req, end: int, prompt_tokens: list[int] | None) -> list[int]:
-        if st.request is not None:
-            return list(st.request.all_token_ids[:end])
-        return list((prompt_tokens or [])[:end])
-
-    @staticmethod
-    def _num_prompt_tokens(st: _Req, prompt_tokens: list[int] | None) -> int:
-        if st.request is not None:
-            return int(st.request.num_prompt_tokens)
-        return len(prompt_tokens or [])
-
-    def _state(self, request: Request) -> _Req:
+    def _state(self, request: Request) -> ReqState:
         st = self.reqs.get(request.request_id)
         if st is None:
             st = self._new_state(request.request_id, request, getattr(request, "cache_salt", None))
         st.request = request
         return st
 
-    def _check_cacheable(self, st: _Req, request: Request | None) -> None:
+    def _check_cacheable(self, st: ReqState, request: Request | None) -> None:
         if request is None:
             st.cacheable = False
             return
@@ -496,15 +359,15 @@ class SchedulerSide:
             self.stats.add("uncacheable_requests")
             log.debug("KVServerConnector: request %s is not cached (%s)", st.req_id, keys.reason)
 
-    def _new_state(self, req_id: str, request: Request | None, cache_salt: str | None) -> _Req:
-        st = _Req(
+    def _new_state(self, req_id: str, request: Request | None, cache_salt: str | None) -> ReqState:
+        st = ReqState(
             req_id=req_id, request=request, salt=plan.key_salt(cache_salt), session=new_session_id()
         )  # 128 random bits: the server refuses guessable ids
         self.reqs[req_id] = st
         self._check_cacheable(st, request)
         return st
 
-    def _release(self, st: _Req) -> None:
+    def _release(self, st: ReqState) -> None:
         if not st.leased or self.client is None:
             return
         st.leased = False
@@ -513,9 +376,3 @@ class SchedulerSide:
     def _failed(self, op: str, err: str) -> None:
         log.warning("KVServerConnector: %s failed (%s); recomputing, retrying the server later", op, err)
         self.breaker.failed()
-
-
-def _covers(block_ids: list[list[int]], nblocks: int) -> bool:
-    """Every KV cache group's table reaches block nblocks (a sliding group's out-of-window entries
-    are vLLM's null block: they count, and are never read or written)."""
-    return bool(block_ids) and all(len(b) >= nblocks for b in block_ids)
