@@ -77,8 +77,8 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
             log.error("KVServerConnector disabled: %s", exc)
         if layouts is not None:  # a model the connector leaves alone starts whatever its block size
             self.cfg.check_block_size(block_size)
-        exact = layouts is not None and len(layouts) > 1 and any(lay.kind != "full" for lay in layouts)
-        if exact and self.cfg.async_saves:
+        exact = layouts is not None and any(lay.kind != "full" for lay in layouts)  # sliding or state groups
+        if exact and layouts is not None and len(layouts) > 1 and self.cfg.async_saves:
             # vLLM's hybrid manager frees a sliding-window block as soon as it leaves the window, and a
             # state block two steps after it was written ("align" mode), while a background save might
             # still be reading it: save within the step that computed them
@@ -96,7 +96,7 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
         groups = len(kv_cache_config.kv_cache_groups)
         if role == KVConnectorRole.SCHEDULER:
             prefix_caching = bool(vllm_config.cache_config.enable_prefix_caching)
-            self._scheduler = SchedulerSide(self.cfg, client, block_size, groups, prefix_caching)
+            self._scheduler = SchedulerSide(self.cfg, client, block_size, groups, prefix_caching, exact)
         else:
             load_client = save_client = None
             if (

@@ -43,6 +43,7 @@ class SchedulerSide:
         block_size: int,
         num_groups: int = 1,
         prefix_caching: bool = True,
+        exact: bool = False,
     ) -> None:
         self.cfg = cfg
         self.client = client
@@ -62,7 +63,7 @@ class SchedulerSide:
         # asynchronous loads in flight by the prefix they bring (a request needing it waits for it)
         self.local_loads = LocalLoads()
         self.share_loads = cfg.share_loads and prefix_caching and self.async_loads
-        self.steps = StepPlanner(cfg, client is not None, block_size, self._extra)
+        self.steps = StepPlanner(cfg, client is not None, block_size, self._extra, exact)
 
     # --- vLLM hooks -------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:

@@ -10,28 +10,42 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from typing import Protocol
 
 from . import plan
 from ..engine_kv import token_blocks
 from .config import ConnectorConfig
 from .log import log
-from .metadata import KVServerConnectorMetadata, LoadJob, SaveJob
+from .jobs import LoadJob, SaveJob
 from .request_state import ReqState, prompt_len, tokens_of
 
 ExtraOf = Callable[[ReqState, int], tuple[tuple[int, bytes], ...]]  # a request's extra keys up to a token
 
 
+class StepJobs(Protocol):
+    """Where a step's jobs go (the step's KVServerConnectorMetadata)."""
+
+    loads: list[LoadJob]
+    saves: list[SaveJob]
+
+
 class StepPlanner:
-    def __init__(self, cfg: ConnectorConfig, connected: bool, block_size: int, extra: ExtraOf) -> None:
+    def __init__(
+        self, cfg: ConnectorConfig, connected: bool, block_size: int, extra: ExtraOf, exact: bool = False
+    ) -> None:
         self.cfg = cfg
         self.connected = connected  # False: no client (a disabled connector saves nothing)
         self.block_size = block_size
         self.chunk = cfg.chunk_size
         self.extra = extra
+        # sliding-window or recurrent-state groups: their blocks at a boundary are valid only while
+        # vLLM keeps them (a window's, a state's two steps), so only a boundary this step starts at or
+        # computes is saved; one left behind earlier is given up, never read from a reused block
+        self.exact = exact
 
     def plan(
         self,
-        meta: KVServerConnectorMetadata,
+        meta: StepJobs,
         st: ReqState,
         num_computed: int,
         num_scheduled: int,
@@ -47,6 +61,10 @@ class StepPlanner:
         if save_to is None:
             return
         end = save_to
+        if self.exact and end < num_computed:
+            log.debug("KVServerConnector: request %s: boundary %d is behind the step, not saved", st.req_id, end)
+            st.saved_upto = end
+            return
         toks = tokens_of(st, end, prompt_tokens)
         nblocks = end // self.block_size
         if len(toks) < end or not covers(st.block_ids, nblocks):
@@ -71,7 +89,7 @@ class StepPlanner:
         st.saved_upto = end
 
     def plan_load(
-        self, meta: KVServerConnectorMetadata, st: ReqState, prompt_tokens: list[int] | None, background: bool = False
+        self, meta: StepJobs, st: ReqState, prompt_tokens: list[int] | None, background: bool = False
     ) -> None:
         st.load_pending = False
         end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
@@ -99,9 +117,7 @@ class StepPlanner:
         else:
             self._fail_load(meta, st, end, nblocks, background)
 
-    def _fail_load(
-        self, meta: KVServerConnectorMetadata, st: ReqState, end: int, nblocks: int, background: bool = False
-    ) -> None:
+    def _fail_load(self, meta: StepJobs, st: ReqState, end: int, nblocks: int, background: bool = False) -> None:
         """vLLM was promised external tokens that we cannot load (cannot happen with vLLM 0.32's
         allocation). Fail safe: the worker reports the blocks of the promised range as failed, so
         vLLM recomputes them instead of computing over uninitialised blocks, and nothing of the
