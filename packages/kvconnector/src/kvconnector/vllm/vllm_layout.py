@@ -26,9 +26,6 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec, MambaSpec, SlidingWindowSpec
 
-    # what vLLM registers per layer: an attention layer's tensor, a state layer's list of state tensors
-    EngineCache = torch.Tensor | list[torch.Tensor]
-
 
 class UnsupportedLayout(ValueError):
     """This engine's KV cache cannot be cached by KVServerConnector (logged; the engine runs without it)."""
@@ -305,7 +302,7 @@ def scheduler_layouts(kv_cache_config: KVCacheConfig, chunk_size: int, backend: 
 
 
 def worker_layout(
-    kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, EngineCache], chunk_size: int, backend: KVBackend
+    kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, torch.Tensor], chunk_size: int, backend: KVBackend
 ) -> tuple[LayoutDescriptor, list[torch.Tensor]]:
     """Layout from the registered tensors of a single-group engine, and its tensors in layer order."""
     layer_names, spec = attention_group(kv_cache_config)
@@ -313,7 +310,7 @@ def worker_layout(
 
 
 def worker_layouts(
-    kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, EngineCache], chunk_size: int, backend: KVBackend
+    kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, torch.Tensor], chunk_size: int, backend: KVBackend
 ) -> tuple[list[LayoutDescriptor], list[list[torch.Tensor]]]:
     """Per KV cache group: its layout from the registered tensors, and its tensors in layer order.
     (With vLLM's hybrid manager, layers of different groups may share memory: block ids of one
@@ -331,7 +328,7 @@ def _group_views(
     kv_cache_config: KVCacheConfig,
     layer_names: list[str],
     spec: AttentionSpec,
-    kv_caches: Mapping[str, EngineCache],
+    kv_caches: Mapping[str, torch.Tensor],
     chunk_size: int,
     backend: KVBackend,
 ) -> tuple[LayoutDescriptor, list[torch.Tensor]]:
@@ -341,12 +338,7 @@ def _group_views(
     if missing:
         raise UnsupportedLayout(f"registered KV caches lack layers {missing[:3]}")
     read = _read(kv_cache_config, layer_names, spec, chunk_size, backend)
-    tensors: list[torch.Tensor] = []
-    for n in layer_names:
-        t = kv_caches[n]
-        if isinstance(t, (list, tuple)):
-            raise UnsupportedLayout(f"layer {n}: a list of tensors where one attention tensor was expected")
-        tensors.append(t)
+    tensors = [kv_caches[n] for n in layer_names]
     first = tensors[0]
     # One device per rank (cuda:<local rank> under tensor parallelism): the copier's streams are its.
     for name, t in zip(layer_names, tensors, strict=True):
@@ -375,7 +367,7 @@ def _state_views(
     kv_cache_config: KVCacheConfig,
     layer_names: list[str],
     spec: MambaSpec,
-    kv_caches: Mapping[str, EngineCache],
+    kv_caches: Mapping[str, torch.Tensor],
     chunk_size: int,
 ) -> tuple[LayoutDescriptor, list[torch.Tensor]]:
     """Per layer a byte view [num_blocks, state content] of its state pages. vLLM registers a state
