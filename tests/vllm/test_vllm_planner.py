@@ -35,9 +35,11 @@ def test_planner_declines_a_slow_load_and_accepts_a_fast_one(
         max_tokens=MAX_TOKENS,
         kv_transfer_config=kv_config(server.url),
     )
-    # The first hit is loaded (nothing measured yet): 1 s for 512 tokens, far slower than the tiny
-    # model's prefill. The second hit is then declined and recomputed, with the same output.
-    slow = _second_engine(model_dir, server.url, delay_s=1.0)
+    # The first hit is loaded (nothing measured yet): 5 s for 512 tokens, ~100x slower than the tiny
+    # model's prefill (1 s was only ~20x: a CI host busy enough to stretch the 88-token prefill step
+    # past 0.17 s made loading look cheaper). The second hit is then declined and recomputed, with
+    # the same output.
+    slow = _second_engine(model_dir, server.url, delay_s=5.0)
     first, second = slow.batches
     assert first.requests[0].connector_loaded_tokens == 512
     assert second.connector_stats is not None and second.connector_stats["declined_hits"] == 1

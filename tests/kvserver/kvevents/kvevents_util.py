@@ -9,6 +9,7 @@ from typing import Any
 from kvtestkit.kvhelpers import payload, store, tiny_layout
 from kvprotocol import Client, KeySpace, resolve_token
 from kvtestkit.kvsub import Batch, Subscriber, replay
+from kvtestkit.ports import with_fresh_ports
 from kvtestkit.serverproc import ServerProc, free_port
 
 CHUNK = 256
@@ -67,18 +68,20 @@ class BlockIndex:
 
 
 def start_event_server(server_factory: Any, *args: str) -> EventServer:
-    pub, rep = free_port(), free_port()
-    endpoint, replay_endpoint = f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"
-    proc = server_factory(
-        "--kv-events-endpoint",
-        endpoint,
-        "--kv-events-replay-endpoint",
-        replay_endpoint,
-        "--kv-events-topic",
-        "kv@test@{model}",
-        *args,
-    )
-    return EventServer(proc, endpoint, replay_endpoint)
+    def start() -> EventServer:
+        endpoint, replay_endpoint = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        proc = server_factory(
+            "--kv-events-endpoint",
+            endpoint,
+            "--kv-events-replay-endpoint",
+            replay_endpoint,
+            "--kv-events-topic",
+            "kv@test@{model}",
+            *args,
+        )
+        return EventServer(proc, endpoint, replay_endpoint)
+
+    return with_fresh_ports(start)
 
 
 def _has_probe(batches: list[Batch], i: int) -> bool:

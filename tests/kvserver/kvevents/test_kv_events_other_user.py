@@ -25,6 +25,7 @@ from kvprotocol import Client, resolve_token
 from kvserver.kvevents import PLAIN_USER
 from kvtestkit.kvsub import Subscriber, replay
 from kvevents_util import sync
+from kvtestkit.ports import with_fresh_ports
 from kvtestkit.serverproc import ServerProc, free_port
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -80,19 +81,23 @@ def _events_server(server_factory: Any, tmp_path: Path, *args: str) -> tuple[Ser
         ).stdout.strip()
         for name in ("alice", "bob")
     }
-    pub, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    srv = server_factory(
-        "--l1-size-gb",
-        "0.05",
-        "--tenants-file",
-        str(tenants),
-        "--kv-events-endpoint",
-        pub,
-        "--kv-events-replay-endpoint",
-        rep,
-        *args,
-    )
-    return srv, pub, rep, tokens
+
+    def start() -> tuple[ServerProc, str, str, dict[str, str]]:
+        pub, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        srv = server_factory(
+            "--l1-size-gb",
+            "0.05",
+            "--tenants-file",
+            str(tenants),
+            "--kv-events-endpoint",
+            pub,
+            "--kv-events-replay-endpoint",
+            rep,
+            *args,
+        )
+        return srv, pub, rep, tokens
+
+    return with_fresh_ports(start)
 
 
 def _alice_stores(srv: ServerProc, token: str) -> None:
