@@ -199,8 +199,10 @@ def main() -> int:
         "--baseline-bin",
         help="another `kvserver` (say an older checkout's .venv/bin/kvserver): its servers alternate with this one's",
     )
+    ap.add_argument("--arenas", default="fresh,warm", help="which of fresh,warm to measure")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    args.arenas = args.arenas.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="bench-l2-prefetch-"))
     bench = Bench(args, tmp)
     try:
@@ -225,6 +227,7 @@ def main() -> int:
                         ("fresh", bench.fresh, (exe,)),
                         ("warm", bench.warm, (warm[side], engines[side])),
                     )
+                    if name in args.arenas
                     for step in (bench.prefetch, bench.streamed)
                 ]
                 for side, arena, call in steps if r % 2 == 0 else steps[::-1]:
@@ -249,6 +252,8 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     for side, out in runs.items():
         for arena, label in (("fresh", "fresh arena (a server just started)"), ("warm", "warm arena (L1 cleared)")):
+            if arena not in args.arenas:
+                continue
             pre, st, l1 = out[f"{arena}-prefetch"], out[f"{arena}-streamed"], out[f"{arena}-l1"]
             gib = [mib / 1024 / t for t in pre]
             print(f"{side}, {label}:")
