@@ -6,19 +6,24 @@ next to an L1-hit load of the same prompt, in the same run, with no engine and n
 
 A real `kvserver` with an fs L2 (on /var/tmp: ext4, page cache warm) is filled through a real
 EngineClient (`--tokens` tokens of `--kv-kib` KiB of KV per token, vllm_cpu layout, fp32, one object
-per 256-token chunk), stopped gracefully (the write-behind flushed to L2) and then, per measurement,
-started again with an empty L1 (a fresh arena). Per round, in alternating order:
+per 256-token chunk) and stopped gracefully (the write-behind flushed to L2). Each step then runs on a
+fresh arena (a server just started over that L2 directory: L1 empty, its arena never written) and
+on a warm arena (one running server whose L1 is cleared first: pages used before, a long-running
+server's steady state); `--arenas` picks. Steps, in an order that alternates round by round:
 
   prefetch   a lookup with wait: answered once every object landed in L1 (the prefetch alone)
   streamed   a lookup (wait=False, expect) then EngineClient.load_streamed of the whole prompt into
              host tensors of the engine's geometry (what the vLLM connector does), end to end
   l1         after the streamed load: a new session's lookup + load of the same prompt (an L1 hit)
 
-Medians with [min-max] over rounds; the ratios are taken per round. The machine's other work shows
-in single rounds: compare medians, and only figures of the same run.
+`--baseline-bin` names another `kvserver` (an older checkout's .venv/bin/kvserver): its servers run
+the same steps, alternating with this checkout's in every round, and the ratios this / baseline are
+printed. With `--server-flag=--prefault` each server is measured once its prefault finished.
+Medians with [min-max] over rounds; ratios are taken per round. The machine's other work shows in
+single rounds: compare medians, and only figures of the same run.
 
     uv run python -m bench.l2_prefetch                  # 4,096 tokens, 64 KiB/token, 7 rounds
-    uv run python -m bench.l2_prefetch --rounds 9 --server-flag=--prefault
+    uv run python -m bench.l2_prefetch --server-flag=--prefault --baseline-bin ../old/.venv/bin/kvserver
 """
 
 from __future__ import annotations
