@@ -147,6 +147,18 @@ def mapped_rss(address: int) -> int:
     raise AssertionError(f"no mapping at {address:#x}")
 
 
+def process_mapped_rss(pid: int, path: Path) -> int:
+    """Bytes of process `pid`'s mappings of the file at `path` present in its page tables (smaps Rss)."""
+    rss, inside = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(maxsplit=1)[0] if line else ""
+        if "-" in head and not head.endswith(":"):  # a mapping's header line: "start-end perms ... path"
+            inside = line.rstrip().endswith(f" {path}")
+        elif inside and head == "Rss:":
+            rss += int(line.split()[1]) * 1024
+    return rss
+
+
 def wait_allocated(path: Path, timeout: float = 30.0) -> int:
     """Wait until every byte of the file at `path` is allocated (a server prefaults on a thread of its
     own); returns its size."""

@@ -80,6 +80,7 @@ class ServerProc(ManagedProcess):
     http_port: int = 0
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    bin: Path | None = None  # another `kvserver` than KVSERVER_BIN (a bench's baseline checkout)
 
     @property
     def url(self) -> str:
@@ -103,11 +104,12 @@ class ServerProc(ManagedProcess):
         return f"http://127.0.0.1:{self.http_port}"
 
     def start(self, timeout: float = 20.0) -> Self:
-        if not KVSERVER_BIN.exists():
-            raise RuntimeError(f"{KVSERVER_BIN} is missing: run `uv sync` in the workspace first")
+        exe = self.bin or KVSERVER_BIN
+        if not exe.exists():
+            raise RuntimeError(f"{exe} is missing: run `uv sync` in the workspace first")
         # the HTTP port always explicit (the default 8080 would collide between parallel servers), and
         # first, so an --http-port among the args (a fleet member's, say) wins
-        cmd = [str(KVSERVER_BIN), "start", "--port", str(self.port), "--http-port", str(self.http_port), *self.args]
+        cmd = [str(exe), "start", "--port", str(self.port), "--http-port", str(self.http_port), *self.args]
         proc = self.spawn(cmd, {**os.environ, **self.env})
         deadline = time.monotonic() + timeout
         while self.curve and not self._pub_path().exists() and time.monotonic() < deadline:

@@ -255,12 +255,17 @@ class Arena:
         return ""
 
     def _prefault(self) -> None:
-        """Allocate the segment's pages (fallocate: zeroed tmpfs pages, no mapping touched).
+        """Allocate the segment's pages (fallocate: zeroed tmpfs pages), then map them in this
+        server's own mapping (ShmMapping.populate).
 
         Why: a sparse segment gets each page at its first write, and on the engine's side that first
         write is a page fault that allocates and zeroes it: 1 GB/s here against 12 GB/s into a page
         that exists. With the pages allocated up front an engine's first write into one only maps
-        it. Runs beside serving (the syscall releases the GIL), in 64 MiB steps so close() stops it.
+        it. The server writes into its mapping too (an L2 prefetch reads objects straight into their
+        slots), and there a first write into an allocated but unmapped page still faults, to map
+        it: a prefetch of 256 MiB into fresh slots took 0.2 s against 0.035 s into mapped ones
+        (docs/l2.md). Runs beside serving (the syscalls release the GIL), in 64 MiB steps so
+        close() stops it.
         """
         step = 64 << 20
         try:
@@ -268,15 +273,22 @@ class Arena:
         except OSError:
             self.prefaulted.set()
             return
+        allocated = False
         try:
             for start in range(0, self.size, step):
                 if self._stop.is_set():
                     break
                 os.posix_fallocate(fd, start, min(step, self.size - start))
+            else:
+                allocated = True
         except OSError as exc:  # /dev/shm filled up meanwhile: pages come at first write, as without it
             log.warning("arena %s: prefault stopped: %s", self.name, exc)
         finally:
             os.close(fd)
+        try:
+            if allocated and not self._stop.is_set():
+                self._map.populate()  # stops at close(); a kernel without MADV_POPULATE_READ: no-op
+        finally:
             self.prefaulted.set()
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
