@@ -46,7 +46,7 @@ import torch
 from kvconnector.engine_client import EngineClient
 from kvconnector.layouts import vllm_cpu_layout
 from kvprotocol import new_session_id
-from kvtestkit.kvhelpers import process_mapped_rss, wait_allocated
+from kvtestkit.kvhelpers import wait_prefaulted
 from kvtestkit.serverproc import KVServer, ServerProc
 
 CHUNK, BLOCK, LAYERS, HEAD_DIM = 256, 16, 8, 128
@@ -106,7 +106,7 @@ class Bench:
         srv.env, srv.bin = self.env, exe
         srv.start()
         if "--prefault" in self.args:
-            _wait_prefaulted(srv)
+            wait_prefaulted(srv)
         return srv
 
     def engine(self, srv: ServerProc) -> EngineClient:
@@ -170,18 +170,6 @@ class Bench:
         if step == self.streamed:
             self.stale.add(srv.port)
         return step(srv, e)
-
-
-def _wait_prefaulted(srv: ServerProc, timeout: float = 60.0) -> None:
-    """With --prefault: wait until the arena's pages are allocated and the server's mapping of them
-    stopped growing (a server that maps them does so right after allocating), so a measurement does
-    not race the background prefault."""
-    assert srv.proc is not None
-    wait_allocated(srv.arena_path, timeout)
-    last, deadline = -1, time.monotonic() + timeout
-    while (now := process_mapped_rss(srv.proc.pid, srv.arena_path)) != last and time.monotonic() < deadline:
-        last = now
-        time.sleep(0.2)
 
 
 def _fmt(xs: list[float], unit: str = "s") -> str:

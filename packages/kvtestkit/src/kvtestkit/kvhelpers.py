@@ -172,6 +172,18 @@ def wait_allocated(path: Path, timeout: float = 30.0) -> int:
     return size
 
 
+def wait_prefaulted(srv: Any, timeout: float = 60.0) -> None:
+    """A server started with --prefault: wait until its arena's pages are allocated and its own
+    mapping of them stopped growing (it maps them right after allocating), so a measurement does not
+    race the background prefault. `srv`: a kvtestkit.serverproc.ServerProc."""
+    assert srv.proc is not None
+    wait_allocated(srv.arena_path, timeout)
+    last, deadline = -1, time.monotonic() + timeout
+    while (now := process_mapped_rss(srv.proc.pid, srv.arena_path)) != last and time.monotonic() < deadline:
+        last = now
+        time.sleep(0.2)
+
+
 def wait_quarantine_over(c: Client, timeout: float = 30.0) -> None:
     """Until an expired write reservation was swept into quarantine and its quarantine ended (a
     state, polled: a deadline bounds a hang, it is not a timing check)."""
