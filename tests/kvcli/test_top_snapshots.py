@@ -7,6 +7,7 @@ Update after an intended change of the screens: `uv run pytest tests/kvcli/test_
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from textual.pilot import Pilot
@@ -23,19 +24,45 @@ def replay_app() -> TopApp:
     return TopApp(ReplaySource.from_file(RECORDING), interval=0.5, autopoll=False)
 
 
+async def polled(pilot: Pilot, n: int, timeout: float = 30.0) -> None:
+    """Until the app has drawn its n-th poll. A poll runs in a thread, and the app skips a poll asked
+    for while one is still out: a key pressed before the mount's poll landed would do nothing (a
+    busy host showed the first frame where the test expected the second)."""
+    app = pilot.app
+    assert isinstance(app, TopApp)
+    deadline = time.monotonic() + timeout
+    while app.fleet.polls < n:
+        assert time.monotonic() < deadline, f"{app.fleet.polls} polls, not {n}"
+        await pilot.pause(0.05)
+
+
+async def second_poll(pilot: Pilot) -> None:
+    """The mount's poll, then the next one by key."""
+    await polled(pilot, 1)
+    await pilot.press("r")
+    await polled(pilot, 2)
+    await pilot.pause()
+
+
 async def play_all(pilot: Pilot) -> None:
     """Advance through every recorded poll (the app polled the first one on mount; the last by key)."""
     app = pilot.app
     assert isinstance(app, TopApp)
+    await polled(pilot, 1)
     for _ in range(FRAMES - 2):
         await app.poll_now()
     await pilot.press("r")
+    await polled(pilot, FRAMES)
     await pilot.pause()
     assert app.fleet.polls == FRAMES
 
 
 def test_dashboard_first_poll(snap_compare) -> None:
-    assert snap_compare(replay_app(), terminal_size=SIZE)
+    async def first_poll(pilot: Pilot) -> None:
+        await polled(pilot, 1)
+        await pilot.pause()
+
+    assert snap_compare(replay_app(), terminal_size=SIZE, run_before=first_poll)
 
 
 def test_dashboard_after_recording_with_one_down(snap_compare) -> None:
@@ -121,16 +148,8 @@ def alerts_app() -> TopApp:
 
 
 def test_auth_state_and_alert_colours(snap_compare) -> None:
-    async def second_poll(pilot: Pilot) -> None:
-        await pilot.press("r")
-        await pilot.pause()
-
     assert snap_compare(alerts_app(), terminal_size=SIZE, run_before=second_poll)
 
 
 def test_auth_state_and_alerts_at_80x24(snap_compare) -> None:
-    async def second_poll(pilot: Pilot) -> None:
-        await pilot.press("r")
-        await pilot.pause()
-
     assert snap_compare(alerts_app(), terminal_size=SMALL, run_before=second_poll)
