@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvconnector.vllm.vllm_layout import UnsupportedLayout, _check_state, _state_views, state_layout
+from kvconnector.vllm.state_groups import UnsupportedLayout, check_state, state_layout, state_views
 from kvprotocol import LayoutDescriptor
 
 
@@ -82,7 +82,7 @@ def test_a_chunk_size_other_than_vllms_block_refuses_to_start() -> None:
 )
 def test_state_groups_vllm_does_not_keep_at_boundaries_are_refused(spec: MambaSpec, why: str) -> None:
     with pytest.raises(UnsupportedLayout, match=why):
-        _check_state(spec)  # type: ignore[arg-type]
+        check_state(spec)  # type: ignore[arg-type]
 
 
 def _page_views(num_blocks: int, page: int) -> torch.Tensor:
@@ -94,7 +94,7 @@ def test_page_views_read_each_blocks_state_content() -> None:
     spec = MambaSpec()
     pages = [_page_views(5, spec.page_size_bytes), _page_views(5, spec.page_size_bytes) + 1]
     cfg = SimpleNamespace(kv_cache_tensors=[])
-    lay, views = _state_views(cfg, ["l0", "l1"], spec, {"l0": pages[0], "l1": pages[1]}, 288)  # type: ignore[arg-type]
+    lay, views = state_views(cfg, ["l0", "l1"], spec, {"l0": pages[0], "l1": pages[1]}, 288)  # type: ignore[arg-type]
     assert lay == state_layout(spec, 2, 288)  # type: ignore[arg-type]
     for view, page in zip(views, pages, strict=True):
         assert view.shape == (5, CONTENT) and view.dtype == torch.uint8
@@ -111,7 +111,7 @@ def test_backing_allocation_views_follow_the_kv_cache_tensor_placement() -> None
     buf = torch.arange(2 * blocks * page + 64, dtype=torch.int64).remainder(253).to(torch.int8)
     placed = SimpleNamespace(layers=["l0", "l1"], offset=64, layer_stride=page, block_stride=2 * page)
     cfg = SimpleNamespace(kv_cache_tensors=[placed], num_blocks_of=lambda t: blocks)
-    _, views = _state_views(cfg, ["l0", "l1"], spec, {"l0": buf, "l1": buf}, 288)  # type: ignore[arg-type]
+    _, views = state_views(cfg, ["l0", "l1"], spec, {"l0": buf, "l1": buf}, 288)  # type: ignore[arg-type]
     for layer, view in enumerate(views):
         for b in range(blocks):
             start = 64 + layer * page + b * 2 * page
@@ -121,6 +121,6 @@ def test_backing_allocation_views_follow_the_kv_cache_tensor_placement() -> None
 def test_state_pages_smaller_than_the_spec_are_refused() -> None:
     spec = MambaSpec()
     with pytest.raises(UnsupportedLayout, match="less than the spec"):
-        _state_views(SimpleNamespace(kv_cache_tensors=[]), ["l0"], spec, {"l0": _page_views(3, CONTENT - 2)}, 288)  # type: ignore[arg-type]
+        state_views(SimpleNamespace(kv_cache_tensors=[]), ["l0"], spec, {"l0": _page_views(3, CONTENT - 2)}, 288)  # type: ignore[arg-type]
     with pytest.raises(UnsupportedLayout, match="int8 state pages"):
-        _state_views(SimpleNamespace(kv_cache_tensors=[]), ["l0"], spec, {"l0": torch.zeros(3, 1, 1, 4096)}, 288)  # type: ignore[arg-type]
+        state_views(SimpleNamespace(kv_cache_tensors=[]), ["l0"], spec, {"l0": torch.zeros(3, 1, 1, 4096)}, 288)  # type: ignore[arg-type]
