@@ -90,8 +90,10 @@ def test_a_load_does_not_queue_behind_earlier_saves(
     on its own thread and ends while that save is still held; on a thread shared with saves it
     would wait behind the save (30 s, then count 0). No clock is raced: the count is taken as the
     load ends, before the save is released. P_SALTED is a prompt no other test of this module
-    stores on the shared server."""
-    kv = kv_config(long_stored.url, debug_save_delay_s=30.0, debug_hold_saves_for_load=True)
+    stores on the shared server. The scheduler waits for each lookup's answer (lookup_wait_s 1 s):
+    with the default 2 ms, a busy host answers P_SALTED's lookup late, vLLM skips it for a step and
+    schedules P_LONG first, whose load then ends before any save was submitted."""
+    kv = kv_config(long_stored.url, debug_save_delay_s=30.0, debug_hold_saves_for_load=True, lookup_wait_s=1.0)
     run = run_engine(
         model_dir,
         [[prompt(P_SALTED), prompt(P_LONG)]],
