@@ -13,6 +13,7 @@ import pytest
 from kvprotocol import Client
 from kvtestkit.serverproc import ServerFactory
 from vllm_cases import MAX_TOKENS, P_LONG, kv_config
+from kvtestkit.engines.tiny_model import random_prompt
 from kvtestkit.engines.vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
@@ -91,3 +92,27 @@ def test_a_late_lookup_answer_defers_the_request(
     assert stats["lookups_deferred"] >= 1 and stats["lookups"] == 1 and stats["lookup_errors"] == 0
     assert r.connector_loaded_tokens == 512
     assert r.token_ids == reference.batches[0].requests[0].token_ids
+
+
+def test_a_miss_answers_the_repeated_call_for_a_request_vllm_could_not_schedule(
+    model_dir: Path, kvserver_factory: ServerFactory
+) -> None:
+    """Prefill without chunking and a step budget of one prompt: the second of two 700-token prompts
+    finds nothing on the server, does not fit the first prefill's step, and vLLM asks about it again
+    in the next step. That call is answered from the miss (lookups_reused) without a new round trip,
+    which on a busy host could make vLLM skip the request for one more step."""
+    server = kvserver_factory()
+    kv = kv_config(server.url, lookup_wait_s=1.0)  # every answer awaited: the counts do not race a clock
+    run = run_engine(
+        model_dir,
+        [[prompt(random_prompt(700, seed=41)), prompt(random_prompt(700, seed=42))]],
+        max_tokens=MAX_TOKENS,
+        max_model_len=1024,
+        kv_transfer_config=kv,
+        llm_kwargs={"enable_chunked_prefill": False, "max_num_batched_tokens": 1024},
+        extra_spec={"connector_stats": True},
+    )
+    stats = run.batches[0].connector_stats
+    assert stats is not None and stats["lookup_errors"] == 0
+    assert stats["lookups"] == 2 and stats["lookups_reused"] >= 1, stats
+    assert all(len(r.token_ids) == MAX_TOKENS for r in run.requests)

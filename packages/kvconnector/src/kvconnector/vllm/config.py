@@ -41,9 +41,16 @@ class ConnectorConfig:
     token_file       read that credential from this file instead (a mounted secret)
     retry_after_s    after a failed server call, skip the server this long (doubling up to 30 s) so a
                      dead server costs one timeout, not one per request
-    lookup_wait_s    how long vLLM's scheduler waits for a lookup's answer (default 0.002): a later answer
-                     is collected when vLLM asks again at its next step ("ask again later", None), so a
-                     slow round trip delays that request, never the engine's other requests
+    lookup_wait_s    how long vLLM's scheduler waits at least for a lookup's answer (default 0.002): a
+                     later answer is collected when vLLM asks again at its next step ("ask again
+                     later", None), which delays that request by a step
+    lookup_wait_step_share  and up to this share of a recent busy step (default 0.1; 0: lookup_wait_s
+                     only): a wait halts the engine's running requests for its length, "ask again
+                     later" costs the new request a whole step (lookup_wait.py)
+    lookup_wait_max_s  the longest such wait (default 0.02)
+    lookup_miss_reuse_s  a request vLLM could not schedule after a lookup that found nothing is asked
+                     about again within this many seconds (default 0.5): the miss is reused instead of
+                     a new round trip (and perhaps another step of "ask again later"); 0: always ask
     wait_for_l2      False (default): a lookup never waits for the server's L2 prefetch; while one runs
                      the connector tells vLLM "ask again later" (None) and reports the hit once it is
                      in L1. True: the lookup blocks up to the server's --l2-prefetch-timeout
@@ -107,6 +114,9 @@ class ConnectorConfig:
     wait_for_l2: bool = False
     stream_l2: bool = True
     lookup_wait_s: float = 0.002
+    lookup_wait_step_share: float = 0.1
+    lookup_wait_max_s: float = 0.02
+    lookup_miss_reuse_s: float = 0.5
     async_loads: bool = True
     plan_loads: bool = True
     async_saves: bool = True
@@ -175,6 +185,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "reserve_wait_s": (int, float),
     "inflight_wait_s": (int, float),
     "lookup_wait_s": (int, float),
+    "lookup_wait_step_share": (int, float),
+    "lookup_wait_max_s": (int, float),
+    "lookup_miss_reuse_s": (int, float),
     "populate_arena": (bool,),
     "copy_backend": (str,),
 }
@@ -215,8 +228,12 @@ def parse_config(extra: Mapping[str, object] | None, environ: Mapping[str, str] 
         raise ValueError(f"KVServerConnector: save_policy must be one of {SAVE_POLICIES}, got {cfg.save_policy!r}")
     if not (0 <= cfg.reserve_wait_s <= 600 and 0 <= cfg.inflight_wait_s <= 600):
         raise ValueError("KVServerConnector: reserve_wait_s and inflight_wait_s must be in [0, 600]")
-    if not 0 <= cfg.lookup_wait_s <= 1:
-        raise ValueError("KVServerConnector: lookup_wait_s must be in [0, 1]")
+    if not 0 <= cfg.lookup_wait_s <= 1 or not 0 <= cfg.lookup_wait_max_s <= 1:
+        raise ValueError("KVServerConnector: lookup_wait_s and lookup_wait_max_s must be in [0, 1]")
+    if not 0 <= cfg.lookup_wait_step_share <= 1:
+        raise ValueError("KVServerConnector: lookup_wait_step_share must be in [0, 1]")
+    if not 0 <= cfg.lookup_miss_reuse_s <= 60:
+        raise ValueError("KVServerConnector: lookup_miss_reuse_s must be in [0, 60]")
     if not 0 < cfg.timeout_s <= 600:
         raise ValueError("KVServerConnector: timeout_s must be in (0, 600]")
     if not 0 <= cfg.retry_after_s <= 600:

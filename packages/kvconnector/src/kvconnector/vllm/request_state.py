@@ -32,6 +32,8 @@ class ReqState:
     pending_since: float | None = None  # monotonic time of the first "L2 prefetch pending" answer
     lookup_rid: int | None = None  # a lookup sent whose answer has not been taken yet
     lookup_sent: float = 0.0  # monotonic time it was sent
+    miss_n: int = -1  # the request's length when a lookup last found nothing for it
+    miss_until: float = 0.0  # monotonic time until which that miss answers a repeated call
     l1_hit: int | None = None  # the L1 hit before the server's L2 prefetch (tokens); None: no prefetch
     stream: bool = False  # the hit reported is still landing in L1 (the server's L2 prefetch): a streamed load
 

@@ -22,6 +22,7 @@ from .extra_keys import AdapterDigests, request_keys
 from .local_loads import LocalLoads, prefix_digests
 from .._results import LookupResult
 from .log import log
+from .lookup_wait import LookupWait
 from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata
 from .request_state import ReqState
 from .stats import KVServerConnectorStats
@@ -64,6 +65,7 @@ class SchedulerSide:
         self.local_loads = LocalLoads()
         self.share_loads = cfg.share_loads and prefix_caching and self.async_loads
         self.steps = StepPlanner(cfg, client is not None, block_size, self._extra, exact)
+        self.wait = LookupWait(cfg.lookup_wait_s, cfg.lookup_wait_step_share, cfg.lookup_wait_max_s)
 
     # --- vLLM hooks -------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -85,6 +87,11 @@ class SchedulerSide:
             return 0, False  # kv_producer: saves only
         if not self.breaker.allow():
             self.stats.add("skipped_server_down")
+            return 0, False
+        if st.miss_n == n and time.monotonic() < st.miss_until:
+            # vLLM could not schedule the request after a lookup that found nothing: that answer
+            # stands for lookup_miss_reuse_s (a new round trip could cost it another step)
+            self.stats.add("lookups_reused")
             return 0, False
         if st.lookup_rid is None and self._wait_for_local_load(st, num_computed_tokens, n):
             return None, False  # before any lookup: no round trip while another load brings the prefix
@@ -129,6 +136,8 @@ class SchedulerSide:
             self.stats.add("lookups_pending")
             return None, False
         st.pending_since = None
+        if hit == 0 and self.cfg.lookup_miss_reuse_s > 0:
+            st.miss_n, st.miss_until = n, time.monotonic() + self.cfg.lookup_miss_reuse_s
         self.stats.add("lookup_tokens", n)
         st.hit_tokens = hit
         st.saved_upto = max(st.saved_upto, hit)  # those chunks are on the server already
@@ -187,7 +196,7 @@ class SchedulerSide:
                 return sent  # it could not even be sent: the error
             st.lookup_rid, st.lookup_sent = sent, now
         t0 = time.perf_counter()
-        res = client.lookup_result(st.lookup_rid, self.cfg.lookup_wait_s)
+        res = client.lookup_result(st.lookup_rid, self.wait.seconds())
         self.stats.add("scheduler_wait_s", time.perf_counter() - t0)
         if res is None and now - st.lookup_sent < self.cfg.timeout_s:
             return None
@@ -245,6 +254,7 @@ class SchedulerSide:
             scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
             preempted=bool(getattr(so, "preempted_req_ids", None)),
         )
+        self.wait.step(time.monotonic(), meta.scheduled_tokens > 0)
         for req_id in self._async:  # loads vLLM is waiting for (WAITING_FOR_REMOTE_KVS)
             st = self.reqs.get(req_id)
             if st is not None and st.load_pending:
@@ -255,6 +265,7 @@ class SchedulerSide:
             if st is None:  # never looked up (should not happen): without its Request, its keys are
                 st = self._new_state(new.req_id, None, None)  # unknown: never saved
             st.block_ids = [list(b) for b in new.block_ids]
+            st.miss_until = 0.0  # scheduled: a later call (after a preemption) asks the server again
             self.steps.plan(
                 meta, st, int(new.num_computed_tokens), so.num_scheduled_tokens.get(new.req_id, 0), new.prompt_token_ids
             )
