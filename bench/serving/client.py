@@ -196,6 +196,8 @@ WANTED = {
     ("vllm:kvserver_idle_waits_total", None): "kvserver_idle_waits",
     ("vllm:kvserver_save_seconds_total", None): "kvserver_save_s",
     ("vllm:kvserver_saves_total", None): "kvserver_saves",
+    ("vllm:kvserver_lookups_total", None): "kvserver_lookups",
+    ("vllm:kvserver_lookups_deferred_total", None): "kvserver_lookups_deferred",
 }
 
 

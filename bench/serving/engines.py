@@ -37,7 +37,7 @@ from kvtestkit.serverproc import KVSERVER_BIN, KVServer, free_port
 from kvtestkit.engines.vllm_harness import REPO_ROOT, VLLM_PYTHON, engine_env
 
 BLOCK_SIZE = 64  # vLLM's block size (the CPU backend needs a multiple of 32)
-CHUNK_SIZE = 256  # the connector's (and kvserver's) chunk: 4 vLLM blocks
+CHUNK_SIZE = 256  # default of the connector's, kvserver's and LMCache's chunk (`--chunk-size`): 4 vLLM blocks
 
 # name -> (kv_connector, extra options); "kvserver*" configurations talk to the run's kvserver.
 CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
@@ -46,6 +46,8 @@ CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "kvserver": ("KVServerConnector", {}),  # the connector's defaults: async loads and saves, load planner
     "kvserver-sync": ("KVServerConnector", {"async_loads": False, "async_saves": False, "plan_loads": False}),
     "kvserver-noplan": ("KVServerConnector", {"plan_loads": False}),  # async, every hit loaded
+    # the lookup waits before 2026-12-06: 2 ms whatever the step, every repeated call a new lookup
+    "kvserver-fixedwait": ("KVServerConnector", {"lookup_wait_step_share": 0.0, "lookup_miss_reuse_s": 0.0}),
     "kvserver-l2": ("KVServerConnector", {}),  # a small L1 over a filesystem L2 (SERVER_ARGS)
     "lmcache": ("LMCacheMPConnector", {}),  # LMCache's MP server (LMCacheServer), engines from .venv-lmcache
 }
@@ -61,16 +63,16 @@ class LMCacheServer:
     """LMCache's multiprocess server (`python -m lmcache.v1.multiprocess.http_server`, the ZMQ cache
     server plus its HTTP admin API) from .venv-lmcache, on free loopback ports.
 
-    Its L1 is `l1_gb` of DRAM with LRU eviction (the flags LMCache's docs use), its chunk the
-    connector's (256 tokens, its default too). `--supported-transfer-mode auto`: on a CPU-only host
-    the MP connector's worker picks the engine-driven path (CUDA IPC needs a GPU), which the
-    server's default, `lmcache_driven`, does not register (the worker then waits out its 300 s
-    request timeout at start: "No handler registered for operation
-    register_kv_cache_engine_driven_context"). `--shm-name`: that path then moves KV through an L1
-    in a shared-memory segment the engines map, as kvserver's engines do; without it, each chunk
-    travels pickled over ZMQ. Usage telemetry off."""
+    Its L1 is `l1_gb` of DRAM with LRU eviction (the flags LMCache's docs use), its chunk the run's
+    (`chunk_size`, the same as kvserver's; 256 tokens is LMCache's default too).
+    `--supported-transfer-mode auto`: on a CPU-only host the MP connector's worker picks the engine-
+    driven path (CUDA IPC needs a GPU), which the server's default, `lmcache_driven`, does not
+    register (the worker then waits out its 300 s request timeout at start: "No handler registered
+    for operation register_kv_cache_engine_driven_context"). `--shm-name`: that path then moves KV
+    through an L1 in a shared-memory segment the engines map, as kvserver's engines do; without it,
+    each chunk travels pickled over ZMQ. Usage telemetry off."""
 
-    def __init__(self, log_path: Path, l1_gb: float) -> None:
+    def __init__(self, log_path: Path, l1_gb: float, chunk_size: int = CHUNK_SIZE) -> None:
         if not LMCACHE_PYTHON.exists():
             raise RuntimeError(f"{LMCACHE_PYTHON} missing: run scripts/make-lmcache-env.sh (or set KV_LMCACHE_VENV)")
         self.port = free_port()
@@ -94,7 +96,7 @@ class LMCacheServer:
             "--eviction-policy",
             "LRU",
             "--chunk-size",
-            str(CHUNK_SIZE),
+            str(chunk_size),
             "--supported-transfer-mode",
             "auto",
             "--shm-name",
@@ -213,7 +215,9 @@ def _fleet_args(coordinator: Coordinator) -> list[str]:
     ]
 
 
-def kv_transfer_config(config: str, workdir: Path, kvserver_url: str | None) -> dict[str, Any] | None:
+def kv_transfer_config(
+    config: str, workdir: Path, kvserver_url: str | None, chunk_size: int = CHUNK_SIZE
+) -> dict[str, Any] | None:
     connector, extra = CONFIGS[config]
     if connector is None:
         return None
@@ -230,7 +234,7 @@ def kv_transfer_config(config: str, workdir: Path, kvserver_url: str | None) -> 
         "kv_connector_module_path": "kvconnector.vllm",
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"kvserver_url": kvserver_url, "mode": "auto", "chunk_size": CHUNK_SIZE, **extra},
+        "kv_connector_extra_config": {"kvserver_url": kvserver_url, "mode": "auto", "chunk_size": chunk_size, **extra},
     }
 
 
@@ -376,10 +380,12 @@ def start(
     topology: str = "shared",
     timeout: float = 600.0,
     kv_blocks: int | None = None,
+    chunk_size: int = CHUNK_SIZE,
 ) -> Deployment:
     """Start the engines of `config` (and fresh kvservers, and for the per-engine topology a
     coordinator, for KVServerConnector); wait until all serve. `kv_blocks`: each engine's KV cache in
-    blocks (vLLM's `--num-gpu-blocks-override`; None: what VLLM_CPU_KVCACHE_SPACE holds, 1 GiB)."""
+    blocks (vLLM's `--num-gpu-blocks-override`; None: what VLLM_CPU_KVCACHE_SPACE holds, 1 GiB).
+    `chunk_size`: tokens per cached object, the same for kvserver (server and connector) and LMCache."""
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     engines: list[Engine] = []
@@ -389,7 +395,7 @@ def start(
             # --prefault: the run measures a server whose L1 pages exist, as a long-running one's do (a
             # fresh server's first fill otherwise costs the engines a page fault per 4 KiB written)
             args = [a.format(work=workdir) for a in SERVER_ARGS.get(config, ["--l1-size-gb", str(kvserver_gb)])]
-            args.append("--prefault")
+            args += ["--prefault", "--chunk-size", str(chunk_size)]
             if topology == "per-engine":
                 dep.coordinator = Coordinator(workdir / "coordinator.log")
                 for i in range(n_engines):
@@ -399,10 +405,14 @@ def start(
             else:
                 dep.kvservers.append(KVServer(workdir / "kvserver.log", *args).start())
         elif CONFIGS[config][0] == "LMCacheMPConnector":  # one server for all engines, as `shared`
-            dep.lmcache = LMCacheServer(workdir / "lmcache.log", kvserver_gb)
+            dep.lmcache = LMCacheServer(workdir / "lmcache.log", kvserver_gb, chunk_size)
         for i in range(n_engines):
             server = dep.kvservers[i % len(dep.kvservers)].url if dep.kvservers else None
-            kv = dep.lmcache.kv_transfer_config() if dep.lmcache else kv_transfer_config(config, workdir, server)
+            kv = (
+                dep.lmcache.kv_transfer_config()
+                if dep.lmcache
+                else kv_transfer_config(config, workdir, server, chunk_size)
+            )
             port = free_port()
             log_path = workdir / f"engine{i}.log"
             env = engine_env(

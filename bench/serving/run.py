@@ -62,6 +62,10 @@ MAX_MODEL_LEN = 4096  # uncapped engines (--kv-share 0); capped ones get the run
 # Each engine's KV cache (so its prefix cache) as a share of the run's working set (plan_kv_cache): a
 # deployment's HBM holds a few concurrent long contexts, not a day of conversations.
 KV_SHARE = 0.1
+# The cache's chunk (kvserver and LMCache alike) in the measured runs: one engine block. A stored
+# prompt's last partial chunk is recomputed on the next turn, so a chat turn loses chunk/2 tokens on
+# average: with 256 (the connector's default) the chat recomputed 25% of its prompt tokens, with 64 18%.
+CHAT_CHUNK = 64
 SCALES: dict[str, dict[str, Any]] = {
     "full": {
         "configs": "none,example,kvserver,kvserver-sync,lmcache",  # lmcache: when .venv-lmcache exists
@@ -69,6 +73,7 @@ SCALES: dict[str, dict[str, Any]] = {
         "engines": 3,
         "repeats": 3,
         "kv_share": KV_SHARE,
+        "chunk_size": CHAT_CHUNK,
         "chat": dict(users=32, rounds=4, system_tokens=512, user_tokens=128, max_tokens=16, think_s=2.0, stagger_s=0.5),
         "trace": dict(conversations=24, block_tokens=32, duration_s=60.0, max_prompt=1024, max_tokens=16),
         "noreuse": dict(requests=48, prompt_tokens=768, max_tokens=16, concurrency=6),
@@ -80,6 +85,7 @@ SCALES: dict[str, dict[str, Any]] = {
         "engines": 3,
         "repeats": 3,
         "kv_share": KV_SHARE,
+        "chunk_size": CHAT_CHUNK,
         "chat": dict(users=24, rounds=4, system_tokens=512, user_tokens=128, max_tokens=16, think_s=1.0, stagger_s=0.5),
         "trace": dict(conversations=16, block_tokens=32, duration_s=30.0, max_prompt=1024, max_tokens=16),
         "noreuse": dict(requests=24, prompt_tokens=512, max_tokens=16, concurrency=6),
@@ -91,6 +97,7 @@ SCALES: dict[str, dict[str, Any]] = {
         "engines": 2,
         "repeats": 1,
         "kv_share": KV_SHARE,  # clamped to one request's KV: the capped path runs in the suite too
+        "chunk_size": eng.CHUNK_SIZE,  # the connector's default, as the tests expect
         # one user: round k runs on engine k mod 2, so engine 1 must load what engine 0 stored
         "chat": dict(users=1, rounds=4, system_tokens=512, user_tokens=64, max_tokens=8, think_s=0.3, stagger_s=0.0),
         "trace": dict(conversations=2, block_tokens=32, duration_s=5.0, max_prompt=1024, max_tokens=8),
@@ -274,6 +281,7 @@ def run_config(
         kvserver_gb=args.kvserver_gb,
         topology=args.topology,
         kv_blocks=plan["blocks"],
+        chunk_size=args.chunk_size,
     )
     out: dict[str, Any] = {"startup_s": dep.started_s, "router": router, "workloads": {}}
     try:
@@ -404,6 +412,13 @@ def main() -> int:
         "registered with a coordinator",
     )
     ap.add_argument("--kvserver-gb", type=float, default=1.0, help="kvserver L1 size")
+    ap.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        help="tokens per cached object for kvserver and LMCache alike (a multiple of the engines' "
+        f"{eng.BLOCK_SIZE}-token block; default: one block, smoke {eng.CHUNK_SIZE})",
+    )
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake-format trace (default: the shared one)")
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse/build the bench model here")
     ap.add_argument("--json", type=Path, default=None, help="also write all results here")
@@ -418,13 +433,15 @@ def main() -> int:
     args = ap.parse_args()
     scale_name = "smoke" if args.smoke else "quick" if args.quick else "full"
     scale = SCALES[scale_name]
-    for key in ("engines", "repeats", "kv_share"):
+    for key in ("engines", "repeats", "kv_share", "chunk_size"):
         if getattr(args, key) is None:
             setattr(args, key, scale[key])
     configs = (args.configs or scale["configs"]).split(",")
     unknown = set(configs) - set(eng.CONFIGS)
     if unknown:
         ap.error(f"unknown configs {sorted(unknown)}")
+    if args.chunk_size <= 0 or args.chunk_size % eng.BLOCK_SIZE:
+        ap.error(f"--chunk-size must be a positive multiple of the engines' block size {eng.BLOCK_SIZE}")
     if "lmcache" in configs and not eng.LMCACHE_PYTHON.exists():
         if args.configs:
             ap.error(f"lmcache needs {eng.LMCACHE_PYTHON}: build it with scripts/make-lmcache-env.sh")
@@ -461,6 +478,7 @@ def main() -> int:
         "scale": {n: scale[n] for n in names},
         "repeats": args.repeats,
         "kv_cache": args.kv_plan,
+        "chunk_size": args.chunk_size,
         "fingerprints": fingerprints,
     }
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp_s:
@@ -470,7 +488,7 @@ def main() -> int:
         os.environ.setdefault(SHARED_CACHE_ENV, str(tmp / "vllm-cache"))
         model = build_model(args.model_dir or tmp / "model", MODEL)
         total = args.repeats * len(runs) * sum(w.n_requests for w in workloads.values())
-        console.log(describe_plan(args.kv_plan, args.engines))
+        console.log(describe_plan(args.kv_plan, args.engines) + f"; cache chunk {args.chunk_size} tokens")
         same_requests = True
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
@@ -505,7 +523,7 @@ def main() -> int:
         f"topology {args.topology}, {args.repeats} round(s), model {MODEL}, "
         f"total {results['total_s']:.0f}s"
     )
-    out.print(describe_plan(args.kv_plan, args.engines))
+    out.print(describe_plan(args.kv_plan, args.engines) + f"; cache chunk {results['chunk_size']} tokens")
     out.print(
         "same requests in every round and configuration: "
         + ("yes" if same_requests else "NO")
