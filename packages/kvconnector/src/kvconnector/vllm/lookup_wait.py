@@ -2,10 +2,9 @@
 
 Both choices cost something. A wait halts the engine's step loop, so every running request's next
 token is late by the wait. "Ask again later" makes vLLM skip the new request for a whole step, so its
-first token is late by a step. On a busy host a round trip to the server often takes a few ms, longer
-than a fixed 2 ms wait, and each skipped request then waits a step (with a tiny model's 100 ms CPU
-steps, a quarter more TTFT for requests that find nothing). So the wait grows with the step: at most
-`share` of a recent busy step, never below `floor_s`, never above `cap_s`."""
+first token is late by a step. On a busy host a round trip to the server often takes longer than a
+fixed short wait, so many requests would lose a step. The wait therefore grows with the step: at
+most `share` of a recent busy step, never below `floor_s`, never above `cap_s`."""
 
 from __future__ import annotations
 
