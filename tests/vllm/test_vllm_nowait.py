@@ -102,7 +102,9 @@ def test_a_miss_answers_the_repeated_call_for_a_request_vllm_could_not_schedule(
     in the next step. That call is answered from the miss (lookups_reused) without a new round trip,
     which on a busy host could make vLLM skip the request for one more step."""
     server = kvserver_factory()
-    kv = kv_config(server.url, lookup_wait_s=1.0)  # every answer awaited: the counts do not race a clock
+    # every answer awaited, and the miss stands for longer than any step of a busy host: the counts
+    # do not race a clock
+    kv = kv_config(server.url, lookup_wait_s=1.0, lookup_miss_reuse_s=30.0)
     run = run_engine(
         model_dir,
         [[prompt(random_prompt(700, seed=41)), prompt(random_prompt(700, seed=42))]],
