@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 import os
-import re
 import secrets
 from pathlib import Path
 
 import pytest
 
 from kvtestkit.coordproc import CoordinatorFactory, CoordinatorProc
+from kvtestkit.ports import PORT_CLASH
 from kvtestkit.serverproc import ServerProc, free_port
 
 ServerFactory = Callable[..., ServerProc]
@@ -96,7 +96,7 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
             except RuntimeError as exc:
                 # a port picked free here can be taken by a parallel test process before the server
                 # binds it: pick new ones (only ports chosen here; a test's own port is its business)
-                if port is not None or attempt == 2 or not re.search(r"cannot (bind|listen)", str(exc)):
+                if port is not None or attempt == 2 or not any(s in str(exc) for s in PORT_CLASH):
                     raise
                 proc.stop()
         raise AssertionError("unreachable")

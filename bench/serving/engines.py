@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil  # the CPU each configuration uses (a dependency of vLLM, so in .venv-vllm)
 
+from kvtestkit.ports import with_fresh_ports
 from kvtestkit.serverproc import KVSERVER_BIN, KVServer, free_port
 from kvtestkit.engines.vllm_harness import REPO_ROOT, VLLM_PYTHON, engine_env
 
@@ -198,6 +199,12 @@ class Coordinator:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def _fleet_server(log_path: Path, args: list[str], coordinator: Coordinator) -> KVServer:
+    """A started fleet member; its HTTP and events ports are picked free too, so a parallel process
+    that takes any of them between the pick and the bind costs a start on new ports."""
+    return with_fresh_ports(lambda: KVServer(log_path, *args, *_fleet_args(coordinator)).start())
 
 
 def _fleet_args(coordinator: Coordinator) -> list[str]:
@@ -400,9 +407,7 @@ def start(
             if topology == "per-engine":
                 dep.coordinator = Coordinator(workdir / "coordinator.log")
                 for i in range(n_engines):
-                    dep.kvservers.append(
-                        KVServer(workdir / f"kvserver{i}.log", *args, *_fleet_args(dep.coordinator)).start()
-                    )
+                    dep.kvservers.append(_fleet_server(workdir / f"kvserver{i}.log", args, dep.coordinator))
             else:
                 dep.kvservers.append(KVServer(workdir / "kvserver.log", *args).start())
         elif CONFIGS[config][0] == "LMCacheMPConnector":  # one server for all engines, as `shared`

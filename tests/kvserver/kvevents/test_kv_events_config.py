@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,15 @@ def test_ipv6_loopback_and_ipc_endpoints(server_factory, tmp_path):
         ks, _ = register(c, layouts=[tiny_layout()])
         assert sync(sub, c, ks, f"tcp://[::1]:{rep}", plain=creds)[0].seq == 0
     sub.close()
+
+
+def test_an_events_port_in_use_is_named_and_the_server_does_not_start(server_factory):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = f"tcp://127.0.0.1:{squatter.getsockname()[1]}"
+        srv = server_factory("--kv-events-endpoint", taken, start=False)
+        with pytest.raises(RuntimeError) as refused:
+            srv.start()
+    assert f"cannot bind the KV events endpoint {taken}: Address already in use" in str(refused.value)
+    assert srv.proc is not None and srv.proc.returncode != 0

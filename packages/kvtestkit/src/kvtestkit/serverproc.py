@@ -19,7 +19,7 @@ import httpx
 
 from kvprotocol import Client, KVProtocolError, is_loopback, resolve_token
 
-from kvtestkit.ports import free_port
+from kvtestkit.ports import PORT_CLASH, free_port
 
 __all__ = ["BIN", "KVSERVER_BIN", "REPO_ROOT", "KVServer", "ManagedProcess", "ServerFactory", "ServerProc", "free_port"]
 
@@ -168,8 +168,20 @@ class KVServer(ServerProc):
         port = free_port()
         super().__init__(port, ["--shm-prefix", f"kvtest{port}", *args], log_path)
 
-    def start(self, timeout: float = 30.0) -> Self:
-        return super().start(timeout)
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> Self:
+        """Start; again on a new port while the one picked was taken by a parallel process between
+        the pick and the server's bind (the port is this object's own choice, so it may change it)."""
+        for attempt in range(attempts):
+            try:
+                return super().start(timeout)
+            except RuntimeError as exc:
+                clash = any(s in str(exc) for s in PORT_CLASH) and f":{self.port}" in str(exc)
+                if attempt == attempts - 1 or not clash:  # another port's clash is its picker's to retry
+                    raise
+                self.stop()
+                self.port = free_port()
+                self.args[:2] = ["--shm-prefix", f"kvtest{self.port}"]
+        raise AssertionError("unreachable")
 
     def kill(self) -> None:
         """Crash the server; its stale shm segment (what a crash leaves) is removed here."""

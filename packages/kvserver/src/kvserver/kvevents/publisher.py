@@ -39,6 +39,14 @@ REPLAY_YIELD_EVERY = 256  # batches sent before a long replay lets other work on
 REPLAY_FRAME_COST = 256  # bytes each replayed batch is charged beyond its own (the loop's work per message)
 
 
+def _bind(sock: zmq.Socket, endpoint: str, what: str) -> None:
+    """Bind, or fail with a line that names which of the server's endpoints could not be had."""
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        raise RuntimeError(f"cannot bind the {what} {endpoint}: {exc}") from None
+
+
 class ZmqEventPublisher:
     def __init__(
         self,
@@ -78,13 +86,13 @@ class ZmqEventPublisher:
             self._pub.setsockopt(zmq.SNDHWM, hwm)
             self._secure(self._pub, password)
             self._pub.setsockopt(zmq.IPV6, int("[" in endpoint))  # tcp://[::1]:5557 needs it
-            self._pub.bind(endpoint)
+            _bind(self._pub, endpoint, "KV events endpoint")
             if self._replay is not None and replay_endpoint:
                 self._replay.setsockopt(zmq.LINGER, 0)
                 self._replay.setsockopt(zmq.MAXMSGSIZE, 1024)  # a request is 8 bytes
                 self._secure(self._replay, password)
                 self._replay.setsockopt(zmq.IPV6, int("[" in replay_endpoint))
-                self._replay.bind(replay_endpoint)
+                _bind(self._replay, replay_endpoint, "KV events replay endpoint")
         except Exception:
             self.close()
             raise
