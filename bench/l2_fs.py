@@ -8,7 +8,10 @@ buffer + close` (plain get). The tier does what the server does: encode the head
 thread, then `FsAdapter.put_parts` (one `writev` of header + the object's own buffer, temp file +
 rename); `FsAdapter.get_into` (one `preadv` into the destination and `Serde.verify_in_place` right
 after it in the same thread: XXH3-128 over the bytes where they landed), as the prefetcher does.
-Integrity is always on.
+Integrity is always on. Every round writes new objects under new names, as a cache's writes are
+(an object is written once), and removes the last round's untimed: neither side pays what a file
+system charges for replacing a file's contents (ext4 starts writeback at once when a file is
+truncated or renamed over, for crash safety).
 
 Media: `tmpfs` (/dev/shm: page cache only), `warm` (a file system on a disk, pages cached), `disk`
 (the same file system with fsync on both sides and every file dropped from the page cache with
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import secrets
 import shutil
 import statistics
 import tempfile
@@ -49,6 +53,7 @@ class Side:
     get: Callable[[range], Awaitable[None]]
     files: Callable[[], list[Path]]
     start: Callable[[], Awaitable[None]]
+    next_round: Callable[[], Awaitable[None]]  # untimed: the round's objects removed, new names next
 
 
 def _batches(n: int) -> list[range]:
@@ -61,7 +66,12 @@ async def _nothing() -> None:
 
 def plain_side(root: Path, objs: list[memoryview], dests: list[memoryview], fsync: bool) -> Side:
     root.mkdir(parents=True, exist_ok=True)
-    paths = [root / f"plain-{i}" for i in range(len(objs))]
+    paths: list[Path] = []
+
+    async def next_round() -> None:
+        for p in paths:
+            p.unlink(missing_ok=True)
+        paths[:] = [root / f"plain-{secrets.token_hex(4)}-{i}" for i in range(len(objs))]
 
     def put_batch(idx: range) -> None:
         for i in idx:
@@ -93,12 +103,17 @@ def plain_side(root: Path, objs: list[memoryview], dests: list[memoryview], fsyn
     async def get(idx: range) -> None:
         await asyncio.to_thread(get_batch, idx)
 
-    return Side(put, get, lambda: paths, _nothing)
+    return Side(put, get, lambda: paths, _nothing, next_round)
 
 
 def tier_side(root: Path, objs: list[memoryview], dests: list[memoryview], fsync: bool) -> Side:
     fs, serde = FsAdapter(root, fsync=fsync), Serde()
-    keys = [f"kv1/bench/0123456789abcdef/w1r0/g0/-/fs-{i:08d}" for i in range(len(objs))]
+    keys: list[str] = []
+
+    async def next_round() -> None:
+        await fs.delete(keys)
+        tag = secrets.token_hex(8)
+        keys[:] = [f"kv1/bench/0123456789abcdef/w1r0/g0/-/{tag}{i:08x}" for i in range(len(objs))]
 
     async def put(idx: range) -> None:  # as the write-behind writer: encode in one hop, write in another
         parts = await asyncio.to_thread(lambda: [serde.encode_parts(keys[i], objs[i], 0) for i in idx])
@@ -109,7 +124,7 @@ def tier_side(root: Path, objs: list[memoryview], dests: list[memoryview], fsync
         if not all(isinstance(g, Landed) and g.verdict == 0 for g in got):
             raise AssertionError("an object read back from the tier failed its check")
 
-    return Side(put, get, lambda: [fs.path_of(k) for k in keys], fs.start)
+    return Side(put, get, lambda: [fs.path_of(k) for k in keys], fs.start, next_round)
 
 
 async def _timed(fn: Callable[[], Awaitable[None]]) -> float:
@@ -154,6 +169,8 @@ async def run_medium(
             await side.start()
         times: dict[str, dict[str, list[float]]] = {s: {"put": [], "get": []} for s in sides}
         for r in range(rounds):  # sides alternate batch by batch: load drift hits both alike
+            for side in sides.values():
+                await side.next_round()
             for op in ("put", "get"):
                 if op == "get" and cold:
                     for side in sides.values():
