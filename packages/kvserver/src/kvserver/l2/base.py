@@ -29,6 +29,27 @@ class Usage:
 BlobParts = tuple[bytes | memoryview, ...]
 
 
+class LazyBlob:
+    """A blob encoded when first asked for, by the thread that writes it. Encoding passes over the
+    body (its checksum); right before the write that pass pulls the body into cache for the write's
+    own read of it, where a batch encoded up front has left the cache by then."""
+
+    __slots__ = ("_encode", "_parts")
+
+    def __init__(self, encode: Callable[[], BlobParts]) -> None:
+        self._encode = encode
+        self._parts: BlobParts | None = None
+
+    def parts(self) -> BlobParts:
+        if self._parts is None:
+            self._parts = self._encode()
+        return self._parts
+
+
+def blob_parts(blob: BlobParts | LazyBlob) -> BlobParts:
+    return blob.parts() if isinstance(blob, LazyBlob) else blob
+
+
 #: run by `get_into` on (key, head, dest) right after a blob landed, while its bytes are in cache
 Check = Callable[[str, bytes, memoryview], object]
 
@@ -62,10 +83,10 @@ class L2Adapter(abc.ABC):
     async def get(self, keys: Sequence[str]) -> list[bytes | None]:
         """The blob of each key, or None where absent."""
 
-    async def put_parts(self, items: Sequence[tuple[str, BlobParts]]) -> None:
+    async def put_parts(self, items: Sequence[tuple[str, BlobParts | LazyBlob]]) -> None:
         """`put` of blobs given as parts; stores that can write parts back to back (`takes_parts`)
         override it to skip the join."""
-        await self.put([(k, b"".join(parts)) for k, parts in items])
+        await self.put([(k, b"".join(blob_parts(blob))) for k, blob in items])
 
     async def get_into(
         self, keys: Sequence[str], dests: Sequence[memoryview | None], head: int, check: Check

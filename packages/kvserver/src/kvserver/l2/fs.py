@@ -3,12 +3,16 @@
 A file's name is the BLAKE3 of its key (keys may hold '/' or '..', so they never become paths),
 fanned out over 256 subdirectories. A blob is written with one `writev` of its parts (the body
 straight from its L1 slot) and read with one `preadv` into a header buffer and the destination slot
-(`get_into`), so the bytes cross memory once each way. Writes go to a temp file under `tmp/` and are
-renamed into place, so a reader never sees a partial object and a crash mid-write leaves only a temp
-file (swept at start when older than an hour, since another server may share the directory). With
-`fsync=1` each file is synced before its rename and each directory a batch renamed into once after
-the batch (not per file: a directory sync is a device flush), so a put that returned is durable and
-a file under its final name is whole after a power loss. Without `fsync=1` a power loss can lose
+(`get_into`), so the bytes cross memory once each way. A write goes to an unnamed file (`O_TMPFILE`)
+in the object's own directory, linked under its name once whole: a reader never sees a partial
+object and a crash mid-write leaves nothing. Where the file system has no `O_TMPFILE` (or there is
+no /proc to name the file through) writes go to a temp file under `tmp/`, renamed into place (a
+crash leaves the temp file, swept at start when older than an hour, since another server may share
+the directory). An unnamed file for a key already held replaces it by unlink + link (a reader in
+between sees a miss), which also spares ext4's writeback on a rename over a file. With `fsync=1` each file is
+synced before it is named and each directory a batch wrote into once after the batch (not per
+file: a directory sync is a device flush), so a put that returned is durable and a file under its
+final name is whole after a power loss. Without `fsync=1` a power loss can lose
 recent puts or leave a torn file, which the integrity header turns into a miss. A restarted
 server finds every object already there.
 Object files are 0600 and directories 0700 whatever the umask: cached KV is a tenant's data.
@@ -23,6 +27,8 @@ of them the capacity and the others none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import os
 import stat
 import threading
@@ -35,7 +41,7 @@ from typing import Any, TypeVar
 
 from blake3 import blake3
 
-from .base import BlobParts, Check, L2Adapter, L2Error, Landed, Usage
+from .base import BlobParts, Check, L2Adapter, L2Error, LazyBlob, Landed, Usage, blob_parts
 
 STALE_TMP_S = 3600.0
 T = TypeVar("T")
@@ -86,18 +92,25 @@ class FsAdapter(L2Adapter):
         self.root = Path(root)
         self.fsync = fsync
         self.capacity = capacity
-        self._index: OrderedDict[Path, int] = OrderedDict()  # file -> bytes, least recently used first
+        self._index: OrderedDict[str, int] = OrderedDict()  # file -> bytes, least recently used first
         self._bytes = 0
         self._lock = threading.Lock()  # the operations run on worker threads
         self.evicted = 0
         self.url = url or f"fs://{self.root}"
         self._objects = self.root / "objects"
+        self._objects_dir = str(self._objects)
         self._tmp = self.root / "tmp"
         self._refused: L2Error | None = None
+        self._proc_fd: tuple[int, int] | None = None  # (pid, fd of /proc/self/fd): names for unnamed files
 
     def path_of(self, key: str) -> Path:
+        return Path(self._file(key))
+
+    def _file(self, key: str) -> str:
+        """`path_of` as a string: the per-object paths stay strings (a Path costs microseconds an
+        object, a visible share of a page-cache read of a MiB)."""
         digest = blake3(key.encode()).hexdigest()
-        return self._objects / digest[:2] / digest[2:]
+        return f"{self._objects_dir}/{digest[:2]}/{digest[2:]}"
 
     async def start(self) -> None:
         try:
@@ -121,6 +134,25 @@ class FsAdapter(L2Adapter):
                 pass  # another server removed or renamed it meanwhile
         if self.capacity is not None:
             self._rebuild_index()
+        self._open_proc_fd()
+
+    def _open_proc_fd(self) -> None:
+        """/proc/self/fd, through which an unnamed file (O_TMPFILE) gets its name; without it (no
+        /proc, or a file system without O_TMPFILE: `_put_one` then clears it) puts go through named
+        temp files."""
+        self.close_proc_fd()
+        try:
+            self._proc_fd = (os.getpid(), os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY))
+        except OSError:
+            self._proc_fd = None
+
+    def close_proc_fd(self) -> None:
+        if self._proc_fd is not None:
+            os.close(self._proc_fd[1])
+            self._proc_fd = None
+
+    async def close(self) -> None:
+        self.close_proc_fd()
 
     def _rebuild_index(self) -> None:
         found = []
@@ -134,14 +166,14 @@ class FsAdapter(L2Adapter):
                     continue
                 if not stat.S_ISREG(st.st_mode):
                     continue
-                found.append((max(st.st_atime, st.st_mtime), Path(entry.path), st.st_size))
+                found.append((max(st.st_atime, st.st_mtime), entry.path, st.st_size))
         found.sort(key=lambda f: f[0])
         with self._lock:
             self._index = OrderedDict((path, size) for _, path, size in found)
             self._bytes = sum(size for _, _, size in found)
         self._evict()
 
-    def _note(self, path: Path, size: int | None) -> None:
+    def _note(self, path: str, size: int | None) -> None:
         """Record a write (size) or a read hit (None) in the index; a no-op without a capacity."""
         if self.capacity is None:
             return
@@ -153,7 +185,7 @@ class FsAdapter(L2Adapter):
             self._bytes += size - self._index.pop(path, 0)
             self._index[path] = size
 
-    def _forget(self, path: Path) -> None:
+    def _forget(self, path: str) -> None:
         if self.capacity is not None:
             with self._lock:
                 self._bytes -= self._index.pop(path, 0)
@@ -168,7 +200,7 @@ class FsAdapter(L2Adapter):
                     return
                 path, size = self._index.popitem(last=False)
                 self._bytes -= size
-            path.unlink(missing_ok=True)
+            _unlink(path)
             self.evicted += 1
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -183,26 +215,61 @@ class FsAdapter(L2Adapter):
     async def put(self, items: Sequence[tuple[str, bytes]]) -> None:
         await self._run(self._put_all, list(items))
 
-    async def put_parts(self, items: Sequence[tuple[str, BlobParts]]) -> None:
+    async def put_parts(self, items: Sequence[tuple[str, BlobParts | LazyBlob]]) -> None:
         await self._run(self._put_all, list(items))
 
-    def _put_all(self, items: list[tuple[str, bytes | BlobParts]]) -> None:
-        written: list[tuple[Path, int]] = []
+    def _put_all(self, items: list[tuple[str, bytes | BlobParts | LazyBlob]]) -> None:
+        written: list[tuple[str, int]] = []
         try:
             for key, blob in items:
-                parts = (blob,) if isinstance(blob, bytes) else blob
+                parts = (blob,) if isinstance(blob, bytes) else blob_parts(blob)  # a lazy one encoded here
                 written.append((self._put_one(key, parts), sum(len(p) for p in parts)))
             if self.fsync:  # the renames durable before the put returns: each directory once per batch
-                for directory in {path.parent for path, _ in written}:
+                for directory in {os.path.dirname(path) for path, _ in written}:
                     _fsync_dir(directory)
         finally:
             for path, size in reversed(written):  # a batch is in chunk order: its head ends up most recent
                 self._note(path, size)
         self._evict()
 
-    def _put_one(self, key: str, parts: BlobParts) -> Path:
-        final = self.path_of(key)
-        tmp = self._tmp / f"{final.name[:16]}-{uuid.uuid4().hex}.tmp"
+    def _put_one(self, key: str, parts: BlobParts) -> str:
+        final = self._file(key)
+        proc = self._proc_fd
+        if proc is not None and proc[0] == os.getpid():
+            try:
+                self._put_unnamed(final, parts, proc[1])
+                return final
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                    raise
+                self.close_proc_fd()  # this file system has no O_TMPFILE: named temp files from now on
+        return self._put_named(final, parts)
+
+    def _put_unnamed(self, final: str, parts: BlobParts, proc_fd: int) -> None:
+        """Write an unnamed file (O_TMPFILE) in the object's own directory, then link it under its
+        name: a reader never sees it partial, a crash leaves nothing behind, and only one directory
+        changes (a named temp file costs a second directory's entry and a rename across them)."""
+        directory = os.path.dirname(final)
+        try:
+            fd = os.open(directory, os.O_WRONLY | os.O_TMPFILE, FILE_MODE)
+        except FileNotFoundError:  # the first object in this fan-out directory
+            os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
+            fd = os.open(directory, os.O_WRONLY | os.O_TMPFILE, FILE_MODE)
+        try:
+            _write_all(fd, parts)
+            if self.fsync:
+                os.fsync(fd)
+            try:
+                os.link(str(fd), final, src_dir_fd=proc_fd, follow_symlinks=True)
+            except FileExistsError:  # a put of a key held replaces it, as a rename over it would
+                _unlink(final)
+                with contextlib.suppress(FileExistsError):  # another writer's object landed meanwhile
+                    os.link(str(fd), final, src_dir_fd=proc_fd, follow_symlinks=True)
+        finally:
+            os.close(fd)
+
+    def _put_named(self, final: str, parts: BlobParts) -> str:
+        tmp = f"{self._tmp}/{os.path.basename(final)[:16]}-{uuid.uuid4().hex}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
             try:
@@ -214,10 +281,10 @@ class FsAdapter(L2Adapter):
             try:
                 os.replace(tmp, final)
             except FileNotFoundError:  # the first object in this fan-out directory
-                final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
+                os.makedirs(os.path.dirname(final), mode=DIR_MODE, exist_ok=True)
                 os.replace(tmp, final)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            _unlink(tmp)
             raise
         return final
 
@@ -226,16 +293,17 @@ class FsAdapter(L2Adapter):
 
     def _get_all(self, keys: list[str]) -> list[bytes | None]:
         out: list[bytes | None] = []
-        for key in keys:
-            path = self.path_of(key)
+        paths = [self._file(key) for key in keys]
+        for path in paths:
             try:
-                out.append(path.read_bytes())
+                with open(path, "rb") as fh:
+                    out.append(fh.read())
             except FileNotFoundError:
                 self._forget(path)
                 out.append(None)
-        for key, blob in zip(reversed(keys), reversed(out), strict=True):  # head last: most recent
+        for path, blob in zip(reversed(paths), reversed(out), strict=True):  # head last: most recent
             if blob is not None:
-                self._note(self.path_of(key), None)
+                self._note(path, None)
         return out
 
     async def get_into(
@@ -247,8 +315,8 @@ class FsAdapter(L2Adapter):
         self, keys: list[str], dests: list[memoryview | None], head: int, check: Check
     ) -> list[bytes | Landed | None]:
         out: list[bytes | Landed | None] = []
-        for key, dest in zip(keys, dests, strict=True):
-            path = self.path_of(key)
+        paths = [self._file(key) for key in keys]
+        for key, path, dest in zip(keys, paths, dests, strict=True):
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -262,21 +330,21 @@ class FsAdapter(L2Adapter):
             if isinstance(blob, Landed) and dest is not None:
                 blob = Landed(blob.head, check(key, blob.head, dest))
             out.append(blob)
-        for key, got in zip(reversed(keys), reversed(out), strict=True):  # head last: most recent
+        for path, got in zip(reversed(paths), reversed(out), strict=True):  # head last: most recent
             if got is not None:
-                self._note(self.path_of(key), None)
+                self._note(path, None)
         return out
 
     async def contains(self, keys: Sequence[str]) -> list[bool]:
-        return await self._run(lambda: [self.path_of(k).is_file() for k in keys])
+        return await self._run(lambda: [os.path.isfile(self._file(k)) for k in keys])
 
     async def delete(self, keys: Sequence[str]) -> None:
         await self._run(self._delete_all, list(keys))
 
     def _delete_all(self, keys: list[str]) -> None:
         for key in keys:
-            path = self.path_of(key)
-            path.unlink(missing_ok=True)
+            path = self._file(key)
+            _unlink(path)
             self._forget(path)
 
     async def usage(self) -> Usage:
@@ -334,7 +402,14 @@ def _read_blob(fd: int, dest: memoryview | None, head: int) -> bytes | Landed:
     return Landed(bytes(start)) if not views else bytes(start) + bytes(dest[: max(0, offset - head)])
 
 
-def _fsync_dir(path: Path) -> None:
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

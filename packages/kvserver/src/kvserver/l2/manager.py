@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from kvprotocol import ObjectKey
 
 from ..l1.cache import L1Cache
 from .admission import Admission
-from .base import BlobParts, L2Adapter, L2Error
+from .base import BlobParts, L2Adapter, L2Error, LazyBlob, blob_parts
 from .keys import key_str
 from .negcache import NegativeCache
 from .prefetch import Prefetcher
@@ -297,7 +298,12 @@ class TierManager:
             return parts, [b"".join(p) for p in parts] if joining else []
 
         try:  # tiers that take parts write a plain body from the L1 slot: leased until they are done
-            parts, joined = await asyncio.to_thread(encode)
+            if joining:  # encoded once for both kinds of tier
+                parts: Sequence[BlobParts | LazyBlob]
+                parts, joined = await asyncio.to_thread(encode)
+            else:  # each encoded by the tier's writer thread right before its write
+                parts = [LazyBlob(functools.partial(self.serde.encode_parts, k, d, cs)) for _, k, d, cs, _ in live]
+                joined = []
             await self._put_tiers(live, parts, direct=True)
         finally:
             for key in leased:
@@ -311,7 +317,7 @@ class TierManager:
     async def _put_tiers(
         self,
         live: list[tuple[ObjectKey, str, memoryview | bytes, int, tuple[int, ...]]],
-        blobs: Sequence[bytes | BlobParts],
+        blobs: Sequence[bytes | BlobParts | LazyBlob],
         direct: bool,
     ) -> None:
         """Write the blobs to the tiers that take parts (`direct`) or to the others."""
@@ -338,7 +344,7 @@ class TierManager:
             self.negative.forget(index, (k for k, _ in batch))
             self._flush_retry(index)
             tier.stats.puts += len(batch)
-            tier.stats.put_bytes += sum(len(b) if isinstance(b, bytes) else sum(map(len, b)) for _, b in batch)
+            tier.stats.put_bytes += sum(_size(b) for _, b in batch)
             for hook in self.on_put:
                 hook(index, written)
 
@@ -392,3 +398,7 @@ class TierManager:
             "compression": self.serde.compression,
             "encrypted": self.serde.encrypted,
         }
+
+
+def _size(blob: bytes | BlobParts | LazyBlob) -> int:
+    return len(blob) if isinstance(blob, bytes) else sum(map(len, blob_parts(blob)))
