@@ -80,3 +80,14 @@ async def test_a_lazy_blob_is_encoded_once_for_every_tier_that_writes_it(tmp_pat
     blobs = [await fs.get([_key(7)]) for fs in tiers]
     assert blobs[0] == blobs[1] and blobs[0][0] is not None
     assert serde.decode(_key(7), blobs[0][0]) == payload
+
+
+async def test_durable_puts_name_synced_files_in_synced_directories(tmp_path: Path) -> None:
+    fs = FsAdapter(tmp_path / "l2", fsync=True)
+    await fs.start()
+    blobs = [(_key(i), os.urandom(1000 + i)) for i in range(8)]  # spread over several fan-out directories
+    await fs.put(blobs)
+    await fs.put([(_key(3), b"again")])
+    assert await fs.get([k for k, _ in blobs]) == [b if k != _key(3) else b"again" for k, b in blobs]
+    assert len(_objects(tmp_path / "l2")) == 8
+    await fs.close()
