@@ -94,27 +94,45 @@ def test_a_late_lookup_answer_defers_the_request(
     assert r.token_ids == reference.batches[0].requests[0].token_ids
 
 
-def test_a_miss_answers_the_repeated_call_for_a_request_vllm_could_not_schedule(
+def test_a_repeated_call_for_a_request_vllm_could_not_schedule_is_answered_from_its_miss_then_its_hit(
     model_dir: Path, kvserver_factory: ServerFactory
 ) -> None:
-    """Prefill without chunking and a step budget of one prompt: the second of two 700-token prompts
-    finds nothing on the server, does not fit the first prefill's step, and vLLM asks about it again
-    in the next step. That call is answered from the miss (lookups_reused) without a new round trip,
-    which on a busy host could make vLLM skip the request for one more step."""
+    """First engine: prefill without chunking and a step budget of one prompt, so the second of two
+    700-token prompts finds nothing on the server, does not fit the first prefill's step, and vLLM
+    asks about it again in the next step: that call is answered from the miss (lookups_reused).
+    Second engine, KV blocks for one prompt at a time: both prompts hit; the second waits for blocks
+    while the first loads and runs, and vLLM asks about it at every step meanwhile: those calls are
+    answered from its hit under the leases its one lookup took. Either way a new round trip could
+    cost the request another step; without the reuse each step would send one."""
     server = kvserver_factory()
-    # every answer awaited, and the miss stands for longer than any step of a busy host: the counts
+    prompts = [prompt(random_prompt(700, seed=41)), prompt(random_prompt(700, seed=42))]
+    # every answer awaited, and the answers stand longer than any step of a busy host: the counts
     # do not race a clock
-    kv = kv_config(server.url, lookup_wait_s=1.0, lookup_miss_reuse_s=30.0)
-    run = run_engine(
+    kv = kv_config(server.url, lookup_wait_s=1.0, lookup_miss_reuse_s=30.0, lookup_hit_reuse_s=5.0)
+    first = run_engine(
         model_dir,
-        [[prompt(random_prompt(700, seed=41)), prompt(random_prompt(700, seed=42))]],
+        [prompts],
         max_tokens=MAX_TOKENS,
         max_model_len=1024,
         kv_transfer_config=kv,
         llm_kwargs={"enable_chunked_prefill": False, "max_num_batched_tokens": 1024},
         extra_spec={"connector_stats": True},
     )
-    stats = run.batches[0].connector_stats
+    stats = first.batches[0].connector_stats
     assert stats is not None and stats["lookup_errors"] == 0
     assert stats["lookups"] == 2 and stats["lookups_reused"] >= 1, stats
-    assert all(len(r.token_ids) == MAX_TOKENS for r in run.requests)
+    assert all(len(r.token_ids) == MAX_TOKENS for r in first.requests)
+    second = run_engine(
+        model_dir,
+        [prompts],
+        max_tokens=MAX_TOKENS,
+        max_model_len=1024,
+        kv_transfer_config=kv,
+        llm_kwargs={"num_gpu_blocks_override": 33},  # 1024 tokens and the null block: one prompt at a time
+        extra_spec={"connector_stats": True},
+    )
+    stats = second.batches[0].connector_stats
+    assert stats is not None and stats["lookup_errors"] == 0 and stats["load_errors"] == 0
+    assert stats["lookups"] == 2 and stats["lookups_reused"] >= 1, stats
+    assert [r.connector_loaded_tokens for r in second.requests] == [512, 512]
+    assert [r.token_ids for r in second.requests] == [r.token_ids for r in first.requests]

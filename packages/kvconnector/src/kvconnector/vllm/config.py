@@ -51,6 +51,9 @@ class ConnectorConfig:
     lookup_miss_reuse_s  a request vLLM could not schedule after a lookup that found nothing is asked
                      about again within this many seconds (default 0.5): the miss is reused instead of
                      a new round trip (and perhaps another step of "ask again later"); 0: always ask
+    lookup_hit_reuse_s  the same for a lookup that hit (default 0.5, at most 5): a call asking the same
+                     (same length, same local prefix) gets the same answer under the leases its lookup
+                     took, which stay held meanwhile; 0: always ask
     wait_for_l2      False (default): a lookup never waits for the server's L2 prefetch; while one runs
                      the connector tells vLLM "ask again later" (None) and reports the hit once it is
                      in L1. True: the lookup blocks up to the server's --l2-prefetch-timeout
@@ -117,6 +120,7 @@ class ConnectorConfig:
     lookup_wait_step_share: float = 0.1
     lookup_wait_max_s: float = 0.02
     lookup_miss_reuse_s: float = 0.5
+    lookup_hit_reuse_s: float = 0.5
     async_loads: bool = True
     plan_loads: bool = True
     async_saves: bool = True
@@ -188,6 +192,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "lookup_wait_step_share": (int, float),
     "lookup_wait_max_s": (int, float),
     "lookup_miss_reuse_s": (int, float),
+    "lookup_hit_reuse_s": (int, float),
     "populate_arena": (bool,),
     "copy_backend": (str,),
 }
@@ -234,6 +239,8 @@ def parse_config(extra: Mapping[str, object] | None, environ: Mapping[str, str] 
         raise ValueError("KVServerConnector: lookup_wait_step_share must be in [0, 1]")
     if not 0 <= cfg.lookup_miss_reuse_s <= 60:
         raise ValueError("KVServerConnector: lookup_miss_reuse_s must be in [0, 60]")
+    if not 0 <= cfg.lookup_hit_reuse_s <= 5:  # its leases are held meanwhile: well inside a lease's TTL
+        raise ValueError("KVServerConnector: lookup_hit_reuse_s must be in [0, 5]")
     if not 0 < cfg.timeout_s <= 600:
         raise ValueError("KVServerConnector: timeout_s must be in (0, 600]")
     if not 0 <= cfg.retry_after_s <= 600:

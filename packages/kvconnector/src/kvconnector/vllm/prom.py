@@ -47,7 +47,7 @@ _HELP = {
     "idle_waits": "Steps with nothing to compute that waited for a background load or save instead of spinning.",
     "scheduler_wait_s": "Seconds vLLM's scheduler waited for kvserver's lookup answers (its step loop halted).",
     "lookups_deferred": "Scheduler calls answered 'ask again later': the lookup's answer was still on its way.",
-    "lookups_reused": "Scheduler calls answered from the request's recent miss, without a new lookup.",
+    "lookups_reused": "Scheduler calls answered from the request's recent miss or hit, without a new lookup.",
 }
 
 

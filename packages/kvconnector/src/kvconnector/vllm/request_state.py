@@ -34,6 +34,9 @@ class ReqState:
     lookup_sent: float = 0.0  # monotonic time it was sent
     miss_n: int = -1  # the request's length when a lookup last found nothing for it
     miss_until: float = 0.0  # monotonic time until which that miss answers a repeated call
+    # a hit's answer (length, local prefix, external tokens, valid until): a repeated call asking the
+    # same gets it under the leases its lookup took
+    hit_answer: tuple[int, int, int, float] | None = None
     l1_hit: int | None = None  # the L1 hit before the server's L2 prefetch (tokens); None: no prefetch
     stream: bool = False  # the hit reported is still landing in L1 (the server's L2 prefetch): a streamed load
 

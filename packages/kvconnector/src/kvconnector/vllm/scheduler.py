@@ -70,6 +70,9 @@ class SchedulerSide:
     # --- vLLM hooks -------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         st = self._state(request)
+        reused = self._reused_hit(st, request, num_computed_tokens)
+        if reused is not None:
+            return reused
         self._release(st)  # a repeated call (the request could not be scheduled) leases afresh
         if st.load_failed:
             # A load of this request failed (a corrupt object, a lost lease). vLLM asks again after an
@@ -153,7 +156,26 @@ class SchedulerSide:
             return None, False
         if ext == 0:
             self._release(st)
+        elif not st.stream and self.cfg.lookup_hit_reuse_s > 0:
+            st.hit_answer = (n, num_computed_tokens, ext, time.monotonic() + self.cfg.lookup_hit_reuse_s)
         return ext, self.async_loads and ext > 0
+
+    def _reused_hit(self, st: ReqState, request: Request, num_computed_tokens: int) -> tuple[int | None, bool] | None:
+        """vLLM could not schedule the request after a lookup that hit: a call within
+        lookup_hit_reuse_s that asks the same (same length, same local prefix) gets the same answer,
+        under the leases that lookup took (a new lookup would cost a round trip the scheduler waits
+        for, on every step the request waits for blocks)."""
+        answer = st.hit_answer
+        if answer is None or not st.leased or st.load_failed:
+            return None
+        n, computed, ext, until = answer
+        if n != int(request.num_tokens) or computed != num_computed_tokens or time.monotonic() >= until:
+            return None
+        self.stats.add("lookups_reused")
+        if self._wait_for_local_load(st, num_computed_tokens, n):  # another request now brings it
+            self._release(st)
+            return None, False
+        return ext, self.async_loads
 
     def _wait_for_local_load(self, st: ReqState, num_computed_tokens: int, n: int) -> bool:
         """Another request of this engine is loading the chunk this one would load first: wait for
@@ -232,6 +254,7 @@ class SchedulerSide:
         st = self.reqs.get(request.request_id)
         if st is None:
             return
+        st.hit_answer = None  # scheduled: a later call (after a preemption) asks the server again
         st.external_tokens = num_external_tokens
         st.load_pending = num_external_tokens > 0
         if num_external_tokens > 0:
@@ -380,6 +403,7 @@ class SchedulerSide:
         return st
 
     def _release(self, st: ReqState) -> None:
+        st.hit_answer = None  # without its leases a hit's answer stands no more
         if not st.leased or self.client is None:
             return
         st.leased = False

@@ -44,7 +44,7 @@ COUNTERS = (
     "idle_waits",  # steps with nothing to compute that waited (up to 2 ms) for a background load or save
     "scheduler_wait_s",  # seconds vLLM's scheduler waited for lookup answers (its step loop stood still)
     "lookups_deferred",  # calls answered "ask again later" because the lookup's answer was still on its way
-    "lookups_reused",  # calls answered from the request's recent miss (vLLM could not schedule it then)
+    "lookups_reused",  # calls answered from the request's recent miss or hit (vLLM could not schedule it then)
 )
 
 
