@@ -50,6 +50,8 @@ CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "kvserver-syncsaves": ("KVServerConnector", {"async_saves": False}),  # async loads, saves in the step
     # the lookup waits before 2026-12-06: 2 ms whatever the step, every repeated call a new lookup
     "kvserver-fixedwait": ("KVServerConnector", {"lookup_wait_step_share": 0.0, "lookup_miss_reuse_s": 0.0}),
+    # before hit reuse: a repeated call for a request that hit sends a new lookup
+    "kvserver-nohitreuse": ("KVServerConnector", {"lookup_hit_reuse_s": 0.0}),
     "kvserver-l2": ("KVServerConnector", {}),  # a small L1 over a filesystem L2 (SERVER_ARGS)
     "lmcache": ("LMCacheMPConnector", {}),  # LMCache's MP server (LMCacheServer), engines from .venv-lmcache
 }

@@ -306,7 +306,7 @@ def run_config(
             out["example_disk_bytes"] = eng.disk_bytes(dep.workdir / "example-store")
     except Exception as exc:  # one broken configuration must not lose the others' results
         out["error"] = f"{type(exc).__name__}: {exc}"
-        out["engine_logs"] = [e.log_tail(4000) for e in dep.engines]
+        out["engine_logs"] = [e.log_tail(12000) for e in dep.engines]  # vLLM's stack trace is "above"
         progress.console.log(f"[{label}] FAILED: {out['error'][:300]}")
     finally:
         dep.stop()
@@ -505,7 +505,9 @@ def main() -> int:
                     w = run_config(c, router, model, fresh, args, tmp, progress, bar)
                     results["configs"].setdefault(label, w)
                     rounds[-1][label] = serving_repeats.compact(w)
-                    if "error" in w:
+                    if "error" in w:  # kept with the engines' logs: a run's temporary directory is not
+                        failure = {"round": rnd, "config": label, "error": w["error"], "engine_logs": w["engine_logs"]}
+                        results.setdefault("failures", []).append(failure)
                         continue
                     console.log(
                         f"{label}: engines up in {w['startup_s']:.0f}s; "
@@ -532,6 +534,8 @@ def main() -> int:
         + ")"
     )
     report(results, out)
+    for f in results.get("failures", []):  # the engines' logs are in the JSON
+        out.print(f"round {f['round'] + 1}, {f['config']}: FAILED: {f['error'][:300]}")
     if args.repeats > 1:
         serving_repeats.report(results["rounds"], labels, names, out)
     ok = [c for c in labels if "error" not in results["configs"][c]]
