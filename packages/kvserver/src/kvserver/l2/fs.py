@@ -9,12 +9,12 @@ object and a crash mid-write leaves nothing. Where the file system has no `O_TMP
 no /proc to name the file through) writes go to a temp file under `tmp/`, renamed into place (a
 crash leaves the temp file, swept at start when older than an hour, since another server may share
 the directory). An unnamed file for a key already held replaces it by unlink + link (a reader in
-between sees a miss), which also spares ext4's writeback on a rename over a file. With `fsync=1` each file is
-synced before it is named and each directory a batch wrote into once after the batch (not per
-file: a directory sync is a device flush), so a put that returned is durable and a file under its
-final name is whole after a power loss. Without `fsync=1` a power loss can lose
-recent puts or leave a torn file, which the integrity header turns into a miss. A restarted
-server finds every object already there.
+between sees a miss), which also spares ext4's writeback on a rename over a file. With `fsync=1`
+each file is synced before it is named and each directory a batch wrote into once after the batch
+(not per file: a directory sync is a device flush), so a put that returned is durable and a file
+under its final name is whole after a power loss. Without `fsync=1` a power loss can lose recent
+puts or leave a torn file, which the integrity header turns into a miss. A restarted server finds
+every object already there.
 Object files are 0600 and directories 0700 whatever the umask: cached KV is a tenant's data.
 
 With `capacity_gb` the tier is bounded: an in-memory index of its files in access order (rebuilt at
@@ -46,6 +46,8 @@ from .base import BlobParts, Check, L2Adapter, L2Error, LazyBlob, Landed, Usage,
 STALE_TMP_S = 3600.0
 T = TypeVar("T")
 DIR_MODE, FILE_MODE = 0o700, 0o600
+# what open(O_TMPFILE) or linkat through /proc/self/fd fail with where they are not supported
+UNNAMED_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EPERM, errno.EXDEV})
 
 
 class UntrustedRoot(L2Error):
@@ -240,9 +242,9 @@ class FsAdapter(L2Adapter):
                 self._put_unnamed(final, parts, proc[1])
                 return final
             except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                if exc.errno not in UNNAMED_UNSUPPORTED:
                     raise
-                self.close_proc_fd()  # this file system has no O_TMPFILE: named temp files from now on
+                self.close_proc_fd()  # no O_TMPFILE here, or no linking through /proc: named temp files
         return self._put_named(final, parts)
 
     def _put_unnamed(self, final: str, parts: BlobParts, proc_fd: int) -> None:
