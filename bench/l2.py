@@ -3,8 +3,9 @@
 For each backing store it measures, in the same run, the raw operation on the same bytes (a plain
 file write/read; plain redis SET/GET in the same pipelined batches; plain S3 put/get) and then the
 L2 adapter with each serde chain (integrity header always; lz4/zstd; AES-GCM), and prints the ratio
-to the baseline. Backing stores are real processes started here: a redis-server, a 3-node Redis
-Cluster (redis-server + redis-cli), a moto S3 server; missing binaries skip that store.
+to the baseline (rounds alternate the order of the sides; medians of the per-round ratios). Backing
+stores are real processes started here: a redis-server, a 3-node Redis Cluster (redis-server +
+redis-cli), a moto S3 server; missing binaries skip that store.
 
 First, the fs tier on its direct path (writev from the object's buffer, preadv into the
 destination, XXH3 checked in place) against a plain write / readinto of the same bytes with the
@@ -22,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -249,14 +252,6 @@ async def adapter_run(adapter: L2Adapter, serde: Serde, objs: list[bytes], tag: 
     return {"put_s": put_s, "get_s": get_s, "stored_ratio": stored / sum(len(o) for o in objs)}
 
 
-async def best_of(repeat: int, fn: Callable[[], Awaitable[Any]]) -> Any:
-    """The fastest of `repeat` runs, field by field (this machine is shared: take the least disturbed)."""
-    runs = [await fn() for _ in range(repeat)]
-    if isinstance(runs[0], dict):
-        return {k: min(r[k] for r in runs) for k in runs[0]}
-    return tuple(min(r[i] for r in runs) for i in range(len(runs[0])))
-
-
 async def bench_store(
     name: str,
     url: str,
@@ -266,40 +261,43 @@ async def bench_store(
     progress: Progress,
     repeat: int,
 ) -> list[dict]:
+    """The raw client and every chain, in `repeat` rounds that alternate their order (this machine is
+    shared: load drift then hits every side alike); MB/s are medians over rounds, ratios the median of
+    the per-round ratios to the raw client."""
     total = sum(len(o) for o in objs)
-    mbps = lambda s: total / s / 1e6
-    base_put, base_get = await best_of(repeat, baseline)
-    rows = [
-        {
-            "store": name,
-            "chain": "raw baseline",
-            "put_MBps": mbps(base_put),
-            "get_MBps": mbps(base_get),
-            "put_ratio": 1.0,
-            "get_ratio": 1.0,
-            "stored_ratio": 1.0,
-        }
-    ]
     adapter = make_adapter(url)
     await adapter.start()
-    task = progress.add_task(name, total=len(chains))
+
+    async def raw() -> dict[str, float]:
+        put_s, get_s = await baseline()
+        return {"put_s": put_s, "get_s": get_s, "stored_ratio": 1.0}
+
+    sides: dict[str, Callable[[], Awaitable[dict[str, float]]]] = {"raw baseline": raw}
+    for chain_name, serde in chains.items():
+        sides[chain_name] = functools.partial(adapter_run, adapter, serde, objs, chain_name)
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in sides}
+    task = progress.add_task(name, total=repeat * len(sides))
     try:
-        for chain_name, serde in chains.items():
-            r = await best_of(repeat, lambda s=serde, c=chain_name: adapter_run(adapter, s, objs, c))
-            rows.append(
-                {
-                    "store": name,
-                    "chain": chain_name,
-                    "put_MBps": mbps(r["put_s"]),
-                    "get_MBps": mbps(r["get_s"]),
-                    "put_ratio": base_put / r["put_s"],
-                    "get_ratio": base_get / r["get_s"],
-                    "stored_ratio": r["stored_ratio"],
-                }
-            )
-            progress.advance(task)
+        for r in range(repeat):
+            for side in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+                runs[side].append(await sides[side]())
+                progress.advance(task)
     finally:
         await adapter.close()
+    base = runs["raw baseline"]
+    rows = []
+    for side, got in runs.items():
+        rows.append(
+            {
+                "store": name,
+                "chain": side,
+                "put_MBps": statistics.median(total / g["put_s"] / 1e6 for g in got),
+                "get_MBps": statistics.median(total / g["get_s"] / 1e6 for g in got),
+                "put_ratio": statistics.median(b["put_s"] / g["put_s"] for b, g in zip(base, got, strict=True)),
+                "get_ratio": statistics.median(b["get_s"] / g["get_s"] for b, g in zip(base, got, strict=True)),
+                "stored_ratio": got[0]["stored_ratio"],
+            }
+        )
     return rows
 
 
@@ -386,7 +384,7 @@ def main() -> None:
     ap.add_argument("--object-kib", type=int, default=1024, help="object size in KiB")
     ap.add_argument("--data", choices=["kv", "zeros", "random"], default="kv")
     ap.add_argument("--quick", action="store_true", help="fs and standalone redis only")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
+    ap.add_argument("--repeat", type=int, default=5, help="alternating rounds per store (medians are kept)")
     ap.add_argument("--rounds", type=int, default=9, help="alternating rounds of the fs direct comparison")
     ap.add_argument("--fs-media", default="tmpfs,warm,disk", help="of tmpfs, warm, disk (comma-separated)")
     ap.add_argument("--fs-only", action="store_true", help="only the fs direct comparison")
@@ -407,7 +405,8 @@ def main() -> None:
         return
     print()
     print(
-        f"{args.objects} objects x {args.object_kib} KiB ({args.data} data), batches of {BATCH}, best of {args.repeat}"
+        f"{args.objects} objects x {args.object_kib} KiB ({args.data} data), batches of {BATCH}, "
+        f"medians of {args.repeat} alternating rounds"
     )
     print(f"{'store':<14}{'chain':<15}{'put MB/s':>10}{'x raw':>7}{'get MB/s':>10}{'x raw':>7}{'stored':>8}")
     for r in results["rows"]:

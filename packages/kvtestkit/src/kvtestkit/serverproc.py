@@ -54,6 +54,8 @@ class ManagedProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
+            if self.proc is not None:
+                self._log.close()  # an exited process's log: closed all the same
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(sig)
         try:
