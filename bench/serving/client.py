@@ -198,6 +198,9 @@ WANTED = {
     ("vllm:kvserver_saves_total", None): "kvserver_saves",
     ("vllm:kvserver_lookups_total", None): "kvserver_lookups",
     ("vllm:kvserver_lookups_deferred_total", None): "kvserver_lookups_deferred",
+    ("vllm:kvserver_loads_in_step_total", None): "kvserver_loads_in_step",
+    ("vllm:kvserver_parked_steps_total", None): "kvserver_parked_steps",
+    ("vllm:kvserver_loads_total", None): "kvserver_loads",
 }
 
 

@@ -35,9 +35,9 @@ def test_failed_load_under_async_scheduling_saves_nothing_computed_over_it(
     model_dir: Path, kvserver_factory: ServerFactory, async_loads: bool
 ) -> None:
     """With loads in the step, the steps planned before the failure was known compute over garbage and
-    their saves must be dropped. With asynchronous loads (the default) the request waits for its load,
-    and vLLM learns of the failure before it computes anything over those blocks: nothing to drop,
-    and the same end-to-end checks hold."""
+    their saves must be dropped. With background loads (async_loads, none in the step) the request
+    waits for its load, and vLLM learns of the failure before it computes anything over those blocks:
+    nothing to drop, and the same end-to-end checks hold."""
     baseline = run_engine(
         model_dir, [[prompt(P_ASYNC)]], max_tokens=MAX_TOKENS, llm_kwargs={"enable_prefix_caching": False}
     )
@@ -47,7 +47,9 @@ def test_failed_load_under_async_scheduling_saves_nothing_computed_over_it(
         model_dir,
         [[prompt(P_ASYNC[:600])], [prompt(P_ASYNC)]],
         max_tokens=MAX_TOKENS,
-        kv_transfer_config=kv_config(server.url, debug_fail_load_chunks=[1], async_loads=async_loads),
+        kv_transfer_config=kv_config(
+            server.url, debug_fail_load_chunks=[1], async_loads=async_loads, in_step_load_share=0
+        ),
         llm_kwargs={**CHUNKED, "async_scheduling": True},
         extra_spec={"force_async_scheduling": True, "connector_stats": True},
     )

@@ -1,6 +1,8 @@
 """Asynchronous loads (async_loads): a long load runs on the worker's loader thread while the other
 requests keep decoding; the loading request waits in WAITING_FOR_REMOTE_KVS and its output is exact.
-Loads and saves run on threads of their own, so a load never queues behind earlier saves."""
+A short load runs inside the step instead, so vLLM never parks its request. Loads and saves run on
+threads of their own, so a load never queues behind earlier saves. The tests of the background path
+set in_step_load_share 0, so no load of theirs runs in the step."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def test_long_load_does_not_stall_another_requests_decode(
 ) -> None:
     server = long_stored
     # P_LONG's load takes 3 s on purpose; P_TURN1 (not cached) is prefilled and decodes meanwhile.
-    kv = kv_config(server.url, async_loads=True, debug_load_delay_s=3.0)
+    kv = kv_config(server.url, async_loads=True, in_step_load_share=0, debug_load_delay_s=3.0)
     run = run_engine(
         model_dir,
         [[prompt(P_TURN1), prompt(P_LONG)]],
@@ -45,12 +47,38 @@ def test_long_load_does_not_stall_another_requests_decode(
     # every decode step of the other request ran while the load was in flight (with loads in the
     # step, the first step would have waited the whole 3 s and the count would be 0)
     assert stats["steps_during_loads"] >= MAX_TOKENS - 1
+    assert stats["parked_steps"] >= MAX_TOKENS - 1 and stats["loads_in_step"] == 0  # vLLM parked it meanwhile
     assert len(other.token_ids) == MAX_TOKENS
+
+
+def test_a_short_load_runs_in_the_step_and_parks_its_request_for_no_step(
+    model_dir: Path, long_stored: ServerProc, reference: EngineRun
+) -> None:
+    """A hit whose copy is estimated short against the engine's step is loaded inside the step:
+    vLLM schedules the request in the step its lookup answered. In the background, vLLM would park it
+    (WAITING_FOR_REMOTE_KVS) for at least one step, its blocks held while it computes nothing (the
+    test above counts those steps). The first batch gives the engine's step period and the load rate
+    (the worker's calibration); in_step_load_share 100 takes the load into the step whatever this
+    host's speed, so the count does not depend on it."""
+    kv = kv_config(long_stored.url, in_step_load_share=100.0)
+    run = run_engine(
+        model_dir,
+        [[prompt(P_TURN1)], [prompt(P_LONG)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv,
+        extra_spec={"connector_stats": True},
+    )
+    loaded = run.requests[1]
+    stats = run.batches[1].connector_stats
+    assert stats is not None and stats["load_errors"] == 0, stats
+    assert loaded.connector_loaded_tokens == 512
+    assert stats["loads_in_step"] == 1 and stats["parked_steps"] == 0, stats
+    assert loaded.token_ids == reference.batches[0].requests[0].token_ids
 
 
 def test_async_load_failure_is_recomputed(model_dir: Path, long_stored: ServerProc, reference: EngineRun) -> None:
     server = long_stored
-    kv = kv_config(server.url, async_loads=True, debug_fail_load_chunks=[1])
+    kv = kv_config(server.url, async_loads=True, in_step_load_share=0, debug_fail_load_chunks=[1])
     run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv)
     r = run.requests[0]
     assert r.kv_transfer_params["kvserver"]["load_failed"] is True
@@ -65,7 +93,7 @@ def test_async_load_failing_from_the_first_chunk_is_tried_once(
     to vLLM's waiting queue with no computed tokens, and vLLM asks the connector again. The same load
     would fail again, for ever: the connector answers 0 and the request is recomputed."""
     server = long_stored
-    kv = kv_config(server.url, async_loads=True, debug_fail_load_chunks=[0])
+    kv = kv_config(server.url, async_loads=True, in_step_load_share=0, debug_fail_load_chunks=[0])
     run = run_engine(
         model_dir,
         [[prompt(P_LONG)]],
@@ -93,7 +121,13 @@ def test_a_load_does_not_queue_behind_earlier_saves(
     stores on the shared server. The scheduler waits for each lookup's answer (lookup_wait_s 1 s):
     with the default 2 ms, a busy host answers P_SALTED's lookup late, vLLM skips it for a step and
     schedules P_LONG first, whose load then ends before any save was submitted."""
-    kv = kv_config(long_stored.url, debug_save_delay_s=30.0, debug_hold_saves_for_load=True, lookup_wait_s=1.0)
+    kv = kv_config(
+        long_stored.url,
+        in_step_load_share=0,
+        debug_save_delay_s=30.0,
+        debug_hold_saves_for_load=True,
+        lookup_wait_s=1.0,
+    )
     run = run_engine(
         model_dir,
         [[prompt(P_SALTED), prompt(P_LONG)]],

@@ -39,3 +39,14 @@ def test_a_declined_streak_ends_in_a_probe_that_measures_again() -> None:
     for _ in range(20):
         m.observe(512, 0.0001, 0, 0.0)
     assert m.worth_loading(512) and m.declined_in_a_row == 0
+
+
+def test_a_load_fits_in_the_step_only_when_its_estimate_is_within_the_share() -> None:
+    m = CostModel.new()
+    assert not m.fits_in_step(512, 0.1, 0.25)  # no load rate yet: the background
+    m.observe(512, 0.005, 0, 0.0)  # ~10 us/token: 512 tokens in 5 ms
+    assert not m.fits_in_step(512, None, 0.25)  # no step period yet
+    assert m.fits_in_step(512, 0.1, 0.25)  # 5 ms <= 25 ms
+    assert not m.fits_in_step(512, 0.01, 0.25)  # 5 ms > 2.5 ms
+    assert not m.fits_in_step(4096, 0.1, 0.25)  # 40 ms > 25 ms
+    assert not m.fits_in_step(512, 0.1, 0.0)  # share 0: every load in the background

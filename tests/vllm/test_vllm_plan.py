@@ -73,7 +73,7 @@ def test_config_defaults_and_errors() -> None:
     assert config.parse_config({"mode": "tcp", "timeout_s": 2, "save_policy": "all"}).timeout_s == 2
     assert config.parse_config({"lookup_wait_s": 0}).lookup_wait_s == 0
     assert (cfg.lookup_wait_step_share, cfg.lookup_wait_max_s, cfg.lookup_miss_reuse_s) == (0.1, 0.02, 0.5)
-    assert cfg.lookup_hit_reuse_s == 0.5
+    assert cfg.lookup_hit_reuse_s == 0.5 and cfg.in_step_load_share == 0.25
     for bad in (
         {"mdoe": "tcp"},
         {"mode": "udp"},
@@ -86,6 +86,8 @@ def test_config_defaults_and_errors() -> None:
         {"lookup_wait_max_s": -1},
         {"lookup_miss_reuse_s": 61},
         {"lookup_hit_reuse_s": 6},
+        {"in_step_load_share": -0.1},
+        {"in_step_load_share": 101},
         {"kvserver_url": "http://x"},
         {"chunk_size": "256"},
         {"debug_fail_load_chunks": [-1]},

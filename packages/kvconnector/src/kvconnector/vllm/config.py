@@ -66,6 +66,13 @@ class ConnectorConfig:
     async_loads      True (default): loads run on a background thread (vLLM's asynchronous path: the
                      request waits in WAITING_FOR_REMOTE_KVS, other requests keep decoding, completion is
                      reported through get_finished); False: loads run inside the step, before the forward
+    in_step_load_share  with async_loads, a hit whose load is estimated (costs.py) to take at most this
+                     share of the engine's recent step (default 0.25) is loaded inside the step instead:
+                     a background load parks the request for at least a step, holding its blocks while
+                     it computes nothing, which costs more than a copy of a few milliseconds. Larger
+                     loads, streamed L2 hits and models with several KV cache groups load in the
+                     background. 0: every load in the background; above 1: in the step even when
+                     the copy outlasts a step (at most 100)
     async_saves      True (default): saves return at once and run on the background thread; vLLM keeps
                      a finished request's blocks until its saves ended ("finished sending"); a
                      preemption waits for the saves in flight. False: saves run in wait_for_save
@@ -122,6 +129,7 @@ class ConnectorConfig:
     lookup_miss_reuse_s: float = 0.5
     lookup_hit_reuse_s: float = 0.5
     async_loads: bool = True
+    in_step_load_share: float = 0.25
     plan_loads: bool = True
     async_saves: bool = True
     reserve: bool | None = None  # None: as the role says (apply_role)
@@ -179,6 +187,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "wait_for_l2": (bool,),
     "stream_l2": (bool,),
     "async_loads": (bool,),
+    "in_step_load_share": (int, float),
     "plan_loads": (bool,),
     "async_saves": (bool,),
     "share_loads": (bool,),
@@ -237,6 +246,8 @@ def parse_config(extra: Mapping[str, object] | None, environ: Mapping[str, str] 
         raise ValueError("KVServerConnector: lookup_wait_s and lookup_wait_max_s must be in [0, 1]")
     if not 0 <= cfg.lookup_wait_step_share <= 1:
         raise ValueError("KVServerConnector: lookup_wait_step_share must be in [0, 1]")
+    if not 0 <= cfg.in_step_load_share <= 100:
+        raise ValueError("KVServerConnector: in_step_load_share must be in [0, 100]")
     if not 0 <= cfg.lookup_miss_reuse_s <= 60:
         raise ValueError("KVServerConnector: lookup_miss_reuse_s must be in [0, 60]")
     if not 0 <= cfg.lookup_hit_reuse_s <= 5:  # its leases are held meanwhile: well inside a lease's TTL

@@ -57,6 +57,13 @@ class CostModel:
             return True
         return tokens * self.load.s_per_token <= tokens * self.prefill.s_per_token
 
+    def fits_in_step(self, tokens: int, step_s: float | None, share: float) -> bool:
+        """Is loading `tokens` estimated to take at most `share` of a step of `step_s` seconds?
+        False while either is unknown (a load of unknown cost goes to the background)."""
+        if self.load.s_per_token is None or step_s is None or share <= 0:
+            return False
+        return tokens * self.load.s_per_token <= share * step_s
+
     def worth_loading(self, tokens: int) -> bool:
         """The decision for one hit: load it when cheaper, and every PROBE_EVERY-th declined hit anyway."""
         if self.cheaper_to_load(tokens):

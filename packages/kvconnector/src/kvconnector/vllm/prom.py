@@ -47,6 +47,8 @@ _HELP = {
     "idle_waits": "Steps with nothing to compute that waited for a background load or save instead of spinning.",
     "scheduler_wait_s": "Seconds vLLM's scheduler waited for kvserver's lookup answers (its step loop halted).",
     "lookups_deferred": "Scheduler calls answered 'ask again later': the lookup's answer was still on its way.",
+    "loads_in_step": "Hits loaded inside the engine step (a short copy) rather than in the background.",
+    "parked_steps": "Steps times requests vLLM kept parked while their background load ran.",
     "lookups_reused": "Scheduler calls answered from the request's recent miss or hit, without a new lookup.",
 }
 

@@ -38,6 +38,7 @@ class ReqState:
     # same gets it under the leases its lookup took
     hit_answer: tuple[int, int, int, float] | None = None
     l1_hit: int | None = None  # the L1 hit before the server's L2 prefetch (tokens); None: no prefetch
+    background: bool = False  # its hit loads in the background (vLLM parks it); False: inside the step
     stream: bool = False  # the hit reported is still landing in L1 (the server's L2 prefetch): a streamed load
 
 

@@ -52,6 +52,7 @@ class SchedulerSide:
         # Several KV cache groups (vLLM's hybrid manager): vLLM takes load failures only per request
         # (failed_recving of an asynchronous load), never as block ids, so every load is asynchronous.
         self.async_loads = cfg.async_loads or num_groups > 1
+        self.multi_group = num_groups > 1
         # a streamed L2 hit is loaded while it lands: only by a background load (vLLM waits for it)
         self.stream_l2 = cfg.stream_l2 and self.async_loads and not cfg.wait_for_l2
         self.chunk = cfg.chunk_size
@@ -61,6 +62,7 @@ class SchedulerSide:
         self.adapters = AdapterDigests()
         self.costs = CostModel.new()  # load vs recompute (plan_loads)
         self._async: list[str] = []  # requests whose asynchronous load the next metadata carries
+        self.parked: set[str] = set()  # requests vLLM parks until their background load ends
         # asynchronous loads in flight by the prefix they bring (a request needing it waits for it)
         self.local_loads = LocalLoads()
         self.share_loads = cfg.share_loads and prefix_caching and self.async_loads
@@ -81,7 +83,7 @@ class SchedulerSide:
             st.external_tokens, st.load_pending = 0, False
             return 0, False
         st.hit_tokens = st.external_tokens = 0
-        st.load_pending = st.stream = False
+        st.load_pending = st.stream = st.background = False
         st.local_computed = num_computed_tokens
         if st.pending_since is None:  # a fresh lookup, not the next round of an "ask again later"
             st.l1_hit = None
@@ -158,7 +160,19 @@ class SchedulerSide:
             self._release(st)
         elif not st.stream and self.cfg.lookup_hit_reuse_s > 0:
             st.hit_answer = (n, num_computed_tokens, ext, time.monotonic() + self.cfg.lookup_hit_reuse_s)
-        return ext, self.async_loads and ext > 0
+        st.background = ext > 0 and self._in_background(st, ext)
+        return ext, st.background
+
+    def _in_background(self, st: ReqState, ext: int) -> bool:
+        """Load this hit in the background (vLLM parks the request until the load ends) rather than
+        inside the step? A parked request holds its blocks for at least a step while computing
+        nothing, and its first token is a step later: a load estimated at most in_step_load_share of
+        the engine's recent step is cheaper inside it. Unknown estimates keep the background."""
+        if not self.async_loads:
+            return False
+        if st.stream or self.multi_group:  # a streamed L2 hit, failures vLLM takes per request only
+            return True
+        return not self.costs.fits_in_step(ext, self.wait.period_s, self.cfg.in_step_load_share)
 
     def _reused_hit(self, st: ReqState, request: Request, num_computed_tokens: int) -> tuple[int | None, bool] | None:
         """vLLM could not schedule the request after a lookup that hit: a call within
@@ -175,7 +189,7 @@ class SchedulerSide:
         if self._wait_for_local_load(st, num_computed_tokens, n):  # another request now brings it
             self._release(st)
             return None, False
-        return ext, self.async_loads
+        return ext, st.background
 
     def _wait_for_local_load(self, st: ReqState, num_computed_tokens: int, n: int) -> bool:
         """Another request of this engine is loading the chunk this one would load first: wait for
@@ -259,9 +273,10 @@ class SchedulerSide:
         st.load_pending = num_external_tokens > 0
         if num_external_tokens > 0:
             st.l2_tokens = self.hit_sources(request, num_external_tokens).get("l2", 0)
-            if self.async_loads and block_ids is not None:
+            if st.background and block_ids is not None:
                 st.block_ids = [list(b) for b in block_ids]
                 self._async.append(st.req_id)
+                self.parked.add(st.req_id)
                 if self.share_loads and st.request is not None:
                     end = plan.load_end(st.local_computed, num_external_tokens, self.chunk)
                     first, last = st.local_computed // self.chunk, end // self.chunk
@@ -269,6 +284,8 @@ class SchedulerSide:
                     self.local_loads.add(st.req_id, prefix_digests(tokens, st.salt, extra, self.chunk, first, last))
         if num_external_tokens > 0:
             self.stats.add("external_tokens", num_external_tokens)
+            if not st.background:
+                self.stats.add("loads_in_step")
         else:
             self._release(st)
 
@@ -278,6 +295,7 @@ class SchedulerSide:
             preempted=bool(getattr(so, "preempted_req_ids", None)),
         )
         self.wait.step(time.monotonic(), meta.scheduled_tokens > 0)
+        self.stats.add("parked_steps", len(self.parked))
         for req_id in self._async:  # loads vLLM is waiting for (WAITING_FOR_REMOTE_KVS)
             st = self.reqs.get(req_id)
             if st is not None and st.load_pending:
@@ -321,6 +339,7 @@ class SchedulerSide:
         """
         for req_id in finished_recving:
             self.local_loads.done(req_id)
+            self.parked.discard(req_id)
         if not isinstance(report, KVServerWorkerMetadata):
             return
         self.costs.observe(report.load_tokens, report.load_s, report.step_tokens, report.step_s)
@@ -349,6 +368,7 @@ class SchedulerSide:
         if st is None:
             return None
         self.local_loads.done(st.req_id)
+        self.parked.discard(st.req_id)
         if st.lookup_rid is not None and self.client is not None:  # aborted while its lookup was on its way
             self.client.lookup_forget(st.lookup_rid)
             st.leased = True  # what that lookup leases is released right after it

@@ -44,6 +44,8 @@ COUNTERS = (
     "idle_waits",  # steps with nothing to compute that waited (up to 2 ms) for a background load or save
     "scheduler_wait_s",  # seconds vLLM's scheduler waited for lookup answers (its step loop stood still)
     "lookups_deferred",  # calls answered "ask again later" because the lookup's answer was still on its way
+    "loads_in_step",  # hits loaded inside the step: estimated at most in_step_load_share of a step
+    "parked_steps",  # steps x requests parked by vLLM while their background load ran (WAITING_FOR_REMOTE_KVS)
     "lookups_reused",  # calls answered from the request's recent miss or hit (vLLM could not schedule it then)
 )
 

@@ -109,9 +109,10 @@ class WorkerSide:
         if self.loader is not None and not all(c.register(kv) for c in self.loader.clients()):
             log.error("KVServerConnector: the loader's EngineClient rejected the KV tensors; loads run in the step")
             self.loader = None
-        if self.cfg.plan_loads and self.cfg.load and self.client is not None:
+        wants_rate = self.cfg.plan_loads or (self.cfg.async_loads and self.cfg.in_step_load_share > 0)
+        if wants_rate and self.cfg.load and self.client is not None:
             sample = calibrate_load(self.client, tensors, layout)
-            if sample is not None:  # the planner's first load rate (reported with the first step)
+            if sample is not None:  # the first load rate (planner, in-step loads)
                 self.report.load_tokens, self.report.load_s = sample
                 log.info("KVServerConnector worker: calibrated load %.1f us/token", 1e6 * sample[1] / sample[0])
         log.info(
