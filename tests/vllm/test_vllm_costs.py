@@ -44,9 +44,24 @@ def test_a_declined_streak_ends_in_a_probe_that_measures_again() -> None:
 def test_a_load_fits_in_the_step_only_when_its_estimate_is_within_the_share() -> None:
     m = CostModel.new()
     assert not m.fits_in_step(512, 0.1, 0.25)  # no load rate yet: the background
-    m.observe(512, 0.005, 0, 0.0)  # ~10 us/token: 512 tokens in 5 ms
+    m.observe(512, 0.005, 0, 0.0)  # a background load: says nothing of a copy in the step
+    assert not m.fits_in_step(512, 0.1, 0.25)
+    m.observe(512, 0.005, 0, 0.0, 512, 0.005)  # ~10 us/token in the step: 512 tokens in 5 ms
     assert not m.fits_in_step(512, None, 0.25)  # no step period yet
     assert m.fits_in_step(512, 0.1, 0.25)  # 5 ms <= 25 ms
     assert not m.fits_in_step(512, 0.01, 0.25)  # 5 ms > 2.5 ms
     assert not m.fits_in_step(4096, 0.1, 0.25)  # 40 ms > 25 ms
     assert not m.fits_in_step(512, 0.1, 0.0)  # share 0: every load in the background
+
+
+def test_slow_background_loads_do_not_keep_loads_out_of_the_step() -> None:
+    """A background copy on a busy host is timed with its waits for the CPU: those times teach the
+    planner, never where a load goes, or once some loads went to the background all would."""
+    m = CostModel.new()
+    m.observe(512, 0.005, 0, 0.0, 512, 0.005)  # the calibration: 10 us/token
+    for _ in range(20):
+        m.observe(512, 0.5, 0, 0.0)  # background loads at 1 ms/token
+    assert m.fits_in_step(512, 0.1, 0.25)
+    m.observe(512, 0.5, 0, 0.0, 512, 0.5)  # a copy in the step that really is slow
+    m.observe(512, 0.5, 0, 0.0, 512, 0.5)
+    assert not m.fits_in_step(512, 0.1, 0.25)

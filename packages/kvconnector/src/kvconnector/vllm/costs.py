@@ -37,17 +37,28 @@ class Rate:
 
 @dataclass
 class CostModel:
-    load: Rate
+    load: Rate  # every load: what a hit costs to bring (the planner's)
     prefill: Rate
+    in_step: Rate  # loads copied inside the step: a copy's own cost, to place a load (fits_in_step)
     declined_in_a_row: int = 0
 
     @classmethod
     def new(cls) -> CostModel:
-        return cls(Rate(), Rate())
+        return cls(Rate(), Rate(), Rate())
 
-    def observe(self, load_tokens: float, load_s: float, prefill_tokens: float, prefill_s: float) -> None:
+    def observe(
+        self,
+        load_tokens: float,
+        load_s: float,
+        prefill_tokens: float,
+        prefill_s: float,
+        in_step_tokens: float = 0,
+        in_step_s: float = 0.0,
+    ) -> None:
         if load_tokens > 0:
             self.load.observe(load_tokens, load_s)
+        if in_step_tokens > 0:
+            self.in_step.observe(in_step_tokens, in_step_s)
         if prefill_tokens >= MIN_PREFILL_TOKENS:
             self.prefill.observe(prefill_tokens, prefill_s)
 
@@ -58,11 +69,13 @@ class CostModel:
         return tokens * self.load.s_per_token <= tokens * self.prefill.s_per_token
 
     def fits_in_step(self, tokens: int, step_s: float | None, share: float) -> bool:
-        """Is loading `tokens` estimated to take at most `share` of a step of `step_s` seconds?
-        False while either is unknown (a load of unknown cost goes to the background)."""
-        if self.load.s_per_token is None or step_s is None or share <= 0:
+        """Is copying `tokens` inside the step estimated to take at most `share` of a step of `step_s`
+        seconds? From the in-step rate only: background copies on a busy host are timed with their
+        waits for the CPU, and would keep every load in the background once some were. False while
+        either is unknown (a load of unknown cost goes to the background)."""
+        if self.in_step.s_per_token is None or step_s is None or share <= 0:
             return False
-        return tokens * self.load.s_per_token <= share * step_s
+        return tokens * self.in_step.s_per_token <= share * step_s
 
     def worth_loading(self, tokens: int) -> bool:
         """The decision for one hit: load it when cheaper, and every PROBE_EVERY-th declined hit anyway."""

@@ -342,7 +342,8 @@ class SchedulerSide:
             self.parked.discard(req_id)
         if not isinstance(report, KVServerWorkerMetadata):
             return
-        self.costs.observe(report.load_tokens, report.load_s, report.step_tokens, report.step_s)
+        r = report
+        self.costs.observe(r.load_tokens, r.load_s, r.step_tokens, r.step_s, r.in_step_tokens, r.in_step_s)
         failed_saves = report.save_failed
         for req_id, end in report.saved.items():
             st = self.reqs.get(req_id)

@@ -114,6 +114,7 @@ class WorkerSide:
             sample = calibrate_load(self.client, tensors, layout)
             if sample is not None:  # the first load rate (planner, in-step loads)
                 self.report.load_tokens, self.report.load_s = sample
+                self.report.in_step_tokens, self.report.in_step_s = sample
                 log.info("KVServerConnector worker: calibrated load %.1f us/token", 1e6 * sample[1] / sample[0])
         log.info(
             "KVServerConnector worker: registered %d layers, tensor layout %s, copier %s",
@@ -288,6 +289,8 @@ class WorkerSide:
             self.report.load_s += outcome.seconds
             if not job.background:
                 self._step_load_s += outcome.seconds
+                self.report.in_step_tokens += outcome.loaded_tokens
+                self.report.in_step_s += outcome.seconds
             self.breaker.succeeded()
             return
         self._fail(job, bad or wanted, err or "load failed")
