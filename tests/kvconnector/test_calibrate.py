@@ -1,5 +1,6 @@
 """The load planner's start-up calibration (kvconnector/vllm/calibrate.py) against a real kvserver:
-one chunk's estimated load cost from a ping and a copy, no cache traffic; None when it cannot measure."""
+one chunk's estimated load cost from pings (its fixed part) and a copy (its part per token), no cache
+traffic; None when it cannot measure."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def test_calibration_estimates_one_chunk_and_touches_no_cache(kv_server) -> None
         assert client.register(kv)
         sample = calibrate_load(client, kv, lay)
     assert sample is not None
-    tokens, seconds = sample
-    assert tokens == lay.chunk_size and seconds > 0
+    assert sample.tokens == lay.chunk_size and sample.fixed_s > 0 and sample.copy_s > 0
+    assert sample.seconds == sample.fixed_s + sample.copy_s
     with Client(kv_server.url) as c:
         counters = c.describe().counters
     assert counters["lookups"] == 0 and counters["stores"] == 0 and counters["retrieves"] == 0

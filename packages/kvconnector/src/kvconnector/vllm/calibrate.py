@@ -5,12 +5,14 @@ loads only, its first decisions would rest on no measurement at all. A load is t
 the server (retrieve, release) and, per chunk, a copy of the chunk's bytes into the engine's blocks
 with a checksum pass over them. The calibration times a ping and a copy of one chunk's worth of
 bytes out of the KV tensors into a host scratch buffer: no cache traffic, nothing stored or read from
-the arena. Real loads replace the estimate within a few samples (exponential smoothing).
+the arena. The round trips are a load's fixed part, the copy its part per token (costs.LoadRate).
+Real loads replace the estimate within a few samples (exponential smoothing).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvprotocol import LayoutDescriptor
@@ -23,10 +25,23 @@ if TYPE_CHECKING:
 REPEATS = 3
 
 
+@dataclass(frozen=True)
+class LoadCalibration:
+    """One estimated load of one chunk: `fixed_s` for its round trips, `copy_s` for its chunk's bytes."""
+
+    fixed_s: float
+    tokens: int
+    copy_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.fixed_s + self.copy_s
+
+
 def calibrate_load(
     client: EngineClient, tensors: list[torch.Tensor], layout: LayoutDescriptor
-) -> tuple[int, float] | None:
-    """(tokens, seconds) of one estimated chunk load, or None when it cannot be measured here."""
+) -> LoadCalibration | None:
+    """One chunk's estimated load, or None when it cannot be measured here."""
     if not tensors or any(not t.is_contiguous() for t in tensors):
         return None
     rtts = [client.round_trip() for _ in range(REPEATS)]
@@ -46,4 +61,5 @@ def calibrate_load(
             dst.copy_(src)
             best = min(best, time.perf_counter() - t0)
         copy_s += best
-    return layout.chunk_size, 2 * min(r for r in rtts if r is not None) + 2 * copy_s
+    # a load: retrieve and release (two round trips); the copy and a checksum pass over the bytes
+    return LoadCalibration(2 * min(r for r in rtts if r is not None), layout.chunk_size, 2 * copy_s)

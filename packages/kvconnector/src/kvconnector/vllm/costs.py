@@ -6,8 +6,9 @@ prefill-heavy step cost (seconds for the tokens it computed) and report both wit
 worker metadata; the scheduler keeps exponentially weighted rates and loads a hit only when that is
 estimated cheaper than recomputing it.
 
-The load rate is seeded at start by each worker's calibration (`calibrate.py`: a server round trip
-and a copy of one chunk's blocks, no cache traffic), the prefill rate by the first prefill step;
+The load rates are seeded at start by each worker's calibration (`calibrate.py`: server round trips,
+the fixed part of a load, and a copy of one chunk's blocks, no cache traffic), the prefill rate by
+the first prefill step;
 until both are known, loads are taken (optimistic start). A declined hit teaches nothing, so after
 PROBE_EVERY declines in a row one hit is loaded anyway: a server that got faster (or an engine
 that got busier) is noticed. One CostModel per connector: a connector serves one layout.
@@ -15,7 +16,7 @@ that got busier) is noticed. One CostModel per connector: a connector serves one
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ALPHA = 0.3  # weight of the newest observation
 MIN_PREFILL_TOKENS = 32  # steps computing fewer tokens are decode-dominated: not a prefill rate
@@ -36,46 +37,76 @@ class Rate:
 
 
 @dataclass
+class LoadRate:
+    """A load's cost: a fixed part per load (its round trips to the server) and a part per token (its
+    copy and checksum). Why two parts: a rate per token alone, learned from a one-chunk calibration,
+    charges a large hit one round trip per chunk and sends it to the background for nothing.
+
+    The fixed part comes from the calibration's round trips; samples teach the per-token part (their
+    seconds less the fixed part of their loads) and lower the fixed part when loads come back faster
+    than it says (the calibration met a busy server)."""
+
+    fixed_s: float = 0.0
+    per_token: Rate = field(default_factory=Rate)
+
+    def observe(self, loads: int, tokens: float, seconds: float) -> None:
+        if tokens <= 0 or seconds < 0:
+            return
+        loads = max(1, loads)
+        rest = seconds - loads * self.fixed_s
+        if rest < 0:
+            self.fixed_s = (1 - ALPHA) * self.fixed_s + ALPHA * seconds / loads
+            rest = 0.0
+        self.per_token.observe(tokens, rest)
+
+    def estimate(self, tokens: int) -> float | None:
+        """Seconds one load of `tokens` is estimated to take; None until a sample was seen."""
+        if self.per_token.s_per_token is None:
+            return None
+        return self.fixed_s + tokens * self.per_token.s_per_token
+
+
+@dataclass
 class CostModel:
-    load: Rate  # every load: what a hit costs to bring (the planner's)
+    load: LoadRate  # every load: what a hit costs to bring (the planner's)
     prefill: Rate
-    in_step: Rate  # loads copied inside the step: a copy's own cost, to place a load (fits_in_step)
+    in_step: LoadRate  # loads copied inside the step: a copy's own cost, to place a load (fits_in_step)
     declined_in_a_row: int = 0
 
     @classmethod
     def new(cls) -> CostModel:
-        return cls(Rate(), Rate(), Rate())
+        return cls(LoadRate(), Rate(), LoadRate())
 
-    def observe(
-        self,
-        load_tokens: float,
-        load_s: float,
-        prefill_tokens: float,
-        prefill_s: float,
-        in_step_tokens: float = 0,
-        in_step_s: float = 0.0,
-    ) -> None:
-        if load_tokens > 0:
-            self.load.observe(load_tokens, load_s)
-        if in_step_tokens > 0:
-            self.in_step.observe(in_step_tokens, in_step_s)
-        if prefill_tokens >= MIN_PREFILL_TOKENS:
-            self.prefill.observe(prefill_tokens, prefill_s)
+    def calibrated(self, fixed_s: float) -> None:
+        """The workers' measured fixed cost of one load (calibrate.py), before its first sample."""
+        if fixed_s > 0:
+            self.load.fixed_s = self.in_step.fixed_s = fixed_s
+
+    def observe_loads(self, loads: int, tokens: float, seconds: float, *, in_step: bool) -> None:
+        """A step's loads (all of them, or those copied inside the step): how many, tokens, seconds."""
+        if tokens > 0:
+            (self.in_step if in_step else self.load).observe(loads, tokens, seconds)
+
+    def observe_prefill(self, tokens: float, seconds: float) -> None:
+        if tokens >= MIN_PREFILL_TOKENS:
+            self.prefill.observe(tokens, seconds)
 
     def cheaper_to_load(self, tokens: int) -> bool:
         """True unless both rates are known and recomputing `tokens` is estimated cheaper."""
-        if tokens <= 0 or self.load.s_per_token is None or self.prefill.s_per_token is None:
+        load_s = self.load.estimate(tokens)
+        if tokens <= 0 or load_s is None or self.prefill.s_per_token is None:
             return True
-        return tokens * self.load.s_per_token <= tokens * self.prefill.s_per_token
+        return load_s <= tokens * self.prefill.s_per_token
 
     def fits_in_step(self, tokens: int, step_s: float | None, share: float) -> bool:
         """Is copying `tokens` inside the step estimated to take at most `share` of a step of `step_s`
         seconds? From the in-step rate only: background copies on a busy host are timed with their
         waits for the CPU, and would keep every load in the background once some were. False while
         either is unknown (a load of unknown cost goes to the background)."""
-        if self.in_step.s_per_token is None or step_s is None or share <= 0:
+        load_s = self.in_step.estimate(tokens)
+        if load_s is None or step_s is None or share <= 0:
             return False
-        return tokens * self.in_step.s_per_token <= share * step_s
+        return load_s <= share * step_s
 
     def worth_loading(self, tokens: int) -> bool:
         """The decision for one hit: load it when cheaper, and every PROBE_EVERY-th declined hit anyway."""

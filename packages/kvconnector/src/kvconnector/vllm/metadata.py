@@ -39,20 +39,25 @@ class KVServerWorkerMetadata(KVConnectorWorkerMetadata):
     load_failed: dict[str, int] = field(default_factory=dict)
     # cost samples for the load planner (costs.py): tokens loaded and the seconds that took; tokens the
     # step computed and the seconds its forward took. Ranks work in parallel: aggregate keeps the max.
+    loads: int = 0
     load_tokens: int = 0
     load_s: float = 0.0
     # of those, the loads copied inside the step, and the calibration: a copy's own cost (a background
     # copy's time also counts its waits for the CPU and GIL it shares with the forward)
+    in_step_loads: int = 0
     in_step_tokens: int = 0
     in_step_s: float = 0.0
+    load_fixed_s: float = 0.0  # the calibration's fixed part of one load (its round trips), sent once
     step_tokens: int = 0
     step_s: float = 0.0
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVServerWorkerMetadata:
         if isinstance(other, KVServerWorkerMetadata):
+            self.loads, self.in_step_loads = max(self.loads, other.loads), max(self.in_step_loads, other.in_step_loads)
             self.load_tokens, self.load_s = max(self.load_tokens, other.load_tokens), max(self.load_s, other.load_s)
             self.in_step_tokens = max(self.in_step_tokens, other.in_step_tokens)
             self.in_step_s = max(self.in_step_s, other.in_step_s)
+            self.load_fixed_s = max(self.load_fixed_s, other.load_fixed_s)
             self.step_tokens, self.step_s = max(self.step_tokens, other.step_tokens), max(self.step_s, other.step_s)
             for mine, theirs in (
                 (self.saved, other.saved),

@@ -342,8 +342,11 @@ class SchedulerSide:
             self.parked.discard(req_id)
         if not isinstance(report, KVServerWorkerMetadata):
             return
-        r = report
-        self.costs.observe(r.load_tokens, r.load_s, r.step_tokens, r.step_s, r.in_step_tokens, r.in_step_s)
+        r, costs = report, self.costs
+        costs.calibrated(r.load_fixed_s)
+        costs.observe_loads(r.loads, r.load_tokens, r.load_s, in_step=False)
+        costs.observe_loads(r.in_step_loads, r.in_step_tokens, r.in_step_s, in_step=True)
+        costs.observe_prefill(r.step_tokens, r.step_s)
         failed_saves = report.save_failed
         for req_id, end in report.saved.items():
             st = self.reqs.get(req_id)

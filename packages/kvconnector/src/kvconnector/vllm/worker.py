@@ -111,11 +111,16 @@ class WorkerSide:
             self.loader = None
         wants_rate = self.cfg.plan_loads or (self.cfg.async_loads and self.cfg.in_step_load_share > 0)
         if wants_rate and self.cfg.load and self.client is not None:
-            sample = calibrate_load(self.client, tensors, layout)
-            if sample is not None:  # the first load rate (planner, in-step loads)
-                self.report.load_tokens, self.report.load_s = sample
-                self.report.in_step_tokens, self.report.in_step_s = sample
-                log.info("KVServerConnector worker: calibrated load %.1f us/token", 1e6 * sample[1] / sample[0])
+            cal = calibrate_load(self.client, tensors, layout)
+            if cal is not None:  # the first load rates (planner, in-step loads)
+                r = self.report
+                r.load_fixed_s, r.loads, r.in_step_loads = cal.fixed_s, 1, 1
+                r.load_tokens, r.load_s = r.in_step_tokens, r.in_step_s = cal.tokens, cal.seconds
+                log.info(
+                    "KVServerConnector worker: calibrated load %.0f us + %.2f us/token",
+                    1e6 * cal.fixed_s,
+                    1e6 * cal.copy_s / cal.tokens,
+                )
         log.info(
             "KVServerConnector worker: registered %d layers, tensor layout %s, copier %s",
             sum(len(g) for g in groups),
@@ -285,10 +290,12 @@ class WorkerSide:
             err = "debug_fail_load_chunks"
         if ok and not bad:
             self.stats.add("loaded_tokens", outcome.loaded_tokens)
+            self.report.loads += 1
             self.report.load_tokens += outcome.loaded_tokens
             self.report.load_s += outcome.seconds
             if not job.background:
                 self._step_load_s += outcome.seconds
+                self.report.in_step_loads += 1
                 self.report.in_step_tokens += outcome.loaded_tokens
                 self.report.in_step_s += outcome.seconds
             self.breaker.succeeded()
