@@ -56,7 +56,7 @@ async def test_without_unnamed_files_named_temp_files_are_used_and_leave_nothing
     fs = FsAdapter(tmp_path / "l2")
     await fs.start()
     await fs.put([(_key(0), b"unnamed")])
-    fs.close_proc_fd()  # as without /proc, or on a file system without O_TMPFILE
+    fs.writer.close_proc_fd()  # as without /proc, or on a file system without O_TMPFILE
     await fs.put([(_key(1), b"named"), (_key(0), b"replaced")])
     assert await fs.get([_key(0), _key(1)]) == [b"replaced", b"named"]
     assert len(_objects(tmp_path / "l2")) == 2

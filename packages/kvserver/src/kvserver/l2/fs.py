@@ -1,20 +1,12 @@
 """`fs://` tier: one file per object in a directory (local NVMe or a shared filesystem).
 
 A file's name is the BLAKE3 of its key (keys may hold '/' or '..', so they never become paths),
-fanned out over 256 subdirectories. A blob is written with one `writev` of its parts (the body
-straight from its L1 slot) and read with one `preadv` into a header buffer and the destination slot
-(`get_into`), so the bytes cross memory once each way. A write goes to an unnamed file (`O_TMPFILE`)
-in the object's own directory, linked under its name once whole: a reader never sees a partial
-object and a crash mid-write leaves nothing. Where the file system has no `O_TMPFILE` (or there is
-no /proc to name the file through) writes go to a temp file under `tmp/`, renamed into place (a
-crash leaves the temp file, swept at start when older than an hour, since another server may share
-the directory). An unnamed file for a key already held replaces it by unlink + link (a reader in
-between sees a miss), which also spares ext4's writeback on a rename over a file. With `fsync=1`
-each file is synced before it is named and each directory a batch wrote into once after the batch
-(not per file: a directory sync is a device flush), so a put that returned is durable and a file
-under its final name is whole after a power loss. Without `fsync=1` a power loss can lose recent
-puts or leave a torn file, which the integrity header turns into a miss. A restarted server finds
-every object already there.
+fanned out over 256 subdirectories. A blob is written whole under its name (`fs_write.py`: one
+`writev` of its parts, the body straight from its L1 slot, into a file no reader sees partial) and
+read with one `preadv` into a header buffer and the destination slot (`get_into`), so the bytes
+cross memory once each way. With `fsync=1` each directory a batch wrote into is synced once after
+the batch (not per file: a directory sync is a device flush), so a put that returned is durable.
+A restarted server finds every object already there.
 Object files are 0600 and directories 0700 whatever the umask: cached KV is a tenant's data.
 
 With `capacity_gb` the tier is bounded: an in-memory index of its files in access order (rebuilt at
@@ -27,13 +19,9 @@ of them the capacity and the others none.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import os
 import stat
 import threading
-import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,12 +30,9 @@ from typing import Any, TypeVar
 from blake3 import blake3
 
 from .base import BlobParts, Check, L2Adapter, L2Error, LazyBlob, Landed, Usage, blob_parts
+from .fs_write import DIR_MODE, WholeFileWriter, fsync_dir, unlink
 
-STALE_TMP_S = 3600.0
 T = TypeVar("T")
-DIR_MODE, FILE_MODE = 0o700, 0o600
-# what open(O_TMPFILE) or linkat through /proc/self/fd fail with where they are not supported
-UNNAMED_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EPERM, errno.EXDEV})
 
 
 class UntrustedRoot(L2Error):
@@ -103,7 +88,7 @@ class FsAdapter(L2Adapter):
         self._objects_dir = str(self._objects)
         self._tmp = self.root / "tmp"
         self._refused: L2Error | None = None
-        self._proc_fd: tuple[int, int] | None = None  # (pid, fd of /proc/self/fd): names for unnamed files
+        self.writer = WholeFileWriter(str(self._tmp), fsync=fsync)
 
     def path_of(self, key: str) -> Path:
         return Path(self._file(key))
@@ -126,35 +111,12 @@ class FsAdapter(L2Adapter):
         _private_dir(self.root, follow=True)
         for path in (self._objects, self._tmp):
             _private_dir(path)
-        cutoff = time.time() - STALE_TMP_S
-        for entry in os.scandir(self._tmp):
-            try:  # only our own regular files: never follow a link out of the tier
-                st = entry.stat(follow_symlinks=False)
-                if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mtime < cutoff:
-                    os.unlink(entry.path)
-            except OSError:
-                pass  # another server removed or renamed it meanwhile
+        self.writer.open()
         if self.capacity is not None:
             self._rebuild_index()
-        self._open_proc_fd()
-
-    def _open_proc_fd(self) -> None:
-        """/proc/self/fd, through which an unnamed file (O_TMPFILE) gets its name; without it (no
-        /proc, or a file system without O_TMPFILE: `_put_one` then clears it) puts go through named
-        temp files."""
-        self.close_proc_fd()
-        try:
-            self._proc_fd = (os.getpid(), os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY))
-        except OSError:
-            self._proc_fd = None
-
-    def close_proc_fd(self) -> None:
-        if self._proc_fd is not None:
-            os.close(self._proc_fd[1])
-            self._proc_fd = None
 
     async def close(self) -> None:
-        self.close_proc_fd()
+        self.writer.close_proc_fd()
 
     def _rebuild_index(self) -> None:
         found = []
@@ -202,7 +164,7 @@ class FsAdapter(L2Adapter):
                     return
                 path, size = self._index.popitem(last=False)
                 self._bytes -= size
-            _unlink(path)
+            unlink(path)
             self.evicted += 1
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -225,70 +187,16 @@ class FsAdapter(L2Adapter):
         try:
             for key, blob in items:
                 parts = (blob,) if isinstance(blob, bytes) else blob_parts(blob)  # a lazy one encoded here
-                written.append((self._put_one(key, parts), sum(len(p) for p in parts)))
-            if self.fsync:  # the renames durable before the put returns: each directory once per batch
+                path = self._file(key)
+                self.writer.write(path, parts)
+                written.append((path, sum(len(p) for p in parts)))
+            if self.fsync:  # the names durable before the put returns: each directory once per batch
                 for directory in {os.path.dirname(path) for path, _ in written}:
-                    _fsync_dir(directory)
+                    fsync_dir(directory)
         finally:
             for path, size in reversed(written):  # a batch is in chunk order: its head ends up most recent
                 self._note(path, size)
         self._evict()
-
-    def _put_one(self, key: str, parts: BlobParts) -> str:
-        final = self._file(key)
-        proc = self._proc_fd
-        if proc is not None and proc[0] == os.getpid():
-            try:
-                self._put_unnamed(final, parts, proc[1])
-                return final
-            except OSError as exc:
-                if exc.errno not in UNNAMED_UNSUPPORTED:
-                    raise
-                self.close_proc_fd()  # no O_TMPFILE here, or no linking through /proc: named temp files
-        return self._put_named(final, parts)
-
-    def _put_unnamed(self, final: str, parts: BlobParts, proc_fd: int) -> None:
-        """Write an unnamed file (O_TMPFILE) in the object's own directory, then link it under its
-        name: a reader never sees it partial, a crash leaves nothing behind, and only one directory
-        changes (a named temp file costs a second directory's entry and a rename across them)."""
-        directory = os.path.dirname(final)
-        try:
-            fd = os.open(directory, os.O_WRONLY | os.O_TMPFILE, FILE_MODE)
-        except FileNotFoundError:  # the first object in this fan-out directory
-            os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
-            fd = os.open(directory, os.O_WRONLY | os.O_TMPFILE, FILE_MODE)
-        try:
-            _write_all(fd, parts)
-            if self.fsync:
-                os.fsync(fd)
-            try:
-                os.link(str(fd), final, src_dir_fd=proc_fd, follow_symlinks=True)
-            except FileExistsError:  # a put of a key held replaces it, as a rename over it would
-                _unlink(final)
-                with contextlib.suppress(FileExistsError):  # another writer's object landed meanwhile
-                    os.link(str(fd), final, src_dir_fd=proc_fd, follow_symlinks=True)
-        finally:
-            os.close(fd)
-
-    def _put_named(self, final: str, parts: BlobParts) -> str:
-        tmp = f"{self._tmp}/{os.path.basename(final)[:16]}-{uuid.uuid4().hex}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-            try:
-                _write_all(fd, parts)
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.replace(tmp, final)
-            except FileNotFoundError:  # the first object in this fan-out directory
-                os.makedirs(os.path.dirname(final), mode=DIR_MODE, exist_ok=True)
-                os.replace(tmp, final)
-        except BaseException:
-            _unlink(tmp)
-            raise
-        return final
 
     async def get(self, keys: Sequence[str]) -> list[bytes | None]:
         return await self._run(self._get_all, list(keys))
@@ -346,7 +254,7 @@ class FsAdapter(L2Adapter):
     def _delete_all(self, keys: list[str]) -> None:
         for key in keys:
             path = self._file(key)
-            _unlink(path)
+            unlink(path)
             self._forget(path)
 
     async def usage(self) -> Usage:
@@ -371,18 +279,6 @@ class FsAdapter(L2Adapter):
         return Usage(objects, size)
 
 
-def _write_all(fd: int, parts: BlobParts) -> None:
-    """writev every part, resuming after a short write (signals, >2 GiB)."""
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
-    while views:
-        done = os.writev(fd, views)
-        while views and done >= len(views[0]):
-            done -= len(views[0])
-            views.pop(0)
-        if views and done:
-            views[0] = views[0][done:]
-
-
 def _read_blob(fd: int, dest: memoryview | None, head: int) -> bytes | Landed:
     """One blob: into `dest` with one preadv when its size is `head + len(dest)`, else as bytes."""
     size = os.fstat(fd).st_size
@@ -402,18 +298,3 @@ def _read_blob(fd: int, dest: memoryview | None, head: int) -> bytes | Landed:
         if views and got:
             views[0] = views[0][got:]
     return Landed(bytes(start)) if not views else bytes(start) + bytes(dest[: max(0, offset - head)])
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
