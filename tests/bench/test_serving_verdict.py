@@ -112,3 +112,22 @@ def test_kv_cache_plan_never_holds_less_than_the_longest_request() -> None:
     assert plan["max_model_len"] == 832
     uncapped = wl.plan_kv_cache({"chat": chat}, 0.0, 64, 8192, 4096)
     assert uncapped["blocks"] is None and uncapped["max_model_len"] == 4096
+
+
+def test_a_round_keeps_its_figures_and_the_connectors_counters() -> None:
+    from bench.serving.repeats import compact
+
+    result = {
+        "workloads": {
+            "saturate": {
+                "req_per_s": 7.5,
+                "requests": 82,  # not a figure: not kept
+                "kvserver": {"kvserver_loads": 42.0, "kvserver_loads_in_step": 19.0},
+            },
+            "trace": {"req_per_s": 1.36},  # no connector (none)
+        }
+    }
+    kept = compact(result)
+    assert kept["saturate"] == {"req_per_s": 7.5, "kvserver_loads": 42.0, "kvserver_loads_in_step": 19.0}
+    assert kept["trace"] == {"req_per_s": 1.36}
+    assert compact({"error": "engine died"}) == {}
