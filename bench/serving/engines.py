@@ -49,8 +49,8 @@ CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "kvserver-noplan": ("KVServerConnector", {"plan_loads": False}),  # async, every hit loaded
     # every load in the background, however short (the default before 2026-12-07)
     "kvserver-bgloads": ("KVServerConnector", {"in_step_load_share": 0.0}),
-    # a load goes in the step when estimated within one whole step (the default: a quarter of one)
-    "kvserver-stepshare1": ("KVServerConnector", {"in_step_load_share": 1.0}),
+    # a load goes in the step only when estimated within a quarter of a step (the default: one step)
+    "kvserver-quarterstep": ("KVServerConnector", {"in_step_load_share": 0.25}),
     "kvserver-syncsaves": ("KVServerConnector", {"async_saves": False}),  # async loads, saves in the step
     # the lookup waits before 2026-12-06: 2 ms whatever the step, every repeated call a new lookup
     "kvserver-fixedwait": ("KVServerConnector", {"lookup_wait_step_share": 0.0, "lookup_miss_reuse_s": 0.0}),

@@ -67,9 +67,10 @@ class ConnectorConfig:
                      request waits in WAITING_FOR_REMOTE_KVS, other requests keep decoding, completion is
                      reported through get_finished); False: loads run inside the step, before the forward
     in_step_load_share  with async_loads, a hit whose load is estimated (costs.py) to take at most this
-                     share of the engine's recent step (default 0.25) is loaded inside the step instead:
-                     a background load parks the request for at least a step, holding its blocks while
-                     it computes nothing, which costs more than a copy of a few milliseconds. Larger
+                     share of the engine's recent step (default 1: one step) is loaded inside the step
+                     instead: a background load parks the request for at least a step, holding its
+                     blocks while it computes nothing, which costs more than a copy of a few
+                     milliseconds (on a CPU engine the copy shares the cores with the forward anyway). Larger
                      loads, streamed L2 hits and models with several KV cache groups load in the
                      background. 0: every load in the background; above 1: in the step even when
                      the copy outlasts a step (at most 100)
@@ -129,7 +130,7 @@ class ConnectorConfig:
     lookup_miss_reuse_s: float = 0.5
     lookup_hit_reuse_s: float = 0.5
     async_loads: bool = True
-    in_step_load_share: float = 0.25
+    in_step_load_share: float = 1.0
     plan_loads: bool = True
     async_saves: bool = True
     reserve: bool | None = None  # None: as the role says (apply_role)

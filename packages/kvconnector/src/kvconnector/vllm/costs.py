@@ -43,8 +43,9 @@ class LoadRate:
     charges a large hit one round trip per chunk and sends it to the background for nothing.
 
     The fixed part comes from the calibration's round trips; samples teach the per-token part (their
-    seconds less the fixed part of their loads) and lower the fixed part when loads come back faster
-    than it says (the calibration met a busy server)."""
+    seconds less the fixed part of their loads). A sample faster than its loads' fixed part lowers
+    that at once: every load pays the round trips, so no load is faster than them, and a calibration
+    that met a busy host (engines starting side by side) would otherwise decline hits for a while."""
 
     fixed_s: float = 0.0
     per_token: Rate = field(default_factory=Rate)
@@ -55,7 +56,7 @@ class LoadRate:
         loads = max(1, loads)
         rest = seconds - loads * self.fixed_s
         if rest < 0:
-            self.fixed_s = (1 - ALPHA) * self.fixed_s + ALPHA * seconds / loads
+            self.fixed_s = seconds / loads
             rest = 0.0
         self.per_token.observe(tokens, rest)
 
