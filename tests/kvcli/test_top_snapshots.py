@@ -36,12 +36,21 @@ async def polled(pilot: Pilot, n: int, timeout: float = 30.0) -> None:
         await pilot.pause(0.05)
 
 
+async def settled(pilot: Pilot) -> None:
+    """The last poll drawn and the screen idle: `pause()` alone waits for an idle CPU, which a host
+    running engine tests beside this one may report early (a run under the whole suite failed its
+    comparison once; which part of the screen differed was not kept)."""
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause(0.1)
+    await pilot.pause()
+
+
 async def second_poll(pilot: Pilot) -> None:
     """The mount's poll, then the next one by key."""
     await polled(pilot, 1)
     await pilot.press("r")
     await polled(pilot, 2)
-    await pilot.pause()
+    await settled(pilot)
 
 
 async def play_all(pilot: Pilot) -> None:
@@ -53,7 +62,7 @@ async def play_all(pilot: Pilot) -> None:
         await app.poll_now()
     await pilot.press("r")
     await polled(pilot, FRAMES)
-    await pilot.pause()
+    await settled(pilot)
     assert app.fleet.polls == FRAMES
 
 
