@@ -11,11 +11,14 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from kvtestkit.serverproc import ServerProc, free_port
 from kvtestkit.tenants import add_tenant
 
 ADMIN_TOKEN = "soak-admin-token-0123456789abcdef"
+START_TIMEOUT_S = 180.0
 
 
 class Redis:
@@ -39,14 +42,28 @@ class Redis:
         cmd += ["--appendonly", "yes", "--appendfsync", "always", "--protected-mode", "yes"]
         log = open(self.dir / "redis.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        # Waits while the process lives: on a loaded host creating the append-only file with
+        # fsync took 14 s and the exec itself 13 s, so a short deadline failed a healthy start.
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
             try:
-                if self.client().ping():
+                if self._probe().ping():
                     return
             except redis.RedisError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+                time.sleep(0.1)
+        self.kill()
+        tail = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"redis-server did not start on port {self.port}:\n{tail}")
+
+    def _probe(self) -> redis.Redis:
+        """A client that gives up at once: a probe that hangs or retries outlives a redis that exited."""
+        return redis.Redis(
+            host="127.0.0.1",
+            port=self.port,
+            socket_timeout=0.5,
+            socket_connect_timeout=0.5,
+            retry=Retry(NoBackoff(), 0),
+        )
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
@@ -127,7 +144,7 @@ class Server:
         self.incarnation += 1
         log = self.workdir / f"kvserver-{self.incarnation}.log"
         env = {"KVSERVER_STATE_DIR": str(self.workdir / "state")}
-        self.proc = ServerProc(self.port, self.args, log, self.http_port, env).start(timeout=60)
+        self.proc = ServerProc(self.port, self.args, log, self.http_port, env).start(timeout=START_TIMEOUT_S)
 
     def kill(self) -> None:
         if self.proc is not None:

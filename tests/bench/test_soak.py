@@ -6,6 +6,7 @@ that loaded nothing or injected no fault would prove nothing)."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 
 from bench.soak.__main__ import QUICK_S, QUICK_SEED
 from bench.soak.faults import KINDS, schedule
+from bench.soak.stack import Redis
 from bench.soak.workload import MAX_BLOCKS, SENTINEL, Identity, layer_shape, prompt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,3 +89,16 @@ def test_a_mid_write_fault_waits_for_its_target_to_handle_the_signal(tmp_path: P
     finally:
         clients.procs[0].kill()
         clients.procs[0].wait()
+
+
+def test_a_redis_that_cannot_start_ends_the_wait_with_its_reason(tmp_path: Path) -> None:
+    """A redis-server that exits (here: its port is taken) ends the wait and says why: the wait for
+    a live one is long (a loaded host took 27 s to start a healthy one), so it must not outlast a dead one."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        red = Redis(tmp_path)
+        red.port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match="Address already in use"):
+            red.start()
+        assert red.proc is not None and red.proc.poll() is not None
