@@ -109,3 +109,28 @@ def report(rounds: list[dict[str, Any]], labels: list[str], workloads: list[str]
                 v = judge(mine, base, up)
                 ratio = v.ratio.fmt(".3f") if v.ratio else "-"
                 say(f"| {title} | {label} | {m.fmt(fmt) if m else '-'} | {ratio} | {v.verdict} |")
+
+
+def report_recomputed(
+    rounds: list[dict[str, Any]], labels: list[str], workload: str, reachable: float, out: Console
+) -> None:
+    """Recomputed prompt tokens against none's, per configuration, beside the least any cache could
+    leave given none's own reuse in the same round: a goal below that floor cannot be met."""
+    base = [r.get("none", {}).get(workload, {}).get("reused_pct") for r in rounds]
+    floors = [(100 - reachable) / (100 - b) for b in base if b is not None and b < 100]
+    if not floors:
+        return
+    parts = []
+    for c in labels:
+        mine = [r.get(c, {}).get(workload, {}).get("reused_pct") for r in rounds]
+        ratios = [
+            (100 - m) / (100 - b)
+            for m, b in zip(mine, base, strict=True)
+            if m is not None and b is not None and b < 100
+        ]
+        parts.append(f"{c} {span(ratios, '.3f')}")
+    out.print(
+        f"recomputed prompt tokens / none's, {workload}: "
+        + ", ".join(parts)
+        + f"; the floor (reachable reuse {reachable:.1f}%): {span(floors, '.3f')}"
+    )

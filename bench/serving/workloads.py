@@ -159,17 +159,50 @@ def saturate(
 def _prompts(w: Workload) -> list[list[int]]:
     """Every request's prompt and output length, answers stood in by distinct placeholder tokens (ids
     >= VOCAB, never real tokens): what the engines will see, up to the generated tokens' values."""
-    out: list[list[int]] = []
+    return [prompt + answer for prompt, answer in _requests(w)]  # a request's KV at its end
+
+
+def _requests(w: Workload) -> list[tuple[list[int], list[int]]]:
+    """Every request's prompt and answer, sessions by start time, turns in order; answers stood in by
+    distinct placeholder tokens (ids >= VOCAB, never real tokens)."""
+    out: list[tuple[list[int], list[int]]] = []
     fill = VOCAB
-    for s in w.sessions:
+    for s in sorted(w.sessions, key=lambda s: s.start_s):  # stable: equal starts keep their order
         history: list[int] = []
         for t in s.turns:
             prompt = history + t.append if t.extend else list(t.append)
             answer = list(range(fill, fill + t.max_tokens))
             fill += t.max_tokens
-            out.append(prompt + answer)  # the request's KV at its end: prompt + answer
+            out.append((prompt, answer))
             history = prompt + answer
     return out
+
+
+def reachable_reuse(w: Workload, block_tokens: int) -> float:
+    """The most of the workload's prompt tokens any cache could serve, in %: every earlier request's
+    full blocks (prompt and answer, named by their whole prefix) stored the moment it ends and never
+    evicted, a prompt served up to its last token (the engine computes at least one). Requests in
+    order of their session's start, a session's turns in order: the workloads share across sessions
+    only what their first turns share (a system prompt, a trace's conversation prefix), so that
+    order is the send order wherever it matters. What `reused_pct` is bounded by."""
+    seen: set[int] = set()
+    prompt_tokens = reusable = 0
+    for prompt, answer in _requests(w):
+        names = _block_names(prompt, block_tokens)
+        hit = next((i for i, n in enumerate(names) if n not in seen), len(names))
+        prompt_tokens += len(prompt)
+        reusable += min(hit * block_tokens, max(0, len(prompt) - 1))
+        seen.update(_block_names(prompt + answer, block_tokens))
+    return 100 * reusable / max(1, prompt_tokens)
+
+
+def _block_names(toks: list[int], block_tokens: int) -> list[int]:
+    """Each full block named by its whole prefix, as vLLM's prefix cache hashes blocks."""
+    names, h = [], 0
+    for i in range(0, len(toks) - block_tokens + 1, block_tokens):
+        h = hash((h, tuple(toks[i : i + block_tokens])))
+        names.append(h)
+    return names
 
 
 def working_set(w: Workload, block_tokens: int) -> int:
@@ -178,10 +211,7 @@ def working_set(w: Workload, block_tokens: int) -> int:
     `block_tokens`. What a prefix cache must hold for every reuse in the workload to hit."""
     seen: set[int] = set()
     for toks in _prompts(w):
-        h = 0
-        for i in range(0, len(toks) - block_tokens + 1, block_tokens):
-            h = hash((h, tuple(toks[i : i + block_tokens])))
-            seen.add(h)
+        seen.update(_block_names(toks, block_tokens))
     return len(seen) * block_tokens
 
 

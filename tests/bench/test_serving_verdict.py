@@ -77,6 +77,30 @@ def test_working_set_counts_shared_blocks_once() -> None:
     assert wl.working_set(n, 64) == 3 * (272 // 64) * 64
 
 
+def test_reachable_reuse_counts_earlier_full_blocks_up_to_the_last_token() -> None:
+    a = list(range(3, 131))  # 128 tokens: two blocks of 64
+    later = wl.Workload("t", [wl.Session(1.0, [wl.Turn(a + [7] * 64, 1, extend=False)])])
+    first = wl.Workload("t", [wl.Session(0.0, [wl.Turn(a, 1, extend=False)])])
+    # sent second (by start time, whatever the list order): its first 128 of 192 tokens are reachable
+    both = wl.Workload("t", later.sessions + first.sessions)
+    assert wl.reachable_reuse(both, 64) == pytest.approx(100 * 128 / (128 + 192))
+    # a prompt equal to an earlier one is served up to its last token, which the engine computes
+    again = wl.Workload("t", first.sessions + [wl.Session(2.0, [wl.Turn(a, 1, extend=False)])])
+    assert wl.reachable_reuse(again, 64) == pytest.approx(100 * 127 / 256)
+    # a block differing anywhere before it is another block: a changed first token reaches nothing
+    other = wl.Workload("t", first.sessions + [wl.Session(2.0, [wl.Turn([5] + a[1:], 1, extend=False)])])
+    assert wl.reachable_reuse(other, 64) == 0
+
+
+def test_reachable_reuse_of_a_chat_includes_the_previous_answer() -> None:
+    # one user: turn 1 is 128 + 64 prompt tokens and a 64-token answer (4 blocks), turn 2 adds 64
+    w = wl.chat(users=1, rounds=2, system_tokens=128, user_tokens=64, max_tokens=64, think_s=0.1, stagger_s=0.0)
+    assert wl.reachable_reuse(w, 64) == pytest.approx(100 * 256 / (192 + 320))
+    # with 128-token blocks turn 2 still reaches the 256 tokens of turn 1's prompt and answer
+    assert wl.reachable_reuse(w, 128) == pytest.approx(100 * 256 / (192 + 320))
+    assert wl.reachable_reuse(wl.noreuse(requests=4, prompt_tokens=256, max_tokens=8, concurrency=2), 64) == 0
+
+
 def test_the_same_workload_every_round_and_a_different_one_otherwise() -> None:
     def make(seed: int) -> wl.Workload:
         return wl.chat(
@@ -131,3 +155,18 @@ def test_a_round_keeps_its_figures_and_the_connectors_counters() -> None:
     assert kept["saturate"] == {"req_per_s": 7.5, "kvserver_loads": 42.0, "kvserver_loads_in_step": 19.0}
     assert kept["trace"] == {"req_per_s": 1.36}
     assert compact({"error": "engine died"}) == {}
+
+
+def test_recomputed_is_reported_against_the_floor_none_leaves() -> None:
+    from rich.console import Console
+
+    from bench.serving.repeats import report_recomputed
+
+    # none reuses 20% and a configuration 50%, 60%, 55% in three rounds; at most 60% is reachable
+    rounds = [{"none": {"trace": {"reused_pct": 20.0}}, "kv": {"trace": {"reused_pct": r}}} for r in (50.0, 60.0, 55.0)]
+    out = Console(record=True, width=250)
+    report_recomputed(rounds, ["kv"], "trace", 60.0, out)
+    text = out.export_text()
+    # recomputed 50/80, 40/80, 45/80 of none's; the floor 40/80 in every round
+    assert "kv 0.562 [0.500-0.625]" in text
+    assert "the floor (reachable reuse 60.0%): 0.500" in text
