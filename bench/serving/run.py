@@ -212,7 +212,16 @@ def summarise(records: list[RequestRecord], wall: float, m: dict[str, float]) ->
         "per_engine_requests": [sum(1 for r in records if r.engine == e) for e in sorted({r.engine for r in records})],
         "preemptions": int(m.get("preemptions", 0)),
         "reused_pct": 100 * (src["prompt"] - src["recomputed"]) / max(1, src["prompt"]),
+        "per_request": {
+            "columns": list(PER_REQUEST),
+            "rows": [[getattr(r, c) for c in PER_REQUEST] for r in sorted(records, key=lambda r: r.sent_s)],
+        },
     }
+
+
+# Each request of a workload, for reading what a percentile is made of (which requests are slow, and
+# whether they hit): kept in the JSON for every round.
+PER_REQUEST = ("session", "turn", "engine", "prompt_tokens", "cached_tokens", "sent_s", "ttft_s", "e2e_s")
 
 
 def settled(urls: list[str], poll_s: float = 0.2, timeout_s: float = 5.0) -> dict[str, float]:
@@ -506,8 +515,10 @@ def main() -> int:
         ) as progress:
             bar = progress.add_task("starting", total=total)
             rounds: list[dict[str, Any]] = []
+            requests: list[dict[str, Any]] = []  # round -> configuration -> workload -> per_request
             for rnd in range(args.repeats):
                 rounds.append({})
+                requests.append({})
                 order = list(zip(runs, labels, strict=True))
                 for (c, router), label in order[::-1] if rnd % 2 else order:  # A B, B A, ...: no order bias
                     fresh = {n: build_workload(n, scale, args.trace) for n in names}  # sessions are consumed
@@ -516,6 +527,7 @@ def main() -> int:
                     w = run_config(c, router, model, fresh, args, tmp, progress, bar)
                     results["configs"].setdefault(label, w)
                     rounds[-1][label] = serving_repeats.compact(w)
+                    requests[-1][label] = {n: r["per_request"] for n, r in w.get("workloads", {}).items()}
                     if "error" in w:  # kept with the engines' logs: a run's temporary directory is not
                         failure = {"round": rnd, "config": label, "error": w["error"], "engine_logs": w["engine_logs"]}
                         results.setdefault("failures", []).append(failure)
@@ -528,6 +540,7 @@ def main() -> int:
                         )
                     )
             results["rounds"] = rounds
+            results["per_request"] = requests
     results["total_s"] = time.perf_counter() - t_all
     results["same_requests"] = same_requests
     results["verdicts"] = serving_repeats.verdicts(rounds, labels, names)
