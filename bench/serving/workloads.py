@@ -159,13 +159,13 @@ def saturate(
 def _prompts(w: Workload) -> list[list[int]]:
     """Every request's prompt and output length, answers stood in by distinct placeholder tokens (ids
     >= VOCAB, never real tokens): what the engines will see, up to the generated tokens' values."""
-    return [prompt + answer for prompt, answer in _requests(w)]  # a request's KV at its end
+    return [prompt + answer for _, prompt, answer in _requests(w)]  # a request's KV at its end
 
 
-def _requests(w: Workload) -> list[tuple[list[int], list[int]]]:
-    """Every request's prompt and answer, sessions by start time, turns in order; answers stood in by
-    distinct placeholder tokens (ids >= VOCAB, never real tokens)."""
-    out: list[tuple[list[int], list[int]]] = []
+def _requests(w: Workload) -> list[tuple[float, list[int], list[int]]]:
+    """Every request's session start, prompt and answer, sessions by start time, turns in order;
+    answers stood in by distinct placeholder tokens (ids >= VOCAB, never real tokens)."""
+    out: list[tuple[float, list[int], list[int]]] = []
     fill = VOCAB
     for s in sorted(w.sessions, key=lambda s: s.start_s):  # stable: equal starts keep their order
         history: list[int] = []
@@ -173,7 +173,7 @@ def _requests(w: Workload) -> list[tuple[list[int], list[int]]]:
             prompt = history + t.append if t.extend else list(t.append)
             answer = list(range(fill, fill + t.max_tokens))
             fill += t.max_tokens
-            out.append((prompt, answer))
+            out.append((s.start_s, prompt, answer))
             history = prompt + answer
     return out
 
@@ -185,15 +185,54 @@ def reachable_reuse(w: Workload, block_tokens: int) -> float:
     order of their session's start, a session's turns in order: the workloads share across sessions
     only what their first turns share (a system prompt, a trace's conversation prefix), so that
     order is the send order wherever it matters. What `reused_pct` is bounded by."""
-    seen: set[int] = set()
-    prompt_tokens = reusable = 0
-    for prompt, answer in _requests(w):
-        names = _block_names(prompt, block_tokens)
-        hit = next((i for i, n in enumerate(names) if n not in seen), len(names))
-        prompt_tokens += len(prompt)
-        reusable += min(hit * block_tokens, max(0, len(prompt) - 1))
-        seen.update(_block_names(prompt + answer, block_tokens))
+    reusable, prompt_tokens = reachable_tokens(w, block_tokens)
     return 100 * reusable / max(1, prompt_tokens)
+
+
+def reachable_tokens(w: Workload, block_tokens: int, caches: int = 1) -> tuple[int, int]:
+    """(the most prompt tokens a cache could serve, all prompt tokens), as `reachable_reuse` counts
+    them; with `caches` > 1 the requests go round robin to that many separate caches (request i of
+    that order to cache i mod `caches`, as the round-robin router sends them to per-engine caches)."""
+    each = reachable_per_request(w, block_tokens, caches)
+    return sum(r for _, _, r in each), sum(n for _, n, _ in each)
+
+
+def reachable_per_request(w: Workload, block_tokens: int, caches: int = 1) -> list[tuple[float, int, int]]:
+    """(its session's start, prompt tokens, the most a cache could serve) of every request, in the
+    order `reachable_reuse` takes them."""
+    seen: list[set[int]] = [set() for _ in range(caches)]
+    out = []
+    for i, (start, prompt, answer) in enumerate(_requests(w)):
+        mine = seen[i % caches]
+        names = _block_names(prompt, block_tokens)
+        hit = next((k for k, n in enumerate(names) if n not in mine), len(names))
+        out.append((start, len(prompt), min(hit * block_tokens, max(0, len(prompt) - 1))))
+        mine.update(_block_names(prompt + answer, block_tokens))
+    return out
+
+
+@dataclass
+class Window:
+    start_s: float
+    requests: int
+    prompt_tokens: int
+    to_compute: int  # at best: the prompt tokens no cache could serve
+
+
+def arrivals(w: Workload, block_tokens: int, window_s: float) -> list[Window]:
+    """An open-loop workload of one-request sessions (the trace) in windows of its send times: how
+    many requests and prompt tokens arrive, and how many of those tokens must be computed whatever
+    the cache does. A burst of first turns is work no cache removes."""
+    if w.concurrency is not None or any(len(s.turns) != 1 for s in w.sessions):
+        raise ValueError(f"{w.name}: arrivals need an open-loop workload of one-request sessions")
+    windows: dict[int, Window] = {}
+    for start, n, reachable in reachable_per_request(w, block_tokens):
+        k = int(start // window_s)
+        win = windows.setdefault(k, Window(k * window_s, 0, 0, 0))
+        win.requests += 1
+        win.prompt_tokens += n
+        win.to_compute += n - reachable
+    return [windows[k] for k in sorted(windows)]
 
 
 def _block_names(toks: list[int], block_tokens: int) -> list[int]:

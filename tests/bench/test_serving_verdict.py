@@ -101,6 +101,16 @@ def test_reachable_reuse_of_a_chat_includes_the_previous_answer() -> None:
     assert wl.reachable_reuse(wl.noreuse(requests=4, prompt_tokens=256, max_tokens=8, concurrency=2), 64) == 0
 
 
+def test_round_robin_over_separate_caches_reaches_only_every_other_turn() -> None:
+    # one user, four turns of 128 + 64k prompt tokens and 64-token answers, over two per-engine caches:
+    # turns 1 and 2 find nothing, turn 3 finds turn 1's 256 tokens, turn 4 turn 2's 384
+    w = wl.chat(users=1, rounds=4, system_tokens=128, user_tokens=64, max_tokens=64, think_s=0.1, stagger_s=0.0)
+    prompts = 192 + 320 + 448 + 576
+    assert wl.reachable_tokens(w, 64, caches=2) == (256 + 384, prompts)
+    # one cache: every turn finds the one before it
+    assert wl.reachable_tokens(w, 64) == (256 + 384 + 512, prompts)
+
+
 def test_the_same_workload_every_round_and_a_different_one_otherwise() -> None:
     def make(seed: int) -> wl.Workload:
         return wl.chat(
@@ -170,3 +180,18 @@ def test_recomputed_is_reported_against_the_floor_none_leaves() -> None:
     # recomputed 50/80, 40/80, 45/80 of none's; the floor 40/80 in every round
     assert "kv 0.562 [0.500-0.625]" in text
     assert "the floor (reachable reuse 60.0%): 0.500" in text
+
+
+def test_arrivals_count_what_each_window_must_compute_at_best() -> None:
+    a = list(range(3, 131))  # 128 tokens
+    w = wl.Workload(
+        "t",
+        [
+            wl.Session(0.5, [wl.Turn(a, 1, extend=False)]),  # a first turn: all of it computed
+            wl.Session(1.5, [wl.Turn([9] * 64, 1, extend=False)]),
+            wl.Session(6.0, [wl.Turn(a + [7] * 64, 1, extend=False)]),  # 128 of 192 reachable
+        ],
+    )
+    assert wl.arrivals(w, 64, 5.0) == [wl.Window(0.0, 2, 192, 192), wl.Window(5.0, 1, 192, 64)]
+    with pytest.raises(ValueError):  # a closed loop has no arrival times
+        wl.arrivals(wl.noreuse(requests=2, prompt_tokens=64, max_tokens=1, concurrency=1), 64, 5.0)
