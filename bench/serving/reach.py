@@ -1,12 +1,19 @@
 """What a cache could do for the serving benchmark's workloads at best, before any engine runs.
 
     .venv-vllm/bin/python -m bench.serving.reach [--scale full] [--window 5] [--json out.json]
+    .venv-vllm/bin/python -m bench.serving.reach --tail run.json [--workload trace]
 
 Per workload: the reachable reuse (`workloads.reachable_reuse`: every earlier request's full blocks
 kept, a prompt served up to its last token), so a goal on recomputed tokens can be checked against
 what the workload allows; for the open-loop trace also its arrivals in windows of `--window`
 seconds, with the prompt tokens each window must compute whatever the cache does: a burst of first
-turns sets the TTFT tail, and no cache removes that work."""
+turns sets the TTFT tail, and no cache removes that work.
+
+`--tail` reads a run's JSON (its `per_request`) and says what each configuration's slowest tenth of
+a workload's requests was made of, round by round: how many were cold (at most a tenth of the
+prompt reachable), and the median TTFT of the cold and of the other requests against `none`'s for
+the same requests. A TTFT percentile set by cold requests moves only as far as the cache shortens
+the queue they wait in."""
 
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from rich.table import Table
 import bench.serving.workloads as wl
 from bench.serving.engines import BLOCK_SIZE
 from bench.serving.run import SCALES, build_workload
+from bench.serving.tails import tail
 
 
 def reach(scale_name: str, window_s: float, trace: Path | None = None) -> dict[str, Any]:
@@ -40,17 +48,56 @@ def reach(scale_name: str, window_s: float, trace: Path | None = None) -> dict[s
     return out
 
 
+def print_tail(rows: list[dict[str, Any]], workload: str, out: Console) -> None:
+    t = Table(
+        "round",
+        "config",
+        "slowest 10%: cold",
+        "cold TTFT s (vs none)",
+        "other TTFT s (vs none)",
+        title=f"{workload}: what the slowest tenth is made of",
+    )
+    for r in rows:
+        cells = []
+        for part in ("cold", "warm"):
+            v, x = r[f"{part}_ttft_s"], r.get(f"{part}_vs_none")
+            cells.append("-" if v is None else f"{v:.3f}" + (f" ({x:.2f}x)" if x is not None else ""))
+        t.add_row(
+            str(r["round"]), r["config"], f"{r['slowest_cold']} of {r['slowest']} ({r['cold']} cold in all)", *cells
+        )
+    out.print(t)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", default="full", choices=sorted(SCALES))
     ap.add_argument("--window", type=float, default=5.0, help="seconds per arrival window (default 5)")
     ap.add_argument("--trace", type=Path, default=None, help="the Mooncake conversation trace (default: ../shared)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures to this file")
+    ap.add_argument(
+        "--tail", type=Path, default=None, help="a bench.serving --json file: what its slowest requests were"
+    )
+    ap.add_argument("--workload", default="trace", help="with --tail: the workload (default trace)")
     args = ap.parse_args(argv)
     if args.window <= 0:
         ap.error("--window must be positive")
-    res = reach(args.scale, args.window, args.trace)
     out = Console(highlight=False)
+    if args.tail is not None:
+        try:
+            run = json.loads(args.tail.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"cannot read {args.tail}: {exc}", file=sys.stderr)
+            return 2
+        if not run.get("per_request"):
+            print(f"{args.tail} has no per_request records (a run from before they were kept)", file=sys.stderr)
+            return 2
+        w = build_workload(args.workload, run["scale"], args.trace)
+        rows = tail(run, args.workload, w, min(run["chunk_size"], run.get("engine_block_size", BLOCK_SIZE)))
+        print_tail(rows, args.workload, out)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return 0
+    res = reach(args.scale, args.window, args.trace)
     out.print(f"--{args.scale}: reuse reachable at {res['block_tokens']}-token blocks")
     for name, row in res["workloads"].items():
         out.print(

@@ -498,6 +498,7 @@ def main() -> int:
         "repeats": args.repeats,
         "kv_cache": args.kv_plan,
         "chunk_size": args.chunk_size,
+        "engine_block_size": eng.BLOCK_SIZE,
         "fingerprints": fingerprints,
         "reachable_reuse_pct": reachable,
     }

@@ -29,7 +29,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 VOCAB = 1024
 TRACE_NAME = "mooncake_conversation_trace.jsonl"
@@ -159,21 +159,29 @@ def saturate(
 def _prompts(w: Workload) -> list[list[int]]:
     """Every request's prompt and output length, answers stood in by distinct placeholder tokens (ids
     >= VOCAB, never real tokens): what the engines will see, up to the generated tokens' values."""
-    return [prompt + answer for _, prompt, answer in _requests(w)]  # a request's KV at its end
+    return [r.prompt + r.answer for r in _requests(w)]  # a request's KV at its end
 
 
-def _requests(w: Workload) -> list[tuple[float, list[int], list[int]]]:
-    """Every request's session start, prompt and answer, sessions by start time, turns in order;
-    answers stood in by distinct placeholder tokens (ids >= VOCAB, never real tokens)."""
-    out: list[tuple[float, list[int], list[int]]] = []
+class _Request(NamedTuple):
+    session: int  # the index in `Workload.sessions`, as the client's records name it
+    turn: int
+    start_s: float  # its session's start
+    prompt: list[int]
+    answer: list[int]
+
+
+def _requests(w: Workload) -> list[_Request]:
+    """Every request, sessions by start time, turns in order; answers stood in by distinct
+    placeholder tokens (ids >= VOCAB, never real tokens)."""
+    out: list[_Request] = []
     fill = VOCAB
-    for s in sorted(w.sessions, key=lambda s: s.start_s):  # stable: equal starts keep their order
+    for i, s in sorted(enumerate(w.sessions), key=lambda x: x[1].start_s):  # stable: ties keep their order
         history: list[int] = []
-        for t in s.turns:
+        for k, t in enumerate(s.turns):
             prompt = history + t.append if t.extend else list(t.append)
             answer = list(range(fill, fill + t.max_tokens))
             fill += t.max_tokens
-            out.append((s.start_s, prompt, answer))
+            out.append(_Request(i, k, s.start_s, prompt, answer))
             history = prompt + answer
     return out
 
@@ -194,20 +202,28 @@ def reachable_tokens(w: Workload, block_tokens: int, caches: int = 1) -> tuple[i
     them; with `caches` > 1 the requests go round robin to that many separate caches (request i of
     that order to cache i mod `caches`, as the round-robin router sends them to per-engine caches)."""
     each = reachable_per_request(w, block_tokens, caches)
-    return sum(r for _, _, r in each), sum(n for _, n, _ in each)
+    return sum(r.reachable for r in each), sum(r.prompt_tokens for r in each)
 
 
-def reachable_per_request(w: Workload, block_tokens: int, caches: int = 1) -> list[tuple[float, int, int]]:
-    """(its session's start, prompt tokens, the most a cache could serve) of every request, in the
-    order `reachable_reuse` takes them."""
+class Reach(NamedTuple):
+    session: int
+    turn: int
+    start_s: float
+    prompt_tokens: int
+    reachable: int  # the most of its prompt a cache could serve
+
+
+def reachable_per_request(w: Workload, block_tokens: int, caches: int = 1) -> list[Reach]:
+    """Every request's reachable prompt tokens, in the order `reachable_reuse` takes them."""
     seen: list[set[int]] = [set() for _ in range(caches)]
     out = []
-    for i, (start, prompt, answer) in enumerate(_requests(w)):
+    for i, r in enumerate(_requests(w)):
         mine = seen[i % caches]
-        names = _block_names(prompt, block_tokens)
+        names = _block_names(r.prompt, block_tokens)
         hit = next((k for k, n in enumerate(names) if n not in mine), len(names))
-        out.append((start, len(prompt), min(hit * block_tokens, max(0, len(prompt) - 1))))
-        mine.update(_block_names(prompt + answer, block_tokens))
+        reachable = min(hit * block_tokens, max(0, len(r.prompt) - 1))
+        out.append(Reach(r.session, r.turn, r.start_s, len(r.prompt), reachable))
+        mine.update(_block_names(r.prompt + r.answer, block_tokens))
     return out
 
 
@@ -226,12 +242,12 @@ def arrivals(w: Workload, block_tokens: int, window_s: float) -> list[Window]:
     if w.concurrency is not None or any(len(s.turns) != 1 for s in w.sessions):
         raise ValueError(f"{w.name}: arrivals need an open-loop workload of one-request sessions")
     windows: dict[int, Window] = {}
-    for start, n, reachable in reachable_per_request(w, block_tokens):
-        k = int(start // window_s)
+    for r in reachable_per_request(w, block_tokens):
+        k = int(r.start_s // window_s)
         win = windows.setdefault(k, Window(k * window_s, 0, 0, 0))
         win.requests += 1
-        win.prompt_tokens += n
-        win.to_compute += n - reachable
+        win.prompt_tokens += r.prompt_tokens
+        win.to_compute += r.prompt_tokens - r.reachable
     return [windows[k] for k in sorted(windows)]
 
 

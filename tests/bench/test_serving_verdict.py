@@ -195,3 +195,26 @@ def test_arrivals_count_what_each_window_must_compute_at_best() -> None:
     assert wl.arrivals(w, 64, 5.0) == [wl.Window(0.0, 2, 192, 192), wl.Window(5.0, 1, 192, 64)]
     with pytest.raises(ValueError):  # a closed loop has no arrival times
         wl.arrivals(wl.noreuse(requests=2, prompt_tokens=64, max_tokens=1, concurrency=1), 64, 5.0)
+
+
+def test_the_tail_says_which_slow_requests_were_cold_and_pairs_ttft_per_request() -> None:
+    from bench.serving.tails import tail
+
+    a = list(range(3, 131))
+    sessions = [wl.Session(0.0, [wl.Turn(a, 1, extend=False)])]  # cold
+    sessions += [wl.Session(0.1 * i, [wl.Turn([5 + i] * 128, 1, extend=False)]) for i in range(1, 10)]  # cold
+    sessions += [wl.Session(5.0, [wl.Turn(a + [7] * 64, 1, extend=False)])]  # 128 of 192 reachable: warm
+    w = wl.Workload("trace", sessions)
+    cols = ["session", "turn", "engine", "prompt_tokens", "cached_tokens", "sent_s", "ttft_s", "e2e_s"]
+
+    def records(ttft: list[float]) -> dict[str, object]:
+        return {"columns": cols, "rows": [[i, 0, 0, 0, 0, 0.0, t, t] for i, t in enumerate(ttft)]}
+
+    none = [1.0] * 10 + [0.8]
+    kv = [2.0] + [0.5] * 9 + [0.2]  # session 0 (cold) is the slowest; the warm one 4x faster than none
+    run = {"per_request": [{"none": {"trace": records(none)}, "kv": {"trace": records(kv)}}]}
+    rows = {r["config"]: r for r in tail(run, "trace", w, 64)}
+    # the slowest tenth of 11 requests is 2 requests: both cold
+    assert rows["kv"]["slowest"] == 2 and rows["kv"]["slowest_cold"] == 2 and rows["kv"]["cold"] == 10
+    assert rows["kv"]["cold_vs_none"] == pytest.approx(0.5) and rows["kv"]["warm_vs_none"] == pytest.approx(0.25)
+    assert rows["none"]["warm_ttft_s"] == pytest.approx(0.8) and "warm_vs_none" not in rows["none"]

@@ -1,0 +1,42 @@
+"""What a run's slowest requests were made of: cold requests (at most a tenth of the prompt
+reachable by any cache, `workloads.reachable_per_request`) or requests a cache could serve. A TTFT
+percentile set by cold requests moves only as far as the cache shortens the queue they wait in."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import bench.serving.workloads as wl
+
+COLD = 0.1  # a request with at most this share of its prompt reachable is cold
+
+
+def tail(run: dict[str, Any], workload: str, w: wl.Workload, grain: int) -> list[dict[str, Any]]:
+    """Per round and configuration of a run's JSON: how many of the slowest tenth of `workload`'s
+    requests (`w`, built as the run built it) were cold at `grain`-token blocks, and the cold and the
+    other requests' median TTFT, each over none's for the same requests."""
+    cold = {(r.session, r.turn): r.reachable <= COLD * r.prompt_tokens for r in wl.reachable_per_request(w, grain)}
+    rows = []
+    for rnd, configs in enumerate(run.get("per_request", [])):
+        ttft = {c: _ttfts(t[workload]) for c, t in configs.items() if t.get(workload)}
+        base = ttft.get("none")
+        for c, mine in ttft.items():
+            slow = sorted(mine, key=lambda k: mine[k], reverse=True)[: max(1, -(-len(mine) // 10))]
+            row: dict[str, Any] = {"round": rnd + 1, "config": c, "slowest": len(slow)}
+            row["slowest_cold"] = sum(1 for k in slow if cold.get(k, False))
+            row["cold"] = sum(1 for k in mine if cold.get(k, False))
+            for part, want in (("cold", True), ("warm", False)):
+                keys = [k for k in mine if cold.get(k, False) is want]
+                row[f"{part}_ttft_s"] = statistics.median([mine[k] for k in keys]) if keys else None
+                if base is not None and c != "none":
+                    paired = [mine[k] / base[k] for k in keys if base.get(k)]
+                    row[f"{part}_vs_none"] = statistics.median(paired) if paired else None
+            rows.append(row)
+    return rows
+
+
+def _ttfts(per_request: dict[str, Any]) -> dict[tuple[int, int], float]:
+    cols = per_request["columns"]
+    s, t, f = cols.index("session"), cols.index("turn"), cols.index("ttft_s")
+    return {(row[s], row[t]): row[f] for row in per_request["rows"]}
