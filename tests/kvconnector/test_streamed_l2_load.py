@@ -4,11 +4,17 @@ A chunk the prefetch does not bring fails (with every block after it), and is ne
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from engine_kv_helpers import Geometry
 from kvconnector.engine_client import EngineClient
+from kvconnector.vllm.jobs import LoadJob
+from kvconnector.vllm.loader import BackgroundLoader
 from kvprotocol import KeySpace, ObjectKey, chunk_hashes, pack_tokens
 from kvserver.l2.fs import FsAdapter
 from kvtestkit.kvhelpers import sid
@@ -91,3 +97,54 @@ def test_a_chunk_the_prefetch_does_not_bring_is_reported_failed_not_loaded(serve
     assert_blocks_equal(dst, ids[: bad * BPC], src, list(range(bad * BPC)))
     with server.client() as raw:  # no lease is left behind by the failed load
         assert raw.call("describe").result["l1"]["leased"] == 0
+
+
+def test_an_l1_hit_does_not_wait_behind_a_streamed_load(server_factory, tmp_path: Path) -> None:
+    """The worker's BackgroundLoader runs streamed loads on a thread and client of their own: a load
+    of an L1 hit submitted after a streamed one ends while the streamed one still waits for its
+    prefetch. Here the streaming server is stopped (SIGSTOP) mid-stream, a prefetch that takes as
+    long as the test wants; the L1 hit is on another server."""
+    src, dst = GEO.random_kv(CHUNKS * BPC, seed=11), GEO.sentinel_kv(2 * CHUNKS * BPC)
+    streamed_tokens = np.random.default_rng(12).integers(0, 50_000, CHUNKS * CHUNK)
+    l1_tokens = np.random.default_rng(13).integers(0, 50_000, CHUNKS * CHUNK)
+    l2_server, _ = _l2_only(server_factory, tmp_path, streamed_tokens, src)
+    l1_server = server_factory("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK))
+    with _engine(l1_server) as a:
+        assert a.register(src) and a.save(l1_tokens, list(range(CHUNKS * BPC))).saved_chunks == CHUNKS
+    l1_ids, streamed_ids = list(range(CHUNKS * BPC)), list(range(CHUNKS * BPC, 2 * CHUNKS * BPC))
+    l1_client, streamer = _engine(l1_server), _engine(l2_server)
+    loader = BackgroundLoader(l1_client, stream_client=streamer)
+    try:
+        assert loader.clients() == [l1_client, streamer] and all(c.register(dst) for c in loader.clients())
+        pending = streamer.lookup(streamed_tokens, session=sid("streamed"), wait=False, expect=True)
+        assert pending.pending and pending.expected_tokens == CHUNKS * CHUNK
+        assert l1_client.lookup(l1_tokens, session=sid("l1-hit")).hit_tokens == CHUNKS * CHUNK
+        os.kill(l2_server.proc.pid, signal.SIGSTOP)
+        try:
+            loader.submit(_job("streamed", streamed_tokens, streamed_ids, stream=True), streamed_ids)
+            loader.submit(_job("l1-hit", l1_tokens, l1_ids, stream=False), l1_ids)
+            done: list[tuple[Any, Any]] = []
+            deadline = time.monotonic() + 60
+            while not done and time.monotonic() < deadline:
+                loader.wait_any(1.0)
+                done = loader.take_done()
+            assert [job.req_id for job, _ in done] == ["l1-hit"]
+            assert done[0][1].ok and done[0][1].loaded_tokens == CHUNKS * CHUNK
+            assert loader.loads_in_flight() == 1  # the streamed load still waits for its server
+        finally:
+            os.kill(l2_server.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while loader.loads_in_flight() and time.monotonic() < deadline:
+            loader.wait_any(1.0)
+            done += loader.take_done()
+        streamed = [out for job, out in done if job.req_id == "streamed"]
+        assert streamed and streamed[0].ok and streamed[0].loaded_tokens == CHUNKS * CHUNK
+    finally:
+        loader.close()
+    assert_blocks_equal(dst, l1_ids, src, list(range(CHUNKS * BPC)))
+    assert_blocks_equal(dst, streamed_ids, src, list(range(CHUNKS * BPC)))
+
+
+def _job(name: str, tokens: np.ndarray, ids: list[int], stream: bool) -> LoadJob:
+    n = len(tokens)
+    return LoadJob(name, sid(name), tokens.tolist(), [ids], 0, n, "", background=True, stream=stream)

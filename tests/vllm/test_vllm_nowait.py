@@ -49,6 +49,7 @@ def test_an_l2_hit_is_reported_while_it_streams_into_l1_and_loaded_as_it_lands(
     # the hit was reported from the answer that started the prefetch (pending, with expected_tokens),
     # not after it ended: the load was a streamed one
     assert stats["lookups_streamed"] == 1 and stats["lookups_pending"] == 0
+    assert stats["loads_streamed_apart"] == 1  # on the worker's stream thread, not queued with L1 loads
     assert stats["load_errors"] == 0 and stats["verify_failures"] == 0
     assert r.connector_loaded_tokens == 512 and r.kv_transfer_params["kvserver"]["l2_tokens"] == 512
     assert r.token_ids == reference.batches[0].requests[0].token_ids

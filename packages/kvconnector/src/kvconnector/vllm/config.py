@@ -61,8 +61,10 @@ class ConnectorConfig:
                      prefetch waits on the server only for the prefetch to locate its objects, then
                      reports the whole hit L1 + L2 will cover; the worker's background load copies each
                      chunk as it lands in L1 (each verified) and reports a chunk that never lands as a
-                     failed load, which vLLM recomputes (docs/l2.md). False: "ask again later" until
-                     the whole prefetch has landed, then load
+                     failed load, which vLLM recomputes (docs/l2.md). Such loads run on a thread
+                     and server connection of their own (a third EngineClient per worker), so the L1
+                     hits after them never wait for a prefetch. False: "ask again later" until the
+                     whole prefetch has landed, then load
     async_loads      True (default): loads run on a background thread (vLLM's asynchronous path: the
                      request waits in WAITING_FOR_REMOTE_KVS, other requests keep decoding, completion is
                      reported through get_finished); False: loads run inside the step, before the forward
@@ -153,6 +155,10 @@ class ConnectorConfig:
         return dataclasses.replace(
             self, load=is_consumer, reserve=reserve, save_policy=self.save_policy if is_producer else "none"
         )
+
+    def streams_l2(self) -> bool:
+        """Whether L2 hits are streamed: reported before they land and loaded as they do."""
+        return self.stream_l2 and self.async_loads and self.load and not self.wait_for_l2
 
     def token(self) -> str | None:
         """The configured credential (api_token, or token_file's content); None: the client's defaults."""

@@ -98,7 +98,7 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
             prefix_caching = bool(vllm_config.cache_config.enable_prefix_caching)
             self._scheduler = SchedulerSide(self.cfg, client, block_size, groups, prefix_caching, exact)
         else:
-            load_client = save_client = None
+            load_client = save_client = stream_client = None
             if (
                 client is not None
                 and layouts is not None
@@ -112,7 +112,9 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
                 and self.cfg.save_policy != "none"
             ):
                 save_client = _make_client(self.cfg, model, world or 1, rank, layouts)  # see loader.py
-            self._worker = WorkerSide(self.cfg, client, layouts, load_client, save_client)
+            if load_client is not None and layouts is not None and self.cfg.streams_l2():
+                stream_client = _make_client(self.cfg, model, world or 1, rank, layouts)  # see loader.py
+            self._worker = WorkerSide(self.cfg, client, layouts, load_client, save_client, stream_client)
         log.info(
             "KVServerConnector %s: server %s, mode %s, config layout %s (backend %s)",
             role.name.lower(),

@@ -7,8 +7,10 @@ The copy kernels release the GIL. EngineClient.load keeps its contract on this t
 rank's leases itself and fails unless the server confirms they were held through the copy.
 Loads and saves run on a thread each, with a client each: a request waiting for its prefix must not
 queue behind the saves of the requests that ran before it (a busy engine submits a save per
-finished chunk, every step). Results are handed back to the engine thread, which alone touches
-vLLM-facing state.
+finished chunk, every step). Streamed L2 hits get a third thread and client where the connector
+streams them: such a load lasts as long as the server's prefetch from L2, and the L1 hits of the
+requests after it must not wait that long. Results are handed back to the engine thread, which
+alone touches vLLM-facing state.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .metadata import LoadJob, SaveJob
+from .jobs import LoadJob, SaveJob
 
 if TYPE_CHECKING:
     from ..engine_client import EngineClient
@@ -112,11 +114,13 @@ def save_job(
 
 
 class BackgroundLoader:
-    """Runs loads in submission order on one thread and saves in submission order on another.
+    """Runs loads in submission order on one thread and saves in submission order on another;
+    with a `stream_client`, streamed loads (`LoadJob.stream`) in submission order on a third.
 
     `save_client` None: saves share the load client (its lock then orders a load after a save call
-    that is running, never after queued ones). `hold_saves_for_load` (TEST ONLY): a save held by
-    `save_delay_s` is released as soon as a load ends, so a test can tell which ended first."""
+    that is running, never after queued ones). `stream_client` None: streamed loads queue with the
+    others. `hold_saves_for_load` (TEST ONLY): a save held by `save_delay_s` is released as soon as
+    a load ends, so a test can tell which ended first."""
 
     def __init__(
         self,
@@ -126,26 +130,33 @@ class BackgroundLoader:
         reserve_wait_s: float = 0.0,
         save_client: EngineClient | None = None,
         hold_saves_for_load: bool = False,
+        stream_client: EngineClient | None = None,
     ) -> None:
         self.client = client
         self.save_client = save_client if save_client is not None else client
+        self.stream_client = stream_client
         self.reserve_wait_s = reserve_wait_s
         self.delay_s = delay_s
         self.save_delay_s = save_delay_s
         self._loads = ThreadPoolExecutor(1, thread_name_prefix="kvserver-load")
         self._saves = ThreadPoolExecutor(1, thread_name_prefix="kvserver-save")
+        self._streams = ThreadPoolExecutor(1, thread_name_prefix="kvserver-stream") if stream_client else None
         self._jobs: list[tuple[Any, Future[Any]]] = []
         self._past_saves = 0  # loads that ended while a save submitted before them still ran
         self._lock = threading.Lock()  # _past_saves is counted on the load thread, taken on the engine's
         self._load_ended = threading.Event() if hold_saves_for_load else None
 
     def clients(self) -> list[EngineClient]:
-        """The distinct clients of the two threads (each registers the KV tensors)."""
-        return [self.client] if self.save_client is self.client else [self.client, self.save_client]
+        """The distinct clients of the threads (each registers the KV tensors)."""
+        out = [self.client] if self.save_client is self.client else [self.client, self.save_client]
+        return out + ([self.stream_client] if self.stream_client is not None else [])
 
     def submit(self, job: LoadJob, wanted: list[int]) -> None:
         earlier = [f for j, f in self._jobs if isinstance(j, SaveJob) and not f.done()]
-        f = self._loads.submit(copy_job, self.client, job, wanted, self.delay_s)
+        if job.stream and self._streams is not None and self.stream_client is not None:
+            f = self._streams.submit(copy_job, self.stream_client, job, wanted, self.delay_s)
+        else:
+            f = self._loads.submit(copy_job, self.client, job, wanted, self.delay_s)
         f.add_done_callback(lambda _: self._load_done(earlier))
         self._jobs.append((job, f))
 
@@ -200,5 +211,7 @@ class BackgroundLoader:
     def close(self) -> None:
         self._loads.shutdown(wait=True)  # a copy into engine blocks must end before they are freed
         self._saves.shutdown(wait=True)
+        if self._streams is not None:
+            self._streams.shutdown(wait=True)
         for client in self.clients():
             client.close()

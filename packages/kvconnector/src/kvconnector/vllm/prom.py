@@ -50,6 +50,7 @@ _HELP = {
     "loads_in_step": "Hits loaded inside the engine step (a short copy) rather than in the background.",
     "parked_steps": "Steps times requests vLLM kept parked while their background load ran.",
     "lookups_reused": "Scheduler calls answered from the request's recent miss or hit, without a new lookup.",
+    "loads_streamed_apart": "Streamed L2 loads run on their own thread, so L1 loads never wait behind them.",
 }
 
 

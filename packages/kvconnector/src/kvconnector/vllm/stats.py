@@ -47,6 +47,7 @@ COUNTERS = (
     "loads_in_step",  # hits loaded inside the step: estimated at most in_step_load_share of a step
     "parked_steps",  # steps x requests parked by vLLM while their background load ran (WAITING_FOR_REMOTE_KVS)
     "lookups_reused",  # calls answered from the request's recent miss or hit (vLLM could not schedule it then)
+    "loads_streamed_apart",  # streamed L2 loads run on their own thread, beside the L1 loads (loader.py)
 )
 
 

@@ -41,6 +41,7 @@ class WorkerSide:
         expected: list[LayoutDescriptor] | None,
         load_client: EngineClient | None = None,
         save_client: EngineClient | None = None,
+        stream_client: EngineClient | None = None,
     ) -> None:
         self.cfg = cfg
         self.client = client
@@ -53,6 +54,7 @@ class WorkerSide:
                 cfg.reserve_wait_s,
                 save_client,
                 cfg.debug_hold_saves_for_load,
+                stream_client,
             )
             if load_client is not None
             else None
@@ -223,6 +225,8 @@ class WorkerSide:
                 self.received.add(job.req_id)
             return
         if job.background and self.loader is not None:
+            if job.stream and self.loader.stream_client is not None:
+                self.stats.add("loads_streamed_apart")
             self.loader.submit(job, wanted)
             return
         outcome = copy_job(self.kv, job, wanted, self.cfg.debug_load_delay_s)
