@@ -56,6 +56,9 @@ CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "kvserver-fixedwait": ("KVServerConnector", {"lookup_wait_step_share": 0.0, "lookup_miss_reuse_s": 0.0}),
     # before hit reuse: a repeated call for a request that hit sends a new lookup
     "kvserver-nohitreuse": ("KVServerConnector", {"lookup_hit_reuse_s": 0.0}),
+    # a lookup answer is waited for up to a whole recent step (at most 0.25 s), not a tenth (0.02 s)
+    "kvserver-longwait": ("KVServerConnector", {"lookup_wait_step_share": 1.0, "lookup_wait_max_s": 0.25}),
+    "kvserver-nosaves": ("KVServerConnector", {"save_policy": "none"}),  # lookups (all miss), never a save
     "kvserver-l2": ("KVServerConnector", {}),  # a small L1 over a filesystem L2 (SERVER_ARGS)
     "lmcache": ("LMCacheMPConnector", {}),  # LMCache's MP server (LMCacheServer), engines from .venv-lmcache
 }
