@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bench.serving.scorer import block_keys
+
 VOCAB = 1024
 TRACE_NAME = "mooncake_conversation_trace.jsonl"
 
@@ -219,11 +221,11 @@ def reachable_per_request(w: Workload, block_tokens: int, caches: int = 1) -> li
     out = []
     for i, r in enumerate(_requests(w)):
         mine = seen[i % caches]
-        names = _block_names(r.prompt, block_tokens)
+        names = block_keys(r.prompt, block_tokens)
         hit = next((k for k, n in enumerate(names) if n not in mine), len(names))
         reachable = min(hit * block_tokens, max(0, len(r.prompt) - 1))
         out.append(Reach(r.session, r.turn, r.start_s, len(r.prompt), reachable))
-        mine.update(_block_names(r.prompt + r.answer, block_tokens))
+        mine.update(block_keys(r.prompt + r.answer, block_tokens))
     return out
 
 
@@ -251,22 +253,13 @@ def arrivals(w: Workload, block_tokens: int, window_s: float) -> list[Window]:
     return [windows[k] for k in sorted(windows)]
 
 
-def _block_names(toks: list[int], block_tokens: int) -> list[int]:
-    """Each full block named by its whole prefix, as vLLM's prefix cache hashes blocks."""
-    names, h = [], 0
-    for i in range(0, len(toks) - block_tokens + 1, block_tokens):
-        h = hash((h, tuple(toks[i : i + block_tokens])))
-        names.append(h)
-    return names
-
-
 def working_set(w: Workload, block_tokens: int) -> int:
     """The workload's unique prompt tokens, as a prefix cache counts them: the distinct full blocks
     (a block is named by its whole prefix, as vLLM hashes them) of all prompts and answers, times
     `block_tokens`. What a prefix cache must hold for every reuse in the workload to hit."""
     seen: set[int] = set()
     for toks in _prompts(w):
-        seen.update(_block_names(toks, block_tokens))
+        seen.update(block_keys(toks, block_tokens))
     return len(seen) * block_tokens
 
 
