@@ -62,9 +62,9 @@ class ConnectorConfig:
                      reports the whole hit L1 + L2 will cover; the worker's background load copies each
                      chunk as it lands in L1 (each verified) and reports a chunk that never lands as a
                      failed load, which vLLM recomputes (docs/l2.md). Such loads run on a thread
-                     and server connection of their own (a third EngineClient per worker), so the L1
-                     hits after them never wait for a prefetch. False: "ask again later" until the
-                     whole prefetch has landed, then load
+                     and server connection of their own (a third EngineClient per worker, its arena
+                     mapping not populated), so the L1 hits after them never wait for a prefetch.
+                     False: "ask again later" until the whole prefetch has landed, then load
     async_loads      True (default): loads run on a background thread (vLLM's asynchronous path: the
                      request waits in WAITING_FOR_REMOTE_KVS, other requests keep decoding, completion is
                      reported through get_finished); False: loads run inside the step, before the forward

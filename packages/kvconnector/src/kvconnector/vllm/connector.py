@@ -113,7 +113,9 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
             ):
                 save_client = _make_client(self.cfg, model, world or 1, rank, layouts)  # see loader.py
             if load_client is not None and layouts is not None and self.cfg.streams_l2():
-                stream_client = _make_client(self.cfg, model, world or 1, rank, layouts)  # see loader.py
+                # see loader.py; its mapping is not populated: a deployment without L2 never uses it, and
+                # the others' page tables already cost 2 MiB per GiB of arena each
+                stream_client = _make_client(self.cfg, model, world or 1, rank, layouts, populate=False)
             self._worker = WorkerSide(self.cfg, client, layouts, load_client, save_client, stream_client)
         log.info(
             "KVServerConnector %s: server %s, mode %s, config layout %s (backend %s)",
@@ -301,7 +303,12 @@ def _world_and_rank(vllm_config: VllmConfig, role: KVConnectorRole) -> tuple[int
 
 
 def _make_client(
-    cfg: ConnectorConfig, model: str, world: int, rank: int, layouts: Sequence[LayoutDescriptor]
+    cfg: ConnectorConfig,
+    model: str,
+    world: int,
+    rank: int,
+    layouts: Sequence[LayoutDescriptor],
+    populate: bool | None = None,
 ) -> EngineClient:
     from ..engine_client import EngineClient
 
@@ -314,6 +321,6 @@ def _make_client(
         mode=cfg.mode,
         timeout=cfg.timeout_s,
         token=cfg.token(),
-        populate_arena=cfg.populate_arena,
+        populate_arena=cfg.populate_arena if populate is None else populate and cfg.populate_arena,
         copy_backend=cfg.copy_backend,
     )
