@@ -59,6 +59,11 @@ CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
     # a lookup answer is waited for up to a whole recent step (at most 0.25 s), not a tenth (0.02 s)
     "kvserver-longwait": ("KVServerConnector", {"lookup_wait_step_share": 1.0, "lookup_wait_max_s": 0.25}),
     "kvserver-nosaves": ("KVServerConnector", {"save_policy": "none"}),  # lookups (all miss), never a save
+    # lookups only, each answer waited for up to a whole step: what the deferrals alone cost
+    "kvserver-nosaves-longwait": (
+        "KVServerConnector",
+        {"save_policy": "none", "lookup_wait_step_share": 1.0, "lookup_wait_max_s": 0.25},
+    ),
     "kvserver-l2": ("KVServerConnector", {}),  # a small L1 over a filesystem L2 (SERVER_ARGS)
     "lmcache": ("LMCacheMPConnector", {}),  # LMCache's MP server (LMCacheServer), engines from .venv-lmcache
 }

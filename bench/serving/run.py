@@ -211,6 +211,8 @@ def summarise(records: list[RequestRecord], wall: float, m: dict[str, float]) ->
         "kvserver": {k: m[k] for k in m if k.startswith("kvserver_")},
         "per_engine_requests": [sum(1 for r in records if r.engine == e) for e in sorted({r.engine for r in records})],
         "preemptions": int(m.get("preemptions", 0)),
+        "steps": int(m.get("steps", 0)),
+        "step_tokens": int(m.get("step_tokens", 0)),
         "reused_pct": 100 * (src["prompt"] - src["recomputed"]) / max(1, src["prompt"]),
         "per_request": {
             "columns": list(PER_REQUEST),
