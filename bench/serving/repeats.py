@@ -29,16 +29,17 @@ FIGURES: dict[str, tuple[str, bool, str]] = {
     "preemptions": ("preemptions", False, ".0f"),
 }
 BASELINE = "none"
+KEPT = ("loadavg_1m", "steps", "step_tokens")  # kept per round beside FIGURES, never judged
 
 
 def compact(config_result: dict[str, Any]) -> dict[str, dict[str, float]]:
     """The figures a round keeps of one configuration's result (a failed configuration keeps none),
-    with the connector's counters (loads, loads in the step, parked steps, declined tokens): what a
-    round's figures came from, for reading a round that stands out."""
+    with the engines' steps and the connector's counters (loads, loads in the step, parked steps,
+    declined tokens): what a round's figures came from, for reading a round that stands out."""
     if "error" in config_result:
         return {}
     return {
-        name: {f: float(w[f]) for f in (*FIGURES, "loadavg_1m") if f in w}
+        name: {f: float(w[f]) for f in (*FIGURES, *KEPT) if f in w}
         | {k: float(v) for k, v in (w.get("kvserver") or {}).items()}
         for name, w in config_result["workloads"].items()
     }
