@@ -26,10 +26,11 @@ import asyncio
 import collections
 import shutil
 import signal
+import statistics
 import subprocess
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 
 import psutil  # a dependency of vLLM: this runs with .venv-vllm
@@ -76,102 +77,176 @@ def connector_share(raw: Path) -> tuple[int, int, collections.Counter[str]]:
     return total, ours, where
 
 
+def frames(raw: Path) -> tuple[int, collections.Counter[str]]:
+    """(samples, samples per function with it anywhere on the stack): a function's inclusive count,
+    lines merged, thread frames dropped, so that two configurations' profiles can be subtracted."""
+    total = 0
+    where: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        if not line.strip():
+            continue
+        stack, n = line.rsplit(" ", 1)
+        total += int(n)
+        seen = {_function(f) for f in stack.split(";") if not f.startswith(("thread ", "process "))}
+        for f in seen:
+            where[f] += int(n)
+    return total, where
+
+
+def _function(frame: str) -> str:
+    """ "fn (path/to/module.py:123)" -> "fn (module.py)"."""
+    name, _, place = frame.partition(" (")
+    return f"{name} ({place.rsplit('/', 1)[-1].split(':', 1)[0].rstrip(')')})"
+
+
+@dataclass
+class Profiled:
+    """One configuration's profile of one workload: requests, CPU and on-CPU samples."""
+
+    config: str
+    requests: int
+    wall_s: float
+    cpu: dict[str, float]  # engines, kvserver (CPU s), and per process kind: user and system
+    idle_waits: float
+    procs: list[tuple[int, str]]
+    samples: dict[str, tuple[int, int]]  # process -> (samples, in kvconnector)
+    where: collections.Counter[str] = field(default_factory=collections.Counter)  # outermost kvconnector frame
+    functions: collections.Counter[str] = field(default_factory=collections.Counter)  # inclusive, all processes
+
+
+def profile(args: argparse.Namespace, config: str, work: Path, spy: str) -> Profiled:
+    model = bs.build_model(work / "model", bs.MODEL)
+    workload = bs.build_workload(args.workload, bs.SCALES[args.scale], None)
+    plan = bs.plan_kv_cache({args.workload: workload}, args.kv_share)
+    run = work / config
+    dep = eng.start(config, model, args.engines, plan["max_model_len"], run, kv_blocks=plan["blocks"])
+    try:
+        urls = [e.url for e in dep.engines]
+        bs.warm_up(urls)
+        procs = engine_processes(dep)
+        spies = [
+            subprocess.Popen(
+                [spy, "record", "--pid", str(pid), "--format", "raw", "--nonblocking", "-r", str(args.rate)]
+                + ["-o", str(run / f"{pid}.txt")],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for pid, _ in procs
+        ]
+        t0 = {pid: psutil.Process(pid).cpu_times() for pid, _ in procs}
+        cpu0, before = dep.cpu_seconds(), scrape(urls)
+        records, wall = asyncio.run(run_workload(RoundRobin(urls), workload, lambda: None))
+        cpu = {k: v - cpu0[k] for k, v in dep.cpu_seconds().items()}
+        for pid, name in procs:
+            t = psutil.Process(pid).cpu_times()
+            kind = name.split(" ", 1)[1]
+            cpu[f"{kind} user"] = cpu.get(f"{kind} user", 0.0) + t.user - t0[pid].user
+            cpu[f"{kind} system"] = cpu.get(f"{kind} system", 0.0) + t.system - t0[pid].system
+        idle_waits = delta(scrape(urls), before).get("kvserver_idle_waits", 0.0)
+        for s in spies:
+            s.send_signal(signal.SIGINT)  # py-spy writes its samples when interrupted
+        for s in spies:
+            s.wait(60)
+    finally:
+        dep.stop()
+    out = Profiled(config, len(records), wall, cpu, idle_waits, procs, {})
+    for pid, name in procs:
+        raw = run / f"{pid}.txt"
+        if not raw.exists():
+            continue
+        n, k, w = connector_share(raw)
+        out.samples[name] = (n, k)
+        out.where.update(w)
+        out.functions.update(frames(raw)[1])
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy(raw, args.keep / f"{config}-{name.replace(' ', '-')}-{pid}.txt")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="kvserver", choices=sorted(eng.CONFIGS))
+    ap.add_argument("--config", default="kvserver", choices=sorted(eng.CONFIGS), help="the configuration profiled")
+    ap.add_argument(
+        "--against",
+        default=None,
+        choices=sorted(eng.CONFIGS),
+        help="also profile this configuration (e.g. none), alternating, and print where the CPU samples differ",
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="profiles of each configuration, alternating")
     ap.add_argument("--workload", default="noreuse", choices=("chat", "trace", "noreuse"))
     ap.add_argument("--scale", default="full", choices=sorted(bs.SCALES))
+    ap.add_argument("--engines", type=int, default=3, help="engines behind round robin (the serving benchmark's)")
+    ap.add_argument("--kv-share", type=float, default=bs.KV_SHARE, help="each engine's KV cache, as in bench.serving")
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second and process")
+    ap.add_argument("--top", type=int, default=25, help="functions listed in the difference")
     ap.add_argument(
         "--keep",
         type=Path,
         default=None,
-        help="copy py-spy's raw stacks here (one <name>.txt per process, flamegraph.pl's input)",
+        help="copy py-spy's raw stacks here (one <config>-<process>-<pid>.txt each, flamegraph.pl's input)",
     )
     args = ap.parse_args()
     spy = py_spy()
-    with tempfile.TemporaryDirectory(prefix="kvserver-profile-") as tmp:
-        work = Path(tmp)
-        model = bs.build_model(work / "model", bs.MODEL)
-        dep = eng.start(args.config, model, 2, bs.MAX_MODEL_LEN, work / "run")
-        try:
-            urls = [e.url for e in dep.engines]
-            bs.warm_up(urls)
-            procs = engine_processes(dep)
-            spies = [
-                subprocess.Popen(
-                    [
-                        spy,
-                        "record",
-                        "--pid",
-                        str(pid),
-                        "--format",
-                        "raw",
-                        "--nonblocking",
-                        "-r",
-                        str(args.rate),
-                        "-o",
-                        str(work / f"{pid}.txt"),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                for pid, _ in procs
-            ]
-            workload = bs.build_workload(args.workload, bs.SCALES[args.scale], None)
-            cpu0, before = dep.cpu_seconds(), scrape(urls)
-            records, wall = asyncio.run(run_workload(RoundRobin(urls), workload, lambda: None))
-            cpu = {k: v - cpu0[k] for k, v in dep.cpu_seconds().items()}
-            idle_waits = delta(scrape(urls), before).get("kvserver_idle_waits", 0.0)
-            for s in spies:
-                s.send_signal(signal.SIGINT)  # py-spy writes its samples when interrupted
-            for s in spies:
-                s.wait(60)
-        finally:
-            dep.stop()
-        report(args, procs, work, records, wall, cpu, idle_waits)
-        if args.keep is not None:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            for pid, name in procs:
-                if (work / f"{pid}.txt").exists():
-                    shutil.copy(work / f"{pid}.txt", args.keep / f"{name.replace(' ', '-')}.txt")
+    configs = [args.config] if args.against is None else [args.against, args.config]
+    got: dict[str, list[Profiled]] = {c: [] for c in configs}
+    for rnd in range(args.rounds):
+        for c in configs[::-1] if rnd % 2 else configs:
+            with tempfile.TemporaryDirectory(prefix="kvserver-profile-") as tmp:
+                got[c].append(profile(args, c, Path(tmp), spy))
+            report(args, got[c][-1])
+    if args.against is not None:
+        difference(got[args.against], got[args.config], args.top)
     return 0
 
 
-def report(
-    args: argparse.Namespace,
-    procs: list[tuple[int, str]],
-    work: Path,
-    records: list[Any],
-    wall: float,
-    cpu: dict[str, float],
-    idle_waits: float,
-) -> None:
-    server_share = 100 * cpu["kvserver"] / max(1e-9, cpu["engines"])
+def report(args: argparse.Namespace, p: Profiled) -> None:
+    server_share = 100 * p.cpu["kvserver"] / max(1e-9, p.cpu["engines"])
     print(
-        f"{args.config}, {args.workload} ({len(records)} requests in {wall:.1f} s); CPU s: engines "
-        f"{cpu['engines']:.2f}, kvserver {cpu['kvserver']:.2f} ({server_share:.2f}% of the engines')"
+        f"\n{p.config}, {args.workload} ({p.requests} requests in {p.wall_s:.1f} s); CPU s: engines "
+        f"{p.cpu['engines']:.2f}, kvserver {p.cpu['kvserver']:.2f} ({server_share:.2f}% of the engines'); "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sorted(p.cpu.items()) if k not in ("engines", "kvserver"))
     )
     # steps vLLM ran only to poll the connector's background copies run in vLLM's code, not ours
     print(
-        f"steps with nothing to compute that waited for a background copy: {idle_waits:.0f} "
-        f"({idle_waits / max(1, len(records)):.1f} per request)\n"
+        f"steps with nothing to compute that waited for a background copy: {p.idle_waits:.0f} "
+        f"({p.idle_waits / max(1, p.requests):.1f} per request)\n"
     )
     print("| process | on-CPU samples | in kvconnector | share |")
     print("|---|---:|---:|---:|")
     total = ours = 0
-    where: collections.Counter[str] = collections.Counter()
-    for pid, name in procs:
-        raw = work / f"{pid}.txt"
-        n, k, w = connector_share(raw) if raw.exists() else (0, 0, collections.Counter())
+    for _, name in p.procs:
+        n, k = p.samples.get(name, (0, 0))
         total, ours = total + n, ours + k
-        where.update(w)
         print(f"| {name} | {n} | {k} | {100 * k / max(1, n):.2f}% |")
     print(f"| all | {total} | {ours} | {100 * ours / max(1, total):.2f}% |")
-    if where:
+    if p.where:
         print("\nwhere (outermost kvconnector frame):")
-        for frame, n in where.most_common(8):
+        for frame, n in p.where.most_common(8):
             print(f"  {n:6d}  {frame}")
+
+
+def difference(base: list[Profiled], other: list[Profiled], top: int) -> None:
+    """Samples per request of every function, inclusive, median over the rounds: the functions whose
+    share grew or shrank most from `base` to `other`. Why: a connector's cost may sit in vLLM's own
+    code (more steps, other batch shapes) rather than in kvconnector's frames."""
+
+    def per_request(ps: list[Profiled], f: str) -> float:
+        return statistics.median(p.functions[f] / max(1, p.requests) for p in ps)
+
+    def total(ps: list[Profiled]) -> float:
+        return statistics.median(sum(n for n, _ in p.samples.values()) / max(1, p.requests) for p in ps)
+
+    b, o = base[0].config, other[0].config
+    print(
+        f"\nsamples per request, median of {len(base)} and {len(other)} profiles: "
+        f"{b} {total(base):.1f}, {o} {total(other):.1f}"
+    )
+    names = set().union(*(p.functions for p in base + other))
+    rows = sorted(((per_request(other, f) - per_request(base, f), f) for f in names), key=lambda r: -abs(r[0]))
+    print(f"\n| function (inclusive) | {b} | {o} | difference |\n|---|---:|---:|---:|")
+    for d, f in rows[:top]:
+        print(f"| `{f}` | {per_request(base, f):.2f} | {per_request(other, f):.2f} | {d:+.2f} |")
 
 
 if __name__ == "__main__":
