@@ -174,7 +174,7 @@ def main() -> int:
         help="also profile this configuration (e.g. none), alternating, and print where the CPU samples differ",
     )
     ap.add_argument("--rounds", type=int, default=1, help="profiles of each configuration, alternating")
-    ap.add_argument("--workload", default="noreuse", choices=("chat", "trace", "noreuse"))
+    ap.add_argument("--workload", default="noreuse", choices=("chat", "trace", "traceburst", "noreuse"))
     ap.add_argument("--scale", default="full", choices=sorted(bs.SCALES))
     ap.add_argument("--engines", type=int, default=3, help="engines behind round robin (the serving benchmark's)")
     ap.add_argument("--kv-share", type=float, default=bs.KV_SHARE, help="each engine's KV cache, as in bench.serving")

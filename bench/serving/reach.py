@@ -37,7 +37,7 @@ def reach(scale_name: str, window_s: float, trace: Path | None = None) -> dict[s
     scale = SCALES[scale_name]
     grain = min(scale["chunk_size"], BLOCK_SIZE)
     out: dict[str, Any] = {"scale": scale_name, "block_tokens": grain, "workloads": {}}
-    for name in ("chat", "trace", "noreuse", "saturate"):
+    for name in ("chat", "trace", "traceburst", "noreuse", "saturate"):
         w = build_workload(name, scale, trace)
         reusable, prompt = wl.reachable_tokens(w, grain)
         row: dict[str, Any] = {"requests": w.n_requests, "prompt_tokens": prompt, "reachable_tokens": reusable}

@@ -75,7 +75,10 @@ SCALES: dict[str, dict[str, Any]] = {
         "kv_share": KV_SHARE,
         "chunk_size": CHAT_CHUNK,
         "chat": dict(users=32, rounds=4, system_tokens=512, user_tokens=128, max_tokens=16, think_s=2.0, stagger_s=0.5),
-        "trace": dict(conversations=24, block_tokens=32, duration_s=60.0, max_prompt=1024, max_tokens=16),
+        "trace": dict(conversations=32, block_tokens=32, duration_s=40.0, max_prompt=1024, max_tokens=16),
+        "traceburst": dict(
+            conversations=24, block_tokens=32, duration_s=60.0, max_prompt=1024, max_tokens=16, sample="first"
+        ),
         "noreuse": dict(requests=48, prompt_tokens=768, max_tokens=16, concurrency=6),
         "saturate": dict(conversations=24, block_tokens=32, max_prompt=1024, max_tokens=16, concurrency=12),
     },
@@ -88,6 +91,9 @@ SCALES: dict[str, dict[str, Any]] = {
         "chunk_size": CHAT_CHUNK,
         "chat": dict(users=24, rounds=4, system_tokens=512, user_tokens=128, max_tokens=16, think_s=1.0, stagger_s=0.5),
         "trace": dict(conversations=16, block_tokens=32, duration_s=30.0, max_prompt=1024, max_tokens=16),
+        "traceburst": dict(
+            conversations=16, block_tokens=32, duration_s=30.0, max_prompt=1024, max_tokens=16, sample="first"
+        ),
         "noreuse": dict(requests=24, prompt_tokens=512, max_tokens=16, concurrency=6),
         "saturate": dict(conversations=16, block_tokens=32, max_prompt=1024, max_tokens=16, concurrency=12),
     },
@@ -101,6 +107,9 @@ SCALES: dict[str, dict[str, Any]] = {
         # one user: round k runs on engine k mod 2, so engine 1 must load what engine 0 stored
         "chat": dict(users=1, rounds=4, system_tokens=512, user_tokens=64, max_tokens=8, think_s=0.3, stagger_s=0.0),
         "trace": dict(conversations=2, block_tokens=32, duration_s=5.0, max_prompt=1024, max_tokens=8),
+        "traceburst": dict(
+            conversations=2, block_tokens=32, duration_s=5.0, max_prompt=1024, max_tokens=8, sample="first"
+        ),
         "noreuse": dict(requests=4, prompt_tokens=256, max_tokens=8, concurrency=2),
         "saturate": dict(conversations=2, block_tokens=32, max_prompt=1024, max_tokens=8, concurrency=4),
     },
@@ -141,8 +150,9 @@ def describe_reachable(reachable: dict[str, float], grain: int) -> str:
 def build_workload(name: str, scale: dict[str, Any], trace_path: Path | None) -> wl.Workload:
     if name == "chat":
         return wl.chat(**scale["chat"])
-    if name == "trace":
-        return wl.trace(trace_path or wl.default_trace(), **scale["trace"])
+    if name in ("trace", "traceburst"):  # other tokens for the burst: the two share no prefix on one engine
+        salt = 2 if name == "traceburst" else 0
+        return wl.trace(trace_path or wl.default_trace(), **scale[name], salt=salt, name=name)
     if name == "noreuse":
         return wl.noreuse(**scale["noreuse"])
     if name == "saturate":
@@ -401,7 +411,7 @@ def main() -> int:
     mode.add_argument("--quick", action="store_true", help="smaller workloads, none and kvserver")
     mode.add_argument("--smoke", action="store_true", help="KVServerConnector on a tiny chat (the test's mode)")
     ap.add_argument("--configs", default=None, help=f"comma list of {','.join(eng.CONFIGS)}")
-    ap.add_argument("--workloads", default=None, help="comma list of chat,trace,noreuse,saturate")
+    ap.add_argument("--workloads", default=None, help="comma list of chat,trace,traceburst,noreuse,saturate")
     ap.add_argument("--engines", type=int, default=None, help="engines behind the router (default: 3; smoke 2)")
     ap.add_argument(
         "--kv-share",

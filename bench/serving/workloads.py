@@ -8,9 +8,11 @@ ended; a turn's prompt may extend the previous turn's prompt and generated token
            previous answer and a new user message; think time between rounds.
   trace    a replay of the Mooncake FAST'25 conversation trace (kvcache-ai/Mooncake,
            FAST25-release/traces/conversation_trace.jsonl, Apache-2.0): whole conversations (requests
-           sharing hash_ids[1]) are sampled, every 512-token hash id becomes one fixed synthetic block
-           of `block_tokens` tokens, lengths shrink by the same factor, arrival times are compressed
-           to the target duration.
+           sharing hash_ids[1]) are sampled evenly over the trace's hour, every 512-token hash id
+           becomes one fixed synthetic block of `block_tokens` tokens, lengths shrink by the same
+           factor, arrival times are compressed to the target duration.
+  traceburst  the same from the trace's first conversations: their first turns came within 15 s, so
+           compressed they arrive as one burst of cold requests (the `trace` before 2026-12-07).
   noreuse  prompts of random tokens, no shared prefix, a fixed concurrency (closed loop): what a
            connector costs when there is nothing to reuse.
   saturate the trace's requests sent as fast as the engines take them (closed loop, a fixed number in
@@ -116,15 +118,27 @@ def trace(
     max_prompt: int,
     max_tokens: int,
     salt: int = 0,
+    sample: str = "spread",
+    name: str = "trace",
 ) -> Workload:
-    """Replay the first `conversations` multi-turn conversations of the trace (every request is its own
-    session: the trace fixes arrival times, not turn order), scaled as the module docstring says."""
+    """Replay `conversations` multi-turn conversations of the trace (every request is its own session:
+    the trace fixes arrival times, not turn order), scaled as the module docstring says.
+
+    sample="spread": every k-th conversation by its first turn, over the whole trace, so that new and
+    continuing conversations mix at every moment as they do in the trace (a uniform thinning keeps
+    the shape of its arrivals). sample="first": the first ones, whose first turns all come at once."""
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     by_conv: dict[int, list[int]] = defaultdict(list)
     for i, r in enumerate(records):
         if len(r["hash_ids"]) > 1:
             by_conv[r["hash_ids"][1]].append(i)
-    chosen = [ids for ids in by_conv.values() if len(ids) >= 2][:conversations]
+    multi = sorted((ids for ids in by_conv.values() if len(ids) >= 2), key=lambda ids: ids[0])  # by first turn
+    if sample == "first":
+        chosen = multi[:conversations]
+    elif sample == "spread":
+        chosen = multi[:: max(1, len(multi) // max(1, conversations))][:conversations]
+    else:
+        raise ValueError(f"unknown trace sample {sample!r} (first or spread)")
     picked = sorted(i for ids in chosen for i in ids)
     if not picked:
         raise ValueError("no multi-turn conversations in the trace")
@@ -144,15 +158,21 @@ def trace(
         out = max(1, min(max_tokens, int(r["output_length"] * scale)))
         start = (r["timestamp"] - t0) / span * duration_s
         sessions.append(Session(start, [Turn(ids, out, extend=False)]))
-    return Workload("trace", sessions)
+    return Workload(name, sessions)
 
 
 def saturate(
-    path: Path, conversations: int, block_tokens: int, max_prompt: int, max_tokens: int, concurrency: int
+    path: Path,
+    conversations: int,
+    block_tokens: int,
+    max_prompt: int,
+    max_tokens: int,
+    concurrency: int,
+    sample: str = "first",
 ) -> Workload:
     """The trace's requests (as `trace` picks and scales them, on tokens of their own: `trace` runs on
     the same engines first), closed loop with `concurrency` in flight."""
-    w = trace(path, conversations, block_tokens, 1.0, max_prompt, max_tokens, salt=1)
+    w = trace(path, conversations, block_tokens, 1.0, max_prompt, max_tokens, salt=1, sample=sample)
     for s in w.sessions:
         s.start_s = 0.0
     return Workload("saturate", w.sessions, concurrency=concurrency)
@@ -279,7 +299,7 @@ def fingerprint(w: Workload) -> str:
     return h.hexdigest()[:16]
 
 
-REUSE_WORKLOADS = ("chat", "trace", "saturate")  # noreuse's working set is all of it and reused by nobody
+REUSE_WORKLOADS = ("chat", "trace", "traceburst", "saturate")  # noreuse's working set is all of it and reused by nobody
 
 
 def plan_kv_cache(

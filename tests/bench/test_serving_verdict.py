@@ -156,13 +156,19 @@ def test_a_round_keeps_its_figures_and_the_connectors_counters() -> None:
             "saturate": {
                 "req_per_s": 7.5,
                 "requests": 82,  # not a figure: not kept
+                "steps": 900,  # kept, never judged
                 "kvserver": {"kvserver_loads": 42.0, "kvserver_loads_in_step": 19.0},
             },
             "trace": {"req_per_s": 1.36},  # no connector (none)
         }
     }
     kept = compact(result)
-    assert kept["saturate"] == {"req_per_s": 7.5, "kvserver_loads": 42.0, "kvserver_loads_in_step": 19.0}
+    assert kept["saturate"] == {
+        "req_per_s": 7.5,
+        "steps": 900.0,
+        "kvserver_loads": 42.0,
+        "kvserver_loads_in_step": 19.0,
+    }
     assert kept["trace"] == {"req_per_s": 1.36}
     assert compact({"error": "engine died"}) == {}
 
@@ -195,6 +201,48 @@ def test_arrivals_count_what_each_window_must_compute_at_best() -> None:
     assert wl.arrivals(w, 64, 5.0) == [wl.Window(0.0, 2, 192, 192), wl.Window(5.0, 1, 192, 64)]
     with pytest.raises(ValueError):  # a closed loop has no arrival times
         wl.arrivals(wl.noreuse(requests=2, prompt_tokens=64, max_tokens=1, concurrency=1), 64, 5.0)
+
+
+def _trace_file(path, conversations: int):  # type: ignore[no-untyped-def]
+    """A trace in the Mooncake format: conversation c starts at c s and comes back 0.5 s later (the
+    second hash id names the conversation, the first is shared by all)."""
+    import json
+
+    rows = []
+    for c in range(conversations):
+        for turn in range(2):
+            ids = [0, 100 + c] + ([200 + c] if turn else [])
+            rows.append(
+                {
+                    "timestamp": 1000 * c + 500 * turn,
+                    "input_length": 512 * len(ids),
+                    "output_length": 1,
+                    "hash_ids": ids,
+                }
+            )
+    rows.sort(key=lambda r: r["timestamp"])
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def test_a_spread_trace_samples_conversations_over_the_whole_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = _trace_file(tmp_path / "t.jsonl", 8)
+
+    def firsts(w: wl.Workload) -> list[float]:  # the arrival times of first turns (two hash ids)
+        return sorted(r.start_s for r in wl._requests(w) if len(r.prompt) == 2 * 32)
+
+    first = wl.trace(path, 2, 32, 10.0, 1024, 1, sample="first")
+    spread = wl.trace(path, 2, 32, 10.0, 1024, 1, sample="spread")
+    assert first.n_requests == spread.n_requests == 4
+    # the first two conversations start 1 s apart in a replay that ends 1.5 s after the first: their
+    # first turns take two thirds of it; conversations 0 and 4 start 4 s apart in 4.5 s
+    assert firsts(first) == pytest.approx([0.0, 10.0 * 1000 / 1500])
+    assert firsts(spread) == pytest.approx([0.0, 10.0 * 4000 / 4500])
+    # conversation 4's blocks, not conversation 1's
+    assert wl._block(104, 32) in [r.prompt[32:64] for r in wl._requests(spread)]
+    assert wl._block(101, 32) not in [r.prompt[32:64] for r in wl._requests(spread)]
+    with pytest.raises(ValueError):
+        wl.trace(path, 2, 32, 10.0, 1024, 1, sample="last")
 
 
 def test_the_tail_says_which_slow_requests_were_cold_and_pairs_ttft_per_request() -> None:
