@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bench.serving.verdict import MIN_ROUNDS, Span, judge, paired_ratios
+from bench.serving.verdict import MIN_ROUNDS, SIGN_ROUNDS, Span, false_verdict_rate, judge, paired_ratios
 
 # figure -> (what the report calls it, higher is better, format); every round keeps these
 FIGURES: dict[str, tuple[str, bool, str]] = {
@@ -88,10 +88,12 @@ def report(rounds: list[dict[str, Any]], labels: list[str], workloads: list[str]
         out.print(text, markup=False)  # "[min-max]" is not a style
 
     has_base = any(BASELINE in r for r in rounds)
+    false_pct = 100 * false_verdict_rate(len(rounds))
     say(
         f"\n### {len(rounds)} rounds: median [min-max] over the rounds; ratio = configuration / none of the "
-        f"same round; verdict: better/worse when the per-round ranges do not overlap or every round's ratio is "
-        f"on the same side of 1, else within noise (fewer than {MIN_ROUNDS} rounds: no verdict)\n"
+        f"same round; verdict: better/worse when the per-round ranges do not overlap or, from {SIGN_ROUNDS} rounds, "
+        f"every round's ratio is on the same side of 1, else within noise (fewer than {MIN_ROUNDS} rounds: no "
+        f"verdict; a configuration that changes nothing still gets better/worse in {false_pct:.0f}% of its figures)\n"
     )
     for name in workloads:
         say(f"\n#### {name}\n")

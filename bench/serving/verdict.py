@@ -6,21 +6,29 @@ configuration and of the baseline (`none`) and says:
 
 - the median and range [min-max] of each;
 - the per-round ratio (configuration / baseline of the same round), its median and range;
-- a verdict: "better" or "worse" when the two configurations' per-round ranges do not overlap, or
-  when every round's ratio lies on the same side of 1.0 (the ratio's range excludes 1.0); otherwise
-  "within noise". Which side is better depends on the figure (throughput up, latency and CPU down).
-  Fewer than `min_rounds` rounds of either give "too few rounds": one round's difference on a shared
-  host says nothing about the next.
+- a verdict: "better" or "worse" when the two configurations' per-round ranges do not overlap, or,
+  from `SIGN_ROUNDS` rounds on, when every round's ratio lies on the same side of 1.0 (the ratio's
+  range excludes 1.0); otherwise "within noise". Which side is better depends on the figure
+  (throughput up, latency and CPU down). Fewer than `min_rounds` rounds of either give "too few
+  rounds": one round's difference on a shared host says nothing about the next.
+
+How often a verdict is wrong: when a configuration changes nothing, its rounds and the baseline's
+are draws of the same noise, and every ordering of them is equally likely. Ranges of n rounds each
+then fail to overlap with probability 2 / C(2n, n): 10% at 3 rounds, 2.9% at 4, 0.8% at 5. Every
+paired ratio lands on one side of 1.0 with probability 2 / 2^n: 25% at 3 rounds (one "better" or
+"worse" in four figures that nothing changed), 6.3% at 5; hence that rule waits for 5 rounds.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 BETTER, WORSE, NOISE, TOO_FEW = "better", "worse", "within noise", "too few rounds"
 MIN_ROUNDS = 3
+SIGN_ROUNDS = 5  # paired ratios all on one side decide from here (a 6.3% false verdict, 25% at 3 rounds)
 
 
 @dataclass(frozen=True)
@@ -73,8 +81,19 @@ def judge(
     up: bool | None = None  # did the figure go up against the baseline, beyond the noise?
     if not overlap(ms, bs):
         up = ms.lo > bs.hi
-    elif rs is not None and (rs.lo > 1.0 or rs.hi < 1.0):
+    elif rs is not None and len(paired_ratios(mine, base)) >= SIGN_ROUNDS and (rs.lo > 1.0 or rs.hi < 1.0):
         up = rs.lo > 1.0
     if up is None:
         return Verdict(ms, bs, rs, NOISE)
     return Verdict(ms, bs, rs, BETTER if up == higher_is_better else WORSE)
+
+
+def false_verdict_rate(rounds: int) -> float:
+    """The chance that `judge` says "better" or "worse" of a configuration that changes nothing, at
+    `rounds` rounds of both: the ranges' non-overlap, plus, from SIGN_ROUNDS, the paired signs
+    (bounded by the sum; the two events mostly coincide)."""
+    if rounds < MIN_ROUNDS:
+        return 0.0
+    ranges = 2 / math.comb(2 * rounds, rounds)
+    signs = 2 / 2**rounds if rounds >= SIGN_ROUNDS else 0.0
+    return min(1.0, ranges + signs)

@@ -22,16 +22,36 @@ def test_overlapping_ranges_with_ratios_on_both_sides_of_one_are_noise() -> None
     assert v.ratio is not None and v.ratio.lo < 1.0 < v.ratio.hi
 
 
-def test_paired_ratios_all_above_one_decide_even_when_ranges_overlap() -> None:
+def test_paired_ratios_all_above_one_decide_from_five_rounds_even_when_ranges_overlap() -> None:
     # The host's load moves both configurations together from round to round; in every round the
     # configuration beats the baseline of the same round by about 5%.
-    base = [1.0, 2.0, 3.0]
-    mine = [1.05, 2.1, 3.15]
+    base = [1.0, 2.0, 3.0, 4.0, 5.0]
+    mine = [1.05, 2.1, 3.15, 4.2, 5.25]
     v = judge(mine, base, higher_is_better=True)
     assert v.mine is not None and v.base is not None and overlap(v.mine, v.base)
     assert v.verdict == BETTER
     assert v.ratio == Span(1.05, pytest.approx(1.05), pytest.approx(1.05))  # type: ignore[arg-type]
     assert judge(mine, base, higher_is_better=False).verdict == WORSE
+    # three such rounds are what nothing at all gives one time in four: no verdict
+    assert judge(mine[:3], base[:3], higher_is_better=True).verdict == NOISE
+
+
+def test_a_configuration_that_changes_nothing_gets_a_verdict_as_often_as_documented() -> None:
+    import random
+
+    from bench.serving.verdict import false_verdict_rate
+
+    rng = random.Random(7)
+    for rounds, documented in ((3, 0.10), (5, 2 / 252 + 2 / 32)):
+        assert false_verdict_rate(rounds) == pytest.approx(documented)
+        trials = 4000
+        wrong = 0
+        for _ in range(trials):  # both configurations draw from the same noise, round by round
+            base = [rng.lognormvariate(0, 0.2) for _ in range(rounds)]
+            mine = [rng.lognormvariate(0, 0.2) for _ in range(rounds)]
+            wrong += judge(mine, base, higher_is_better=True).verdict != NOISE
+        assert wrong / trials <= documented + 0.02
+    assert false_verdict_rate(2) == 0.0  # too few rounds: no verdict at all
 
 
 def test_medians_and_ranges() -> None:
