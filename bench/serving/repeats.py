@@ -93,7 +93,8 @@ def report(rounds: list[dict[str, Any]], labels: list[str], workloads: list[str]
         f"\n### {len(rounds)} rounds: median [min-max] over the rounds; ratio = configuration / none of the "
         f"same round; verdict: better/worse when the per-round ranges do not overlap or, from {SIGN_ROUNDS} rounds, "
         f"every round's ratio is on the same side of 1, else within noise (fewer than {MIN_ROUNDS} rounds: no "
-        f"verdict; a configuration that changes nothing still gets better/worse in {false_pct:.0f}% of its figures)\n"
+        f"verdict; a configuration that changes nothing still gets better/worse in up to {false_pct:.0f}% of "
+        "its figures)\n"
     )
     for name in workloads:
         say(f"\n#### {name}\n")
