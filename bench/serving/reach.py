@@ -13,7 +13,9 @@ turns sets the TTFT tail, and no cache removes that work.
 a workload's requests was made of, round by round: how many were cold (at most a tenth of the
 prompt reachable), and the median TTFT of the cold and of the other requests against `none`'s for
 the same requests. A TTFT percentile set by cold requests moves only as far as the cache shortens
-the queue they wait in."""
+the queue they wait in. It then estimates how far `none`'s TTFT p50 and p90 could move at best:
+each of `none`'s requests shortened by the share of its prompt any cache could serve (tails.py's
+`ttft_floor`). `--json` writes both ({"tail": ..., "ttft_at_best": ...})."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from rich.table import Table
 import bench.serving.workloads as wl
 from bench.serving.engines import BLOCK_SIZE
 from bench.serving.run import SCALES, build_workload
-from bench.serving.tails import tail
+from bench.serving.tails import tail, ttft_floor
 
 
 def reach(scale_name: str, window_s: float, trace: Path | None = None) -> dict[str, Any]:
@@ -68,6 +70,27 @@ def print_tail(rows: list[dict[str, Any]], workload: str, out: Console) -> None:
     out.print(t)
 
 
+def print_best(rows: list[dict[str, Any]], workload: str, out: Console) -> None:
+    t = Table(
+        "round",
+        "none p50 s",
+        "at best (vs none)",
+        "none p90 s",
+        "at best (vs none)",
+        title=f"{workload}: TTFT if every request were shortened by the share of its prompt a cache could serve",
+    )
+    for r in rows:
+        cells = []
+        for p in (50, 90):
+            x = r[f"best_p{p}_vs_none"]
+            cells += [
+                f"{r[f'none_p{p}_s']:.3f}",
+                f"{r[f'best_p{p}_s']:.3f}" + (f" ({x:.2f}x)" if x is not None else ""),
+            ]
+        t.add_row(str(r["round"]), *cells)
+    out.print(t)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", default="full", choices=sorted(SCALES))
@@ -91,11 +114,17 @@ def main(argv: list[str] | None = None) -> int:
         if not run.get("per_request"):
             print(f"{args.tail} has no per_request records (a run from before they were kept)", file=sys.stderr)
             return 2
-        w = build_workload(args.workload, run["scale"], args.trace)
-        rows = tail(run, args.workload, w, min(run["chunk_size"], run.get("engine_block_size", BLOCK_SIZE)))
+        scale = {n: dict(v) for n, v in run["scale"].items()}
+        if "trace" in scale:  # a run from before 2026-12-07 replayed the trace's first conversations
+            scale["trace"].setdefault("sample", "first")
+        w = build_workload(args.workload, scale, args.trace)
+        grain = min(run["chunk_size"], run.get("engine_block_size", BLOCK_SIZE))
+        rows = tail(run, args.workload, w, grain)
         print_tail(rows, args.workload, out)
+        best = ttft_floor(run, args.workload, w, grain)
+        print_best(best, args.workload, out)
         if args.json:
-            args.json.write_text(json.dumps(rows, indent=2))
+            args.json.write_text(json.dumps({"tail": rows, "ttft_at_best": best}, indent=2))
         return 0
     res = reach(args.scale, args.window, args.trace)
     out.print(f"--{args.scale}: reuse reachable at {res['block_tokens']}-token blocks")

@@ -48,6 +48,7 @@ import bench.serving.workloads as wl
 from bench.serving.client import RequestRecord, delta, kv_cache_blocks, run_workload, scrape
 import bench.serving.repeats as serving_repeats
 from bench.serving.router import ROUTERS, KvRouter, KvScoreRouter, RoundRobin
+from bench.serving.tails import pct, ttft_floor
 from kvtestkit.engines.vllm_harness import SHARED_CACHE_ENV, build_model
 
 MODEL = {
@@ -75,7 +76,9 @@ SCALES: dict[str, dict[str, Any]] = {
         "kv_share": KV_SHARE,
         "chunk_size": CHAT_CHUNK,
         "chat": dict(users=32, rounds=4, system_tokens=512, user_tokens=128, max_tokens=16, think_s=2.0, stagger_s=0.5),
-        "trace": dict(conversations=32, block_tokens=32, duration_s=40.0, max_prompt=1024, max_tokens=16),
+        "trace": dict(
+            conversations=32, block_tokens=32, duration_s=40.0, max_prompt=1024, max_tokens=16, sample="spread"
+        ),
         "traceburst": dict(
             conversations=24, block_tokens=32, duration_s=60.0, max_prompt=1024, max_tokens=16, sample="first"
         ),
@@ -90,7 +93,9 @@ SCALES: dict[str, dict[str, Any]] = {
         "kv_share": KV_SHARE,
         "chunk_size": CHAT_CHUNK,
         "chat": dict(users=24, rounds=4, system_tokens=512, user_tokens=128, max_tokens=16, think_s=1.0, stagger_s=0.5),
-        "trace": dict(conversations=16, block_tokens=32, duration_s=30.0, max_prompt=1024, max_tokens=16),
+        "trace": dict(
+            conversations=16, block_tokens=32, duration_s=30.0, max_prompt=1024, max_tokens=16, sample="spread"
+        ),
         "traceburst": dict(
             conversations=16, block_tokens=32, duration_s=30.0, max_prompt=1024, max_tokens=16, sample="first"
         ),
@@ -106,7 +111,7 @@ SCALES: dict[str, dict[str, Any]] = {
         "chunk_size": eng.CHUNK_SIZE,  # the connector's default, as the tests expect
         # one user: round k runs on engine k mod 2, so engine 1 must load what engine 0 stored
         "chat": dict(users=1, rounds=4, system_tokens=512, user_tokens=64, max_tokens=8, think_s=0.3, stagger_s=0.0),
-        "trace": dict(conversations=2, block_tokens=32, duration_s=5.0, max_prompt=1024, max_tokens=8),
+        "trace": dict(conversations=2, block_tokens=32, duration_s=5.0, max_prompt=1024, max_tokens=8, sample="spread"),
         "traceburst": dict(
             conversations=2, block_tokens=32, duration_s=5.0, max_prompt=1024, max_tokens=8, sample="first"
         ),
@@ -158,13 +163,6 @@ def build_workload(name: str, scale: dict[str, Any], trace_path: Path | None) ->
     if name == "saturate":
         return wl.saturate(trace_path or wl.default_trace(), **scale["saturate"])
     raise SystemExit(f"unknown workload {name}")
-
-
-def pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
 
 
 def token_sources(records: list[RequestRecord], m: dict[str, float]) -> dict[str, int]:
@@ -590,6 +588,18 @@ def main() -> int:
                 serving_repeats.report_recomputed(
                     results["rounds"], [c for c in ok if c != "none"], n, reachable[n], out
                 )
+            if n in wl.REUSE_WORKLOADS and workloads[n].concurrency is None:  # open loop: TTFT is latency
+                best = ttft_floor(results, n, workloads[n], grain)
+                results.setdefault("ttft_at_best", {})[n] = best
+                if best:
+                    p50, p90 = (
+                        serving_repeats.span([x for r in best if (x := r[f"best_p{p}_vs_none"]) is not None], ".3f")
+                        for p in (50, 90)
+                    )
+                    out.print(
+                        f"TTFT at best / none's, {n} (each of none's requests shortened by the share of its "
+                        f"prompt a cache could serve; an estimate): p50 {p50}, p90 {p90}"
+                    )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     bad = [(c, n) for c in labels for n, r in results["configs"][c]["workloads"].items() if not r["sources_sum_ok"]]

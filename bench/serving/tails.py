@@ -36,6 +36,36 @@ def tail(run: dict[str, Any], workload: str, w: wl.Workload, grain: int) -> list
     return rows
 
 
+def pct(xs: list[float], p: float) -> float:
+    """The p-th percentile by nearest rank (the serving report's TTFT and ITL percentiles)."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+
+
+def ttft_floor(run: dict[str, Any], workload: str, w: wl.Workload, grain: int) -> list[dict[str, Any]]:
+    """Per round of a run's JSON: none's TTFT p50 and p90 for `workload`, and what they would be if a
+    cache served every request all it could reach and a request's TTFT shrank with the share of its
+    prompt left to compute: none's TTFT of each request times (prompt - reachable) / prompt. Cold
+    requests keep their TTFT. An estimate, not a bound: it scales a step's fixed cost away (too low),
+    and it keeps the queue cold requests waited in, which a cache shortens under load (too high)."""
+    left = {(r.session, r.turn): 1 - r.reachable / max(1, r.prompt_tokens) for r in wl.reachable_per_request(w, grain)}
+    rows = []
+    for rnd, configs in enumerate(run.get("per_request", [])):
+        if not configs.get("none", {}).get(workload):
+            continue
+        base = _ttfts(configs["none"][workload])
+        best = [t * left.get(k, 1.0) for k, t in base.items()]
+        row: dict[str, Any] = {"round": rnd + 1}
+        for p in (50, 90):
+            now, low = pct(list(base.values()), p), pct(best, p)
+            row[f"none_p{p}_s"], row[f"best_p{p}_s"] = now, low
+            row[f"best_p{p}_vs_none"] = low / now if now > 0 else None
+        rows.append(row)
+    return rows
+
+
 def _ttfts(per_request: dict[str, Any]) -> dict[tuple[int, int], float]:
     cols = per_request["columns"]
     s, t, f = cols.index("session"), cols.index("turn"), cols.index("ttft_s")

@@ -286,3 +286,27 @@ def test_the_tail_says_which_slow_requests_were_cold_and_pairs_ttft_per_request(
     assert rows["kv"]["slowest"] == 2 and rows["kv"]["slowest_cold"] == 2 and rows["kv"]["cold"] == 10
     assert rows["kv"]["cold_vs_none"] == pytest.approx(0.5) and rows["kv"]["warm_vs_none"] == pytest.approx(0.25)
     assert rows["none"]["warm_ttft_s"] == pytest.approx(0.8) and "warm_vs_none" not in rows["none"]
+
+
+def test_ttft_at_best_shortens_each_request_by_what_a_cache_could_serve() -> None:
+    from bench.serving.tails import ttft_floor
+
+    a = list(range(3, 131))  # 128 tokens
+    sessions = [wl.Session(0.0, [wl.Turn(a, 1, extend=False)])]  # cold
+    # 128 of 256 reachable (the first turn's blocks): half of each left to compute
+    sessions += [wl.Session(1.0 + i, [wl.Turn(a + [9 + i] * 128, 1, extend=False)]) for i in range(3)]
+    w = wl.Workload("trace", sessions)
+    cols = ["session", "turn", "engine", "prompt_tokens", "cached_tokens", "sent_s", "ttft_s", "e2e_s"]
+    none = [4.0, 1.0, 2.0, 3.0]
+    run = {
+        "per_request": [
+            {"none": {"trace": {"columns": cols, "rows": [[i, 0, 0, 0, 0, 0.0, t, t] for i, t in enumerate(none)]}}}
+        ]
+    }
+    (row,) = ttft_floor(run, "trace", w, 64)
+    # none: p50 of [1, 2, 3, 4] by nearest rank is 3 (rank round(1.5) = 2), p90 is 4
+    assert (row["none_p50_s"], row["none_p90_s"]) == (3.0, 4.0)
+    # at best: [4.0 (cold, kept), 0.5, 1.0, 1.5]: p50 1.5, p90 the cold request's 4.0
+    assert (row["best_p50_s"], row["best_p90_s"]) == (1.5, 4.0)
+    assert row["best_p50_vs_none"] == pytest.approx(0.5) and row["best_p90_vs_none"] == pytest.approx(1.0)
+    assert ttft_floor({"per_request": [{"kv": {"trace": {}}}]}, "trace", w, 64) == []  # no none: nothing to scale
