@@ -70,6 +70,22 @@ def print_tail(rows: list[dict[str, Any]], workload: str, out: Console) -> None:
     out.print(t)
 
 
+def run_workload(run: dict[str, Any], name: str, trace: Path | None) -> wl.Workload | None:
+    """`name`'s requests as the run built them: those whose fingerprint the run recorded. A trace
+    replay's sampling is tried both ways where the run does not name it (runs of 2026-12-07 and
+    before)."""
+    want = run.get("fingerprints", {}).get(name)
+    scale = {n: dict(v) for n, v in run["scale"].items()}
+    tries = [scale]
+    if name in scale and "sample" not in scale[name]:
+        tries = [{**scale, name: {**scale[name], "sample": s}} for s in ("spread", "first")]
+    for sc in tries:
+        w = build_workload(name, sc, trace)
+        if want is None or wl.fingerprint(w) == want:
+            return w
+    return None
+
+
 def print_best(rows: list[dict[str, Any]], workload: str, out: Console) -> None:
     t = Table(
         "round",
@@ -114,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         if not run.get("per_request"):
             print(f"{args.tail} has no per_request records (a run from before they were kept)", file=sys.stderr)
             return 2
-        scale = {n: dict(v) for n, v in run["scale"].items()}
-        if "trace" in scale:  # a run from before 2026-12-07 replayed the trace's first conversations
-            scale["trace"].setdefault("sample", "first")
-        w = build_workload(args.workload, scale, args.trace)
+        w = run_workload(run, args.workload, args.trace)
+        if w is None:
+            print(f"{args.tail}: cannot rebuild its {args.workload} requests (another trace file?)", file=sys.stderr)
+            return 2
         grain = min(run["chunk_size"], run.get("engine_block_size", BLOCK_SIZE))
         rows = tail(run, args.workload, w, grain)
         print_tail(rows, args.workload, out)
