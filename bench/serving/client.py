@@ -201,6 +201,7 @@ WANTED = {
     ("vllm:kvserver_loads_in_step_total", None): "kvserver_loads_in_step",
     ("vllm:kvserver_parked_steps_total", None): "kvserver_parked_steps",
     ("vllm:kvserver_loads_total", None): "kvserver_loads",
+    ("vllm:kvserver_empty_steps_total", None): "kvserver_empty_steps",
     # engine steps (one observation per step's output) and the tokens they computed: whether a connector
     # splits the same work into more, smaller steps, each paying vLLM's fixed cost per step
     ("vllm:iteration_tokens_total_count", None): "steps",

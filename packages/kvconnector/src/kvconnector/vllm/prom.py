@@ -51,6 +51,7 @@ _HELP = {
     "parked_steps": "Steps times requests vLLM kept parked while their background load ran.",
     "lookups_reused": "Scheduler calls answered from the request's recent miss or hit, without a new lookup.",
     "loads_streamed_apart": "Streamed L2 loads run on their own thread, so L1 loads never wait behind them.",
+    "empty_steps": "Scheduler steps that scheduled no token (every waiting request deferred, or nothing to do).",
 }
 
 

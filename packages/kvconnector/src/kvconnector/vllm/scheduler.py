@@ -295,6 +295,8 @@ class SchedulerSide:
             preempted=bool(getattr(so, "preempted_req_ids", None)),
         )
         self.wait.step(time.monotonic(), meta.scheduled_tokens > 0)
+        if not meta.scheduled_tokens:
+            self.stats.add("empty_steps")
         self.stats.add("parked_steps", len(self.parked))
         for req_id in self._async:  # loads vLLM is waiting for (WAITING_FOR_REMOTE_KVS)
             st = self.reqs.get(req_id)

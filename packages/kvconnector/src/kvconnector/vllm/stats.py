@@ -48,6 +48,7 @@ COUNTERS = (
     "parked_steps",  # steps x requests parked by vLLM while their background load ran (WAITING_FOR_REMOTE_KVS)
     "lookups_reused",  # calls answered from the request's recent miss or hit (vLLM could not schedule it then)
     "loads_streamed_apart",  # streamed L2 loads run on their own thread, beside the L1 loads (loader.py)
+    "empty_steps",  # scheduler steps that scheduled no token (e.g. every waiting request deferred)
 )
 
 
