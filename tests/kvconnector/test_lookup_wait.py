@@ -42,3 +42,12 @@ def test_share_zero_keeps_the_fixed_wait() -> None:
     for i in range(5):
         w.step(float(i), busy=True)
     assert w.seconds() == 0.002
+
+
+def test_an_idle_engine_waits_longer_whatever_its_steps() -> None:
+    w = LookupWait(floor_s=0.002, share=0.1, cap_s=0.02, idle_s=0.1)
+    assert w.seconds(idle=True) == 0.1  # before any step was timed
+    for i in range(20):  # steps of 100 ms
+        w.step(10.0 + 0.1 * i, busy=True)
+    assert w.seconds() == pytest.approx(0.01) and w.seconds(idle=True) == 0.1
+    assert LookupWait(floor_s=0.002, share=0.1, cap_s=0.02).seconds(idle=True) == 0.002  # idle_s 0: the floor

@@ -95,6 +95,46 @@ def test_a_late_lookup_answer_defers_the_request(
     assert r.token_ids == reference.batches[0].requests[0].token_ids
 
 
+def test_an_idle_engine_waits_for_a_late_lookup_answer_instead_of_stepping_empty(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
+) -> None:
+    """With no request running, a wait for the lookup's answer halts nobody: the scheduler waits up
+    to lookup_wait_idle_s rather than answer "ask again later", which would make vLLM run empty steps
+    until the answer came. The server is stopped for 0.2 s when the lone request arrives; within the
+    1 s idle wait its answer comes, and the request is never deferred."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = kvserver_factory()
+    gate = tmp_path / "go"
+    assert server.proc is not None
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(
+            run_engine,
+            model_dir,
+            [[prompt(P_LONG)]],
+            max_tokens=MAX_TOKENS,
+            kv_transfer_config=kv_config(server.url, timeout_s=30.0, lookup_wait_idle_s=1.0),
+            extra_spec={"gates": {"0": str(gate)}, "connector_stats": True},
+        )
+        waiting = Path(str(gate) + ".waiting")
+        while not waiting.exists():  # the engine is up and idle at the gate
+            assert not future.done(), future.result()
+            time.sleep(0.1)
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            gate.touch()
+            time.sleep(0.2)  # the lookup is sent and not answered yet
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        run = future.result()
+    stats = run.batches[0].connector_stats
+    assert stats is not None
+    assert stats["lookups"] == 1 and stats["lookup_errors"] == 0
+    assert stats["lookups_deferred"] == 0  # with the busy-step wait (2 ms before any step) it is deferred
+    assert stats["scheduler_wait_s"] >= 0.1  # it did wait for the stopped server's answer
+    assert run.requests[0].token_ids == reference.batches[0].requests[0].token_ids
+
+
 def test_a_repeated_call_for_a_request_vllm_could_not_schedule_is_answered_from_its_miss_then_its_hit(
     model_dir: Path, kvserver_factory: ServerFactory
 ) -> None:

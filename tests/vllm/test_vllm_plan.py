@@ -73,7 +73,7 @@ def test_config_defaults_and_errors() -> None:
     assert config.parse_config({"mode": "tcp", "timeout_s": 2, "save_policy": "all"}).timeout_s == 2
     assert config.parse_config({"lookup_wait_s": 0}).lookup_wait_s == 0
     assert (cfg.lookup_wait_step_share, cfg.lookup_wait_max_s, cfg.lookup_miss_reuse_s) == (0.1, 0.02, 0.5)
-    assert cfg.lookup_hit_reuse_s == 0.5 and cfg.in_step_load_share == 1.0
+    assert cfg.lookup_hit_reuse_s == 0.5 and cfg.in_step_load_share == 1.0 and cfg.lookup_wait_idle_s == 0.1
     for bad in (
         {"mdoe": "tcp"},
         {"mode": "udp"},
@@ -84,6 +84,7 @@ def test_config_defaults_and_errors() -> None:
         {"lookup_wait_s": "1"},
         {"lookup_wait_step_share": 1.5},
         {"lookup_wait_max_s": -1},
+        {"lookup_wait_idle_s": 1.5},
         {"lookup_miss_reuse_s": 61},
         {"lookup_hit_reuse_s": 6},
         {"in_step_load_share": -0.1},

@@ -48,6 +48,8 @@ class ConnectorConfig:
                      only): a wait halts the engine's running requests for its length, "ask again
                      later" costs the new request a whole step (lookup_wait.py)
     lookup_wait_max_s  the longest such wait (default 0.02)
+    lookup_wait_idle_s  how long to wait when no request of the engine is running (default 0.1): the
+                     wait then halts nobody, and "ask again later" would only spin empty steps
     lookup_miss_reuse_s  a request vLLM could not schedule after a lookup that found nothing is asked
                      about again within this many seconds (default 0.5): the miss is reused instead of
                      a new round trip (and perhaps another step of "ask again later"); 0: always ask
@@ -129,6 +131,7 @@ class ConnectorConfig:
     lookup_wait_s: float = 0.002
     lookup_wait_step_share: float = 0.1
     lookup_wait_max_s: float = 0.02
+    lookup_wait_idle_s: float = 0.1
     lookup_miss_reuse_s: float = 0.5
     lookup_hit_reuse_s: float = 0.5
     async_loads: bool = True
@@ -207,6 +210,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "lookup_wait_s": (int, float),
     "lookup_wait_step_share": (int, float),
     "lookup_wait_max_s": (int, float),
+    "lookup_wait_idle_s": (int, float),
     "lookup_miss_reuse_s": (int, float),
     "lookup_hit_reuse_s": (int, float),
     "populate_arena": (bool,),
@@ -249,8 +253,8 @@ def parse_config(extra: Mapping[str, object] | None, environ: Mapping[str, str] 
         raise ValueError(f"KVServerConnector: save_policy must be one of {SAVE_POLICIES}, got {cfg.save_policy!r}")
     if not (0 <= cfg.reserve_wait_s <= 600 and 0 <= cfg.inflight_wait_s <= 600):
         raise ValueError("KVServerConnector: reserve_wait_s and inflight_wait_s must be in [0, 600]")
-    if not 0 <= cfg.lookup_wait_s <= 1 or not 0 <= cfg.lookup_wait_max_s <= 1:
-        raise ValueError("KVServerConnector: lookup_wait_s and lookup_wait_max_s must be in [0, 1]")
+    if not all(0 <= w <= 1 for w in (cfg.lookup_wait_s, cfg.lookup_wait_max_s, cfg.lookup_wait_idle_s)):
+        raise ValueError("KVServerConnector: lookup_wait_s, lookup_wait_max_s and lookup_wait_idle_s must be in [0, 1]")
     if not 0 <= cfg.lookup_wait_step_share <= 1:
         raise ValueError("KVServerConnector: lookup_wait_step_share must be in [0, 1]")
     if not 0 <= cfg.in_step_load_share <= 100:

@@ -67,7 +67,10 @@ class SchedulerSide:
         self.local_loads = LocalLoads()
         self.share_loads = cfg.share_loads and prefix_caching and self.async_loads
         self.steps = StepPlanner(cfg, client is not None, block_size, self._extra, exact)
-        self.wait = LookupWait(cfg.lookup_wait_s, cfg.lookup_wait_step_share, cfg.lookup_wait_max_s)
+        self.wait = LookupWait(
+            cfg.lookup_wait_s, cfg.lookup_wait_step_share, cfg.lookup_wait_max_s, cfg.lookup_wait_idle_s
+        )
+        self.running: set[str] = set()  # scheduled in the last step and not finished since
 
     # --- vLLM hooks -------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -232,7 +235,7 @@ class SchedulerSide:
                 return sent  # it could not even be sent: the error
             st.lookup_rid, st.lookup_sent = sent, now
         t0 = time.perf_counter()
-        res = client.lookup_result(st.lookup_rid, self.wait.seconds())
+        res = client.lookup_result(st.lookup_rid, self.wait.seconds(idle=not self.running))
         self.stats.add("scheduler_wait_s", time.perf_counter() - t0)
         if res is None and now - st.lookup_sent < self.cfg.timeout_s:
             return None
@@ -327,6 +330,8 @@ class SchedulerSide:
                 st.block_ids = []  # nothing of it is loaded or saved from now on (step_plan.covers)
             self.steps.plan(meta, st, int(cached.num_computed_tokens[i]), so.num_scheduled_tokens.get(req_id, 0), None)
         meta.finished = list(getattr(so, "finished_req_ids", ()) or ())
+        self.running = {new.req_id for new in so.scheduled_new_reqs} | set(cached.req_ids)
+        self.running.difference_update(meta.finished)
         return meta
 
     def update_connector_output(
@@ -370,6 +375,7 @@ class SchedulerSide:
         return delay, self.request_finished(request)
 
     def request_finished(self, request: Request) -> dict[str, object] | None:
+        self.running.discard(request.request_id)
         st = self.reqs.pop(request.request_id, None)
         if st is None:
             return None
