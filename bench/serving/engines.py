@@ -64,6 +64,8 @@ CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
         "KVServerConnector",
         {"save_policy": "none", "lookup_wait_step_share": 1.0, "lookup_wait_max_s": 0.25},
     ),
+    # the lookup wait before 2026-12-07: an idle engine too waited only a share of a busy step
+    "kvserver-busywait": ("KVServerConnector", {"lookup_wait_idle_s": 0.0}),
     "kvserver-l2": ("KVServerConnector", {}),  # a small L1 over a filesystem L2 (SERVER_ARGS)
     "lmcache": ("LMCacheMPConnector", {}),  # LMCache's MP server (LMCacheServer), engines from .venv-lmcache
 }
