@@ -235,7 +235,8 @@ class SchedulerSide:
                 return sent  # it could not even be sent: the error
             st.lookup_rid, st.lookup_sent = sent, now
         t0 = time.perf_counter()
-        res = client.lookup_result(st.lookup_rid, self.wait.seconds(idle=not self.running))
+        # idle: nothing scheduled last step is still running, and no load vLLM waits for would be held up
+        res = client.lookup_result(st.lookup_rid, self.wait.seconds(idle=not self.running and not self.parked))
         self.stats.add("scheduler_wait_s", time.perf_counter() - t0)
         if res is None and now - st.lookup_sent < self.cfg.timeout_s:
             return None
