@@ -269,6 +269,7 @@ class SchedulerSide:
         """With async_loads, vLLM parks the request until its load ends: the load is planned from the
         blocks allocated here (the request is not among the next step's scheduled ones); vLLM calls
         this again with 0 external tokens once the load is done."""
+        self.running.add(request.request_id)  # the step now runs something: later lookups wait as when busy
         st = self.reqs.get(request.request_id)
         if st is None:
             return
