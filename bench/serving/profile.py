@@ -29,6 +29,7 @@ import signal
 import statistics
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,19 +62,24 @@ def engine_processes(dep: eng.Deployment) -> list[tuple[int, str]]:
     return out
 
 
+def _stacks(raw: Path) -> Iterator[tuple[list[str], int]]:
+    """py-spy's raw format: one stack per line, frames joined by ";", then its sample count."""
+    for line in raw.read_text().splitlines():
+        if line.strip():
+            stack, n = line.rsplit(" ", 1)
+            yield stack.split(";"), int(n)
+
+
 def connector_share(raw: Path) -> tuple[int, int, collections.Counter[str]]:
     """(samples, samples with a kvconnector frame, those per outermost kvconnector frame)."""
     total = ours = 0
     where: collections.Counter[str] = collections.Counter()
-    for line in raw.read_text().splitlines():
-        if not line.strip():
-            continue
-        stack, n = line.rsplit(" ", 1)
-        total += int(n)
-        frame = next((f for f in stack.split(";") if "kvconnector" in f), None)
+    for stack, n in _stacks(raw):
+        total += n
+        frame = next((f for f in stack if "kvconnector" in f), None)
         if frame is not None:
-            ours += int(n)
-            where[frame] += int(n)
+            ours += n
+            where[frame] += n
     return total, ours, where
 
 
@@ -82,14 +88,10 @@ def frames(raw: Path) -> tuple[int, collections.Counter[str]]:
     lines merged, thread frames dropped, so that two configurations' profiles can be subtracted."""
     total = 0
     where: collections.Counter[str] = collections.Counter()
-    for line in raw.read_text().splitlines():
-        if not line.strip():
-            continue
-        stack, n = line.rsplit(" ", 1)
-        total += int(n)
-        seen = {_function(f) for f in stack.split(";") if not f.startswith(("thread ", "process "))}
-        for f in seen:
-            where[f] += int(n)
+    for stack, n in _stacks(raw):
+        total += n
+        for f in {_function(f) for f in stack if not f.startswith(("thread ", "process "))}:
+            where[f] += n
     return total, where
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvprotocol import Client
-from kvtestkit.serverproc import ServerFactory
+from kvtestkit.serverproc import KVServer, ServerFactory
 from vllm_cases import MAX_TOKENS, P_LONG, kv_config
 from kvtestkit.engines.tiny_model import random_prompt
 from kvtestkit.engines.vllm_harness import EngineRun, prompt, run_engine
@@ -55,16 +55,13 @@ def test_an_l2_hit_is_reported_while_it_streams_into_l1_and_loaded_as_it_lands(
     assert r.token_ids == reference.batches[0].requests[0].token_ids
 
 
-def test_a_late_lookup_answer_defers_the_request(
-    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
-) -> None:
-    """The scheduler waits at most lookup_wait_s for a lookup's answer. With the server stopped
-    (SIGSTOP) when a request arrives, the connector answers "ask again later" (None) instead of
-    holding vLLM's step loop; once the server runs again, the answer arrives and the hit is loaded."""
+def _run_with_server_stopped(
+    model_dir: Path, server: KVServer, tmp_path: Path, stop_s: float, **kv: object
+) -> EngineRun:
+    """One request of P_LONG on a fresh engine; the server is stopped (SIGSTOP) for `stop_s` from
+    the moment the request is let through, so its lookup's answer comes that much later."""
     from concurrent.futures import ThreadPoolExecutor
 
-    server = kvserver_factory()
-    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
     gate = tmp_path / "go"
     assert server.proc is not None
     with ThreadPoolExecutor(1) as pool:
@@ -73,20 +70,32 @@ def test_a_late_lookup_answer_defers_the_request(
             model_dir,
             [[prompt(P_LONG)]],
             max_tokens=MAX_TOKENS,
-            kv_transfer_config=kv_config(server.url, timeout_s=30.0),
+            kv_transfer_config=kv_config(server.url, timeout_s=30.0, **kv),
             extra_spec={"gates": {"0": str(gate)}, "connector_stats": True},
         )
         waiting = Path(str(gate) + ".waiting")
-        while not waiting.exists():  # the engine is up (registered, calibrated) and waits at the gate
+        while not waiting.exists():  # the engine is up (registered, calibrated) and idle at the gate
             assert not future.done(), future.result()
             time.sleep(0.1)
         server.proc.send_signal(signal.SIGSTOP)
         try:
             gate.touch()
-            time.sleep(1.5)  # the lookup is sent and not answered: vLLM is told to ask again, step after step
+            time.sleep(stop_s)  # the lookup is sent and not answered
         finally:
             server.proc.send_signal(signal.SIGCONT)
-        run = future.result()
+        return future.result()
+
+
+def test_a_late_lookup_answer_defers_the_request(
+    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
+) -> None:
+    """The scheduler waits at most lookup_wait_s for a lookup's answer. With the server stopped
+    (SIGSTOP) when a request arrives, the connector answers "ask again later" (None) instead of
+    holding vLLM's step loop; once the server runs again, the answer arrives and the hit is loaded.
+    (With no request running the scheduler waits up to lookup_wait_idle_s: 1.5 s is longer.)"""
+    server = kvserver_factory()
+    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
+    run = _run_with_server_stopped(model_dir, server, tmp_path, 1.5)
     r = run.requests[0]
     stats = run.batches[0].connector_stats
     assert stats is not None
@@ -102,31 +111,7 @@ def test_an_idle_engine_waits_for_a_late_lookup_answer_instead_of_stepping_empty
     to lookup_wait_idle_s rather than answer "ask again later", which would make vLLM run empty steps
     until the answer came. The server is stopped for 0.2 s when the lone request arrives; within the
     1 s idle wait its answer comes, and the request is never deferred."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    server = kvserver_factory()
-    gate = tmp_path / "go"
-    assert server.proc is not None
-    with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(
-            run_engine,
-            model_dir,
-            [[prompt(P_LONG)]],
-            max_tokens=MAX_TOKENS,
-            kv_transfer_config=kv_config(server.url, timeout_s=30.0, lookup_wait_idle_s=1.0),
-            extra_spec={"gates": {"0": str(gate)}, "connector_stats": True},
-        )
-        waiting = Path(str(gate) + ".waiting")
-        while not waiting.exists():  # the engine is up and idle at the gate
-            assert not future.done(), future.result()
-            time.sleep(0.1)
-        server.proc.send_signal(signal.SIGSTOP)
-        try:
-            gate.touch()
-            time.sleep(0.2)  # the lookup is sent and not answered yet
-        finally:
-            server.proc.send_signal(signal.SIGCONT)
-        run = future.result()
+    run = _run_with_server_stopped(model_dir, kvserver_factory(), tmp_path, 0.2, lookup_wait_idle_s=1.0)
     stats = run.batches[0].connector_stats
     assert stats is not None
     assert stats["lookups"] == 1 and stats["lookup_errors"] == 0
