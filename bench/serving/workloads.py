@@ -170,8 +170,9 @@ def saturate(
     concurrency: int,
     sample: str = "first",
 ) -> Workload:
-    """The trace's requests (as `trace` picks and scales them, on tokens of their own: `trace` runs on
-    the same engines first), closed loop with `concurrency` in flight."""
+    """The trace's requests (as `trace` picks and scales them with `sample`, by default the first
+    conversations, as `traceburst`; on tokens of their own: the trace replays run on the same engines
+    first), closed loop with `concurrency` in flight."""
     w = trace(path, conversations, block_tokens, 1.0, max_prompt, max_tokens, salt=1, sample=sample)
     for s in w.sessions:
         s.start_s = 0.0
