@@ -32,10 +32,11 @@ def _engine(server) -> EngineClient:  # type: ignore[no-untyped-def]
     return EngineClient(server.url, MODEL, 1, 0, [LAY])
 
 
-def _l2_only(server_factory, tmp_path: Path, tokens: np.ndarray, src):  # type: ignore[no-untyped-def]
+def _l2_only(server_factory, tmp_path: Path, tokens: np.ndarray, src, *extra: str):  # type: ignore[no-untyped-def]
     """A server whose L2 (fs) holds the prompt's chunks and whose L1 is empty, and the L2 root."""
     root = tmp_path / "l2"
     args = ("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), "--l2", f"fs://{root}", "--l2-prefetch-timeout", "10")
+    args += extra
     first = server_factory(*args)
     with _engine(first) as a:
         assert a.register(src) and a.save(tokens, list(range(CHUNKS * BPC))).saved_chunks == CHUNKS
@@ -75,7 +76,7 @@ def test_a_pending_lookup_says_the_expected_hit_and_the_streamed_load_is_byte_id
 def test_a_chunk_the_prefetch_does_not_bring_is_reported_failed_not_loaded(server_factory, tmp_path: Path) -> None:
     src, dst = GEO.random_kv(CHUNKS * BPC, seed=9), GEO.sentinel_kv(CHUNKS * BPC)
     tokens = np.random.default_rng(10).integers(0, 50_000, CHUNKS * CHUNK)
-    server, root = _l2_only(server_factory, tmp_path, tokens, src)
+    server, root = _l2_only(server_factory, tmp_path, tokens, src, "--l2-verify", "server")
     bad = 3
     path = _l2_paths(root, tokens)[bad]
     flipped = bytearray(path.read_bytes())
@@ -97,6 +98,42 @@ def test_a_chunk_the_prefetch_does_not_bring_is_reported_failed_not_loaded(serve
     assert_blocks_equal(dst, ids[: bad * BPC], src, list(range(bad * BPC)))
     with server.client() as raw:  # no lease is left behind by the failed load
         assert raw.call("describe").result["l1"]["leased"] == 0
+
+
+def test_a_damaged_chunk_that_lands_fails_its_load_and_the_report_drops_it(server_factory, tmp_path: Path) -> None:
+    """The default (`--l2-verify reader`): the damaged body lands unhashed; the streamed load's own
+    kvsum64 check refuses it, the blocks from it on are failed (recomputed), and its release reports
+    the chunk: the server finds it damaged and drops it from L1 and L2, so no later load meets it."""
+    src, dst = GEO.random_kv(CHUNKS * BPC, seed=15), GEO.sentinel_kv(CHUNKS * BPC)
+    tokens = np.random.default_rng(16).integers(0, 50_000, CHUNKS * CHUNK)
+    server, root = _l2_only(server_factory, tmp_path, tokens, src)
+    bad = 2
+    path = _l2_paths(root, tokens)[bad]
+    flipped = bytearray(path.read_bytes())
+    flipped[len(flipped) // 2] ^= 0x10  # a bit flip in the body behind a sound header
+    path.write_bytes(bytes(flipped))
+    with _engine(server) as b:
+        assert b.register(dst)
+        first = b.lookup(tokens, session=sid("bad"), wait=False, expect=True)
+        assert first.pending and first.expected_tokens == CHUNKS * CHUNK
+        ids = list(range(CHUNKS * BPC))
+        res = b.load_streamed(sid("bad"), tokens, ids, 0, CHUNKS * CHUNK)
+        assert not res.ok and "checksum_mismatch" in (res.error or "")
+        kept = res.loaded_tokens // CHUNK  # a copy round with a damaged object fails as a whole
+        assert kept <= bad and res.failed_block_ids == ids[kept * BPC :]
+        assert b.verify_failures == 1
+    with server.client() as raw:
+        counters = raw.call("describe").result["counters"]
+        assert (counters["corrupt_dropped"], counters["corrupt_refuted"]) == (1, 0)
+        assert raw.call("describe").result["l1"]["leased"] == 0
+    deadline = time.monotonic() + 30
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not path.exists()  # deleted from L2 too
+    assert _l2_paths(root, tokens)[bad + 1].exists()
+    with _engine(server) as b:
+        assert b.lookup(tokens).hit_tokens == bad * CHUNK  # not in L1, not brought back from L2
+    assert_blocks_equal(dst, ids[: kept * BPC], src, list(range(kept * BPC)))
 
 
 def test_an_l1_hit_does_not_wait_behind_a_streamed_load(server_factory, tmp_path: Path) -> None:

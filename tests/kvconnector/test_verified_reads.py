@@ -100,7 +100,11 @@ def test_a_flipped_arena_byte_fails_the_load_and_is_never_served(server, mode: s
         assert "checksum" in (res.error or "")
         assert (b.verify_failures, b.verify_failed_objects) == (1, 1)
         b.release(sid("s1"))
-        arena.flip(victim)  # repaired: the same load now verifies and is exact
+        # the load's release reported chunk 1: the server checked it, found it damaged and dropped it
+        counters = raw.call("describe").result["counters"]
+        assert (counters["corrupt_dropped"], counters["corrupt_refuted"]) == (1, 0)
+        assert b.lookup(tokens).hit_tokens == CHUNK  # no later load meets it
+        assert a.save(tokens, ids).saved_chunks >= 1  # stored again: the same load now verifies and is exact
         assert b.lookup(tokens, session=sid("s2")).hit_tokens == 3 * CHUNK
         assert b.load(sid("s2"), tokens, dst_ids, 0, 3 * CHUNK).ok
         b.release(sid("s2"))

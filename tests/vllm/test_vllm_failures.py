@@ -65,6 +65,9 @@ def test_corrupted_arena_bytes_are_verified_and_recomputed(
     assert r.connector_loaded_tokens == 0  # chunk 0 failed, so the whole load did
     assert r.token_ids == reference.batches[0].requests[0].token_ids
     assert "checksum" in run.log
+    with Client(server.url) as c:  # the load's release reported it: checked by the server and dropped
+        counters = c.call("describe").result["counters"]
+    assert (counters["corrupt_dropped"], counters["corrupt_refuted"]) == (1, 0)
 
 
 def test_server_killed_between_engines(model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun) -> None:

@@ -74,7 +74,7 @@ def _packed(tokens: list[int]) -> bytes:
 
 def test_damaged_files_are_counted_misses_and_deleted(server_factory, tmp_path: Path) -> None:
     root = tmp_path / "l2"
-    s = server_factory(*L1, "--l2", f"fs://{root}", "--l2-compression", "zstd")
+    s = server_factory(*L1, "--l2", f"fs://{root}", "--l2-compression", "zstd", "--l2-verify", "server")
     tokens = prompt(5, seed=3)
     with s.client() as c:
         ks, _ = register(c)

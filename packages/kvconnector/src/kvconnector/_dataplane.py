@@ -46,14 +46,17 @@ class NotStreamed(EngineError):
     KIND = "not_streamed"
 
 
-class ChecksumMismatch(EngineError):
-    """Bytes read from the cache are not the bytes their writer committed: the load failed."""
+class ChecksumMismatch(EngineError, flows.CorruptCopy):
+    """Bytes read from the cache are not the bytes their writer committed: the load failed, and the
+    release reports the chunks (the server checks and drops them)."""
 
     KIND = "checksum_mismatch"
 
     def __init__(self, objects: int, chunks: list[int]) -> None:
-        super().__init__(
-            f"{objects} object(s) failed verification (chunks {chunks[:8]}): corrupt or never written; recomputing"
+        flows.CorruptCopy.__init__(
+            self,
+            f"{objects} object(s) failed verification (chunks {chunks[:8]}): corrupt or never written; recomputing",
+            chunks,
         )
         self.objects = objects
 

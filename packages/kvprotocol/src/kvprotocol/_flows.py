@@ -32,6 +32,17 @@ class LeaseBroken(KVProtocolError):
     KIND = "lease_lost"
 
 
+class CorruptCopy(KVProtocolError):
+    """A reader's copy found objects whose bytes do not match their kvsum64: `chunks` holds their
+    chunks, which `read_leased`'s release reports so that the server can check and drop them."""
+
+    KIND = "checksum_mismatch"
+
+    def __init__(self, message: str, chunks: Sequence[int]) -> None:
+        super().__init__(message)
+        self.chunks = sorted(set(chunks))
+
+
 def store_and_commit(
     send: Send,
     req: Store | BlendStore,
@@ -92,11 +103,17 @@ def read_leased(
     Always ends this rank's leases of the session. With `prove` (copies out of shared memory), the
     release names the reader's lease number and must come back `intact`, proving no slot was reused
     under the copy; otherwise LeaseBroken. tcp frames are copies taken under the lease: no proof needed.
+    A `copy` that raises CorruptCopy has its chunks reported in that release, while the leases hold.
     """
     released = False
+    corrupt: list[int] = []
     try:
         reply, frames = retrieve_leased(send, req, relookup)
-        out = copy(reply, frames)
+        try:
+            out = copy(reply, frames)
+        except CorruptCopy as exc:
+            corrupt = exc.chunks
+            raise
         if prove:
             rel = send(Release(session=req.session, rank=req.rank, lease=reply.lease), ())[0]
             released = True
@@ -109,6 +126,6 @@ def read_leased(
     finally:
         if not released:
             try:  # best effort: the server also expires leases after its TTL
-                (release_send or send)(Release(session=req.session, rank=req.rank), ())
+                (release_send or send)(Release(session=req.session, rank=req.rank, corrupt=corrupt), ())
             except Exception:
                 pass

@@ -139,6 +139,7 @@ class RetrieveReply(Reply_):
 class ReleaseReply(Reply_):
     released: bool
     intact: bool
+    dropped: int = 0  # objects of the reported `corrupt` chunks the server found damaged and dropped
 
 
 class EndSessionReply(Reply_):

@@ -246,15 +246,23 @@ class Retrieve(Request["rp.RetrieveReply"], tag="retrieve"):
 
 
 class Release(Request["rp.ReleaseReply"], tag="release"):
-    """Without rank: the whole session; with rank (+ the lease number from retrieve): that reader only."""
+    """Without rank: the whole session; with rank (+ the lease number from retrieve): that reader only.
+
+    `corrupt` names the chunks whose objects this rank read but whose bytes failed their kvsum64: the
+    server checks them itself before the leases end and drops what it finds damaged (a claim it
+    cannot confirm changes nothing).
+    """
 
     session: SessionId
     rank: Rank | None = None
     lease: Annotated[int, Meta(ge=1, le=MAX_ID)] | None = None
+    corrupt: Annotated[list[Chunk], Meta(max_length=MAX_CHUNKS)] = []
 
     def __post_init__(self) -> None:
         if self.lease is not None and self.rank is None:
             raise ValidationError(ErrorCode.BAD_FIELD, "release: lease needs rank")
+        if self.corrupt and self.rank is None:
+            raise ValidationError(ErrorCode.BAD_FIELD, "release: corrupt needs rank")
 
 
 class EndSession(Request["rp.EndSessionReply"], tag="end_session"):

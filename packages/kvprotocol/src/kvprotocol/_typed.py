@@ -207,9 +207,15 @@ class TypedOps:
         )
 
     def release(
-        self, *, session: SessionId, rank: Rank | None = None, lease: int | None = None, timeout: float | None = None
+        self,
+        *,
+        session: SessionId,
+        rank: Rank | None = None,
+        lease: int | None = None,
+        corrupt: Sequence[int] = (),
+        timeout: float | None = None,
     ) -> ReleaseReply:
-        return self._op(rq.Release(session=session, rank=rank, lease=lease), (), timeout, False)
+        return self._op(rq.Release(session=session, rank=rank, lease=lease, corrupt=list(corrupt)), (), timeout, False)
 
     def end_session(self, *, session: SessionId, timeout: float | None = None) -> EndSessionReply:
         return self._op(rq.EndSession(session=session), (), timeout, False)

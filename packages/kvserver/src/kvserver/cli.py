@@ -221,6 +221,15 @@ def main() -> None:
     help="Seconds an L2 tier's 'absent' answer is remembered, sparing lookups a round trip (0: off).",
 )
 @click.option(
+    "--l2-verify",
+    default="reader",
+    show_default=True,
+    type=click.Choice(["reader", "server"]),
+    help="What checks the body of a plain fs object read straight into L1: 'reader' leaves it to the "
+    "kvsum64 every reader verifies on its copy (a damaged object is reported, checked by the server and "
+    "dropped); 'server' also hashes it on arrival (one more pass over the bytes).",
+)
+@click.option(
     "--l2-retry-keys",
     default=4096,
     show_default=True,

@@ -54,6 +54,7 @@ class ServerConfig:
     l2_prefetch_timeout: float = 0.5
     l2_admission: str = "all"  # "second-hit"/"tinylfu": keep one-hit wonders out of L2 (l2/admission.py)
     l2_negative_ttl: float = 1.0  # seconds a tier's "absent" answer is remembered (0: never)
+    l2_verify: str = "reader"  # who checks a landed plain body: the reader's kvsum64, or the server too (serde.py)
     l2_retry_keys: int = 4096  # per tier: writes missed while it was down, retried when it answers
     l2_capacity_gb: float | None = None  # "evicted" admission: L2 bound kept by this server (l2/directory.py)
     l2_eviction_policy: str = "lru"  # "evicted" admission: which L1 policy class evicts from L2
@@ -105,6 +106,8 @@ class ServerConfig:
             raise ValueError(f"l2_eviction_policy must be one of {sorted(POLICIES)}")
         if not 0 <= self.l2_negative_ttl <= 3600:
             raise ValueError("l2_negative_ttl must be in [0, 3600] seconds")
+        if self.l2_verify not in ("reader", "server"):
+            raise ValueError("l2_verify must be 'reader' or 'server'")
         if not 0 <= self.l2_retry_keys <= 1 << 24:
             raise ValueError("l2_retry_keys must be in [0, 16777216]")
         if not 0 < self.heartbeat_interval <= 3600:

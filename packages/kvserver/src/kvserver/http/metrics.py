@@ -190,6 +190,15 @@ class ServerCollector(Collector):
         yield CounterMetricFamily(
             "kvserver_no_space", "Object reservations refused because L1 was full.", value=c["no_space"]
         )
+        corrupt = CounterMetricFamily(
+            "kvserver_corrupt_reports",
+            "Objects readers reported failing their kvsum64, by what the server's own check found "
+            "(damaged: dropped from L1 and L2; intact: kept).",
+            labels=["found"],
+        )
+        corrupt.add_metric(["damaged"], c["corrupt_dropped"])
+        corrupt.add_metric(["intact"], c["corrupt_refuted"])
+        yield corrupt
         yield CounterMetricFamily(
             "kvserver_broken_reads",
             "Reader releases whose leases had ended before the copy finished (the copy was discarded).",

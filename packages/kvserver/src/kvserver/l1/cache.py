@@ -50,6 +50,7 @@ class Entry:
     leases: int = 0
     pinned: bool = False
     checksum: int = 0  # kvsum64 of the bytes, given by the writer's commit; readers verify against it
+    checked: bool = False  # a reader's corrupt report was checked and the bytes matched (corruption.py)
 
 
 class L1Cache:

@@ -34,7 +34,9 @@ def build_tier_manager(config: ServerConfig, l1: L1Cache) -> TierManager | None:
     """The tier manager for `config.l2` (None when no tier is configured); ValueError on bad settings."""
     if not config.l2:
         return None
-    serde = Serde(config.l2_compression, load_key(config.l2_encryption_key_file))
+    serde = Serde(
+        config.l2_compression, load_key(config.l2_encryption_key_file), hash_landed=config.l2_verify == "server"
+    )
     adapters = [make_adapter(url) for url in config.l2]
     return TierManager(
         adapters,

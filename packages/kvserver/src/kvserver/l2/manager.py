@@ -231,6 +231,13 @@ class TierManager:
         self._deletes.add(task)
         task.add_done_callback(self._deletes.discard)
 
+    def discard(self, keys: list[ObjectKey]) -> None:
+        """Objects found damaged: out of the directory and deleted from every tier in the background,
+        whatever the directory says (`delete` keeps what was admitted again)."""
+        if self.tiering is not None:
+            self.tiering.lost(keys)
+        self.delete(keys)
+
     async def _delete(self, keys: list[ObjectKey]) -> None:
         tiering = self.tiering
         if tiering is not None:

@@ -169,7 +169,7 @@ class KVServer:
             "commit": lambda r, fr, w: (c.commit(r.store_id, fr, r.checksums, w), []),
             "abort": lambda r, fr, w: (c.abort(r.store_id, w), []),
             "retrieve": lambda r, fr, w: c.retrieve(r, w),
-            "release": lambda r, fr, w: (c.release(r, w), []),
+            "release": self._release,
             "end_session": lambda r, fr, w: (c.end_session(r.session, w), []),
             "clear": lambda r, fr, w: (c.clear(), []),
             "pin": lambda r, fr, w: (c.set_pinned(r, True, w), []),
@@ -178,6 +178,16 @@ class KVServer:
             "blend_store": lambda r, fr, w: (self.blend.store(r, w), []),
             "blend_lookup": lambda r, fr, w: (self.blend.lookup(r, w), []),
         }
+
+    def _release(self, r: Any, _frames: list[memoryview], who: Identity) -> Result | Awaitable[Result]:
+        out = self.cache.release(r, who)
+        if not isinstance(out, Awaitable):
+            return out, []
+
+        async def checked() -> Result:  # it reported corrupt chunks: answered once they are checked
+            return await out, []
+
+        return checked()
 
     async def _lookup_l2(self, r: Any, _frames: list[memoryview], who: Identity) -> Result:
         return await self.cache.lookup_l2(r, who), []

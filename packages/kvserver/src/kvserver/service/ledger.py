@@ -37,6 +37,9 @@ class Counters:
     broken_reads: int = 0  # releases that found their leases gone: the reader's copy was thrown away
     late_commits: int = 0  # commits that arrived after their reservation's deadline
     late_write_dropped: int = 0  # objects a stalled shm writer overwrote once reused (late_writers.py)
+    corrupt_reported: int = 0  # objects readers reported damaged (and not checked clean before)
+    corrupt_dropped: int = 0  # of those, found damaged by the server's own kvsum64 and dropped
+    corrupt_refuted: int = 0  # of those, found intact (kept)
 
 
 @dataclass

@@ -7,6 +7,7 @@ May import: the service's own modules, `l1`, `security`, `l2` (types only), `err
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from kvprotocol import ObjectKey
@@ -21,6 +22,7 @@ from kvprotocol._replies import (
 from kvprotocol._requests import KeysRequest, Lookup, Query, Release, Retrieve
 
 from ..errors import NotLeased, OutOfRange
+from .corruption import CorruptionChecks
 from .keys import KeyPlanner
 from .session_admission import SessionAdmission
 from ..security.tenants import ADMIN, Identity
@@ -38,6 +40,7 @@ class ReadOps:
         self.ledger, self.reservations, self.hooks = state.ledger, state.reservations, state.hooks
         self.background, self.object_sizes, self.chunk_size = state.background, state.object_sizes, state.chunk_size
         self.sessions = sessions
+        self.corruption = CorruptionChecks(state)
         # the planner's methods, bound once: a lookup calls them without another attribute hop
         self._hashes, self._per_chunk = keys.hashes, keys.per_chunk
         self._prefix_hits, self._chunk_keys = keys.prefix_hits, keys.chunk_keys
@@ -220,12 +223,21 @@ class ReadOps:
         return RetrieveReply(objects, reader.lease), frames
 
     # -- sessions ------------------------------------------------------------------------------
-    def release(self, f: Release, who: Identity = ADMIN) -> ReleaseReply:
-        """`{released, intact}`: see leases.Leases.release."""
+    def release(self, f: Release, who: Identity = ADMIN) -> ReleaseReply | Awaitable[ReleaseReply]:
+        """`{released, intact, dropped}`: see leases.Leases.release; a release that reports corrupt
+        chunks answers once the server has checked them (corruption.py), so it gives an awaitable."""
+        held = self.corruption.hold(who.scope(f.session), f.rank, f.corrupt) if f.corrupt and f.rank is not None else []
         result = self.leases.release(who.scope(f.session), f.rank, f.lease)
         if f.lease is not None and not result.intact:
             self.counters.broken_reads += 1
-        return result
+        if not held:
+            return result
+
+        async def checked() -> ReleaseReply:
+            result.dropped = await self.corruption.settle(held)
+            return result
+
+        return checked()
 
 
 __all__ = ["ReadOps"]
