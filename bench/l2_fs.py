@@ -7,8 +7,11 @@ batch) or `open + readinto a preallocated buffer + close` (plain get). The tier 
 does: `FsAdapter.put_parts` (per object, in its worker thread: encode the header, then one `writev`
 of header + the object's own buffer into an unnamed file in the object's directory, then link it
 under its name); `FsAdapter.get_into` (one `preadv` into the destination and
-`Serde.verify_in_place` right after it in the same thread: XXH3-128 over the bytes where they
-landed), as the prefetcher does. Integrity is always on.
+`Serde.verify_in_place` right after it in the same thread), as the prefetcher does. Integrity is
+always on: with the server's default (`--l2-verify reader`) the check reads the header (lengths, key
+fingerprint, the body's kvsum64), and the body is checked by the kvsum64 every reader computes on its
+own copy out of L1, whatever tier the object came from; a third side measures `--l2-verify server`,
+which also hashes each landed body (XXH3-128) in the same thread.
 
 The plain files are fanned out over 256 directories as the tier's are (on ext4 here, creating files
 in one flat directory was 1.5x slower than across the fan-out). Every round writes new objects under
@@ -45,6 +48,7 @@ from kvserver.l2.serde import HEADER_BYTES
 from kvtestkit.pagecache import drop_cache
 
 BATCH = 16
+SERVER_CHECK = "tier, --l2-verify server"  # the side that also hashes each landed body
 MEDIA = {"tmpfs": "/dev/shm", "warm": "/var/tmp", "disk": "/var/tmp"}
 
 
@@ -113,8 +117,11 @@ def plain_side(root: Path, objs: list[memoryview], dests: list[memoryview], fsyn
     return Side(put, get, lambda: paths, _nothing, next_round)
 
 
-def tier_side(root: Path, objs: list[memoryview], dests: list[memoryview], fsync: bool) -> Side:
-    fs, serde = FsAdapter(root, fsync=fsync), Serde()
+def tier_side(
+    root: Path, objs: list[memoryview], dests: list[memoryview], fsync: bool, *, hash_landed: bool = False
+) -> Side:
+    """The server's fs tier; `hash_landed` as with `--l2-verify server` (default: `reader`)."""
+    fs, serde = FsAdapter(root, fsync=fsync), Serde(hash_landed=hash_landed)
     keys: list[str] = []
 
     async def next_round() -> None:
@@ -170,6 +177,7 @@ async def run_medium(
         sides = {
             "plain": plain_side(base / "plain", objs, dests, cold),
             "tier": tier_side(base / "tier", objs, dests, cold),
+            SERVER_CHECK: tier_side(base / "hashed", objs, dests, cold, hash_landed=True),
             **{name: make(base / name, objs, dests, cold) for name, make in (extra or {}).items()},
         }
         names = list(sides)
@@ -196,7 +204,8 @@ async def run_medium(
         for op in ("put", "get"):
             out[op] = _versus(times["plain"][op], times["tier"][op], total)
         out["others"] = {
-            n: {op: _versus(times["plain"][op], times[n][op], total) for op in ("put", "get")} for n in extra or {}
+            n: {op: _versus(times["plain"][op], times[n][op], total) for op in ("put", "get")}
+            for n in [SERVER_CHECK, *(extra or {})]
         }
         return out
     finally:
@@ -235,5 +244,12 @@ def table(rows: list[dict[str, Any]]) -> str:
             ]
             ratio = f"{f['ratio']['median']:.2f} ({f['ratio']['min']:.2f}-{f['ratio']['max']:.2f})"
             lines.append(f"{row['medium']:<7}{op:<5}{cells[0]:>24}{cells[1]:>24}{ratio:>22}")
+    for row in rows:
+        for name, figures in row.get("others", {}).items():
+            ratios = ", ".join(
+                f"{op} {f['ratio']['median']:.2f} ({f['ratio']['min']:.2f}-{f['ratio']['max']:.2f})"
+                for op, f in figures.items()
+            )
+            lines.append(f"  {row['medium']} {name}: x plain {ratios}")
     lines += [f"  {row['medium']}: {row['where']}" for row in rows]
     return "\n".join(lines)

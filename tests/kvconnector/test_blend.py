@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import mmap
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kvconnector.blend import BlendStore, ChunkCodec, ReusedChunk, blend_prefill, full_prefill, rerope  # noqa: E402
+from kvserver.l1.arena import HEADER_BYTES  # noqa: E402
 from kvtestkit.serverproc import free_port  # noqa: E402
 
 C = 64
@@ -123,3 +127,32 @@ def test_server_down_is_a_miss():
         assert store.load(list(range(200)), [0]) == []
         assert store.store_document(list(range(C)), [torch.zeros(2, C, 8)] * 2, [torch.zeros(2, C, 8)] * 2) == 0
         assert store.stats.errors
+
+
+def test_a_damaged_chunk_is_a_miss_and_its_report_drops_it_on_the_server(server_factory):
+    """A stray write into the arena: the load verifies each chunk's kvsum64, misses as a whole, and
+    its release reports the chunk; the server confirms and drops it, so the next load gets the rest."""
+    server = server_factory("--l1-size-gb", "0.01", "--chunk-size", str(C))
+    codec = ChunkCodec(2, 2, 8, C)
+    gen = torch.Generator().manual_seed(3)
+    doc = torch.randint(3, 300, (2 * C,), generator=gen)
+    k = [torch.randn(2, 2 * C, 8, generator=gen) for _ in range(2)]
+    v = [torch.randn(2, 2 * C, 8, generator=gen) for _ in range(2)]
+    with BlendStore(server.url, "m", codec) as store, server.client() as c:
+        assert store.store_document(doc, k, v) == 2
+        assert [ch.start for ch in store.load(doc.tolist(), [0])] == [0, C]
+        l1 = c.call("describe").result["l1"]
+        fd = os.open(f"/dev/shm/{l1['arena']}", os.O_RDWR)
+        try:
+            arena = mmap.mmap(fd, l1["capacity_bytes"])
+        finally:
+            os.close(fd)
+        arena[HEADER_BYTES + 100] ^= 0x01  # the first slot: chunk 0, the first object stored
+        arena.close()
+        assert store.load(doc.tolist(), [0]) == []
+        assert store.stats.errors == {"load:CorruptCopy": 1}
+        counters = c.call("describe").result["counters"]
+        assert (counters["corrupt_dropped"], counters["corrupt_refuted"]) == (1, 0)
+        loaded = store.load(doc.tolist(), [0])
+        assert [ch.start for ch in loaded] == [C]  # chunk 0 is gone; chunk 1 was intact
+        assert torch.equal(loaded[0].k[0], k[0][:, C:])

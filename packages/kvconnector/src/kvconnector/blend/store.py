@@ -158,8 +158,8 @@ class BlendStore:
                     raise ValueError("retrieve returned a different number of objects than matched")
                 out = []
                 for m, obj, frame in zip(matches, reply.objects, frames, strict=True):
-                    if kvsum64(frame) != obj.checksum:
-                        raise ValueError(f"checksum mismatch for the chunk at {m.start}")
+                    if kvsum64(frame) != obj.checksum:  # the release reports it: the server checks and drops it
+                        raise flows.CorruptCopy(f"checksum mismatch for the chunk at {m.start}", [obj.chunk])
                     k, v = self.codec.decode(frame)
                     out.append(LoadedChunk(m.start, m.ref_pos, k, v))
                 return out
