@@ -19,6 +19,10 @@ new names, as a cache's writes are (an object is written once), and removes the 
 untimed: neither side pays what a file system charges for replacing a file's contents (ext4 starts
 writeback at once when a file is truncated or renamed over, for crash safety).
 
+A fourth side is the tier with `direct=1` (fs_direct.py): files framed with the body at a 4 KiB
+offset, read with O_DIRECT straight into the slot when the page cache does not hold them (from the
+disk), through the cache when it does. Destinations are 4 KiB-aligned slots of one mapping, as L1's.
+
 Media: `tmpfs` (/dev/shm: page cache only), `warm` (a file system on a disk, pages cached), `disk`
 (the same file system with fsync on both sides and every file dropped from the page cache with
 POSIX_FADV_DONTNEED before each get, so reads come from the device). Rounds alternate which side runs
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import mmap
 import os
 import secrets
 import shutil
@@ -49,6 +54,7 @@ from kvtestkit.pagecache import drop_cache
 
 BATCH = 16
 SERVER_CHECK = "tier, --l2-verify server"  # the side that also hashes each landed body
+DIRECT = "tier, direct=1"  # framed files, O_DIRECT reads of what the page cache does not hold
 MEDIA = {"tmpfs": "/dev/shm", "warm": "/var/tmp", "disk": "/var/tmp"}
 
 
@@ -61,6 +67,10 @@ class Side:
     files: Callable[[], list[Path]]
     start: Callable[[], Awaitable[None]]
     next_round: Callable[[], Awaitable[None]]  # untimed: the round's objects removed, new names next
+
+
+def _slot(size: int) -> int:
+    return (size + 4095) // 4096 * 4096
 
 
 def _batches(n: int) -> list[range]:
@@ -118,10 +128,17 @@ def plain_side(root: Path, objs: list[memoryview], dests: list[memoryview], fsyn
 
 
 def tier_side(
-    root: Path, objs: list[memoryview], dests: list[memoryview], fsync: bool, *, hash_landed: bool = False
+    root: Path,
+    objs: list[memoryview],
+    dests: list[memoryview],
+    fsync: bool,
+    *,
+    hash_landed: bool = False,
+    direct: bool = False,
 ) -> Side:
-    """The server's fs tier; `hash_landed` as with `--l2-verify server` (default: `reader`)."""
-    fs, serde = FsAdapter(root, fsync=fsync), Serde(hash_landed=hash_landed)
+    """The server's fs tier; `hash_landed` as with `--l2-verify server` (default: `reader`), `direct`
+    as with `fs://...?direct=1`."""
+    fs, serde = FsAdapter(root, fsync=fsync, direct=direct), Serde(hash_landed=hash_landed)
     keys: list[str] = []
 
     async def next_round() -> None:
@@ -170,7 +187,11 @@ async def run_medium(
     base = Path(tempfile.mkdtemp(prefix="bench-l2fs-", dir=MEDIA[medium]))
     cold = medium == "disk"
     total = sum(len(o) for o in objs)
-    dests = [memoryview(bytearray(len(o))) for o in objs]
+    arena = mmap.mmap(-1, sum(_slot(len(o)) for o in objs))  # page-aligned 4 KiB slots, as L1's
+    at, dests = 0, []
+    for o in objs:
+        dests.append(memoryview(arena)[at : at + len(o)])
+        at += _slot(len(o))
     for d in dests:  # fault the destination pages in once, as an L1 arena is
         d[:] = b"\1" * len(d)
     try:
@@ -178,6 +199,7 @@ async def run_medium(
             "plain": plain_side(base / "plain", objs, dests, cold),
             "tier": tier_side(base / "tier", objs, dests, cold),
             SERVER_CHECK: tier_side(base / "hashed", objs, dests, cold, hash_landed=True),
+            DIRECT: tier_side(base / "direct", objs, dests, cold, direct=True),
             **{name: make(base / name, objs, dests, cold) for name, make in (extra or {}).items()},
         }
         names = list(sides)
@@ -205,7 +227,7 @@ async def run_medium(
             out[op] = _versus(times["plain"][op], times["tier"][op], total)
         out["others"] = {
             n: {op: _versus(times["plain"][op], times[n][op], total) for op in ("put", "get")}
-            for n in [SERVER_CHECK, *(extra or {})]
+            for n in [SERVER_CHECK, DIRECT, *(extra or {})]
         }
         return out
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class L2Error(Exception):
@@ -74,6 +75,10 @@ class L2Adapter(abc.ABC):
 
     async def start(self) -> None:
         """Connect or prepare; must not fail when the store is down (report that on first use)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What this kind of store adds to its tier's entry in describe (settings, its own counters)."""
+        return {}
 
     @abc.abstractmethod
     async def put(self, items: Sequence[tuple[str, bytes]]) -> None:

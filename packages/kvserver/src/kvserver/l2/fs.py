@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from blake3 import blake3
 
 from .base import BlobParts, Check, L2Adapter, L2Error, LazyBlob, Landed, Usage, blob_parts
+from .fs_direct import DirectReader, frame, framed_size, unframe
 from .fs_write import DIR_MODE, WholeFileWriter, fsync_dir, unlink
 
 T = TypeVar("T")
@@ -74,10 +75,18 @@ class FsAdapter(L2Adapter):
     takes_parts = True
 
     def __init__(
-        self, root: str | Path, *, fsync: bool = False, url: str | None = None, capacity: int | None = None
+        self,
+        root: str | Path,
+        *,
+        fsync: bool = False,
+        url: str | None = None,
+        capacity: int | None = None,
+        direct: bool = False,
     ) -> None:
         self.root = Path(root)
         self.fsync = fsync
+        self.direct = direct  # framed files, read with O_DIRECT when not cached (fs_direct.py)
+        self.reader = DirectReader(direct)
         self.capacity = capacity
         self._index: OrderedDict[str, int] = OrderedDict()  # file -> bytes, least recently used first
         self._bytes = 0
@@ -89,6 +98,9 @@ class FsAdapter(L2Adapter):
         self._tmp = self.root / "tmp"
         self._refused: L2Error | None = None
         self.writer = WholeFileWriter(str(self._tmp), fsync=fsync)
+
+    def describe(self) -> dict[str, Any]:
+        return {"direct": self.direct, "direct_reads": self.reader.direct_reads}
 
     def path_of(self, key: str) -> Path:
         return Path(self._file(key))
@@ -187,6 +199,8 @@ class FsAdapter(L2Adapter):
         try:
             for key, blob in items:
                 parts = (blob,) if isinstance(blob, bytes) else blob_parts(blob)  # a lazy one encoded here
+                if self.direct:
+                    parts = frame(parts)
                 path = self._file(key)
                 self.writer.write(path, parts)
                 written.append((path, sum(len(p) for p in parts)))
@@ -207,7 +221,7 @@ class FsAdapter(L2Adapter):
         for path in paths:
             try:
                 with open(path, "rb") as fh:
-                    out.append(fh.read())
+                    out.append(unframe(fh.read()))
             except FileNotFoundError:
                 self._forget(path)
                 out.append(None)
@@ -234,7 +248,7 @@ class FsAdapter(L2Adapter):
                 out.append(None)
                 continue
             try:
-                blob = _read_blob(fd, dest, head)
+                blob = self._read_blob(fd, dest, head)
             finally:
                 os.close(fd)
             if isinstance(blob, Landed) and dest is not None:
@@ -250,6 +264,20 @@ class FsAdapter(L2Adapter):
 
     async def delete(self, keys: Sequence[str]) -> None:
         await self._run(self._delete_all, list(keys))
+
+    def _read_blob(self, fd: int, dest: memoryview | None, head: int) -> bytes | Landed:
+        """One blob: into `dest` when the file holds `len(dest)` body bytes (plain: one preadv; framed:
+        fs_direct.py), else read whole."""
+        size = os.fstat(fd).st_size
+        if dest is None:
+            return _read_whole(fd)
+        if size == head + len(dest):
+            return _read_plain(fd, dest, head)
+        if framed_size(size, len(dest)):
+            got = self.reader.read(fd, size, dest)
+            if got is not None:
+                return Landed(got)
+        return _read_whole(fd)
 
     def _delete_all(self, keys: list[str]) -> None:
         for key in keys:
@@ -279,12 +307,8 @@ class FsAdapter(L2Adapter):
         return Usage(objects, size)
 
 
-def _read_blob(fd: int, dest: memoryview | None, head: int) -> bytes | Landed:
-    """One blob: into `dest` with one preadv when its size is `head + len(dest)`, else as bytes."""
-    size = os.fstat(fd).st_size
-    if dest is None or size != head + len(dest):
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read()
+def _read_plain(fd: int, dest: memoryview, head: int) -> bytes | Landed:
+    """A plain file of `head + len(dest)` bytes: its head, with the rest in `dest` (one preadv)."""
     start = bytearray(head)
     views, offset = [memoryview(start), dest], 0
     while views:
@@ -298,3 +322,8 @@ def _read_blob(fd: int, dest: memoryview | None, head: int) -> bytes | Landed:
         if views and got:
             views[0] = views[0][got:]
     return Landed(bytes(start)) if not views else bytes(start) + bytes(dest[: max(0, offset - head)])
+
+
+def _read_whole(fd: int) -> bytes:
+    with os.fdopen(os.dup(fd), "rb") as fh:
+        return unframe(fh.read())

@@ -78,4 +78,5 @@ class Tier:
             "bytes": self.usage.bytes if self.usage else None,
             "retry_pending": len(self.retry),
             **asdict(self.stats),
+            **self.adapter.describe(),
         }

@@ -1,6 +1,7 @@
 """`--l2` URLs -> adapters, and URL redaction (passwords never reach logs, describe or status).
 
-fs:///path[?fsync=1&capacity_gb=G]        a directory, optionally bounded (LRU by access)
+fs:///path[?fsync=1&capacity_gb=G&direct=1]  a directory, optionally bounded (LRU by access); direct:
+                                           aligned files, read with O_DIRECT when not cached
 redis://[user:pass@]host:port/db[?ttl=S&timeout=S&prefix=P]   (rediss:// for TLS)
 redis+cluster://host:port[?ttl=S&timeout=S&prefix=P]          Redis Cluster (any node as seed)
 s3://bucket/prefix[?endpoint=URL&region=R&timeout=S]
@@ -63,7 +64,7 @@ def make_adapter(url: str) -> L2Adapter:
     if scheme == "fs":
         from .fs import FsAdapter
 
-        opts = _options(parts.query, ("fsync", "capacity_gb"), url)
+        opts = _options(parts.query, ("fsync", "capacity_gb", "direct"), url)
         path = parts.netloc + parts.path
         if not path:
             raise ValueError(f"l2 url {safe}: needs a directory, e.g. fs:///var/cache/kv")
@@ -73,6 +74,7 @@ def make_adapter(url: str) -> L2Adapter:
             fsync=opts.get("fsync", "0") in ("1", "true", "yes"),
             url=safe,
             capacity=int(gb * (1 << 30)) if gb else None,
+            direct=opts.get("direct", "0") in ("1", "true", "yes"),
         )
     if scheme == "s3":
         require("boto3", f"l2 url {safe}")
