@@ -8,10 +8,12 @@ stores are real processes started here: a redis-server, a 3-node Redis Cluster (
 redis-cli), a moto S3 server; missing binaries skip that store.
 
 First, the fs tier on its direct path (writev from the object's buffer, preadv into the
-destination, XXH3 checked in place) against a plain write / readinto of the same bytes with the
-same batching, threads and fsync policy, on tmpfs, a warm file system and the disk with the page
-cache dropped (bench/l2_fs.py: alternating rounds, medians and ranges). Then the serde chains per
-store (those fs rows go through `put`/`get` with whole blobs, and read from the page cache).
+destination, the header checked in place; beside it with the body hashed too, and with `direct=1`)
+against a plain write / readinto of the same bytes with the same batching, threads and fsync policy,
+on tmpfs, a warm file system and the disk with the page cache dropped (bench/l2_fs.py: alternating
+rounds, medians and ranges). Then the serde chains per store: writes as the server makes them
+(`put_parts`, header and body unjoined, where the adapter takes parts: fs and a single Redis node),
+reads whole (`get`, then `Serde.decode`; the fs rows read from the page cache).
 
 Objects look like KV cache: float16 values from a normal distribution (compresses a little; pass
 `--data zeros` or `--data random` for the extremes).
@@ -237,9 +239,15 @@ async def adapter_run(adapter: L2Adapter, serde: Serde, objs: list[bytes], tag: 
     async def put() -> None:
         nonlocal stored
         for i in range(0, len(objs), BATCH):
-            blobs = [(k, serde.encode(k, b, 0)) for k, b in zip(keys[i : i + BATCH], objs[i : i + BATCH], strict=True)]
-            stored += sum(len(b) for _, b in blobs)
-            await adapter.put(blobs)
+            batch = zip(keys[i : i + BATCH], objs[i : i + BATCH], strict=True)
+            if adapter.takes_parts:  # as the server writes to it: header and body, never joined
+                parts = [(k, serde.encode_parts(k, b, 0)) for k, b in batch]
+                stored += sum(len(h) + len(body) for _, (h, body) in parts)
+                await adapter.put_parts(parts)
+            else:
+                blobs = [(k, serde.encode(k, b, 0)) for k, b in batch]
+                stored += sum(len(b) for _, b in blobs)
+                await adapter.put(blobs)
 
     async def get() -> None:
         for i in range(0, len(objs), BATCH):

@@ -5,6 +5,11 @@ pipeline (the cluster client splits it by slot). Socket timeouts and an overall 
 call, and the client retries once on a fresh connection (so a restarted Redis is picked up again);
 any failure surfaces as `L2Error`.
 
+A single node's writes take parts (`put_parts`): each SET is packed by hand, its value sent as the
+blob's header followed by the body straight from its L1 slot, so no joined copy of the object is
+made (redis-py would take only one buffer per value). A cluster's writes go through the client's
+pipeline, which routes them by slot, with joined blobs.
+
 Keys live under an optional `prefix` (servers that share a cache use the same one), and `usage`
 counts only this cache's own keys (a SCAN of `<prefix>kv1/*` with their STRLEN), never the rest of
 the database.
@@ -21,7 +26,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from .base import L2Adapter, L2Error, Usage
+from .base import BlobParts, L2Adapter, L2Error, LazyBlob, Usage, blob_parts
 
 T = TypeVar("T")
 
@@ -40,6 +45,7 @@ class RedisAdapter(L2Adapter):
         self.url = url
         self.prefix = prefix
         self.cluster = cluster
+        self.takes_parts = not cluster  # a cluster's pipeline routes commands by slot: joined blobs
         self.ttl = ttl
         self.timeout = timeout
         common: dict[str, Any] = {
@@ -75,6 +81,39 @@ class RedisAdapter(L2Adapter):
         if items:
             pre = self.prefix
             await self._batch("put", lambda p: [p.set(pre + k, v, ex=self.ttl) for k, v in items])
+
+    async def put_parts(self, items: Sequence[tuple[str, BlobParts | LazyBlob]]) -> None:
+        if not items:
+            return
+        if self.cluster:
+            await super().put_parts(items)
+            return
+        parts = await asyncio.to_thread(lambda: [(k, blob_parts(b)) for k, b in items])  # lazy ones encoded here
+        packed = _pack_sets(self.prefix, self.ttl, parts)
+
+        async def send() -> None:
+            for attempt in (0, 1):  # once more on a fresh connection, as the client's retry does
+                try:
+                    await self._send_packed(packed, len(parts))
+                    return
+                except (aredis.ConnectionError, aredis.TimeoutError):
+                    if attempt:
+                        raise
+
+        await self._call("put", send)
+
+    async def _send_packed(self, packed: list[bytes | memoryview], replies: int) -> None:
+        pool = self._r.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.send_packed_command(packed, check_health=False)
+            for _ in range(replies):
+                await conn.read_response()  # raises the server's error reply (e.g. OOM)
+        except BaseException:
+            await conn.disconnect()  # never reuse a connection with replies left unread
+            raise
+        finally:
+            await pool.release(conn)
 
     async def get(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
@@ -120,6 +159,19 @@ class RedisAdapter(L2Adapter):
             await asyncio.wait_for(self._r.aclose(), timeout=self.timeout)
         except Exception:  # closing a dead connection may fail; nothing is left to release
             pass
+
+
+def _pack_sets(prefix: str, ttl: int | None, items: list[tuple[str, BlobParts]]) -> list[bytes | memoryview]:
+    """RESP of `SET key value [EX ttl]` per item, the value's parts as they are (no joined copy)."""
+    out: list[bytes | memoryview] = []
+    expiry = b"" if ttl is None else b"$2\r\nEX\r\n$%d\r\n%d\r\n" % (len(str(ttl)), ttl)
+    for key, parts in items:
+        name = (prefix + key).encode()
+        size = sum(len(p) for p in parts)
+        out.append(b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (5 if expiry else 3, len(name), name, size))
+        out += [p if isinstance(p, bytes) else memoryview(p).cast("B") for p in parts if len(p)]
+        out.append(b"\r\n" + expiry)
+    return out
 
 
 def _glob_escape(text: str) -> str:
