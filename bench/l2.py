@@ -49,6 +49,7 @@ from bench import l2_fs
 
 BATCH = 16  # objects per put/get call, as the write-behind writers batch
 AES = bytes(range(32))
+JOINED = "whole blobs"  # writes of whole blobs, where the adapter would take the parts
 CHAINS = {
     "integrity": Serde(),
     "lz4": Serde("lz4"),
@@ -232,7 +233,10 @@ def raw_s3(endpoint: str, bucket: str, objs: list[bytes]) -> tuple[float, float]
 
 
 # -- the adapter with a serde chain -------------------------------------------------------------
-async def adapter_run(adapter: L2Adapter, serde: Serde, objs: list[bytes], tag: str) -> dict[str, float]:
+async def adapter_run(
+    adapter: L2Adapter, serde: Serde, objs: list[bytes], tag: str, joined: bool = False
+) -> dict[str, float]:
+    """`joined`: write whole blobs (`put`) even where the adapter takes parts, as servers did before."""
     keys = keys_for(len(objs), tag)
     stored = 0
 
@@ -240,7 +244,7 @@ async def adapter_run(adapter: L2Adapter, serde: Serde, objs: list[bytes], tag: 
         nonlocal stored
         for i in range(0, len(objs), BATCH):
             batch = zip(keys[i : i + BATCH], objs[i : i + BATCH], strict=True)
-            if adapter.takes_parts:  # as the server writes to it: header and body, never joined
+            if adapter.takes_parts and not joined:  # as the server writes to it: header and body, never joined
                 parts = [(k, serde.encode_parts(k, b, 0)) for k, b in batch]
                 stored += sum(len(h) + len(body) for _, (h, body) in parts)
                 await adapter.put_parts(parts)
@@ -283,6 +287,8 @@ async def bench_store(
     sides: dict[str, Callable[[], Awaitable[dict[str, float]]]] = {"raw baseline": raw}
     for chain_name, serde in chains.items():
         sides[chain_name] = functools.partial(adapter_run, adapter, serde, objs, chain_name)
+    if adapter.takes_parts and "integrity" in chains:  # what writing the parts buys, in the same rounds
+        sides[JOINED] = functools.partial(adapter_run, adapter, chains["integrity"], objs, "joined", True)
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in sides}
     task = progress.add_task(name, total=repeat * len(sides))
     try:
