@@ -19,6 +19,7 @@ engine. Configurations:
             an empty L1, so B's hit comes from L2 (prefetched into L1, then loaded); page cache warm
   kvserver-l2-cold  the same with the L2 files dropped from the page cache (fsync + POSIX_FADV_DONTNEED)
             before B runs: the disk's speed
+  kvserver-l2-cold-direct  the cold one with the tier's `direct=1`: O_DIRECT reads into the L1 slots
   kvserver-l2-nostream, kvserver-l2-cold-nostream  the same two with the connector's stream_l2 off: the
             hit is reported only once the whole prefetch landed in L1, then loaded (the baseline)
 
@@ -57,6 +58,7 @@ CONFIGS = (
     "kvserver",
     "kvserver-l2",
     "kvserver-l2-cold",
+    "kvserver-l2-cold-direct",
     "kvserver-l2-nostream",
     "kvserver-l2-cold-nostream",
 )
@@ -178,7 +180,7 @@ def _l2_files(root: Path) -> list[Path]:
 
 
 def bench_kvserver_l2(
-    model: Path, p: list[int], max_len: int, tmp: Path, cold: bool, stream: bool = True
+    model: Path, p: list[int], max_len: int, tmp: Path, cold: bool, stream: bool = True, direct: bool = False
 ) -> dict[str, Any]:
     """Engine A stores with an fs L2 below L1; once every chunk is on disk the server restarts on its
     port with an empty L1 (its arena removed), so new engine B's hit is an L2 hit."""
@@ -187,7 +189,8 @@ def bench_kvserver_l2(
     l2 = Path(tempfile.mkdtemp(prefix="l2-", dir=tmp))
     # --prefault: the restarted server's arena is mapped before engine B asks, as in a server that has
     # run a while; without it the prefetch's first write into each page faults (docs/l2.md)
-    args = ("--l1-size-gb", "2", "--l2", f"fs://{l2}", "--l2-prefetch-timeout", "10", "--prefault")
+    url = f"fs://{l2}" + ("?direct=1" if direct else "")
+    args = ("--l1-size-gb", "2", "--l2", url, "--l2-prefetch-timeout", "10", "--prefault")
     server = KVServer(tmp / "kvserver-l2.log", *args).start()
     try:
         a = _ttft_engine(model, [p], _kv_config(server.url), max_len)
@@ -257,7 +260,9 @@ def main() -> int:
                 elif c == "kvserver":
                     r = bench_kvserver(model, p, max_len, tmp)
                 else:
-                    r = bench_kvserver_l2(model, p, max_len, tmp, cold="cold" in c, stream=not c.endswith("nostream"))
+                    r = bench_kvserver_l2(
+                        model, p, max_len, tmp, "cold" in c, stream=not c.endswith("nostream"), direct="direct" in c
+                    )
                 runs[c].append(r)
                 shown = {k: v for k, v in r.items() if k != "tokens"}
                 print(f"[{c} #{rep + 1}] {json.dumps(shown)} ({time.perf_counter() - t:.0f}s)", flush=True)
@@ -321,6 +326,7 @@ def _report(results: dict[str, Any], n: int, spec: TinyLlamaSpec, runs: dict[str
         ("kvserver-l2", "page cache warm"),
         ("kvserver-l2-nostream", "warm, stream_l2 off"),
         ("kvserver-l2-cold", "page cache dropped"),
+        ("kvserver-l2-cold-direct", "dropped, direct=1"),
         ("kvserver-l2-cold-nostream", "dropped, stream_l2 off"),
     ):
         r = results.get(name)
