@@ -127,7 +127,7 @@ class DirectReader:
             self.direct_reads += 1
         else:
             got = _preadv_all(fd, [head, dest], size)
-        if got != size or head[HEAD:] != _ZEROS or _BODY_LEN.unpack_from(head, 32)[0] != len(dest):
+        if got != size or head[HEAD:].tobytes() != _ZEROS or _BODY_LEN.unpack_from(head, 32)[0] != len(dest):
             return None
         return bytes(head[:HEAD])
 
