@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvtestkit.kvhelpers import payload, tiny_layout
+from kvtestkit.kvhelpers import payload, register, store, tiny_layout
 from kvprotocol import Client, KeySpace, ObjectKey, chunk_hashes, pack_tokens
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -51,3 +51,12 @@ def object_keys(ks: KeySpace, tokens: list[int], salt: str = "", rank: int = 0) 
         for h in chunk_hashes(pack_tokens(tokens), CHUNK)
         for g, fp in enumerate(ks.groups)
     ]
+
+
+def store_in_l2(c: Client, n_chunks: int, seed: int) -> tuple[KeySpace, list[int]]:
+    """Register, store a prompt of `n_chunks` chunks (bytes `data(seed)`), wait until L2 holds them."""
+    tokens = prompt(n_chunks, seed=seed)
+    ks, _ = register(c)
+    store(c, ks, tokens, data(seed))
+    wait_tier(c, "puts", n_chunks)
+    return ks, tokens

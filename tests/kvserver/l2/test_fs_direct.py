@@ -15,9 +15,9 @@ from kvserver.l2.base import Landed
 from kvserver.l2.fs import FsAdapter
 from kvserver.l2.fs_direct import ALIGN, PageCacheProbe
 from kvserver.l2.serde import HEADER_BYTES, CorruptObject, Serde
-from kvtestkit.kvhelpers import lookup, register, retrieve, sid, store
+from kvtestkit.kvhelpers import lookup, retrieve, sid
 from kvtestkit.pagecache import drop_cache
-from l2util import data, object_keys, prompt, tier, wait_tier
+from l2util import data, object_keys, tier, store_in_l2
 
 SIZES = [1 << 20, 64 * 1024 + 100, 4096]  # a whole number of blocks, a partial last block, one page
 SERDE = Serde(hash_landed=True)
@@ -121,11 +121,8 @@ def test_a_frame_that_is_not_zeros_or_a_wrong_size_is_never_served(tmp_path: Pat
 def test_a_direct_tier_round_trips_through_a_real_server(server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     root = tmp_path / "l2"
     s = server_factory("--l1-size-gb", "0.02", "--l2", f"fs://{root}?direct=1")
-    tokens = prompt(4, seed=51)
     with s.client() as c:
-        ks, _ = register(c)
-        store(c, ks, tokens, data(51))
-        wait_tier(c, "puts", 4)
+        ks, tokens = store_in_l2(c, 4, seed=51)
         fs = FsAdapter(root)
         paths = [fs.path_of(k) for k in object_keys(ks, tokens)]
         assert all(p.stat().st_size == ALIGN + len(data(51)(0, 0)) for p in paths)

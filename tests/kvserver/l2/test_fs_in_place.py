@@ -19,7 +19,7 @@ from kvserver.l2.fs import FsAdapter
 from kvserver.l2.serde import HEADER_BYTES, fingerprint
 from kvtestkit.httpkv import parse_metrics
 from kvtestkit.kvhelpers import lookup, register, retrieve, sid, store
-from l2util import SIZE, data, object_keys, prompt, tier, wait_tier, wait_until
+from l2util import SIZE, data, object_keys, prompt, tier, wait_tier, wait_until, store_in_l2
 
 L1 = ("--l1-size-gb", "0.02")
 
@@ -75,11 +75,8 @@ def _damage(root: Path, ks, tokens) -> list[Path]:  # type: ignore[no-untyped-de
 def test_damaged_and_torn_files_of_the_right_size_are_misses_never_served(server_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
     root = tmp_path / "l2"
     s = server_factory(*L1, "--l2", f"fs://{root}", "--l2-verify", "server")
-    tokens = prompt(6, seed=41)
     with s.client() as c:
-        ks, _ = register(c)
-        store(c, ks, tokens, data(41))
-        wait_tier(c, "puts", 6)
+        ks, tokens = store_in_l2(c, 6, seed=41)
         paths = _damage(root, ks, tokens)
         assert c.call("clear").result["removed"] == 6
         assert lookup(c, ks, tokens, session=sid("s")) == 256  # only chunk 0 is sound
@@ -105,11 +102,8 @@ def test_by_default_damaged_bodies_land_and_the_readers_report_drops_them_from_l
 ) -> None:  # type: ignore[no-untyped-def]
     root = tmp_path / "l2"
     s = server_factory(*L1, "--l2", f"fs://{root}", http=True)  # --l2-verify reader: no hash of a landed body
-    tokens = prompt(6, seed=43)
     with s.client() as c:
-        ks, _ = register(c)
-        store(c, ks, tokens, data(43))
-        wait_tier(c, "puts", 6)
+        ks, tokens = store_in_l2(c, 6, seed=43)
         paths = _damage(root, ks, tokens)
         assert c.call("clear").result["removed"] == 6
         # chunks 1-3 land (their headers are sound); chunk 4's header names another key: refused

@@ -13,7 +13,7 @@ from pathlib import Path
 from kvtestkit.kvhelpers import lookup, register, retrieve, store, sid
 from kvserver.l2 import Serde
 from kvserver.l2.fs import FsAdapter
-from l2util import SIZE, data, object_keys, prompt, tier, wait_tier, wait_until
+from l2util import SIZE, data, object_keys, prompt, tier, wait_tier, wait_until, store_in_l2
 from kvtestkit.serverproc import free_port
 
 L1 = ("--l1-size-gb", "0.02")
@@ -75,11 +75,8 @@ def _packed(tokens: list[int]) -> bytes:
 def test_damaged_files_are_counted_misses_and_deleted(server_factory, tmp_path: Path) -> None:
     root = tmp_path / "l2"
     s = server_factory(*L1, "--l2", f"fs://{root}", "--l2-compression", "zstd", "--l2-verify", "server")
-    tokens = prompt(5, seed=3)
     with s.client() as c:
-        ks, _ = register(c)
-        store(c, ks, tokens, data(3))
-        wait_tier(c, "puts", 5)
+        ks, tokens = store_in_l2(c, 5, seed=3)
         fs = FsAdapter(root)
         paths = [fs.path_of(k) for k in object_keys(ks, tokens)]
         flipped = bytearray(paths[1].read_bytes())
