@@ -59,6 +59,18 @@ def test_a_stalled_server_costs_no_more_than_the_wait_asked(server) -> None:
             rid = pipe.submit(lookup_req(ks, TOKENS))
             assert pipe.result(rid, wait=0) is None
             assert pipe.result(rid, wait=0.05) is None
+            polls = 0
+            drain = pipe._drain
+
+            def counted(timeout: float) -> int:
+                nonlocal polls
+                polls += 1
+                return drain(timeout)
+
+            pipe._drain = counted  # type: ignore[method-assign]
+            assert pipe.result(rid, wait=0.0009) is None
+            assert polls <= 3  # a wait under a millisecond sleeps in one poll, it does not spin
+            pipe._drain = drain  # type: ignore[method-assign]
         finally:
             os.kill(server.proc.pid, signal.SIGCONT)
         got = pipe.result(rid, wait=5)

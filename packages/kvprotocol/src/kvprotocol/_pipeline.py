@@ -12,6 +12,7 @@ lookup of the same session is processed before it. Not thread-safe: one owner.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Sequence
 
@@ -88,7 +89,7 @@ class Pipeline:
     def _drain(self, timeout: float) -> int:
         """Take every reply that arrived (waiting up to `timeout` s for the first); returns how many."""
         got = 0
-        if not self._sock.poll(max(0, int(timeout * 1000)), zmq.POLLIN):
+        if not self._sock.poll(max(0, math.ceil(timeout * 1000)), zmq.POLLIN):  # under 1 ms left: 1, not a spin
             return 0
         while True:
             try:
