@@ -33,7 +33,9 @@ import struct
 import threading
 from pathlib import Path
 
+import numpy as np
 from kvprotocol._shm import HEADER_BYTES, MAGIC, NONCE_BYTES, SHM_DIR, ShmMapping
+from kvprotocol.kvsum import kvsum64_array
 
 log = logging.getLogger("kvserver.arena")
 
@@ -296,6 +298,10 @@ class Arena:
 
     def read(self, offset: int, size: int) -> memoryview:
         return self.view[offset : offset + size]
+
+    def kvsum(self, offset: int, size: int) -> int:
+        """kvsum64 of the bytes at [offset, offset + size): what their writer's commit claims, if intact."""
+        return kvsum64_array(np.frombuffer(self.view[offset : offset + size], dtype=np.uint8))
 
     def close(self, keep: bool = False) -> None:
         """Unmap, and remove the segment unless `keep` (left for the next server to adopt); safe twice."""

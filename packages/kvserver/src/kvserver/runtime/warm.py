@@ -17,10 +17,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-import numpy as np
-
 from kvprotocol import ObjectKey
-from kvprotocol.kvsum import kvsum64_array
 
 from ..ec.cache import ECCache
 from ..ec.journal import ECCommitted, ec_journal, read_ec_journal
@@ -98,13 +95,10 @@ class Adoption(Generic[K]):
             )
 
     async def _verify(self, batch: list[tuple[K, Span]]) -> None:
-        view = self.arena.view
+        arena = self.arena
 
         def check() -> list[bool]:
-            return [
-                kvsum64_array(np.frombuffer(view[off : off + size], dtype=np.uint8)) == want
-                for _, (off, size, want) in batch
-            ]
+            return [arena.kvsum(off, size) == want for _, (off, size, want) in batch]
 
         results = await asyncio.to_thread(check)
         for (key, _), ok in zip(batch, results, strict=True):

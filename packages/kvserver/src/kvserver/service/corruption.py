@@ -18,9 +18,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-import numpy as np
 from kvprotocol import ObjectKey
-from kvprotocol.kvsum import kvsum64_array
 
 from ..l1.cache import Entry
 
@@ -85,11 +83,8 @@ class CorruptionChecks:
         return len(damaged)
 
     def _intact(self, held: Held) -> list[bool]:
-        view = self.state.l1.arena.view
-        return [
-            kvsum64_array(np.frombuffer(view[e.offset : e.offset + e.size], dtype=np.uint8)) == e.checksum
-            for _, e in held
-        ]
+        arena = self.state.l1.arena
+        return [arena.kvsum(e.offset, e.size) == e.checksum for _, e in held]
 
     def _drop(self, keys: list[ObjectKey]) -> None:
         """Out of L1 (unless another reader holds it: its copy fails and reports it again) and out of

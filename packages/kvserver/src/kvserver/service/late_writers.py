@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-import numpy as np
 
 from kvprotocol import ObjectKey
-from kvprotocol.kvsum import kvsum64_array
 
 from ..l1.cache import L1Cache, State
 from .sessions import StoreTxn
@@ -63,8 +61,7 @@ class LateWriters:
         if entry.state is not State.READY or entry.leases:
             self._recheck.add(key)
             return False
-        data = np.frombuffer(self.l1.arena.view[entry.offset : entry.offset + entry.size], dtype=np.uint8)
-        if kvsum64_array(data) == entry.checksum:
+        if self.l1.arena.kvsum(entry.offset, entry.size) == entry.checksum:
             return False
         self.l1.remove(key)
         self.dropped += 1
