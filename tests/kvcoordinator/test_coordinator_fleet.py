@@ -74,6 +74,18 @@ def test_coordinator_down_then_restarted(server_factory, coordinator_factory) ->
     assert value(parse_metrics(again.get("/metrics").text), "kvcoordinator_unknown_heartbeats_total") >= 1
 
 
+def test_an_unregistered_server_retries_sooner_than_its_heartbeat(server_factory, coordinator_factory) -> None:
+    """A failed registration is retried with a backoff capped by the heartbeat interval, not after a
+    whole interval: a server with rare heartbeats joins as soon as the coordinator answers."""
+    port = free_port()
+    srv = server_factory(
+        "--l1-size-gb", "0.05", "--coordinator", f"http://127.0.0.1:{port}", "--heartbeat-interval", "60", http=True
+    )
+    wait_for(lambda: "coordinator" in srv.log() and "retrying" in srv.log(), what="a failed registration")
+    coord = coordinator_factory(port=port)
+    wait_for(lambda: listed(coord, srv), timeout=20, what="registration well before the next heartbeat")
+
+
 def test_fleet_lookup_and_status_with_an_instance_killed(server_factory, coordinator_factory) -> None:
     coord = coordinator_factory("--instance-timeout", "60", "--fanout-timeout", "5")
     a, b = kv(server_factory, coord), kv(server_factory, coord)

@@ -11,6 +11,10 @@ instance:
   the wrong shape) drops everything the instance claimed and **resyncs**: the instance's
   `GET /v1/kv-events/snapshot` replaces its entries and the stream goes on from the snapshot's
   `next_seq`. So a wrong claim lasts at most until the next resync;
+- the first snapshot waits for the socket's handshake with the instance's publisher: a snapshot
+  taken before the subscription is up would miss the batches sent meanwhile, and if nothing follows
+  them no gap would ever show it (ZMQ's slow joiner). A feed whose publisher cannot be reached or
+  refuses the token stays out of sync;
 - seq 0 starting with AllBlocksCleared is a new server process on the same endpoint: its entries
   are dropped and the stream applied from there;
 - heartbeats carry the instance's `kv_events_seq`; a feed still short of the sequence number one
@@ -37,6 +41,7 @@ import httpx
 import msgpack
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from .credentials import InstanceCredentials
 from .index import PrefixIndex
@@ -64,6 +69,7 @@ class Feed:
     expected: int | None = None  # next seq to apply; None while not in sync
     announced_seq: int | None = None  # kv_events_seq of the last heartbeat
     resync: asyncio.Task[None] | None = None  # while set, the stream waits in the socket (not read)
+    monitor: zmq.Socket | None = None  # the socket's handshake events, until the first one succeeds
     reason: str = "initial sync"
 
 
@@ -89,7 +95,7 @@ class EventFeeds:
         self.client = client
         self.timeout = timeout
         self.ctx = zmq.Context()
-        self.ctx.set(zmq.MAX_SOCKETS, 2 * MAX_INSTANCES + 64)  # one SUB per instance (the default is 1023)
+        self.ctx.set(zmq.MAX_SOCKETS, 3 * MAX_INSTANCES + 64)  # a SUB per instance, a monitor pair until its handshake
         self.feeds: dict[str, Feed] = {}
         self.by_slot: dict[int, Feed] = {}
         self.in_sync = 0  # feeds whose expected seq is known
@@ -131,9 +137,10 @@ class EventFeeds:
             sock.plain_username, sock.plain_password = PLAIN_USER, token.encode()
         sock.setsockopt(zmq.IPV6, int("[" in ad.endpoint))
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sock.connect(ad.endpoint)
         slot = self._free.pop() if self._free else self._alloc()
-        feed = Feed(inst, slot, prefix, sock)
+        feed = Feed(inst, slot, prefix, sock, monitor=monitor)
         self.feeds[inst.id] = feed
         self.by_slot[slot] = feed
         self._chunk_sizes[inst.chunk_size] += 1
@@ -151,6 +158,7 @@ class EventFeeds:
         if feed.resync is not None:
             feed.resync.cancel()
         asyncio.get_running_loop().remove_reader(int(feed.sock.getsockopt(zmq.FD)))
+        self._unmonitor(feed)
         feed.sock.close(linger=0)
         self._mark(feed, None)
         self.index.clear(feed.slot)
@@ -243,9 +251,29 @@ class EventFeeds:
                 self._resync_soon(feed, str(exc))
         return n
 
+    async def _connected(self, feed: Feed) -> None:
+        """Return once the socket has completed a handshake with the publisher (polled: short-lived)."""
+        delay = 0.005
+        while feed.monitor is not None:
+            try:
+                event = recv_monitor_message(feed.monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                await asyncio.sleep(delay)
+                delay = min(0.2, delay * 2)
+                continue
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._unmonitor(feed)
+
+    def _unmonitor(self, feed: Feed) -> None:
+        if feed.monitor is not None:
+            feed.sock.disable_monitor()
+            feed.monitor.close(linger=0)
+            feed.monitor = None
+
     async def _resync_until_done(self, feed: Feed) -> None:
         backoff = 0.1
         try:
+            await self._connected(feed)
             while not await self._resync(feed):
                 await asyncio.sleep(backoff)
                 backoff = min(MAX_BACKOFF, backoff * 2)

@@ -21,6 +21,7 @@ from .backend import AdminBackend
 
 log = logging.getLogger("kvserver.fleet")
 REQUEST_TIMEOUT = 3.0
+REGISTER_RETRY = 0.25  # first retry of a failed registration, doubling up to the heartbeat interval
 
 
 def advertised(scheme: str, host: str, port: int) -> str:
@@ -123,7 +124,10 @@ class FleetAgent:
         reply.raise_for_status()
 
     async def run(self) -> None:
+        """Heartbeat every interval; while unregistered, retry sooner (backing off up to the interval),
+        so a server with rare heartbeats joins the fleet as soon as the coordinator answers."""
         interval = self.server.config.heartbeat_interval
+        retry = REGISTER_RETRY
         while True:
             try:
                 await self.beat()
@@ -133,10 +137,18 @@ class FleetAgent:
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 if not self._outage:
                     log.warning(
-                        "coordinator %s %s; serving continues, retrying every %.1fs", self.base, _why(exc), interval
+                        "coordinator %s %s; serving continues, retrying (at most every %.1fs)",
+                        self.base,
+                        _why(exc),
+                        interval,
                     )
                 self._outage = True
-            await asyncio.sleep(interval)
+            if self.instance_id is None:
+                await asyncio.sleep(min(retry, interval))
+                retry *= 2
+            else:
+                retry = REGISTER_RETRY
+                await asyncio.sleep(interval)
 
     async def close(self) -> None:
         """Deregister (best effort, short timeout) and close the client."""
