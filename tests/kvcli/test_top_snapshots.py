@@ -36,13 +36,22 @@ async def polled(pilot: Pilot, n: int, timeout: float = 30.0) -> None:
         await pilot.pause(0.05)
 
 
-async def settled(pilot: Pilot) -> None:
-    """The last poll drawn and the screen idle: `pause()` alone waits for an idle CPU, which a host
-    running engine tests beside this one may report early (a run under the whole suite failed its
-    comparison once; which part of the screen differed was not kept)."""
+async def settled(pilot: Pilot, timeout: float = 30.0) -> None:
+    """The last poll drawn and the screen still: `pause()` alone waits for an idle CPU, which a host
+    running engine tests beside this one may report early. On a loaded host a snapshot once caught
+    the table with its columns not yet widened to the new rows (addresses cut to "127.0.0."), so the
+    screen must come out the same twice, 0.1 s apart."""
     await pilot.wait_for_scheduled_animations()
-    await pilot.pause(0.1)
-    await pilot.pause()
+    deadline = time.monotonic() + timeout
+    shot = pilot.app.export_screenshot()
+    while True:
+        await pilot.pause(0.1)
+        await pilot.pause()
+        again = pilot.app.export_screenshot()
+        if again == shot:
+            return
+        assert time.monotonic() < deadline, "the screen never settled"
+        shot = again
 
 
 async def second_poll(pilot: Pilot) -> None:
