@@ -1,22 +1,47 @@
 """The scheduler never waits for L2: while the server prefetches, the connector reports the hit L1 + L2
 will cover (the server's `expected_tokens`) and vLLM's background load copies chunks as they land
-(stream_l2, the default); an answer still on its way is "ask again later" (None)."""
+(stream_l2, the default); an answer still on its way is "ask again later" (None); so is a prefix
+another engine announced it is computing, which the engine then loads once it lands."""
 
 from __future__ import annotations
 
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from kvprotocol import Client
+from kvprotocol import Client, KeySpace, LayoutDescriptor, pack_tokens
+from kvtestkit.kvhelpers import retrieve, sid, store
 from kvtestkit.serverproc import KVServer, ServerFactory
 from vllm_cases import MAX_TOKENS, P_LONG, kv_config
 from kvtestkit.engines.tiny_model import random_prompt
 from kvtestkit.engines.vllm_harness import EngineRun, prompt, run_engine
 
 pytestmark = pytest.mark.vllm_engine
+CHUNK = 256
+
+
+@dataclass
+class Stored:
+    server: KVServer
+    run: EngineRun  # the engine run that computed and stored P_LONG
+
+
+@pytest.fixture(scope="module")
+def p_long_stored(model_dir: Path, kvserver_factory: ServerFactory) -> Stored:
+    """A server holding P_LONG's two chunks, stored by one engine run (the tests below share it)."""
+    server = kvserver_factory()
+    run = run_engine(
+        model_dir,
+        [[prompt(P_LONG)]],
+        max_tokens=MAX_TOKENS,
+        kv_transfer_config=kv_config(server.url),
+        extra_spec={"connector_stats": True},
+    )
+    return Stored(server, run)
 
 
 def _l2_puts(url: str) -> int:
@@ -60,8 +85,6 @@ def _run_with_server_stopped(
 ) -> EngineRun:
     """One request of P_LONG on a fresh engine; the server is stopped (SIGSTOP) for `stop_s` from
     the moment the request is let through, so its lookup's answer comes that much later."""
-    from concurrent.futures import ThreadPoolExecutor
-
     gate = tmp_path / "go"
     assert server.proc is not None
     with ThreadPoolExecutor(1) as pool:
@@ -87,15 +110,13 @@ def _run_with_server_stopped(
 
 
 def test_a_late_lookup_answer_defers_the_request(
-    model_dir: Path, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
+    model_dir: Path, p_long_stored: Stored, reference: EngineRun, tmp_path: Path
 ) -> None:
     """The scheduler waits at most lookup_wait_s for a lookup's answer. With the server stopped
     (SIGSTOP) when a request arrives, the connector answers "ask again later" (None) instead of
     holding vLLM's step loop; once the server runs again, the answer arrives and the hit is loaded.
     (With no request running the scheduler waits up to lookup_wait_idle_s: 1.5 s is longer.)"""
-    server = kvserver_factory()
-    run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
-    run = _run_with_server_stopped(model_dir, server, tmp_path, 1.5)
+    run = _run_with_server_stopped(model_dir, p_long_stored.server, tmp_path, 1.5)
     r = run.requests[0]
     stats = run.batches[0].connector_stats
     assert stats is not None
@@ -162,3 +183,60 @@ def test_a_repeated_call_for_a_request_vllm_could_not_schedule_is_answered_from_
     assert stats["lookups"] == 2 and stats["lookups_reused"] >= 1, stats
     assert [r.connector_loaded_tokens for r in second.requests] == [512, 512]
     assert [r.token_ids for r in second.requests] == [r.token_ids for r in first.requests]
+
+
+def test_an_engine_waits_for_a_prefix_being_computed_and_loads_it_when_it_lands(
+    model_dir: Path, p_long_stored: Stored, kvserver_factory: ServerFactory, reference: EngineRun, tmp_path: Path
+) -> None:
+    """Engine E's request for P_LONG arrives while the server holds an announcement of P_LONG's chunks
+    (`announce`, as an engine computing them makes before its forward): E's lookup is answered
+    `inflight` and the request waits. When the chunks land (here: the test stores the KV the first
+    engine computed for P_LONG, byte for byte), E's next lookup hits and E loads them; its output is
+    the reference's."""
+    first_stats = p_long_stored.run.batches[0].connector_stats
+    assert first_stats is not None and first_stats["announced_chunks"] == 2  # before the forward that computed them
+    server = kvserver_factory()  # E's server: empty
+    gate = tmp_path / "go"
+    with ThreadPoolExecutor(1) as pool, Client(server.url) as c, Client(p_long_stored.server.url) as old:
+        future = pool.submit(
+            run_engine,
+            model_dir,
+            [[prompt(P_LONG)]],
+            max_tokens=MAX_TOKENS,
+            kv_transfer_config=kv_config(server.url),
+            extra_spec={"gates": {"0": str(gate)}, "connector_stats": True},
+        )
+        while not Path(str(gate) + ".waiting").exists():  # E is up (registered) and idle at the gate
+            assert not future.done(), future.result()
+            time.sleep(0.1)
+        engine = c.call("describe").result["engines"][0]
+        ks = KeySpace.from_layouts(
+            engine["model"], engine["world_size"], [LayoutDescriptor.from_wire(g) for g in engine["groups"]]
+        )
+        session = sid("test-reader-of-p-long")
+        hit = old.call("lookup", keyspace=ks.to_wire(), tokens=pack_tokens(P_LONG), session=session).result
+        assert hit["hit_tokens"] == 2 * CHUNK
+        kv = retrieve(old, session, 0, 2)  # the first engine's KV of P_LONG, as it stored it
+        old.call("release", session=session)
+        assert old.call("describe").result["announcements"]["announced"] >= 2
+        # "another engine" computes P_LONG now and will store it within 5 s
+        got = c.call(
+            "announce",
+            keyspace=ks.to_wire(),
+            tokens=pack_tokens(P_LONG),
+            session=sid("the-computing-engine"),
+            ttl_s=5.0,
+        )
+        assert got.result["announced"] == 2
+        gate.touch()
+        deadline = time.monotonic() + 30
+        while c.call("describe").result["announcements"]["waits"] < 3:  # E asked, and asks again
+            assert time.monotonic() < deadline and not future.done()
+            time.sleep(0.02)
+        store(c, ks, P_LONG[: 2 * CHUNK], lambda chunk, group: kv[(chunk, group)])  # its save lands
+        run = future.result()
+    r, stats = run.requests[0], run.batches[0].connector_stats
+    assert stats is not None
+    assert stats["lookups_inflight"] >= 3  # it waited for the chunks instead of computing them
+    assert r.connector_loaded_tokens == 2 * CHUNK and r.num_cached_tokens == 2 * CHUNK
+    assert r.token_ids == reference.batches[0].requests[0].token_ids

@@ -33,6 +33,8 @@ REQUIRED = (
     "kvserver_leases_active",
     "kvserver_errors_total",
     "kvserver_corrupt_reports_total",
+    "kvserver_announced_chunks_total",
+    "kvserver_announcement_waits_total",
     "kvserver_build_info",
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",

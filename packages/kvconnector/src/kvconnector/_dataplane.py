@@ -166,6 +166,20 @@ class DataPlane:
             progress=progress,
         )
 
+    def announce_request(
+        self, tokens: np.ndarray, salt: str, session: str, extra: ExtraKeys, start_chunk: int, ttl_s: float
+    ) -> rq.Announce:
+        link = self.link
+        return rq.Announce(
+            keyspace=link.keyspace_wire,
+            tokens=pack_tokens(tokens),
+            salt=salt,
+            extra=extra_pairs(extra, tokens.shape[0] // link.unit),
+            session=session,
+            start_chunk=start_chunk,
+            ttl_s=ttl_s,
+        )
+
     def lookup_answer(self, result: rp.LookupReply) -> tuple[int, bool, bool, int | None]:
         """(hit tokens, pending, inflight, expected tokens) of a lookup reply; a server of another chunk
         size is an error."""

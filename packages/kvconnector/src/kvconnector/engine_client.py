@@ -464,6 +464,20 @@ class EngineClient:
             except Exception as exc:
                 self._failed("release", exc)
 
+    def announce(
+        self, tokens: TokenIds, start_chunk: int, ttl_s: float, *, session: str, salt: str = "", extra: ExtraKeys = ()
+    ) -> None:
+        """This engine computes the chunks from `start_chunk` on and stores them within `ttl_s`: another
+        engine's lookup of them waits instead of computing them too (the server's announcements.py).
+        Sent on the lookup pipeline and not awaited; never raises."""
+        with self._lock:
+            try:
+                validate_salt(salt)
+                req = self._plane.announce_request(as_tokens(tokens), salt, session, extra, start_chunk, ttl_s)
+                self._pipeline().submit(req, want_reply=False)
+            except Exception as exc:
+                self._failed("announce", exc)
+
     def round_trip(self) -> float | None:
         """Seconds of one ping to the server (the load planner's calibration); None when it fails."""
         with self._lock:

@@ -51,6 +51,7 @@ class DescribeReply(Reply_):
     counters: dict[str, int] | UnsetType = UNSET
     hash_memo: dict[str, object] | UnsetType = UNSET
     reservations: dict[str, object] | UnsetType = UNSET
+    announcements: dict[str, int] | UnsetType = UNSET  # chunks engines announced they compute now
     ec: dict[str, object] | UnsetType = UNSET
     blend: dict[str, object] | UnsetType = UNSET
     errors: dict[str, int] | UnsetType = UNSET
@@ -84,10 +85,14 @@ class LookupReply(Reply_):
     num_chunks: int
     chunk_size: int
     pending: bool | None = None  # only with wait=False: an L2 prefetch of the rest runs
-    inflight: bool | None = None  # true: a producer's reservation is writing the chunk the hit stops at
+    inflight: bool | None = None  # true: a reservation writes, or another session announced, the chunk the hit stops at
     # only with wait=False, expect=True and pending: the tokens L1 + the running prefetch will cover
     # once its loads land (a load may fail: a streamed load re-leases as chunks arrive, l2.md)
     expected_tokens: int | None = None
+
+
+class AnnounceReply(Reply_):
+    announced: int  # chunks now announced by the session (those already stored are not)
 
 
 class ChunkPresence(msgspec.Struct):
@@ -232,6 +237,7 @@ REPLIES: dict[str, type[Reply_]] = {
     "register_engine": RegisterReply,
     "lookup": LookupReply,
     "query": QueryReply,
+    "announce": AnnounceReply,
     "store": StoreReply,
     "commit": CommitReply,
     "abort": AbortReply,

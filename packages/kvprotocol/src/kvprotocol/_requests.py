@@ -198,6 +198,20 @@ class Query(KeysRequest["rp.QueryReply"], tag="query"):
     pass
 
 
+MAX_ANNOUNCE_S = 5.0
+
+
+class Announce(KeysRequest["rp.AnnounceReply"], tag="announce", kw_only=True):
+    """An engine is computing the chunks from `start_chunk` on and will store them within `ttl_s`:
+    until then (or until `session` stores them), another session's lookup that stops at one of them
+    is answered `inflight` ("ask again later") instead of computing the same prefix twice. A hint:
+    it holds no space, and the wait it causes is bounded by `ttl_s`."""
+
+    session: SessionId
+    start_chunk: Chunk = 0
+    ttl_s: Annotated[float, Meta(gt=0, le=MAX_ANNOUNCE_S)]
+
+
 class Pin(KeysRequest["rp.PinReply"], tag="pin"):
     pass
 
@@ -359,6 +373,7 @@ REQUESTS: dict[str, type[Request]] = {
         RegisterEngine,
         Lookup,
         Query,
+        Announce,
         Store,
         Commit,
         Abort,

@@ -99,8 +99,13 @@ class ConnectorConfig:
                      costs about 0.1 s of that thread and 2 MiB of page tables per GiB of arena.
                      False: pages are mapped at their first copy
     reserve_wait_s   how long a producer's save retries a reservation the server cannot admit yet
-    inflight_wait_s  how long a lookup that finds its prefix still being written by a producer (reply
-                     `inflight`) asks vLLM to ask again later before it recomputes instead
+    inflight_wait_s  how long a lookup that finds its prefix still being written by a producer, or
+                     announced by another engine (reply `inflight`), asks vLLM to ask again later
+                     before it recomputes instead
+    announce_max_s   a step that computes chunks it will save first announces them to the server
+                     (before its forward), so another engine's lookup of the same prefix waits for
+                     them instead of computing them too; the announcement lasts the step's estimated
+                     time and save, at most this many seconds (default 2; at most 5; 0: never announce)
     share_loads      True (default): a request whose next chunk another request of this engine is loading
                      asynchronously waits for that load (vLLM then finds the prefix in its own prefix
                      cache) instead of loading the same chunks again (local_loads.py); needs vLLM's
@@ -143,6 +148,7 @@ class ConnectorConfig:
     populate_arena: bool = True
     copy_backend: str = "auto"
     inflight_wait_s: float = 10.0
+    announce_max_s: float = 2.0
     share_loads: bool = True
     debug_load_delay_s: float = 0.0
     debug_save_delay_s: float = 0.0
@@ -207,6 +213,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "reserve": (bool, type(None)),
     "reserve_wait_s": (int, float),
     "inflight_wait_s": (int, float),
+    "announce_max_s": (int, float),
     "lookup_wait_s": (int, float),
     "lookup_wait_step_share": (int, float),
     "lookup_wait_max_s": (int, float),
@@ -253,6 +260,8 @@ def parse_config(extra: Mapping[str, object] | None, environ: Mapping[str, str] 
         raise ValueError(f"KVServerConnector: save_policy must be one of {SAVE_POLICIES}, got {cfg.save_policy!r}")
     if not (0 <= cfg.reserve_wait_s <= 600 and 0 <= cfg.inflight_wait_s <= 600):
         raise ValueError("KVServerConnector: reserve_wait_s and inflight_wait_s must be in [0, 600]")
+    if not 0 <= cfg.announce_max_s <= 5:
+        raise ValueError("KVServerConnector: announce_max_s must be in [0, 5]")
     if not all(0 <= w <= 1 for w in (cfg.lookup_wait_s, cfg.lookup_wait_max_s, cfg.lookup_wait_idle_s)):
         raise ValueError("KVServerConnector: lookup_wait_s, lookup_wait_max_s and lookup_wait_idle_s must be in [0, 1]")
     if not 0 <= cfg.lookup_wait_step_share <= 1:

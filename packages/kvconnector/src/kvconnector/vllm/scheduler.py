@@ -28,6 +28,9 @@ from .request_state import ReqState
 from .stats import KVServerConnectorStats
 from .step_plan import StepPlanner
 
+INFLIGHT_POLL_S = 0.01  # after an `inflight` answer, ask the server again no sooner than this
+ANNOUNCE_MIN_S = 0.25  # the shortest announcement: the forward's estimate, plus the save after it
+
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -103,6 +106,8 @@ class SchedulerSide:
             return 0, False
         if st.lookup_rid is None and self._wait_for_local_load(st, num_computed_tokens, n):
             return None, False  # before any lookup: no round trip while another load brings the prefix
+        if st.lookup_rid is None and not self._may_ask(st):
+            return None, False  # the prefix is being computed elsewhere: asked again shortly
         try:
             res = self._lookup(st, request, n)
         except Exception as exc:  # noqa: BLE001 - the engine must never fail because of the cache
@@ -120,11 +125,16 @@ class SchedulerSide:
         hit = int(res.hit_tokens)
         st.leased = hit > 0  # a lookup that hits nothing leaves no session: one round trip fewer per miss
         hit = min(plan.floor_to(hit, self.chunk), plan.floor_to(n, self.chunk))
-        if res.inflight and self._may_wait(st, self.cfg.inflight_wait_s):
-            # A producer is still writing this prefix (PD disaggregation): ask again later rather
-            # than recompute what is about to arrive; after inflight_wait_s, recompute.
+        # the chunk the server's hit stops at is being written or computed elsewhere; unless this
+        # engine's own prefix cache holds it already (another request of this engine computed it)
+        inflight = res.inflight and int(res.hit_tokens) + self.chunk > num_computed_tokens
+        if inflight and self._may_wait(st, self.cfg.inflight_wait_s):
+            # A producer is still writing this prefix (PD disaggregation), or another engine announced
+            # it computes it now: ask again later rather than compute what is about to arrive; after
+            # inflight_wait_s (or once the announcement lapses), compute.
             self._release(st)
             self.stats.add("lookups_inflight")
+            st.ask_after = time.monotonic() + INFLIGHT_POLL_S
             return None, False
         expected = res.expected_tokens if res.pending else None
         if expected is not None and self._may_wait(st):
@@ -165,6 +175,37 @@ class SchedulerSide:
             st.hit_answer = (n, num_computed_tokens, ext, time.monotonic() + self.cfg.lookup_hit_reuse_s)
         st.background = ext > 0 and self._in_background(st, ext)
         return ext, st.background
+
+    def _may_ask(self, st: ReqState) -> bool:
+        """After an `inflight` answer, the next lookup waits INFLIGHT_POLL_S: an engine with nothing
+        else to run would otherwise step empty and ask the server in a tight loop, on the cores the
+        engine computing the prefix needs. Idle, the scheduler sleeps out the rest (it halts nobody);
+        busy, the request waits for a later step."""
+        rest = st.ask_after - time.monotonic()
+        if rest <= 0:
+            return True
+        if self.running or self.parked:
+            return False
+        time.sleep(rest)
+        return True
+
+    def _announce(self, meta: KVServerConnectorMetadata) -> None:
+        """Tell the server which chunks this step computes and will save (before the forward), so
+        another engine's lookup of them waits instead of computing them too. The announcement lasts
+        twice this step's estimated prefill plus ANNOUNCE_MIN_S, at most announce_max_s."""
+        client, cap = self.client, self.cfg.announce_max_s
+        if client is None or cap <= 0 or not meta.saves:
+            return
+        rate = self.costs.prefill.s_per_token
+        guess = cap if rate is None else 2 * rate * meta.scheduled_tokens + ANNOUNCE_MIN_S
+        ttl = max(min(ANNOUNCE_MIN_S, cap), min(cap, guess))
+        for job in meta.saves:
+            st = self.reqs.get(job.req_id)
+            if st is None or len(job.tokens) < job.skip_tokens + self.chunk:
+                continue
+            first = job.skip_tokens // self.chunk
+            client.announce(job.tokens, first, ttl, session=st.session, salt=job.salt, extra=job.extra)
+            self.stats.add("announced_chunks", len(job.tokens) // self.chunk - first)
 
     def _in_background(self, st: ReqState, ext: int) -> bool:
         """Load this hit in the background (vLLM parks the request until the load ends) rather than
@@ -331,6 +372,7 @@ class SchedulerSide:
             elif new_blocks is not None:  # a table we never saw begin: its positions are unknown
                 st.block_ids = []  # nothing of it is loaded or saved from now on (step_plan.covers)
             self.steps.plan(meta, st, int(cached.num_computed_tokens[i]), so.num_scheduled_tokens.get(req_id, 0), None)
+        self._announce(meta)
         meta.finished = list(getattr(so, "finished_req_ids", ()) or ())
         self.running = {new.req_id for new in so.scheduled_new_reqs} | set(cached.req_ids)
         self.running.difference_update(meta.finished)

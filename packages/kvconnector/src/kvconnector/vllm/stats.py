@@ -16,7 +16,8 @@ COUNTERS = (
     "lookup_errors",
     "lookups_pending",
     "lookups_streamed",  # L2 hits reported while the server's prefetch still brought them into L1
-    "lookups_inflight",
+    "lookups_inflight",  # "ask again later": a producer writes, or another engine announced, the prefix
+    "announced_chunks",  # chunks announced to the server before the forward that computes them
     "lookups_wait_local_load",  # "ask again later": another request of this engine loads the same prefix
     "lookup_tokens",
     "hit_tokens",

@@ -190,6 +190,17 @@ class ServerCollector(Collector):
         yield CounterMetricFamily(
             "kvserver_no_space", "Object reservations refused because L1 was full.", value=c["no_space"]
         )
+        ann = d["announcements"]
+        yield CounterMetricFamily(
+            "kvserver_announced_chunks",
+            "Chunks engines announced they were computing (claims taken or renewed).",
+            value=ann["announced"],
+        )
+        yield CounterMetricFamily(
+            "kvserver_announcement_waits",
+            "Lookups answered inflight because another session announced the chunk they stop at.",
+            value=ann["waits"],
+        )
         corrupt = CounterMetricFamily(
             "kvserver_corrupt_reports",
             "Objects readers reported failing their kvsum64, by what the server's own check found "

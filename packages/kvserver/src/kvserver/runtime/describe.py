@@ -49,6 +49,7 @@ def describe_server(server: KVServer) -> dict[str, Any]:
         "counters": vars(c.counters),
         "hash_memo": c.hash_memo.describe(),
         "reservations": c.reservations.describe(),
+        "announcements": c.announcements.describe(),
         "tenants": tenant_rows(server, None),
         "ec": server.ec.describe(),
         "blend": server.blend.describe(),  # CacheBlend hits are not prefix hits: never summed with counters

@@ -165,6 +165,7 @@ class KVServer:
             ),
             "lookup": lambda r, fr, w: (c.lookup(r, w), []),
             "query": lambda r, fr, w: (c.query(r, w), []),
+            "announce": lambda r, fr, w: (c.announce(r, w), []),
             "store": lambda r, fr, w: (c.store(r, w), []),
             "commit": lambda r, fr, w: (c.commit(r.store_id, fr, r.checksums, w), []),
             "abort": lambda r, fr, w: (c.abort(r.store_id, w), []),

@@ -44,14 +44,14 @@ class CacheService:
         # what the rest of the server reads or wires (the same objects as the state's)
         self.l1, self.chunk_size, self.table, self.leases = l1, chunk_size, st.table, st.leases
         self.ledger, self.counters = st.ledger, st.counters
-        self.reservations, self.admission = st.reservations, st.admission
+        self.reservations, self.admission, self.announcements = st.reservations, st.admission, st.announcements
         self.engine_table, self.layouts, self.hash_memo = st.engine_table, st.layouts, st.hash_memo
         self.on_commit, self.on_hit = st.hooks.commit, st.hooks.hit
         self.on_commit_txn, self.on_prefetched = st.hooks.commit_txn, st.hooks.prefetched
         self.expire = st.sessions.expire
         # the ops, bound once: a handler's call costs what a method call on one class costs
         self.register_engine = self.registration.register_engine
-        self.lookup, self.lookup_l2 = self.reads.lookup, self.reads.lookup_l2
+        self.lookup, self.lookup_l2, self.announce = self.reads.lookup, self.reads.lookup_l2, self.reads.announce
         self.query, self.query_l2, self.set_pinned = self.reads.query, self.reads.query_l2, self.reads.set_pinned
         self.retrieve, self.release = self.reads.retrieve, self.reads.release
         self.store, self.commit, self.abort = self.writes.store, self.writes.commit, self.writes.abort

@@ -1,4 +1,5 @@
-"""Read operations: lookup (with L2), query, pin, retrieve and release, over the state.
+"""Read operations: lookup (with L2), query, pin, retrieve and release, over the state; and the
+announcements of chunks being computed that a lookup answers `inflight` for (announcements.py).
 
 A lookup walks the prefix (keys.py), charges and opens its session (session_admission.py), leases
 the hit (leases.py), and leaves the eviction-policy touches and hit hooks for after the reply.
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvprotocol import ObjectKey
 from kvprotocol._replies import (
+    AnnounceReply,
     LookupReply,
     PinReply,
     QueryReply,
@@ -19,7 +21,7 @@ from kvprotocol._replies import (
     RetrievedObject,
     RetrieveReply,
 )
-from kvprotocol._requests import KeysRequest, Lookup, Query, Release, Retrieve
+from kvprotocol._requests import Announce, KeysRequest, Lookup, Query, Release, Retrieve
 
 from ..errors import NotLeased, OutOfRange
 from .corruption import CorruptionChecks
@@ -32,12 +34,13 @@ if TYPE_CHECKING:
 
 
 class ReadOps:
-    """lookup, lookup_l2, query, query_l2, set_pinned, retrieve, release."""
+    """lookup, lookup_l2, announce, query, query_l2, set_pinned, retrieve, release."""
 
     def __init__(self, state: CacheState, keys: KeyPlanner, sessions: SessionAdmission) -> None:
         self.state = state  # its l2 and defer are set by the server after this is built: read per call
         self.l1, self.leases, self.groups, self.counters = state.l1, state.leases, state.groups, state.counters
         self.ledger, self.reservations, self.hooks = state.ledger, state.reservations, state.hooks
+        self.announcements = state.announcements
         self.background, self.object_sizes, self.chunk_size = state.background, state.object_sizes, state.chunk_size
         self.sessions = sessions
         self.corruption = CorruptionChecks(state)
@@ -77,11 +80,24 @@ class ReadOps:
             if self.reservations.inflight(refs, hit):  # "ask again later": nothing is leased for it
                 out.inflight = True
                 return out
+        announced = self.announcements
+        if announced.by_chunk and hit < len(hashes) and announced.inflight((ks[0], ks[1], salt, hashes[hit]), session):
+            out.inflight = True  # another engine computes that chunk now: ask again later
+            return out
         if session is not None and hit == 0 and rank is None:
             self.leases.drop(session)  # nothing to lease: no session is left for the client to release
         elif session is not None:  # a repeated lookup replaces the earlier leases (of that rank only, with rank)
             self.leases.take(session, ks, salt, hashes, hit, rank, keys_of)
         return out
+
+    def announce(self, f: Announce, who: Identity = ADMIN) -> AnnounceReply:
+        """The session computes the chunks from f.start_chunk on and stores them within f.ttl_s."""
+        ks, salt = f.keyspace.key(), who.salt(f.salt)
+        hashes = self._hashes(f, self._per_chunk(f), who)
+        if f.start_chunk > len(hashes):
+            raise OutOfRange("start_chunk beyond the last full chunk")
+        refs = [(ks[0], ks[1], salt, h) for h in hashes[f.start_chunk :]]
+        return AnnounceReply(self.announcements.announce(who.scope(f.session), who.tenant, refs, f.ttl_s))
 
     def _touch_hit(self, chunk_keys: list[list[ObjectKey]]) -> None:
         """A plain lookup's bookkeeping, after its reply: recency and the hit hooks (L2 admission)."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from kvprotocol import KeySpace, ObjectKey
 
+from .announcements import Announcements
 from .admission import MAX_STORES, StoreAdmission
 from .after_reply import Defer, run_now
 from .engines import EngineTable
@@ -67,6 +68,7 @@ class CacheState:
         self.reservations = ReservationBook(l1, lease_ttl)  # whole-request admission (kv_producer stores)
         self.reservations.cap_of = self.ledger.reservation_cap  # lifetime: set by the server (its config)
         self.reservations.on_refused = self.ledger.refuse_reservation
+        self.announcements = Announcements()  # chunks engines are computing now (lookups say inflight)
         self.ledger.booked_bytes = self.reservations.booked
         # read sessions: the server's and each tenant's caps, and the sweep of whatever expired
         self.sessions = SessionAdmission(self.table, self.ledger, self.leases, self.reservations, self.counters)
