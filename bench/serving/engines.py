@@ -66,6 +66,8 @@ CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
     ),
     # the lookup wait before 2026-12-07: an idle engine too waited only a share of a busy step
     "kvserver-busywait": ("KVServerConnector", {"lookup_wait_idle_s": 0.0}),
+    # no announcements: a prefix another engine is computing is computed again (before 2026-12-07)
+    "kvserver-noannounce": ("KVServerConnector", {"announce_max_s": 0.0}),
     "kvserver-l2": ("KVServerConnector", {}),  # a small L1 over a filesystem L2 (SERVER_ARGS)
     "lmcache": ("LMCacheMPConnector", {}),  # LMCache's MP server (LMCacheServer), engines from .venv-lmcache
 }
