@@ -82,9 +82,11 @@ def test_tenants_never_wait_for_each_other_and_each_has_a_cap(server_factory, tm
     tenants = tmp_path / "tenants.json"
     toks = {name: add_tenant(tenants, name) for name in ("alice", "mallory")}
     srv = server_factory("--l1-size-gb", "0.05", "--chunk-size", str(CHUNK), "--tenants-file", str(tenants))
-    with srv.client() as admin, Client(srv.url, token=toks["alice"]) as alice, Client(
-        srv.url, token=toks["mallory"]
-    ) as mallory:
+    with (
+        srv.client() as admin,
+        Client(srv.url, token=toks["alice"]) as alice,
+        Client(srv.url, token=toks["mallory"]) as mallory,
+    ):
         ks, _ = register(admin)
         p = tokens(3, 4)
         # mallory announces alice's prompt (same tokens, same salt as alice would name): in mallory's
