@@ -102,6 +102,9 @@ def _script(send: Send) -> set[str]:
     run(rq.Ping())
     run(rq.RegisterEngine(model="m", world_size=1, rank=0, groups=[rq.LayoutW(**LAYOUT.to_wire())]))
     assert run(rq.Lookup(keyspace=ks, tokens=TOKENS))[0].hit_chunks == 0
+    computing = pack_tokens(np.arange(5000, 5000 + 512))
+    assert run(rq.Announce(keyspace=ks, tokens=computing, session=sid("announcer"), ttl_s=5.0))[0].announced == 2
+    assert run(rq.Lookup(keyspace=ks, tokens=computing))[0].inflight is True
     st, _ = run(rq.Store(keyspace=ks, tokens=TOKENS, rank=0, mode="tcp"))
     assert st.store_id is not None and all(s.offset is None for s in st.slots)
     data = [payload(s.chunk, s.size) for s in st.slots]

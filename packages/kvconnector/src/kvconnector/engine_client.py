@@ -469,8 +469,12 @@ class EngineClient:
     ) -> None:
         """This engine computes the chunks from `start_chunk` on and stores them within `ttl_s`: another
         engine's lookup of them waits instead of computing them too (the server's announcements.py).
-        Sent on the lookup pipeline and not awaited; never raises."""
+        Sent on the lookup pipeline and not awaited; never raises. Only on a pipeline a lookup opened:
+        one opened here while the server is away would hold a token the restarted server refuses,
+        and fail the next lookup sent on it."""
         with self._lock:
+            if self._pipe is None:
+                return
             try:
                 validate_salt(salt)
                 req = self._plane.announce_request(as_tokens(tokens), salt, session, extra, start_chunk, ttl_s)

@@ -19,6 +19,7 @@ from typing import Any
 from . import _requests as rq
 from ._replies import (
     AbortReply,
+    AnnounceReply,
     BlendLookupReply,
     BlendStoreReply,
     ClearReply,
@@ -142,6 +143,29 @@ class TypedOps:
         timeout: float | None = None,
     ) -> QueryReply:
         return self._op(rq.Query(keyspace=keyspace, tokens=tokens, extra=extra, salt=salt), (), timeout, False)
+
+    def announce(
+        self,
+        *,
+        keyspace: KeySpaceW,
+        tokens: Tokens,
+        session: SessionId,
+        ttl_s: float,
+        start_chunk: Chunk = 0,
+        extra: list[ExtraPair] | None = None,
+        salt: Salt = "",
+        timeout: float | None = None,
+    ) -> AnnounceReply:
+        req = rq.Announce(
+            keyspace=keyspace,
+            tokens=tokens,
+            session=session,
+            ttl_s=ttl_s,
+            start_chunk=start_chunk,
+            extra=extra,
+            salt=salt,
+        )
+        return self._op(req, (), timeout, False)
 
     def store(
         self,

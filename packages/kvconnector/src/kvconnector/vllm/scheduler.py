@@ -194,8 +194,8 @@ class SchedulerSide:
         another engine's lookup of them waits instead of computing them too. The announcement lasts
         twice this step's estimated prefill plus ANNOUNCE_MIN_S, at most announce_max_s."""
         client, cap = self.client, self.cfg.announce_max_s
-        if client is None or cap <= 0 or not meta.saves:
-            return
+        if client is None or cap <= 0 or not meta.saves or not self.breaker.up:
+            return  # (a server that failed since its last answer is not told anything until it answers)
         rate = self.costs.prefill.s_per_token
         guess = cap if rate is None else 2 * rate * meta.scheduled_tokens + ANNOUNCE_MIN_S
         ttl = max(min(ANNOUNCE_MIN_S, cap), min(cap, guess))
