@@ -153,12 +153,8 @@ class DataPlane:
         expect: bool = False,
         progress: bool = False,
     ) -> rq.Lookup:
-        link = self.link
         return rq.Lookup(
-            keyspace=link.keyspace_wire,
-            tokens=pack_tokens(tokens),
-            salt=salt,
-            extra=extra_pairs(extra, tokens.shape[0] // link.unit),
+            **self._names(tokens, salt, extra),
             session=session,
             rank=rank if session is not None else None,
             wait=wait,
@@ -169,16 +165,17 @@ class DataPlane:
     def announce_request(
         self, tokens: np.ndarray, salt: str, session: str, extra: ExtraKeys, start_chunk: int, ttl_s: float
     ) -> rq.Announce:
+        return rq.Announce(**self._names(tokens, salt, extra), session=session, start_chunk=start_chunk, ttl_s=ttl_s)
+
+    def _names(self, tokens: np.ndarray, salt: str, extra: ExtraKeys) -> dict[str, Any]:
+        """The fields a request naming the objects of `tokens` carries (kvprotocol's KeysRequest)."""
         link = self.link
-        return rq.Announce(
-            keyspace=link.keyspace_wire,
-            tokens=pack_tokens(tokens),
-            salt=salt,
-            extra=extra_pairs(extra, tokens.shape[0] // link.unit),
-            session=session,
-            start_chunk=start_chunk,
-            ttl_s=ttl_s,
-        )
+        return {
+            "keyspace": link.keyspace_wire,
+            "tokens": pack_tokens(tokens),
+            "salt": salt,
+            "extra": extra_pairs(extra, tokens.shape[0] // link.unit),
+        }
 
     def lookup_answer(self, result: rp.LookupReply) -> tuple[int, bool, bool, int | None]:
         """(hit tokens, pending, inflight, expected tokens) of a lookup reply; a server of another chunk
