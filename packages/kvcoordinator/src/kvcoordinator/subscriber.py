@@ -70,6 +70,7 @@ class Feed:
     announced_seq: int | None = None  # kv_events_seq of the last heartbeat
     resync: asyncio.Task[None] | None = None  # while set, the stream waits in the socket (not read)
     monitor: zmq.Socket | None = None  # the socket's handshake events, until the first one succeeds
+    connected: asyncio.Future[None] | None = None  # set once the first handshake succeeded
     reason: str = "initial sync"
 
 
@@ -140,11 +141,14 @@ class EventFeeds:
         monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sock.connect(ad.endpoint)
         slot = self._free.pop() if self._free else self._alloc()
-        feed = Feed(inst, slot, prefix, sock, monitor=monitor)
+        loop = asyncio.get_running_loop()
+        feed = Feed(inst, slot, prefix, sock, monitor=monitor, connected=loop.create_future())
         self.feeds[inst.id] = feed
         self.by_slot[slot] = feed
         self._chunk_sizes[inst.chunk_size] += 1
-        asyncio.get_running_loop().add_reader(int(sock.getsockopt(zmq.FD)), self._readable, feed)
+        loop.add_reader(int(sock.getsockopt(zmq.FD)), self._readable, feed)
+        loop.add_reader(int(monitor.getsockopt(zmq.FD)), self._monitor_readable, feed)
+        loop.call_soon(self._monitor_readable, feed)  # what the monitor queued before its FD was watched
         self._resync_soon(feed, "initial sync")
 
     def _alloc(self) -> int:
@@ -252,20 +256,31 @@ class EventFeeds:
         return n
 
     async def _connected(self, feed: Feed) -> None:
-        """Return once the socket has completed a handshake with the publisher (polled: short-lived)."""
-        delay = 0.005
+        """Return once the socket has completed a handshake with the publisher."""
+        if feed.connected is not None:
+            await asyncio.shield(feed.connected)
+
+    def _monitor_readable(self, feed: Feed) -> None:
+        """The monitor's FD signalled (edge-triggered, like the stream's): read its events until none
+        is left; the first successful handshake ends the monitoring. No polling while a publisher
+        cannot be reached, however many such instances there are."""
         while feed.monitor is not None:
             try:
                 event = recv_monitor_message(feed.monitor, flags=zmq.NOBLOCK)
             except zmq.Again:
-                await asyncio.sleep(delay)
-                delay = min(0.2, delay * 2)
+                if not int(feed.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:  # reading EVENTS re-arms the FD
+                    return
                 continue
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._unmonitor(feed)
+                if feed.connected is not None and not feed.connected.done():
+                    feed.connected.set_result(None)
 
     def _unmonitor(self, feed: Feed) -> None:
+        """Stop watching handshakes: the reader goes before the socket closes (a closed FD's number
+        may be reused by the next instance's socket)."""
         if feed.monitor is not None:
+            asyncio.get_running_loop().remove_reader(int(feed.monitor.getsockopt(zmq.FD)))
             feed.sock.disable_monitor()
             feed.monitor.close(linger=0)
             feed.monitor = None
