@@ -229,3 +229,16 @@ def test_describe_keeps_both_of_its_shapes(in_process: KVServer) -> None:
         raw = msgspec.msgpack.decode(encode_reply(ok_reply(1, reply)))["result"]
         assert set(raw) == keys
         _check(raw, mi.type_info(rp.DescribeReply), "describe")
+
+
+def test_the_typed_describe_reads_a_server_with_every_optional_part(server_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The client decodes describe into DescribeReply: a server with L2 tiers (a list, one map per
+    tier) and KV events must decode, or every typed caller of describe fails against such servers."""
+    s = server_factory(
+        "--l2", f"fs://{tmp_path / 'a'}", "--l2", f"fs://{tmp_path / 'b'}",
+        "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}", "--kv-events-topic", "kv@t@{model}",
+    )  # fmt: skip
+    with s.client() as c:
+        d = c.describe()
+    assert isinstance(d.l2, list) and [t["url"] for t in d.l2] == [f"fs://{tmp_path / x}" for x in "ab"]
+    assert isinstance(d.l2_queue, dict) and isinstance(d.kv_events, dict)

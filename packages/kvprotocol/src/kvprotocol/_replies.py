@@ -57,7 +57,7 @@ class DescribeReply(Reply_):
     errors: dict[str, int] | UnsetType = UNSET
     ops: dict[str, int] | UnsetType = UNSET
     latency: dict[str, object] | UnsetType = UNSET
-    l2: dict[str, object] | UnsetType = UNSET  # with --l2
+    l2: list[dict[str, object]] | UnsetType = UNSET  # with --l2: one map per tier
     l2_queue: dict[str, object] | UnsetType = UNSET  # with --l2
     kv_events: dict[str, object] | UnsetType = UNSET  # with --kv-events
 
