@@ -155,3 +155,34 @@ def test_l2_capacity_evicts_by_policy_and_deletes_files(server_factory, tmp_path
         assert t["objects"] == 10 and t["evicted"] == t["demoted"] - 10
         assert len(_all_files(root)) == 10  # _settled waited for the deletes too
         assert tier(c)["evicted"] >= t["evicted"]  # one deleted while its write ran is deleted again after
+
+
+def test_a_prefetch_keeps_what_it_reads_though_its_room_demotes_them_out_of_l2(server_factory, tmp_path: Path) -> None:
+    """L2 holds exactly prompt a. Reading a back into a full L1 evicts b, whose demotion makes L2
+    evict a, the objects being read: their files are deleted only once the reads are over, so the
+    lookup gets all of a (as one cache of both tiers would), and then L2 holds b, not a."""
+    root = tmp_path / "l2"
+    cap = repr(16.5 * SIZE / (1 << 30))
+    s = server_factory(
+        *L1, "--eviction-policy", "lru", "--l2", f"fs://{root}", "--l2-admission", "evicted-hit",
+        "--l2-eviction-policy", "lru", "--l2-capacity-gb", cap,
+    )  # fmt: skip
+    a, b = prompt(16, seed=7), prompt(16, seed=8)
+    with s.client() as c:
+        ks, _ = register(c)
+        store(c, ks, a, data(7))
+        assert lookup(c, ks, a) == 16 * 256  # hit: a is demoted when L1 evicts it
+        _push_out(c, ks, range(700, 716))  # never hit: declined; a goes to L2
+        store(c, ks, b, data(8))
+        assert lookup(c, ks, b) == 16 * 256
+        _push_out(c, ks, range(716, 728))  # 48 newer objects: b is L1's oldest
+        assert _settled(c)["objects"] == 16
+        assert len(_files(root, object_keys(ks, a))) == 16
+        assert lookup(c, ks, a) == 16 * 256  # every chunk read, though L2 evicted them meanwhile
+        t = _settled(c)
+        gone = t["evicted"]  # one of a per b demoted by the read's room (L1 keeps a b or two)
+        assert gone == t["demoted"] - 16 >= 8 and t["objects"] == 16
+        assert len(_files(root, object_keys(ks, a))) == 16 - gone  # deleted once they had been read
+        assert len(_files(root, object_keys(ks, b))) == gone
+        c.call("clear")
+        assert lookup(c, ks, a) == (16 - gone) * 256  # L2's part of a: evicted from its tail

@@ -240,6 +240,19 @@ class TierManager:
 
     async def _delete(self, keys: list[ObjectKey]) -> None:
         tiering = self.tiering
+        try:
+            await self._delete_read(keys)
+        finally:
+            if tiering is not None:
+                tiering.deleted(keys)
+
+    async def _delete_read(self, keys: list[ObjectKey]) -> None:
+        """Delete once no prefetch is reading them (a prefetch's own reservations can evict, through
+        the demotions they cause, the L2 objects it is about to read)."""
+        reading = [f for f in map(self.prefetcher.inflight.get, keys) if f is not None]
+        if reading:
+            await asyncio.wait(reading)
+        tiering = self.tiering
         if tiering is not None:
             keys = [k for k in keys if k not in tiering.directory]  # admitted again since: keep the file
         names = [key_str(k) for k in keys]

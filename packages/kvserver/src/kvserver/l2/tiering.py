@@ -47,6 +47,7 @@ class Tiering:
         self.free_drops = 0  # objects L1 evicted that L2 already held: nothing written
         self.demoted = 0  # objects L1 evicted whose write was queued
         self.pending: set[ObjectKey] = set()  # queued or being written: a tier may not have them yet
+        self.deleting: set[ObjectKey] = set()  # evicted from the directory, their files not deleted yet
         l1.before_evict.append(self.evicting)
         l1.on_clear.append(self.cleared)
 
@@ -59,8 +60,7 @@ class Tiering:
                 ok, victims = self.directory.admit(
                     key, entry.size, None if parent is None else key._replace(chunk_hash=parent)
                 )
-                if victims:
-                    self.delete(victims)
+                self._evict(victims)
                 if not ok:
                     return
                 if self.write(key, bytes(self.l1.arena.read(entry.offset, entry.size)), entry.checksum):
@@ -83,14 +83,26 @@ class Tiering:
 
     def loaded(self, keys: Sequence[ObjectKey]) -> None:
         """Objects a prefetch loaded from L2 into L1: L2 holds them (learnt, if this server did not
-        write them), and they are promoted (the first to go from L2 while L1 holds them)."""
+        write them and did not evict them while they were read), and they are promoted (the first
+        to go from L2 while L1 holds them)."""
         for key in keys:
             entry = self.l1.entries.get(key)
-            if key not in self.directory and entry is not None:
+            if key not in self.directory and key not in self.deleting and entry is not None:
                 _, victims = self.directory.admit(key, entry.size)
-                if victims:
-                    self.delete(victims)
+                self._evict(victims)
         self.directory.promote(keys)
+
+    def _evict(self, victims: list[ObjectKey]) -> None:
+        """The directory evicted `victims`: delete their files (once no prefetch reads them: the
+        manager's delete waits for those reads, so a load that made room for itself by demoting
+        objects does not lose the objects it is reading)."""
+        if victims:
+            self.deleting.update(victims)
+            self.delete(victims)
+
+    def deleted(self, keys: Sequence[ObjectKey]) -> None:
+        """The deletion of `keys` is over (done or failed)."""
+        self.deleting.difference_update(keys)
 
     def missing(self, index: int, keys: Sequence[ObjectKey]) -> None:
         """A tier does not hold `keys` (absent, corrupt, deleted), except those whose write is pending."""
