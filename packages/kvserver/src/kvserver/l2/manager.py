@@ -227,6 +227,8 @@ class TierManager:
         """Delete `keys` from every tier in the background (L2's own eviction, tiering.py)."""
         if self._queue is None:
             return
+        if self.tiering is not None:
+            self.tiering.deleting(keys)
         task = asyncio.get_running_loop().create_task(self._delete(keys))
         self._deletes.add(task)
         task.add_done_callback(self._deletes.discard)
@@ -241,12 +243,12 @@ class TierManager:
     async def _delete(self, keys: list[ObjectKey]) -> None:
         tiering = self.tiering
         try:
-            await self._delete_read(keys)
+            await self._delete_files(keys)
         finally:
             if tiering is not None:
                 tiering.deleted(keys)
 
-    async def _delete_read(self, keys: list[ObjectKey]) -> None:
+    async def _delete_files(self, keys: list[ObjectKey]) -> None:
         """Delete once no prefetch is reading them (a prefetch's own reservations can evict, through
         the demotions they cause, the L2 objects it is about to read)."""
         reading = [f for f in map(self.prefetcher.inflight.get, keys) if f is not None]

@@ -16,6 +16,7 @@ it; until then its eviction from L1 writes it again.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from kvprotocol import ObjectKey
@@ -47,7 +48,8 @@ class Tiering:
         self.free_drops = 0  # objects L1 evicted that L2 already held: nothing written
         self.demoted = 0  # objects L1 evicted whose write was queued
         self.pending: set[ObjectKey] = set()  # queued or being written: a tier may not have them yet
-        self.deleting: set[ObjectKey] = set()  # evicted from the directory, their files not deleted yet
+        # files being deleted (evicted from the directory, or damaged); a count: deletes can overlap
+        self.being_deleted: Counter[ObjectKey] = Counter()
         l1.before_evict.append(self.evicting)
         l1.on_clear.append(self.cleared)
 
@@ -60,7 +62,8 @@ class Tiering:
                 ok, victims = self.directory.admit(
                     key, entry.size, None if parent is None else key._replace(chunk_hash=parent)
                 )
-                self._evict(victims)
+                if victims:
+                    self.delete(victims)
                 if not ok:
                     return
                 if self.write(key, bytes(self.l1.arena.read(entry.offset, entry.size)), entry.checksum):
@@ -87,22 +90,26 @@ class Tiering:
         to go from L2 while L1 holds them)."""
         for key in keys:
             entry = self.l1.entries.get(key)
-            if key not in self.directory and key not in self.deleting and entry is not None:
+            if key not in self.directory and key not in self.being_deleted and entry is not None:
                 _, victims = self.directory.admit(key, entry.size)
-                self._evict(victims)
+                if victims:
+                    self.delete(victims)
         self.directory.promote(keys)
 
-    def _evict(self, victims: list[ObjectKey]) -> None:
-        """The directory evicted `victims`: delete their files (once no prefetch reads them: the
-        manager's delete waits for those reads, so a load that made room for itself by demoting
-        objects does not lose the objects it is reading)."""
-        if victims:
-            self.deleting.update(victims)
-            self.delete(victims)
+    def deleting(self, keys: Sequence[ObjectKey]) -> None:
+        """The manager starts deleting `keys`' files (it waits for any prefetch reading them first:
+        a load whose own room in L1 demoted others, which made L2 evict the objects it reads, still
+        gets them; and they are not taken back into the directory when they land)."""
+        self.being_deleted.update(keys)
 
     def deleted(self, keys: Sequence[ObjectKey]) -> None:
-        """The deletion of `keys` is over (done or failed)."""
-        self.deleting.difference_update(keys)
+        """The deletion of `keys` is over (done, failed or never started)."""
+        for key in keys:
+            left = self.being_deleted[key] - 1
+            if left > 0:
+                self.being_deleted[key] = left
+            else:
+                self.being_deleted.pop(key, None)
 
     def missing(self, index: int, keys: Sequence[ObjectKey]) -> None:
         """A tier does not hold `keys` (absent, corrupt, deleted), except those whose write is pending."""
