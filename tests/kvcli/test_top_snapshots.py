@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from textual.pilot import Pilot
+from textual.widgets import DataTable
 
 from kvcli.top.app import TopApp
 from kvcli.top.sources import ReplaySource
@@ -36,20 +37,29 @@ async def polled(pilot: Pilot, n: int, timeout: float = 30.0) -> None:
         await pilot.pause(0.05)
 
 
+def _tables_measured(app: TopApp) -> bool:
+    """No DataTable still owes its column widths: Textual measures new rows when the table's own
+    message queue next runs empty (`_on_idle`), which on a loaded host can come after the screen
+    looked still for a while (snapshots caught addresses cut to "127.0.0." twice, 0.1 s apart)."""
+    return not any(t._require_update_dimensions or t._updated_cells for t in app.query(DataTable))
+
+
 async def settled(pilot: Pilot, timeout: float = 30.0) -> None:
     """The last poll drawn and the screen still: `pause()` alone waits for an idle CPU, which a host
-    running engine tests beside this one may report early. On a loaded host a snapshot once caught
-    the table with its columns not yet widened to the new rows (addresses cut to "127.0.0."), so the
-    screen must come out the same twice, 0.1 s apart."""
+    running engine tests beside this one may report early. So every table must have measured its
+    rows, and then the screen must come out the same twice, 0.1 s apart."""
+    app = pilot.app
+    assert isinstance(app, TopApp)
     await pilot.wait_for_scheduled_animations()
     deadline = time.monotonic() + timeout
-    shot = pilot.app.export_screenshot()
+    shot = app.export_screenshot()
     while True:
         await pilot.pause(0.1)
         await pilot.pause()
-        again = pilot.app.export_screenshot()
-        if again == shot:
+        again = app.export_screenshot()
+        if again == shot and _tables_measured(app):
             return
+        shot = again
         assert time.monotonic() < deadline, "the screen never settled"
         shot = again
 

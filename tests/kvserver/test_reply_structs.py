@@ -236,7 +236,7 @@ def test_the_typed_describe_reads_a_server_with_every_optional_part(server_facto
     tier) and KV events must decode, or every typed caller of describe fails against such servers."""
     s = server_factory(
         "--l2", f"fs://{tmp_path / 'a'}", "--l2", f"fs://{tmp_path / 'b'}",
-        "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}", "--kv-events-topic", "kv@t@{model}",
+        "--kv-events-endpoint", f"ipc://{tmp_path}/events.ipc", "--kv-events-topic", "kv@t@{model}",
     )  # fmt: skip
     with s.client() as c:
         d = c.describe()
