@@ -2,6 +2,7 @@
 
     .venv-vllm/bin/python -m bench.serving.reach [--scale full] [--window 5] [--json out.json]
     .venv-vllm/bin/python -m bench.serving.reach --tail run.json [--workload trace]
+    .venv-vllm/bin/python -m bench.serving.reach --by-computed run.json [--workload chat]
 
 Per workload: the reachable reuse (`workloads.reachable_reuse`: every earlier request's full blocks
 kept, a prompt served up to its last token), so a goal on recomputed tokens can be checked against
@@ -15,7 +16,12 @@ prompt reachable), and the median TTFT of the cold and of the other requests aga
 the same requests. A TTFT percentile set by cold requests moves only as far as the cache shortens
 the queue they wait in. It then estimates how far `none`'s TTFT p50 and p90 could move at best:
 each of `none`'s requests shortened by the share of its prompt any cache could serve (tails.py's
-`ttft_floor`). `--json` writes both ({"tail": ..., "ttft_at_best": ...})."""
+`ttft_floor`). `--json` writes both ({"tail": ..., "ttft_at_best": ...}).
+
+`--by-computed` reads a run's JSON and puts, round by round, each configuration's median TTFT beside
+the prompt tokens its requests computed (buckets of one engine block): whether a hit costs more than
+computing what it left, against `none`'s requests that computed as little after a hit of vLLM's own
+prefix cache (tails.py's `by_computed`). `--json` writes the rows."""
 
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from rich.table import Table
 import bench.serving.workloads as wl
 from bench.serving.engines import BLOCK_SIZE
 from bench.serving.run import SCALES, build_workload
-from bench.serving.tails import tail, ttft_floor
+from bench.serving.tails import by_computed, tail, ttft_floor
 
 
 def reach(scale_name: str, window_s: float, trace: Path | None = None) -> dict[str, Any]:
@@ -77,7 +83,7 @@ def run_workload(run: dict[str, Any], name: str, trace: Path | None) -> wl.Workl
     want = run.get("fingerprints", {}).get(name)
     scale = {n: dict(v) for n, v in run["scale"].items()}
     tries = [scale]
-    if name in scale and "sample" not in scale[name]:
+    if name in ("trace", "traceburst") and name in scale and "sample" not in scale[name]:
         tries = [{**scale, name: {**scale[name], "sample": s}} for s in ("spread", "first")]
     for sc in tries:
         w = build_workload(name, sc, trace)
@@ -107,6 +113,33 @@ def print_best(rows: list[dict[str, Any]], workload: str, out: Console) -> None:
     out.print(t)
 
 
+def read_run(path: Path) -> dict[str, Any] | None:
+    """A bench.serving --json file with per-request records, or None (said on stderr)."""
+    try:
+        run = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"cannot read {path}: {exc}", file=sys.stderr)
+        return None
+    if not run.get("per_request"):
+        print(f"{path} has no per_request records (a run from before they were kept)", file=sys.stderr)
+        return None
+    return dict(run)
+
+
+def print_by_computed(rows: list[dict[str, Any]], workload: str, out: Console) -> None:
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    for rnd in sorted({r["round"] for r in rows}):
+        t = Table("tokens computed", *configs, title=f"{workload}, round {rnd}: median TTFT s (requests)")
+        cells: dict[tuple[int, str], str] = {}
+        for r in rows:
+            if r["round"] == rnd:
+                cells[(r["computed_from"], r["config"])] = f"{r['ttft_p50_s']:.3f} ({r['requests']})"
+        for lo in sorted({lo for lo, _ in cells}):
+            hi = next(r["computed_to"] for r in rows if r["computed_from"] == lo)
+            t.add_row(f"{lo}-{hi - 1}", *(cells.get((lo, c), "-") for c in configs))
+        out.print(t)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", default="full", choices=sorted(SCALES))
@@ -116,19 +149,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--tail", type=Path, default=None, help="a bench.serving --json file: what its slowest requests were"
     )
-    ap.add_argument("--workload", default="trace", help="with --tail: the workload (default trace)")
+    ap.add_argument(
+        "--by-computed", type=Path, default=None, help="a bench.serving --json file: TTFT by tokens computed"
+    )
+    ap.add_argument("--grain", type=int, default=None, help="with --by-computed: bucket width (default: a block)")
+    ap.add_argument("--workload", default=None, help="with --tail (default trace) or --by-computed (default chat)")
     args = ap.parse_args(argv)
     if args.window <= 0:
         ap.error("--window must be positive")
+    if args.grain is not None and args.grain <= 0:
+        ap.error("--grain must be positive")
     out = Console(highlight=False)
-    if args.tail is not None:
-        try:
-            run = json.loads(args.tail.read_text())
-        except (OSError, ValueError) as exc:
-            print(f"cannot read {args.tail}: {exc}", file=sys.stderr)
+    if args.by_computed is not None:
+        run = read_run(args.by_computed)
+        if run is None:
             return 2
-        if not run.get("per_request"):
-            print(f"{args.tail} has no per_request records (a run from before they were kept)", file=sys.stderr)
+        grain = args.grain or run.get("engine_block_size", BLOCK_SIZE)
+        rows = by_computed(run, args.workload or "chat", grain)
+        print_by_computed(rows, args.workload or "chat", out)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return 0
+    if args.tail is not None:
+        args.workload = args.workload or "trace"
+        run = read_run(args.tail)
+        if run is None:
             return 2
         w = run_workload(run, args.workload, args.trace)
         if w is None:

@@ -70,3 +70,33 @@ def _ttfts(per_request: dict[str, Any]) -> dict[tuple[int, int], float]:
     cols = per_request["columns"]
     s, t, f = cols.index("session"), cols.index("turn"), cols.index("ttft_s")
     return {(row[s], row[t]): row[f] for row in per_request["rows"]}
+
+
+def by_computed(run: dict[str, Any], workload: str, grain: int) -> list[dict[str, Any]]:
+    """Per round of a run's JSON: each configuration's median TTFT of `workload`'s requests grouped
+    by the prompt tokens they computed (prompt - cached, in buckets of `grain`). `none`'s requests
+    that hit its own prefix cache compute as little as a connector's hits: equal TTFTs at equal
+    computed tokens say a hit costs its compute and nothing more, so a percentile moves only with
+    the tokens left to compute."""
+    rows = []
+    for rnd, configs in enumerate(run.get("per_request", [])):
+        groups: dict[tuple[str, int], list[float]] = {}
+        for c, t in configs.items():
+            if not t.get(workload):
+                continue
+            cols = t[workload]["columns"]
+            p, k, f = cols.index("prompt_tokens"), cols.index("cached_tokens"), cols.index("ttft_s")
+            for r in t[workload]["rows"]:
+                groups.setdefault((c, (r[p] - r[k]) // grain), []).append(r[f])
+        for (c, b), ttfts in sorted(groups.items(), key=lambda x: (x[0][1], x[0][0])):
+            rows.append(
+                {
+                    "round": rnd + 1,
+                    "config": c,
+                    "computed_from": b * grain,
+                    "computed_to": (b + 1) * grain,
+                    "requests": len(ttfts),
+                    "ttft_p50_s": statistics.median(ttfts),
+                }
+            )
+    return rows
