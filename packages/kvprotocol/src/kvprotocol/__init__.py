@@ -18,7 +18,16 @@ from ._credentials import (
 )
 from ._errors import ErrorCode, KVProtocolError, RequestTimeout, ServerError, ValidationError
 from ._blend import BLEND_SEED, blend_fingerprints, blend_object_hash
-from ._hashing import EXTRA_DIGEST_BYTES, ZERO_HASH, ExtraKeys, check_extra, chunk_hashes, pack_tokens, unpack_tokens
+from ._hashing import (
+    EXTRA_DIGEST_BYTES,
+    ZERO_HASH,
+    ExtraKeys,
+    check_extra,
+    chunk_hashes,
+    pack_tokens,
+    tail_hash,
+    unpack_tokens,
+)
 from ._keys import SHARED_RANK, ObjectKey, validate_model, validate_salt
 from ._geometry import GroupGeometry, prefix_hit
 from ._layout import DTYPES, LAYOUT_TAGS, MAX_OBJECT_BYTES, LayoutDescriptor
@@ -59,6 +68,7 @@ __all__ = [
     "ServerError",
     "ValidationError",
     "chunk_hashes",
+    "tail_hash",
     "pack_tokens",
     "unpack_tokens",
     "validate_model",

@@ -184,3 +184,23 @@ def chunk_hashes(
         prev = h.digest()
         out.append(prev)
     return out
+
+
+TAIL_DOMAIN = b"kvserver.tail.v1"  # a tail's hash input starts here: never the input of a chunk's hash
+
+
+def tail_hash(tokens: Tokens, prev: bytes = ZERO_HASH) -> bytes:
+    """32-byte hash of a partial last chunk (a *tail*: 1 to chunk_size - 1 tokens) after the chunk
+    hashed `prev` (h_{i-1}; 32 zero bytes for a tail at chunk 0).
+
+    t = BLAKE3(TAIL_DOMAIN || len as big-endian uint32 || h_{i-1} || tokens as big-endian uint32).
+    Domain and length come first, so no tail hashes like a full chunk or like a tail of another
+    length. Tails take no extra keys (a request with any is never stored or found as a tail)."""
+    n = token_count(tokens)
+    if n <= 0 or len(prev) != len(ZERO_HASH):
+        raise ValueError("a tail has at least one token and prev is a 32-byte hash")
+    h = blake3(TAIL_DOMAIN)
+    h.update(n.to_bytes(4, "big"))
+    h.update(prev)
+    h.update(big_endian_tokens(tokens))
+    return h.digest()

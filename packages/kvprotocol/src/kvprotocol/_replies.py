@@ -77,6 +77,7 @@ class RegisterReply(Reply_):
     arena: ArenaInfo
     chunk_size: int
     groups: list[str]
+    tails: bool = False  # the server stores and finds tails (Store.tail, Lookup.tails)
 
 
 class LookupReply(Reply_):

@@ -192,6 +192,10 @@ class Lookup(KeysRequest["rp.LookupReply"], tag="lookup"):
     # with expect: also wait (bounded) until the chunk the L1 hit stops at has landed or the prefetch
     # ended: a streamed load's poll, one round trip per step of progress instead of a busy loop
     progress: bool = False
+    # where the full chunks stop, also find a stored tail (a partial last chunk, `Store.tail`) of these
+    # tokens: the hit then ends inside a chunk (hit_tokens not a multiple of chunk_size, the tail one
+    # more of hit_chunks). Only servers whose RegisterReply says `tails` take it
+    tails: bool = False
 
 
 class Query(KeysRequest["rp.QueryReply"], tag="query"):
@@ -230,11 +234,16 @@ class Store(KeysRequest["rp.StoreReply"], tag="store", kw_only=True):
     session: SessionId | None = None
     reservation: SessionId | None = None
     total_chunks: Annotated[int, Meta(ge=1, le=MAX_CHUNKS)] | None = None
+    # the tokens end inside a chunk: that partial last chunk is stored too, as one more object (a tail,
+    # kvprotocol.tail_hash) that a lookup with `tails` finds. Not with extra keys or a reservation
+    tail: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.total_chunks is not None and self.reservation is None:
             raise ValidationError(ErrorCode.BAD_FIELD, "store: total_chunks needs reservation")
+        if self.tail and (self.reservation is not None or self.extra):
+            raise ValidationError(ErrorCode.BAD_FIELD, "store: a tail takes no reservation and no extra keys")
 
 
 class Commit(Request["rp.CommitReply"], tag="commit"):

@@ -112,6 +112,7 @@ class TypedOps:
         wait: bool = True,
         expect: bool = False,
         progress: bool = False,
+        tails: bool = False,
         extra: list[ExtraPair] | None = None,
         salt: Salt = "",
         timeout: float | None = None,
@@ -123,6 +124,7 @@ class TypedOps:
                 wait=wait,
                 expect=expect,
                 progress=progress,
+                tails=tails,
                 keyspace=keyspace,
                 tokens=tokens,
                 extra=extra,
@@ -180,6 +182,7 @@ class TypedOps:
         session: SessionId | None = None,
         reservation: SessionId | None = None,
         total_chunks: int | None = None,
+        tail: bool = False,
         timeout: float | None = None,
     ) -> StoreReply:
         return self._op(
@@ -194,6 +197,7 @@ class TypedOps:
                 session=session,
                 reservation=reservation,
                 total_chunks=total_chunks,
+                tail=tail,
             ),
             (),
             timeout,

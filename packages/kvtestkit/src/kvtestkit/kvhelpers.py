@@ -70,9 +70,10 @@ def store(
     commit: bool = True,
     reservation: str | None = None,
     total_chunks: int | None = None,
+    tail: bool = False,
 ) -> dict:
     """Reserve, fill (data_of(chunk, group) -> bytes) and commit (kvprotocol's one store sequence);
-    returns the store reply as a map."""
+    returns the store reply as a map. `tail`: the partial last chunk is stored too (Store.tail)."""
     req = rq.Store(
         keyspace=ks.wire(),
         tokens=pack_tokens(tokens),
@@ -82,6 +83,7 @@ def store(
         start_chunk=start_chunk,
         reservation=reservation,
         total_chunks=total_chunks,
+        tail=tail,
     )
     if not commit:
         return msgspec.to_builtins(c.send(req)[0])
@@ -111,10 +113,14 @@ def sid(name: str) -> str:
     return name if len(name) >= 22 else name + SESSION_PAD
 
 
-def lookup(c: Client, ks: KeySpace, tokens: Sequence[int], salt: str = "", session: str | None = None) -> int:
+def lookup(
+    c: Client, ks: KeySpace, tokens: Sequence[int], salt: str = "", session: str | None = None, tails: bool = False
+) -> int:
     fields: dict[str, Any] = {"keyspace": ks.to_wire(), "tokens": pack_tokens(tokens), "salt": salt}
     if session:
         fields["session"] = sid(session)
+    if tails:
+        fields["tails"] = True
     return int(c.call("lookup", **fields).result["hit_tokens"])
 
 

@@ -211,6 +211,14 @@ class ServerCollector(Collector):
         corrupt.add_metric(["intact"], c["corrupt_refuted"])
         yield corrupt
         yield CounterMetricFamily(
+            "kvserver_lookup_tail_hits",
+            "Lookups whose hit ended in a stored tail: the KV of a partial last chunk (docs/protocol.md).",
+            value=c["lookup_tail_hits"],
+        )
+        yield CounterMetricFamily(
+            "kvserver_stored_tails", "Stores that carried a tail (a partial last chunk).", value=c["stored_tails"]
+        )
+        yield CounterMetricFamily(
             "kvserver_broken_reads",
             "Reader releases whose leases had ended before the copy finished (the copy was discarded).",
             value=c["broken_reads"],

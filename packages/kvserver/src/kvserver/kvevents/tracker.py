@@ -112,7 +112,9 @@ class L1EventTracker:
         """After a commit: announce the chunks this commit completed (runs of adjacent chunks)."""
         if txn.keyspace is None or not txn.slots or txn.hashes is None:
             return
-        self._check(txn.keyspace, txn.salt, txn.tokens, txn.hashes, sorted({slot.chunk for slot in txn.slots}))
+        full = len(txn.tokens) // 4 // self.chunk_size  # a tail (Store.tail) is no block an engine names
+        chunks = sorted({slot.chunk for slot in txn.slots if slot.chunk < full})
+        self._check(txn.keyspace, txn.salt, txn.tokens, txn.hashes, chunks)
 
     def prefetched(self, ks: KeySpace, salt: str, tokens: bytes, hashes: list[bytes], first_miss: int) -> None:
         """After an L2 prefetch: announce the chunks it completed in L1 (loads still running are not seen)."""

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvprotocol import MAX_KEYS, KeySpace, ObjectKey
+from kvprotocol import MAX_KEYS, ZERO_HASH, KeySpace, ObjectKey, tail_hash
 from kvprotocol._requests import KeysRequest
 
-from ..errors import OutOfRange, TooLarge
+from ..errors import BadField, OutOfRange, TooLarge
 from ..l1.cache import State
 from ..security.tenants import Identity
 
@@ -26,6 +26,7 @@ class KeyPlanner:
     def __init__(self, state: CacheState) -> None:
         self.l1, self.groups, self.hash_memo = state.l1, state.groups, state.hash_memo
         self.chunk_size = state.chunk_size
+        self.tails = state.tails
 
     @staticmethod
     def keyspace(keyspace: dict[str, Any]) -> KeySpace:
@@ -88,6 +89,53 @@ class KeyPlanner:
             return self.hash_memo.hashes(who.salt(f.salt), f.tokens, self.chunk_size, f.extra or ())
         except IndexError as exc:
             raise OutOfRange(str(exc)) from None
+
+    def store_tail(self, f: KeysRequest, ks: KeySpace, salt: str, hashes: list[bytes], rank: int, start: int) -> bool:
+        """A store's tail (Store.tail): its hash appended to `hashes` as one more chunk, its length
+        remembered after the chunk before it (tails.py). False when the tokens end on a chunk boundary,
+        or when the tail is stored alone and the chunk before it is not in L1 (this rank's objects):
+        a tail no lookup can reach would only take room. A key space with a per-group geometry has no
+        tails (a snapshot or a state lives at a boundary)."""
+        n = len(f.tokens) // 4
+        length = n % self.chunk_size
+        if not length:
+            return False
+        if self.groups.plan(ks) is not None:
+            raise BadField("store: a key space with sliding-window or state groups stores no tails")
+        if hashes and start >= len(hashes):
+            model, world, groups = ks
+            ready = self.l1.ready
+            if any(
+                ready(tuple.__new__(ObjectKey, (model, fp, world, rank, g, salt, hashes[-1]))) is None
+                for g, fp in enumerate(groups)
+            ):
+                return False
+        parent = hashes[-1] if hashes else ZERO_HASH
+        hashes.append(tail_hash(memoryview(f.tokens)[4 * (n - length) :], parent))
+        self.tails.add((ks, salt, parent), length)
+        return True
+
+    def find_tail(
+        self, f: KeysRequest, ks: KeySpace, salt: str, hashes: list[bytes], hit: int
+    ) -> tuple[int, bytes, list[ObjectKey]] | None:
+        """(length, hash, keys) of the longest remembered tail after chunk `hit` - 1 whose tokens start
+        f's tokens there and whose every object is ready in L1; None without one."""
+        if f.extra or self.groups.plan(ks) is not None:
+            return None
+        parent = hashes[hit - 1] if hit else ZERO_HASH
+        lengths = self.tails.lengths((ks, salt, parent))
+        if not lengths:
+            return None
+        c, n = self.chunk_size, len(f.tokens) // 4
+        ready = self.l1.ready
+        for length in sorted(lengths, reverse=True):
+            if hit * c + length > n:
+                continue
+            h = tail_hash(memoryview(f.tokens)[4 * hit * c : 4 * (hit * c + length)], parent)
+            keys = self.chunk_keys(ks, salt, h)
+            if all(ready(k) is not None for k in keys):
+                return length, h, keys
+        return None
 
 
 __all__ = ["KeyPlanner"]

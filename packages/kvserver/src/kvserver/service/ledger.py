@@ -40,6 +40,8 @@ class Counters:
     corrupt_reported: int = 0  # objects readers reported damaged (and not checked clean before)
     corrupt_dropped: int = 0  # of those, found damaged by the server's own kvsum64 and dropped
     corrupt_refuted: int = 0  # of those, found intact (kept)
+    lookup_tail_hits: int = 0  # lookups whose hit ended in a stored tail (a partial last chunk, tails.py)
+    stored_tails: int = 0  # stores that carried a tail
 
 
 @dataclass

@@ -45,43 +45,62 @@ class ReadOps:
         self.sessions = sessions
         self.corruption = CorruptionChecks(state)
         # the planner's methods, bound once: a lookup calls them without another attribute hop
-        self._hashes, self._per_chunk = keys.hashes, keys.per_chunk
+        self._hashes, self._per_chunk, self._find_tail = keys.hashes, keys.per_chunk, keys.find_tail
         self._prefix_hits, self._chunk_keys = keys.prefix_hits, keys.chunk_keys
 
     # -- lookup / query --------------------------------------------------------------------------
-    def lookup(self, f: Lookup, who: Identity = ADMIN, hashes: list[bytes] | None = None) -> LookupReply:
+    def lookup(
+        self, f: Lookup, who: Identity = ADMIN, hashes: list[bytes] | None = None, tails: bool = True
+    ) -> LookupReply:
+        """The prefix of f's tokens ready in L1 (leased to f.session): its full chunks, then with
+        f.tails (and `tails`: not while an L2 prefetch may still extend them) a stored tail after them."""
         ks, salt = f.keyspace.key(), who.salt(f.salt)
         hashes = self._hashes(f, self._per_chunk(f), who) if hashes is None else hashes
         session = None if f.session is None else who.scope(f.session)
         chunk_keys: list[list[ObjectKey]] = []  # each hit chunk's keys (no geometry), built once
         hit = self._prefix_hits(ks, salt, hashes, chunk_keys)
+        full, full_hashes, hit_tokens, num_chunks = hit, hashes, hit * self.chunk_size, len(hashes)
+        if f.tails and tails and len(f.tokens) // 4 > hit_tokens:
+            tail = self._find_tail(f, ks, salt, hashes, hit)
+            if tail is not None:  # the tail is chunk `hit` of this hit: leased, retrieved, touched as one
+                length, tail_hash, tail_keys = tail
+                hashes = [*hashes[:hit], tail_hash]
+                chunk_keys.append(tail_keys)
+                hit, hit_tokens, num_chunks = hit + 1, hit_tokens + length, max(num_chunks, hit + 1)
+                self.counters.lookup_tail_hits += 1
         if session is not None:  # charged for its hit only: a miss holds nothing
             self.sessions.admit(session, hit * (1 + self._per_chunk(f)), who)
         c = self.counters
         c.lookups += 1
         c.lookup_tokens += len(f.tokens) // 4
-        c.lookup_hit_tokens += hit * self.chunk_size
+        c.lookup_hit_tokens += hit_tokens
         t = self.ledger.counters(who)
         t.lookups += 1
         t.lookup_tokens += len(f.tokens) // 4
-        t.lookup_hit_tokens += hit * self.chunk_size
+        t.lookup_hit_tokens += hit_tokens
         rank = f.rank
         if rank is not None and rank >= ks[1]:
             raise OutOfRange("rank must be < world_size")
-        out = LookupReply(hit * self.chunk_size, hit, len(hashes), self.chunk_size)
+        out = LookupReply(hit_tokens, hit, num_chunks, self.chunk_size)
         plan, keys_of = self.groups.plan(ks), None
         if plan is not None:  # per-group geometry: the objects this hit needs (groups.py)
             keys_of = plan.lease_keys(salt, hashes, hit)
             self.state.defer(lambda: plan.touch_hit(salt, hashes, hit, self.l1.touch, self.hooks.hit))
         elif chunk_keys:
             self.state.defer(lambda: self._touch_hit(chunk_keys))
-        if self.reservations.live and hit < len(hashes):
-            refs = [(ks[0], ks[1], salt, h) for h in hashes[: hit + 1]]
-            if self.reservations.inflight(refs, hit):  # "ask again later": nothing is leased for it
+        # the full chunk the hit stops at (a tail or not) being written or computed elsewhere: that
+        # chunk, with all after it, is worth a step's wait more than the tail standing in for it
+        if self.reservations.live and full < len(full_hashes):
+            refs = [(ks[0], ks[1], salt, h) for h in full_hashes[: full + 1]]
+            if self.reservations.inflight(refs, full):  # "ask again later": nothing is leased for it
                 out.inflight = True
                 return out
         announced = self.announcements
-        if announced.by_chunk and hit < len(hashes) and announced.inflight((ks[0], ks[1], salt, hashes[hit]), session):
+        if (
+            announced.by_chunk
+            and full < len(full_hashes)
+            and announced.inflight((ks[0], ks[1], salt, full_hashes[full]), session)
+        ):
             out.inflight = True  # another engine computes that chunk now: ask again later
             return out
         if session is not None and hit == 0 and rank is None:
@@ -151,7 +170,9 @@ class ReadOps:
                         inflight = l2.prefetcher.inflight
                         loads = [inflight[k] for k in sets[now] if k in inflight]
                         await self.background.progress(record, loads, l2.prefetch_timeout)
-        out = self.lookup(f, who, hashes)  # no await since the wait: the prefix is recomputed and leased at once
+        # no await since the wait: the prefix is recomputed and leased at once; a tail only where no
+        # prefetch may still bring the full chunk it stands in for
+        out = self.lookup(f, who, hashes, tails=not pending)
         if not f.wait:
             out.pending = pending
             if reach is not None:

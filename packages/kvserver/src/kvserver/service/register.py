@@ -60,6 +60,7 @@ class Registration:
             arena=arena_for(who, ArenaInfo(name=arena.name, size=arena.size, nonce=arena.nonce)),
             chunk_size=self.chunk_size,
             groups=[g.fingerprint for g in layouts],
+            tails=True,  # stores and lookups of a key space with a per-group geometry refuse or skip them
         )
 
 

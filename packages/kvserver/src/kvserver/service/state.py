@@ -27,6 +27,7 @@ from .ledger import Counters, TenantLedger
 from .reservations import ReservationBook
 from .session_admission import MAX_SESSION_OBJECTS, MAX_SESSIONS, SessionAdmission
 from .sessions import SessionTable, StoreTxn
+from .tails import TailIndex
 from ..security.tenants import TenantBook
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class CacheState:
             l1, self.table, self.ledger, self.reservations, self.object_sizes, self.sessions.expire
         )
         self.hash_memo = HashMemo()  # chunk hashes computed lately (the same prompt's lookup, then its saves)
+        self.tails = TailIndex()  # the tail lengths stored after each chunk (what a lookup probes)
         self.defer: Defer = run_now  # what a reply need not wait for (the server: after it; after_reply.py)
 
 

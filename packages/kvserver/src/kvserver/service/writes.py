@@ -44,6 +44,8 @@ class WriteOps:
         start = f.start_chunk
         if start > len(hashes):
             raise OutOfRange("start_chunk beyond the last full chunk")
+        if f.tail and self.keys.store_tail(f, ks, salt, hashes, rank, start):  # the partial last chunk: one more
+            self.counters.stored_tails += 1
         book, res = self.reservations, None
         if f.reservation is not None:
             res = book.for_store(
