@@ -71,7 +71,7 @@ def test_a_short_load_runs_in_the_step_and_parks_its_request_for_no_step(
     loaded = run.requests[1]
     stats = run.batches[1].connector_stats
     assert stats is not None and stats["load_errors"] == 0, stats
-    assert loaded.connector_loaded_tokens == 512
+    assert loaded.connector_loaded_tokens == len(P_LONG) - 1  # two chunks and the prompt's stored tail
     assert stats["loads_in_step"] == 1 and stats["parked_steps"] == 0, stats
     assert loaded.token_ids == reference.batches[0].requests[0].token_ids
 
@@ -138,8 +138,9 @@ def test_a_load_does_not_queue_behind_earlier_saves(
     )
     saved, loaded = run.requests
     stats = run.batches[0].connector_stats
-    assert stats is not None and stats["load_errors"] == 0 and stats["saved_chunks"] == 2, repr(stats)
-    assert loaded.connector_loaded_tokens == 512
+    # P_SALTED's two chunks and its tail; P_LONG's tail is on the server already
+    assert stats is not None and stats["load_errors"] == 0 and stats["saved_chunks"] == 3, repr(stats)
+    assert loaded.connector_loaded_tokens == len(P_LONG) - 1
     assert stats["loads_past_saves"] == 1, stats
     assert loaded.token_ids == reference.batches[0].requests[0].token_ids
     assert saved.token_ids == reference.batches[3].requests[0].token_ids

@@ -95,7 +95,9 @@ def test_multi_turn_reuses_turn_one_chunks(two_engines: TwoEngines, reference: E
     assert a.batches[1].requests[0].token_ids == reference.batches[1].requests[0].token_ids
     r = b.batches[1].requests[0]
     assert r.prompt_len == len(P_TURN1) + MAX_TOKENS + len(TURN2_TEXT)
-    assert r.connector_loaded_tokens == 2 * CHUNK  # turn 1's full chunks
+    # turn 1's full chunks and its tail: every token whose KV turn 1 computed (all but the last
+    # generated one), so turn 2 computes only its new text (and that one token)
+    assert r.connector_loaded_tokens == len(P_TURN1) + MAX_TOKENS - 1
     assert r.token_ids == reference.batches[2].requests[0].token_ids
 
 
@@ -108,7 +110,7 @@ def test_save_policy_all_stores_generated_tokens(two_engines: TwoEngines, refere
     # way). B's load of both chunks below is the proof both were stored.
     assert confirmed(a.batches[3].requests[0].kv_transfer_params, 2 * CHUNK)
     r = b.batches[4].requests[0]
-    assert r.connector_loaded_tokens == 2 * CHUNK
+    assert r.connector_loaded_tokens == len(P_GEN) + MAX_TOKENS - 1  # both chunks, and the 1-token tail
     assert r.token_ids == reference.batches[5].requests[0].token_ids
 
 

@@ -127,9 +127,13 @@ def test_a_running_engine_rides_through_a_kill9_and_warm_restart(
     assert first.token_ids == after.token_ids == again.token_ids == want
     assert confirmed(first.kv_transfer_params, 512)
     # the first request after the restart finds the adopted arena's new nonce, registers again and
-    # loads the adopted chunks (no miss for the restart)
-    assert after.connector_loaded_tokens == again.connector_loaded_tokens == 512
-    assert counters["stored_objects"] == 0 and counters["lookup_hit_tokens"] >= 2 * 512
+    # loads the adopted chunks (no miss for the restart). The restarted server adopted the prompt's
+    # tail too but does not know its length (docs/protocol.md, "Tails"): `after` recomputes those
+    # 188 tokens, its tail save finds the object present and makes it known again, and `again` loads
+    # all but the last token
+    assert after.connector_loaded_tokens == 512 and again.connector_loaded_tokens == len(P_LONG) - 1
+    assert counters["stored_objects"] == 0 and counters["deduplicated_objects"] >= 1
+    assert counters["lookup_hit_tokens"] >= 2 * 512
 
 
 def test_server_absent_at_start_then_back(
@@ -216,7 +220,9 @@ def test_roles_producer_saves_only_consumer_loads_only(
     assert fresh.kv_transfer_params["kvserver"]["stored_tokens"] == 0  # a consumer never stores
     assert fresh.token_ids == reference.batches[1].requests[0].token_ids
     with Client(server.url) as c:
-        assert c.call("describe").result["counters"]["stored_objects"] == 2  # only the producer's
+        # only the producer's: P_LONG's two chunks and its tail (a consumer's first request asks
+        # before its workers told the scheduler that the server takes tails: it loads whole chunks)
+        assert c.call("describe").result["counters"]["stored_objects"] == 3
 
 
 def test_load_the_scheduler_cannot_name_fails_safe(

@@ -135,11 +135,12 @@ class DataPlane:
         wait: bool = True,
         expect: bool = False,
         progress: bool = False,
+        tails: bool = False,
     ) -> tuple[int, bool, bool, int | None]:
         """(hit tokens, whether an L2 prefetch still runs (only with wait=False), whether a producer is
         still writing the chunk the hit stops at, the tokens L1 + that prefetch will cover (with
         expect, else None)); with a session, lease the hit objects of every rank (or of `rank` only) to it."""
-        req = self.lookup_request(tokens, salt, session, extra, rank, wait, expect, progress)
+        req = self.lookup_request(tokens, salt, session, extra, rank, wait, expect, progress, tails)
         return self.lookup_answer(self.link.send(req, deadline)[0])
 
     def lookup_request(
@@ -152,6 +153,7 @@ class DataPlane:
         wait: bool = True,
         expect: bool = False,
         progress: bool = False,
+        tails: bool = False,
     ) -> rq.Lookup:
         return rq.Lookup(
             **self._names(tokens, salt, extra),
@@ -160,6 +162,7 @@ class DataPlane:
             wait=wait,
             expect=expect,
             progress=progress,
+            tails=tails and not extra,
         )
 
     def announce_request(
@@ -398,28 +401,43 @@ class DataPlane:
         skip: int,
         reservation: str | None = None,
         total_chunks: int | None = None,
+        tail: bool = False,
     ) -> Saved:
         """Store every full chunk from the one holding skip_tokens on: reserve, gather, verify, commit
-        (kvprotocol.flows.store_and_commit: a reservation is always committed or aborted)."""
+        (kvprotocol.flows.store_and_commit: a reservation is always committed or aborted). With `tail`,
+        the tokens past the last full chunk too, as a tail object (when the server takes tails, the
+        blocks cover them, and nothing else rules them out: extra keys, a reservation, a geometry)."""
         link, copier = self.link, self._copier()
         tokens, tables, salt, extra = prompt.tokens, prompt.tables, prompt.salt, prompt.extra
         chunk = link.unit
-        n = tokens.shape[0] // chunk
+        n = full = tokens.shape[0] // chunk
         for geo, lay, table in zip(link.geoms, link.layouts, tables, strict=True):
             cover = table.shape[0] * lay.block_size // chunk  # units the block table covers
             n = min(n, cover if geo.exact else cover // geo.units * geo.units)
         start = max(0, skip) // chunk
-        if start >= n:
+        tail_len = tokens.shape[0] - n * chunk if tail and n == full and not extra and reservation is None else 0
+        if tail_len and not all(
+            t.shape[0] * lay.block_size >= tokens.shape[0] for lay, t in zip(link.layouts, tables, strict=True)
+        ):
+            tail_len = 0
+        if start >= n and not tail_len:
             return Saved(0, 0, 0)
-        for g, geo in enumerate(link.geoms):
-            objs = range(start, n) if geo.trivial else geo.stored(start, n, chunk)
-            check_blocks(
-                self._save_moves(g, tables[g], [geo.end_unit(j) for j in objs]), copier.num_blocks(g), distinct=False
-            )
         mode = self.ensure(deadline)
+        if tail_len and not link.tails:
+            tail_len = 0  # an older server, or groups a tail cannot serve
+            if start >= n:
+                return Saved(0, 0, 0)
+        last = n + 1 if tail_len else n  # the tail is chunk n
+        for g, geo in enumerate(link.geoms):
+            objs = range(start, last) if geo.trivial else geo.stored(start, n, chunk)
+            check_blocks(
+                self._save_moves(g, tables[g], [geo.end_unit(j) for j in objs], tail_len),
+                copier.num_blocks(g),
+                distinct=False,
+            )
         req = rq.Store(
             keyspace=link.keyspace_wire,
-            tokens=pack_tokens(tokens[: n * chunk]),
+            tokens=pack_tokens(tokens[: n * chunk + tail_len]),
             rank=link.rank,
             salt=salt,
             start_chunk=start,
@@ -427,6 +445,7 @@ class DataPlane:
             mode="shm" if mode == "shm" else "tcp",
             reservation=reservation,
             total_chunks=total_chunks if reservation is not None else None,
+            tail=bool(tail_len),
         )
 
         def send(r: rq.Request, frames: Sequence[Any]) -> tuple[rp.Reply_, list[memoryview]]:
@@ -442,16 +461,16 @@ class DataPlane:
                 return link.send(r, deadline, frames)
 
         def fill(reply: rp.StoreReply, reserved: list[rp.StoreSlot]) -> tuple[list[memoryview], list[int]]:
-            self._check_slots(reply, start, n)
-            return self._gather(copier, mode, reserved, tables)
+            self._check_slots(reply, start, last)
+            return self._gather(copier, mode, reserved, tables, n if tail_len else None, tail_len)
 
         # the abort's grace is taken when it is sent: after a stall (a stopped process) the deadline
         # is long past, and the server must still hear that the copy ended (service/late_writers.py)
         result = flows.store_and_commit(send, req, fill, abort_send=lambda r, f: link.sender(_grace(deadline))(r, f))
-        self._check_slots(result, start, n)
-        full = {s.chunk for s in result.slots if s.status == "no_space"}
+        self._check_slots(result, start, last)
+        no_room = {s.chunk for s in result.slots if s.status == "no_space"}
         written = {s.chunk for s in result.slots if s.status == "reserved"}
-        return Saved(len(written - full), n - start - len(full), len(full))
+        return Saved(len(written - no_room), last - start - len(no_room), len(no_room))
 
     def _check_slots(self, reply: rp.StoreReply, start: int, n: int) -> None:
         link = self.link
@@ -468,10 +487,17 @@ class DataPlane:
             raise ValueError(f"store returned slots outside the request: {bad[:3]}")
 
     def _gather(
-        self, copier: Copier, mode: str, reserved: list[rp.StoreSlot], tables: Sequence[np.ndarray]
+        self,
+        copier: Copier,
+        mode: str,
+        reserved: list[rp.StoreSlot],
+        tables: Sequence[np.ndarray],
+        tail_chunk: int | None = None,
+        tail_len: int = 0,
     ) -> tuple[list[memoryview], list[int]]:
         """Copy the reserved chunks out of the engine's KV into their slots (shm) or frames (tcp);
-        returns (frames, one checksum per slot): the commit's proof of the write."""
+        returns (frames, one checksum per slot): the commit's proof of the write. A tail (chunk
+        `tail_chunk`, `tail_len` tokens) fills the blocks holding its tokens; its other slots hold zeros."""
         link = self.link
         sizes = [link.layouts[s.group].object_bytes for s in reserved]
         for s, size in zip(reserved, sizes, strict=True):
@@ -493,8 +519,12 @@ class DataPlane:
             for g in range(len(link.layouts)):
                 idx = [i for i, s in enumerate(reserved) if s.group == g]
                 if idx:
-                    moves = self._save_moves(g, tables[g], [reserved[i].chunk for i in idx])
-                    self._zero_before_start(g, [addrs[i] for i in idx], [reserved[i].chunk for i in idx])
+                    chunks = [reserved[i].chunk for i in idx]
+                    tail_here = tail_len if chunks[-1] == tail_chunk else 0
+                    moves = self._save_moves(g, tables[g], chunks, tail_here)
+                    self._zero_before_start(g, [addrs[i] for i in idx], chunks)
+                    if tail_here:
+                        self._zero_after_tail(g, addrs[idx[-1]], tail_here)
                     sums = copier.gather(g, np.asarray([addrs[i] for i in idx], dtype=np.int64), moves)
                     for j, i in enumerate(idx):
                         checksums[i] = None if sums is None else sums[j]
@@ -507,13 +537,15 @@ class DataPlane:
             link.check_arena()  # we wrote into the arena of the server that reserved the slots
         return frames, proof
 
-    def _save_moves(self, g: int, table: np.ndarray, end_units: list[int]) -> Moves:
+    def _save_moves(self, g: int, table: np.ndarray, end_units: list[int], tail_len: int = 0) -> Moves:
         """Moves that fill the objects of group g ending at end_units (kvprotocol._geometry names an object
-        by the unit it ends at): whole chunks, or for an exact kind the blocks ending at its boundary."""
+        by the unit it ends at): whole chunks, or for an exact kind the blocks ending at its boundary;
+        with `tail_len`, the last object is a tail: only the blocks holding its tokens."""
         link = self.link
         geo, lay = link.geoms[g], link.layouts[g]
         if not geo.exact:
-            return save_moves(table, lay.blocks_per_chunk, [(c + 1) // geo.units - 1 for c in end_units])
+            last = ceil_div(tail_len, lay.block_size) if tail_len else None
+            return save_moves(table, lay.blocks_per_chunk, [(c + 1) // geo.units - 1 for c in end_units], last)
         bases = [window_base(lay, c, link.unit) for c in end_units]
         parts = [window_moves(table, b, b, b + lay.blocks_per_chunk) for b in bases]
         for i, m in enumerate(parts):
@@ -535,6 +567,19 @@ class DataPlane:
                 per_layer = lay.blocks_per_chunk * lay.block_bytes
                 for layer in range(lay.num_layers):
                     ctypes.memset(addr + layer * per_layer, 0, missing * lay.block_bytes)
+
+    def _zero_after_tail(self, g: int, addr: int, tail_len: int) -> None:
+        """A tail's object slots past the blocks of its tokens hold zeros, never whatever the reserved
+        slot held before (another object's bytes, perhaps another tenant's)."""
+        lay = self.link.layouts[g]
+        used = ceil_div(tail_len, lay.block_size)
+        if used >= lay.blocks_per_chunk:
+            return
+        per_layer = lay.blocks_per_chunk * lay.block_bytes
+        for layer in range(lay.num_layers):
+            ctypes.memset(
+                addr + layer * per_layer + used * lay.block_bytes, 0, (lay.blocks_per_chunk - used) * lay.block_bytes
+            )
 
 
 def _grace(deadline: Deadline) -> Deadline:

@@ -218,6 +218,7 @@ class Registration:
     arena_size: int
     chunk_size: int
     arena_nonce: str = ""
+    tails: bool = False  # the server stores and finds tails (partial last chunks)
 
 
 class EngineLink:
@@ -276,7 +277,16 @@ class EngineLink:
         )[0]
         if reply.chunk_size != self.unit:
             raise ValueError(f"server chunk_size {reply.chunk_size} differs from the layouts' smallest chunk_size")
-        return Registration(reply.engine_id, reply.arena.name, reply.arena.size, reply.chunk_size, reply.arena.nonce)
+        return Registration(
+            reply.engine_id, reply.arena.name, reply.arena.size, reply.chunk_size, reply.arena.nonce, reply.tails
+        )
+
+    @property
+    def tails(self) -> bool | None:
+        """Whether this engine's objects may have tails (the server takes them, every group is plain
+        full attention); None before registration."""
+        reg = self.registration
+        return None if reg is None else reg.tails and self.trivial
 
     def ensure(self, deadline: Deadline, user: ArenaUser | None = None) -> str:
         """Register if needed and make sure the arena mapping is current; returns "shm" or "tcp".

@@ -153,6 +153,12 @@ class EngineClient:
         return list(self._link.layouts)
 
     @property
+    def tails(self) -> bool | None:
+        """Whether the server this rank registered with takes tails (partial last chunks) of its
+        objects; None before registration. A scheduler-side client never registers: the workers tell."""
+        return self._link.tails
+
+    @property
     def data_mode(self) -> str | None:
         """ "shm" once the arena is mapped, "tcp" once registered without it, None before."""
         if self._link.registration is None:
@@ -328,8 +334,10 @@ class EngineClient:
         extra: ExtraKeys = (),
         reservation: str | None = None,
         total_chunks: int | None = None,
+        tail: bool = False,
     ) -> SaveResult:
-        """Store every full chunk of `tokens` from the chunk holding skip_tokens on.
+        """Store every full chunk of `tokens` from the chunk holding skip_tokens on; with `tail`, the
+        tokens past the last full chunk too, as a tail, where the server takes tails (`tails`).
 
         block_ids are the request's blocks from token 0; chunks they do not fully cover are skipped.
         ok is False when anything failed or the server had no room for some chunk; no_space tells
@@ -346,7 +354,7 @@ class EngineClient:
                     raise ValueError("register(kv_caches) must be called before save")
                 validate_salt(salt)
                 prompt = Prompt(as_tokens(tokens), as_tables(block_ids, len(self._link.layouts)), salt, extra)
-                saved = self._plane.save(deadline, prompt, int(skip_tokens), reservation, total_chunks)
+                saved = self._plane.save(deadline, prompt, int(skip_tokens), reservation, total_chunks, tail)
             except Exception as exc:
                 code = exc.code if isinstance(exc, ServerError) else None
                 if isinstance(exc, ServerError) and code == ErrorCode.RETRY_LATER:  # busy, not failing
@@ -367,8 +375,10 @@ class EngineClient:
         extra: ExtraKeys = (),
         wait: bool = True,
         expect: bool = False,
+        tails: bool = False,
     ) -> LookupResult:
-        """Tokens of the longest cached prefix (a multiple of chunk_size); with a session, the hit
+        """Tokens of the longest cached prefix (a multiple of chunk_size; with `tails`, towards a server
+        that takes them, it may end in a stored tail inside a chunk); with a session, the hit
         objects of every rank stay leased until each rank's load (or release(session, rank)) gives
         its part back, release(session) gives all back, or the server's lease TTL passes.
 
@@ -381,7 +391,7 @@ class EngineClient:
                 deadline = self._deadline()
                 validate_salt(salt)
                 hit, pending, inflight, expected = self._plane.lookup(
-                    deadline, as_tokens(tokens), salt, session, extra, wait=wait, expect=expect
+                    deadline, as_tokens(tokens), salt, session, extra, wait=wait, expect=expect, tails=tails
                 )
                 return LookupResult(hit, None, pending, inflight, expected)
             except Exception as exc:
@@ -396,15 +406,19 @@ class EngineClient:
         extra: ExtraKeys = (),
         wait: bool = True,
         expect: bool = False,
+        tails: bool = False,
     ) -> int | LookupResult:
         """Send a lookup and return at once: its id for `lookup_result`, or a LookupResult carrying the
-        error when it could not even be sent. Same answer as `lookup`; requests of this client's
+        error when it could not even be sent. Same answer as `lookup`; with `tails` (only towards a
+        server that takes them) the hit may end in a stored tail, inside a chunk. Requests of this client's
         pipeline (lookups, `release(wait=False)`) reach the server in the order they were sent."""
         with self._lock:
             try:
                 self._deadline()
                 validate_salt(salt)
-                req = self._plane.lookup_request(as_tokens(tokens), salt, session, extra, wait=wait, expect=expect)
+                req = self._plane.lookup_request(
+                    as_tokens(tokens), salt, session, extra, wait=wait, expect=expect, tails=tails
+                )
                 return self._pipeline().submit(req)
             except Exception as exc:
                 return LookupResult(0, self._failed("lookup", exc))

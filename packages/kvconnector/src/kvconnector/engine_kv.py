@@ -67,11 +67,17 @@ def window_moves(block_table: np.ndarray, base: int, lo: int, hi: int) -> Moves:
     return Moves(np.zeros_like(j), j - base, block_table[j])
 
 
-def save_moves(block_table: np.ndarray, blocks_per_chunk: int, chunks: Sequence[int]) -> Moves:
-    """Moves that fill whole objects, object i being chunk chunks[i] of the request."""
+def save_moves(
+    block_table: np.ndarray, blocks_per_chunk: int, chunks: Sequence[int], last_blocks: int | None = None
+) -> Moves:
+    """Moves that fill whole objects, object i being chunk chunks[i] of the request; with
+    `last_blocks`, only that many leading slots of the last object (a tail: a partial last chunk)."""
     c = np.asarray(chunks, dtype=np.int64)
     slot = np.tile(np.arange(blocks_per_chunk, dtype=np.int64), c.shape[0])
     obj = np.repeat(np.arange(c.shape[0], dtype=np.int64), blocks_per_chunk)
+    if last_blocks is not None and c.shape[0]:
+        keep = (obj < c.shape[0] - 1) | (slot < last_blocks)
+        slot, obj = slot[keep], obj[keep]
     j = c[obj] * blocks_per_chunk + slot
     if j.size and int(j.max()) >= block_table.shape[0]:
         raise ValueError("block_ids do not cover the chunks to save")

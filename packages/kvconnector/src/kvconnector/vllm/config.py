@@ -81,6 +81,13 @@ class ConnectorConfig:
     async_saves      True (default): saves return at once and run on the background thread; vLLM keeps
                      a finished request's blocks until its saves ended ("finished sending"); a
                      preemption waits for the saves in flight. False: saves run in wait_for_save
+    tails            True (default): with async_saves, a finished request's tokens past its last full
+                     chunk (of what save_policy stores: its prompt, or with "all" its answer too) are
+                     saved as well, as a tail object, and lookups find such tails, so the next turn of a
+                     conversation loads up to there instead of recomputing up to a chunk more
+                     (docs/vllm.md). Only where the server takes tails and every KV cache group is plain
+                     full attention, for requests without extra keys (adapters, images). False: whole
+                     chunks only
     plan_loads       True (default): load a hit only when the estimate (costs.py: load throughput seeded
                      by a calibration at start, then both rates measured by the workers) says it is
                      cheaper than recomputing it; declined hits are counted (declined_hits,
@@ -142,6 +149,7 @@ class ConnectorConfig:
     async_loads: bool = True
     in_step_load_share: float = 1.0
     plan_loads: bool = True
+    tails: bool = True
     async_saves: bool = True
     reserve: bool | None = None  # None: as the role says (apply_role)
     reserve_wait_s: float = 10.0
@@ -205,6 +213,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "async_loads": (bool,),
     "in_step_load_share": (int, float),
     "plan_loads": (bool,),
+    "tails": (bool,),
     "async_saves": (bool,),
     "share_loads": (bool,),
     "debug_load_delay_s": (int, float),

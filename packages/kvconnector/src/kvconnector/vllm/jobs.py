@@ -34,10 +34,11 @@ class LoadJob:
 
 @dataclass(frozen=True, slots=True)
 class SaveJob:
-    """Store the full chunks of tokens [skip_tokens, len(tokens)) after this step's forward."""
+    """Store the full chunks of tokens [skip_tokens, len(tokens)) after this step's forward (with
+    `tail`, the partial last chunk too)."""
 
     req_id: str
-    tokens: list[int]  # chunk-aligned prefix of the request
+    tokens: list[int]  # chunk-aligned prefix of the request (with tail: the request's computed tokens)
     block_ids: list[list[int]]  # per KV cache group
     skip_tokens: int  # chunk-aligned; chunks below are known to be stored already
     salt: str
@@ -50,3 +51,5 @@ class SaveJob:
     # A producer's whole-request reservation (docs/pd.md): its id and the request's total chunks
     reservation: str | None = None
     total_chunks: int = 0
+    # the tokens end inside a chunk: store that partial last chunk too, as a tail (a finished request's)
+    tail: bool = False

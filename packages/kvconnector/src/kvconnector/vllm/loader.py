@@ -97,7 +97,7 @@ def save_job(
     if delay_s > 0:  # TEST ONLY (debug_save_delay_s): a slow save on purpose, held until `released`
         (released or threading.Event()).wait(delay_s)
     try:
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {"tail": True} if job.tail else {}
         if job.reservation is not None:
             kw = {"reservation": job.reservation, "total_chunks": job.total_chunks}
         while True:

@@ -50,6 +50,9 @@ class KVServerWorkerMetadata(KVConnectorWorkerMetadata):
     load_fixed_s: float = 0.0  # the calibration's fixed part of one load (its round trips), sent once
     step_tokens: int = 0
     step_s: float = 0.0
+    # whether the server the workers registered with takes tails (partial last chunks): sent when it
+    # changes (a registration, a server restarted into another version); None: no news
+    tails: bool | None = None
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVServerWorkerMetadata:
         if isinstance(other, KVServerWorkerMetadata):
@@ -59,6 +62,8 @@ class KVServerWorkerMetadata(KVConnectorWorkerMetadata):
             self.in_step_s = max(self.in_step_s, other.in_step_s)
             self.load_fixed_s = max(self.load_fixed_s, other.load_fixed_s)
             self.step_tokens, self.step_s = max(self.step_tokens, other.step_tokens), max(self.step_s, other.step_s)
+            if other.tails is not None:  # every rank's server must take them
+                self.tails = other.tails if self.tails is None else self.tails and other.tails
             for mine, theirs in (
                 (self.saved, other.saved),
                 (self.save_failed, other.save_failed),
@@ -69,4 +74,11 @@ class KVServerWorkerMetadata(KVConnectorWorkerMetadata):
         return self
 
     def is_empty(self) -> bool:
-        return not (self.saved or self.save_failed or self.load_failed or self.load_tokens or self.step_tokens)
+        return not (
+            self.saved
+            or self.save_failed
+            or self.load_failed
+            or self.load_tokens
+            or self.step_tokens
+            or self.tails is not None
+        )

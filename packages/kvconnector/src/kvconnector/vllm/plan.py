@@ -1,10 +1,11 @@
 """Token arithmetic of the connector: what a hit is worth to vLLM, what to load, what to save.
 
 Pure functions (no vLLM, no torch) so each rule is tested on its own:
-- the server answers in whole chunks; vLLM must still compute at least one prompt token, so the
-  hit it is told about stops one token short of the request (`usable_hit`);
+- the server answers in whole chunks, or up to a stored tail inside one; vLLM must still compute at
+  least one prompt token, so the hit it is told about stops one token short of the request (`usable_hit`);
 - a load writes whole blocks from the first block vLLM does not already hold up to the end of
-  the last hit chunk (`load_end`): the one extra token, if any, is recomputed by vLLM over it;
+  the last hit chunk, or of the tail's last block (`load_end`): the one extra token, if any, is
+  recomputed by vLLM over it;
 - a save stores only full chunks, each once (`save_end`).
 """
 
@@ -34,9 +35,15 @@ def usable_hit(hit_tokens: int, num_tokens: int, local_computed: int) -> int:
     return max(0, min(hit_tokens, num_tokens - 1) - local_computed)
 
 
-def load_end(local_computed: int, external_tokens: int, chunk_size: int) -> int:
-    """End (exclusive, chunk-aligned) of what a load writes: the chunk holding the last external token."""
-    return ceil_to(local_computed + external_tokens, chunk_size)
+def load_end(
+    local_computed: int, external_tokens: int, chunk_size: int, hit_tokens: int | None = None, block_size: int = 1
+) -> int:
+    """End (exclusive) of what a load writes: the chunk holding the last external token, or where the
+    hit ends in a tail (`hit_tokens` inside a chunk), the block holding the tail's last token."""
+    end = ceil_to(local_computed + external_tokens, chunk_size)
+    if hit_tokens is not None and hit_tokens % chunk_size:
+        end = min(end, ceil_to(hit_tokens, block_size))
+    return end
 
 
 def save_end(saved_upto: int, computed_after_step: int, limit: int, chunk_size: int) -> int | None:

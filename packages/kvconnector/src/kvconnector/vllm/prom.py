@@ -53,6 +53,8 @@ _HELP = {
     "lookups_reused": "Scheduler calls answered from the request's recent miss or hit, without a new lookup.",
     "loads_streamed_apart": "Streamed L2 loads run on their own thread, so L1 loads never wait behind them.",
     "empty_steps": "Scheduler steps that scheduled no token (every waiting request deferred, or nothing to do).",
+    "tail_hits": "Lookups whose hit ended in a stored tail: the KV past a finished request's last full chunk.",
+    "tail_saves": "Finished requests whose tokens past their last full chunk were saved as a tail.",
 }
 
 

@@ -31,6 +31,7 @@ class ReqState:
     epoch: int = 0  # failed loads the scheduler has heard of (SaveJob.epoch)
     pending_since: float | None = None  # monotonic time of the first "L2 prefetch pending" answer
     lookup_rid: int | None = None  # a lookup sent whose answer has not been taken yet
+    lookup_tails: bool = False  # that lookup asked for tails: its hit may end inside a chunk
     ask_after: float = 0.0  # monotonic: after an `inflight` answer, the next lookup is not sent before
     lookup_sent: float = 0.0  # monotonic time it was sent
     miss_n: int = -1  # the request's length when a lookup last found nothing for it

@@ -23,9 +23,10 @@ from .local_loads import LocalLoads, prefix_digests
 from .._results import LookupResult
 from .log import log
 from .lookup_wait import LookupWait
-from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata
+from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, SaveJob
 from .request_state import ReqState
 from .stats import KVServerConnectorStats
+from .tails import tail_save
 from .step_plan import StepPlanner
 
 INFLIGHT_POLL_S = 0.01  # after an `inflight` answer, ask the server again no sooner than this
@@ -48,6 +49,7 @@ class SchedulerSide:
         num_groups: int = 1,
         prefix_caching: bool = True,
         exact: bool = False,
+        align_tails: bool = False,
     ) -> None:
         self.cfg = cfg
         self.client = client
@@ -74,6 +76,10 @@ class SchedulerSide:
             cfg.lookup_wait_s, cfg.lookup_wait_step_share, cfg.lookup_wait_max_s, cfg.lookup_wait_idle_s
         )
         self.running: set[str] = set()  # scheduled in the last step and not finished since
+        # tails (a partial last chunk's KV): the workers say whether their server takes them
+        self.server_tails = False
+        self.align_tails = align_tails  # a tail hit ends on a block boundary (vLLM's async scheduling)
+        self.tail_saves: list[SaveJob] = []  # finished requests' tails, for the next step's workers
 
     # --- vLLM hooks -------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -124,7 +130,11 @@ class SchedulerSide:
         self.breaker.succeeded()
         hit = int(res.hit_tokens)
         st.leased = hit > 0  # a lookup that hits nothing leaves no session: one round trip fewer per miss
-        hit = min(plan.floor_to(hit, self.chunk), plan.floor_to(n, self.chunk))
+        if st.lookup_tails and hit % self.chunk:  # the hit ends in a stored tail, inside a chunk
+            hit = plan.floor_to(min(hit, n), self.block_size) if self.align_tails else min(hit, n)
+            self.stats.add("tail_hits")
+        else:
+            hit = min(plan.floor_to(hit, self.chunk), plan.floor_to(n, self.chunk))
         # the chunk the server's hit stops at is being written or computed elsewhere; unless this
         # engine's own prefix cache holds it already (another request of this engine computed it)
         inflight = res.inflight and int(res.hit_tokens) + self.chunk > num_computed_tokens
@@ -158,8 +168,8 @@ class SchedulerSide:
             st.miss_n, st.miss_until = n, time.monotonic() + self.cfg.lookup_miss_reuse_s
         self.stats.add("lookup_tokens", n)
         st.hit_tokens = hit
-        st.saved_upto = max(st.saved_upto, hit)  # those chunks are on the server already
-        st.stored = max(st.stored, hit)
+        st.saved_upto = max(st.saved_upto, plan.floor_to(hit, self.chunk))  # those chunks are on the server already
+        st.stored = max(st.stored, plan.floor_to(hit, self.chunk))
         self.stats.add("hit_tokens", hit)
         ext = plan.usable_hit(hit, n, num_computed_tokens)
         if ext > 0 and self.cfg.plan_loads and not self.costs.worth_loading(ext):
@@ -264,17 +274,20 @@ class SchedulerSide:
             return LookupResult(0, None)
         if st.lookup_rid is None:
             self.stats.add("lookups")
+            extra = self._extra(st, n)
+            tails = self.tails and not extra
             sent = client.lookup_submit(
                 list(request.all_token_ids[:n]),
                 salt=st.salt,
                 session=st.session,
-                extra=self._extra(st, n),
+                extra=extra,
                 wait=self.cfg.wait_for_l2,
                 expect=self.stream_l2,
+                tails=tails,
             )
             if isinstance(sent, LookupResult):
                 return sent  # it could not even be sent: the error
-            st.lookup_rid, st.lookup_sent = sent, now
+            st.lookup_rid, st.lookup_sent, st.lookup_tails = sent, now, tails
         t0 = time.perf_counter()
         # idle: nothing scheduled last step is still running, and no load vLLM waits for would be held up
         res = client.lookup_result(st.lookup_rid, self.wait.seconds(idle=not self.running and not self.parked))
@@ -324,7 +337,9 @@ class SchedulerSide:
                 self._async.append(st.req_id)
                 self.parked.add(st.req_id)
                 if self.share_loads and st.request is not None:
-                    end = plan.load_end(st.local_computed, num_external_tokens, self.chunk)
+                    end = plan.load_end(
+                        st.local_computed, num_external_tokens, self.chunk, st.hit_tokens, self.block_size
+                    )
                     first, last = st.local_computed // self.chunk, end // self.chunk
                     tokens, extra = st.request.all_token_ids, self._extra(st, end)
                     self.local_loads.add(st.req_id, prefix_digests(tokens, st.salt, extra, self.chunk, first, last))
@@ -340,6 +355,8 @@ class SchedulerSide:
             scheduled_tokens=int(getattr(so, "total_num_scheduled_tokens", 0) or 0),
             preempted=bool(getattr(so, "preempted_req_ids", None)),
         )
+        meta.saves.extend(self.tail_saves)  # their requests ended: vLLM keeps the blocks until they are saved
+        self.tail_saves.clear()
         self.wait.step(time.monotonic(), meta.scheduled_tokens > 0)
         if not meta.scheduled_tokens:
             self.stats.add("empty_steps")
@@ -394,6 +411,8 @@ class SchedulerSide:
         if not isinstance(report, KVServerWorkerMetadata):
             return
         r, costs = report, self.costs
+        if r.tails is not None:
+            self.server_tails = r.tails
         costs.calibrated(r.load_fixed_s)
         costs.observe_loads(r.loads, r.load_tokens, r.load_s, in_step=False)
         costs.observe_loads(r.in_step_loads, r.in_step_tokens, r.in_step_s, in_step=True)
@@ -415,6 +434,8 @@ class SchedulerSide:
     def request_finished_delay(self, request: Request) -> tuple[bool, dict[str, object] | None]:
         """(keep the blocks until the workers' saves end, kv_transfer_params)."""
         st = self.reqs.get(request.request_id)
+        if st is not None:
+            self._save_tail(st, request)
         delay = bool(st is not None and st.had_saves and self.cfg.async_saves)
         return delay, self.request_finished(request)
 
@@ -447,6 +468,21 @@ class SchedulerSide:
             self.client.close()
 
     # --- internals ------------------------------------------------------------------------
+    @property
+    def tails(self) -> bool:
+        """Look up and save tails: configured, taken by the workers' server, every group plain."""
+        return self.cfg.tails and self.server_tails and not self.multi_group and not self.steps.exact
+
+    def _save_tail(self, st: ReqState, request: Request) -> None:
+        """A finished request's tail, saved by the next step's workers (tails.py)."""
+        if not (self.tails and self.cfg.async_saves and self.client is not None):
+            return
+        job = tail_save(st, request, self.cfg.save_policy, self.chunk, self.block_size, self._extra)
+        if job is not None:
+            st.had_saves = True  # vLLM keeps the blocks until the workers have saved it
+            self.tail_saves.append(job)
+            self.stats.add("tail_saves")
+
     def _extra(self, st: ReqState, num_tokens: int) -> tuple[tuple[int, bytes], ...]:
         if st.request is None:
             return ()

@@ -92,10 +92,13 @@ class StepPlanner:
         self, meta: StepJobs, st: ReqState, prompt_tokens: list[int] | None, background: bool = False
     ) -> None:
         st.load_pending = False
-        end = plan.load_end(st.local_computed, st.external_tokens, self.chunk)
+        end = plan.load_end(st.local_computed, st.external_tokens, self.chunk, st.hit_tokens, self.block_size)
         toks = tokens_of(st, end, prompt_tokens)
         nblocks = token_blocks(0, end, self.block_size)[1]  # the blocks the load's range lies in
-        if len(toks) == end and covers(st.block_ids, nblocks) and not self.cfg.debug_fail_plan_loads:
+        # the tokens naming the load's objects: up to `end`, or where a tail's block runs past the
+        # prompt (the whole prompt a tail reached), up to the hit's end
+        named = len(toks) == end or (st.hit_tokens % self.chunk != 0 and len(toks) >= st.hit_tokens)
+        if named and covers(st.block_ids, nblocks) and not self.cfg.debug_fail_plan_loads:
             meta.loads.append(
                 LoadJob(
                     st.req_id,

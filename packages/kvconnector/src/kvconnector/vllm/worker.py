@@ -76,6 +76,7 @@ class WorkerSide:
         self.failed_reqs: set[str] = set()
         self.failed_epochs: dict[str, int] = {}  # req id -> highest LoadJob.epoch whose load failed
         self.report = KVServerWorkerMetadata()
+        self._tails_told: bool | None = None  # what the scheduler was last told of the server's tails
         self.stats = KVServerConnectorStats()
         self.breaker = Breaker(cfg.retry_after_s)
 
@@ -196,6 +197,9 @@ class WorkerSide:
         self.report.save_failed[req_id] = min(skip_tokens, self.report.save_failed.get(req_id, skip_tokens))
 
     def take_report(self) -> KVServerWorkerMetadata | None:
+        tails = self.client.tails if self.client is not None and self.enabled else None
+        if tails is not None and tails != self._tails_told:  # the scheduler looks up with tails only then
+            self.report.tails = self._tails_told = tails
         if self.report.is_empty():
             return None
         out, self.report = self.report, KVServerWorkerMetadata()
@@ -293,7 +297,12 @@ class WorkerSide:
             ok = not bad
             err = "debug_fail_load_chunks"
         if ok and not bad:
-            self.stats.add("loaded_tokens", outcome.loaded_tokens)
+            # the tokens vLLM takes from the load: a load may copy past them to the end of a block
+            # (a chunk's, or a tail's) that vLLM computes over
+            taken = outcome.loaded_tokens
+            if job.compute_from > job.skip_tokens:
+                taken = min(taken, job.compute_from - job.skip_tokens)
+            self.stats.add("loaded_tokens", taken)
             self.report.loads += 1
             self.report.load_tokens += outcome.loaded_tokens
             self.report.load_s += outcome.seconds
