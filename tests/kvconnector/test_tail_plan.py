@@ -40,7 +40,7 @@ def test_all_saves_every_computed_token_past_the_last_chunk_and_prompt_only_the_
     assert tail_save(_state(req), req, "none", CHUNK, BS, _none) is None  # type: ignore[arg-type]
 
 
-def test_no_tail_on_a_boundary_after_an_unsaved_chunk_with_extra_keys_or_blocks_missing() -> None:
+def test_no_tail_on_a_boundary_in_chunk_0_after_an_unsaved_chunk_with_extra_keys_or_blocks_missing() -> None:
     on_boundary = FinishedRequest(list(range(520)), num_computed_tokens=512, num_prompt_tokens=512)
     assert tail_save(_state(on_boundary), on_boundary, "all", CHUNK, BS, _none) is None  # type: ignore[arg-type]
     req = FinishedRequest(list(range(608)), num_computed_tokens=607, num_prompt_tokens=600)
@@ -50,6 +50,10 @@ def test_no_tail_on_a_boundary_after_an_unsaved_chunk_with_extra_keys_or_blocks_
     adapter = tail_save(_state(req), req, "all", CHUNK, BS, lambda st, n: ((0, b"a" * 32),))  # type: ignore[arg-type]
     assert adapter is None
     assert tail_save(_state(req, blocks=37), req, "all", CHUNK, BS, _none) is None  # type: ignore[arg-type]
+    short = FinishedRequest(list(range(108)), num_computed_tokens=107, num_prompt_tokens=100)
+    first = _state(short)
+    first.saved_upto = 0
+    assert tail_save(first, short, "all", CHUNK, BS, _none) is None  # type: ignore[arg-type]  # within chunk 0
 
 
 def test_a_tail_hit_loads_to_the_block_of_its_last_token_a_chunk_hit_to_its_chunk() -> None:

@@ -29,15 +29,19 @@ def tail_save(
 ) -> SaveJob | None:
     """The save of `request`'s tail, or None where it has none to save: what the policy stores
     ("all": every token whose KV a step computed, all but the last sampled one; "prompt": the
-    prompt's) ends on a chunk boundary, a chunk before it was left unsaved, the request has extra
-    keys (adapters, images: tails take none), or its blocks are not all known."""
+    prompt's) ends on a chunk boundary or within the first chunk, a chunk before it was left unsaved,
+    the request has extra keys (adapters, images: tails take none), or its blocks are not all known.
+
+    Why not within the first chunk: a tail takes a whole object's room, and a request shorter than a
+    chunk (a short single-turn prompt, the commonest kind) would then cost up to a chunk's memory for
+    a few tokens; with at least one full chunk before it, a tail at most doubles its request's objects."""
     if save_policy not in ("all", "prompt") or not st.cacheable or not st.block_ids or st.request is None:
         return None
     computed = min(int(request.num_computed_tokens), len(request.all_token_ids))
     if save_policy == "prompt":
         computed = min(computed, int(request.num_prompt_tokens))
     full = plan.floor_to(computed, chunk)
-    if computed == full or st.saved_upto < full or extra_of(st, computed):
+    if computed == full or full == 0 or st.saved_upto < full or extra_of(st, computed):
         return None
     nblocks = -(-computed // block_size)
     if not all(len(b) >= nblocks for b in st.block_ids):
