@@ -557,29 +557,30 @@ class DataPlane:
         return Moves(*cat)
 
     def _zero_before_start(self, g: int, addrs: list[int], end_units: list[int]) -> None:
-        """A window snapshot near the start of a prompt has slots before token 0: they hold zeros, never
-        whatever the reserved slot held before (another object's bytes)."""
+        """A window snapshot near the start of a prompt has slots before token 0: they hold zeros."""
         link = self.link
         lay = link.layouts[g]
         for addr, c in zip(addrs, end_units, strict=True):
             missing = -window_base(lay, c, link.unit)
             if link.geoms[g].exact and missing > 0:
-                per_layer = lay.blocks_per_chunk * lay.block_bytes
-                for layer in range(lay.num_layers):
-                    ctypes.memset(addr + layer * per_layer, 0, missing * lay.block_bytes)
+                self._zero_slots(g, addr, 0, missing)
 
     def _zero_after_tail(self, g: int, addr: int, tail_len: int) -> None:
-        """A tail's object slots past the blocks of its tokens hold zeros, never whatever the reserved
-        slot held before (another object's bytes, perhaps another tenant's)."""
+        """A tail's object slots past the blocks of its tokens hold zeros."""
         lay = self.link.layouts[g]
         used = ceil_div(tail_len, lay.block_size)
-        if used >= lay.blocks_per_chunk:
+        self._zero_slots(g, addr, used, lay.blocks_per_chunk - used)
+
+    def _zero_slots(self, g: int, addr: int, first: int, count: int) -> None:
+        """Zero `count` block slots from `first` in every layer of the object at `addr`: slots no copy
+        fills never keep whatever the reserved slot held before (another object's bytes, perhaps
+        another tenant's)."""
+        if count <= 0:
             return
+        lay = self.link.layouts[g]
         per_layer = lay.blocks_per_chunk * lay.block_bytes
         for layer in range(lay.num_layers):
-            ctypes.memset(
-                addr + layer * per_layer + used * lay.block_bytes, 0, (lay.blocks_per_chunk - used) * lay.block_bytes
-            )
+            ctypes.memset(addr + layer * per_layer + first * lay.block_bytes, 0, count * lay.block_bytes)
 
 
 def _grace(deadline: Deadline) -> Deadline:

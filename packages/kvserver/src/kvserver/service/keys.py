@@ -14,6 +14,7 @@ from kvprotocol._requests import KeysRequest
 
 from ..errors import BadField, OutOfRange, TooLarge
 from ..l1.cache import State
+from .leases import rank_keys
 from ..security.tenants import Identity
 
 if TYPE_CHECKING:
@@ -103,12 +104,8 @@ class KeyPlanner:
         if self.groups.plan(ks) is not None:
             raise BadField("store: a key space with sliding-window or state groups stores no tails")
         if hashes and start >= len(hashes):
-            model, world, groups = ks
             ready = self.l1.ready
-            if any(
-                ready(tuple.__new__(ObjectKey, (model, fp, world, rank, g, salt, hashes[-1]))) is None
-                for g, fp in enumerate(groups)
-            ):
+            if any(ready(key) is None for key in rank_keys(ks, salt, rank, hashes[-1:])):
                 return False
         parent = hashes[-1] if hashes else ZERO_HASH
         hashes.append(tail_hash(memoryview(f.tokens)[4 * (n - length) :], parent))
