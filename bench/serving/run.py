@@ -82,7 +82,7 @@ SCALES: dict[str, dict[str, Any]] = {
         "traceburst": dict(
             conversations=24, block_tokens=32, duration_s=60.0, max_prompt=1024, max_tokens=16, sample="first"
         ),
-        "noreuse": dict(requests=48, prompt_tokens=768, max_tokens=16, concurrency=6),
+        "noreuse": dict(requests=96, prompt_tokens=768, max_tokens=16, concurrency=6),  # 48 left its req/s to noise
         "saturate": dict(conversations=24, block_tokens=32, max_prompt=1024, max_tokens=16, concurrency=12),
     },
     "quick": {

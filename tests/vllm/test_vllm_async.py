@@ -59,7 +59,8 @@ def test_failed_load_under_async_scheduling_saves_nothing_computed_over_it(
     # be on their way); the batch's counters, read after the engine's background work ended, count all
     assert seed.kv_transfer_params["kvserver"]["stored_tokens"] in (0, 256, 512)
     assert failing.batches[0].connector_stats is not None
-    assert failing.batches[0].connector_stats["saved_chunks"] == 3  # two chunks and the tail of 88
+    # two chunks and two tails: the prompt's 88 tokens, and those with the answer (save_policy "all")
+    assert failing.batches[0].connector_stats["saved_chunks"] == 4
     assert r.kv_transfer_params["kvserver"]["load_failed"] is True
     assert r.token_ids == want
     stats = failing.batches[1].connector_stats

@@ -138,8 +138,9 @@ def test_a_load_does_not_queue_behind_earlier_saves(
     )
     saved, loaded = run.requests
     stats = run.batches[0].connector_stats
-    # P_SALTED's two chunks and its tail; P_LONG's tail is on the server already
-    assert stats is not None and stats["load_errors"] == 0 and stats["saved_chunks"] == 3, repr(stats)
+    # P_SALTED's two chunks and its two tails (the prompt's, and with the answer: save_policy "all");
+    # P_LONG's tails are on the server already
+    assert stats is not None and stats["load_errors"] == 0 and stats["saved_chunks"] == 4, repr(stats)
     assert loaded.connector_loaded_tokens == len(P_LONG) - 1
     assert stats["loads_past_saves"] == 1, stats
     assert loaded.token_ids == reference.batches[0].requests[0].token_ids

@@ -110,11 +110,16 @@ def test_server_url_falls_back_to_the_environment() -> None:
 
 
 def test_roles_select_loading_and_saving() -> None:
-    cfg = config.parse_config({"save_policy": "all"})
+    cfg = config.parse_config({})
     both = cfg.apply_role(is_producer=True, is_consumer=True)
-    assert both.load and both.save_policy == "all"
+    assert both.load and both.save_policy == "all" and not both.reserve  # the default: answers too
     producer = cfg.apply_role(is_producer=True, is_consumer=False)
-    assert not producer.load and producer.save_policy == "all"
+    # a producer reserves its prompts' chunks: it stores prompts only
+    assert not producer.load and producer.reserve and producer.save_policy == "prompt"
+    unreserved = config.parse_config({"reserve": False}).apply_role(is_producer=True, is_consumer=False)
+    assert not unreserved.reserve and unreserved.save_policy == "all"
+    kept = config.parse_config({"save_policy": "prompt"}).apply_role(is_producer=True, is_consumer=True)
+    assert kept.save_policy == "prompt"
     consumer = cfg.apply_role(is_producer=False, is_consumer=True)
     assert consumer.load and consumer.save_policy == "none"
     with pytest.raises(ValueError):

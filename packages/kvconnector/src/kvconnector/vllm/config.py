@@ -26,8 +26,11 @@ class ConnectorConfig:
     kvserver_url     ZMQ endpoint of the kvserver (default: $KVSERVER_URL, else tcp://127.0.0.1:5555)
     mode             data plane: "auto" (shm when the server's arena is mappable, else tcp), "shm", "tcp"
     timeout_s        per-operation timeout towards the server; on a timeout the engine recomputes
-    save_policy      "prompt": store full chunks of prompts; "all": also chunks filled by generated
-                     tokens (useful for multi-turn chat); "none": read only
+    save_policy      "all" (default): store full chunks of prompts and of the tokens generated after
+                     them, as vLLM's own prefix cache keeps them (a chat's or an agent's next prompt
+                     holds the answer); "prompt": prompts only (e.g. a reasoning model whose template
+                     drops earlier turns' thinking, so answers never come back); "none": read only.
+                     Under reservations (a kv_producer's default) "all" stores prompts only
     chunk_size       tokens per cached object; a multiple of vLLM's block size, equal to the server's
                      (with recurrent-state layers, e.g. GDN: exactly vLLM's hybrid block size)
     model_name       names the model in cache keys (default: vLLM's served model name or model path);
@@ -131,7 +134,7 @@ class ConnectorConfig:
     kvserver_url: str = DEFAULT_URL
     mode: str = "auto"
     timeout_s: float = 5.0
-    save_policy: str = "prompt"
+    save_policy: str = "all"
     chunk_size: int = DEFAULT_CHUNK_SIZE
     model_name: str | None = None
     model_id: str | None = None
@@ -167,11 +170,15 @@ class ConnectorConfig:
 
     def apply_role(self, is_producer: bool, is_consumer: bool) -> ConnectorConfig:
         """kv_producer saves only (its prompts under whole-request reservations unless reserve is
-        false), kv_consumer loads only, kv_both does both."""
+        false), kv_consumer loads only, kv_both does both.
+
+        A reservation books a prompt's chunks, known when the request starts, so under one "all"
+        stores the prompt only (a prefiller's answer is the decoder's to compute)."""
         reserve = (is_producer and not is_consumer) if self.reserve is None else self.reserve
-        return dataclasses.replace(
-            self, load=is_consumer, reserve=reserve, save_policy=self.save_policy if is_producer else "none"
-        )
+        policy = self.save_policy if is_producer else "none"
+        if reserve and policy == "all":
+            policy = "prompt"
+        return dataclasses.replace(self, load=is_consumer, reserve=reserve, save_policy=policy)
 
     def streams_l2(self) -> bool:
         """Whether L2 hits are streamed: reported before they land and loaded as they do."""

@@ -54,7 +54,7 @@ _HELP = {
     "loads_streamed_apart": "Streamed L2 loads run on their own thread, so L1 loads never wait behind them.",
     "empty_steps": "Scheduler steps that scheduled no token (every waiting request deferred, or nothing to do).",
     "tail_hits": "Lookups whose hit ended in a stored tail: the KV past a finished request's last full chunk.",
-    "tail_saves": "Finished requests whose tokens past their last full chunk were saved as a tail.",
+    "tail_saves": "Tails saved: tokens of a finished request past its last full chunk, its prompt's and its answer's.",
 }
 
 

@@ -26,7 +26,7 @@ from .lookup_wait import LookupWait
 from .metadata import KVServerConnectorMetadata, KVServerWorkerMetadata, SaveJob
 from .request_state import ReqState
 from .stats import KVServerConnectorStats
-from .tails import tail_save
+from .tails import tail_saves
 from .step_plan import StepPlanner
 
 INFLIGHT_POLL_S = 0.01  # after an `inflight` answer, ask the server again no sooner than this
@@ -477,11 +477,11 @@ class SchedulerSide:
         """A finished request's tail, saved by the next step's workers (tails.py)."""
         if not (self.tails and self.cfg.async_saves and self.client is not None):
             return
-        job = tail_save(st, request, self.cfg.save_policy, self.chunk, self.block_size, self._extra)
-        if job is not None:
-            st.had_saves = True  # vLLM keeps the blocks until the workers have saved it
-            self.tail_saves.append(job)
-            self.stats.add("tail_saves")
+        jobs = tail_saves(st, request, self.cfg.save_policy, self.chunk, self.block_size, self._extra)
+        if jobs:
+            st.had_saves = True  # vLLM keeps the blocks until the workers have saved them
+            self.tail_saves.extend(jobs)
+            self.stats.add("tail_saves", len(jobs))
 
     def _extra(self, st: ReqState, num_tokens: int) -> tuple[tuple[int, bytes], ...]:
         if st.request is None:

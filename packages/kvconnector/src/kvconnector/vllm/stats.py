@@ -51,7 +51,7 @@ COUNTERS = (
     "loads_streamed_apart",  # streamed L2 loads run on their own thread, beside the L1 loads (loader.py)
     "empty_steps",  # scheduler steps that scheduled no token (e.g. every waiting request deferred)
     "tail_hits",  # lookups whose hit ended in a stored tail (a partial last chunk)
-    "tail_saves",  # finished requests whose tokens past their last full chunk were saved as a tail
+    "tail_saves",  # tails saved: a finished request's tokens past its last full chunk (up to two: tails.py)
 )
 
 
