@@ -28,7 +28,7 @@ from .reservations import ReservationBook
 from .session_admission import MAX_SESSION_OBJECTS, MAX_SESSIONS, SessionAdmission
 from .sessions import SessionTable, StoreTxn
 from .tails import TailIndex
-from ..security.tenants import TenantBook
+from ..security.tenants import TenantBook, tenant_of_salt
 
 if TYPE_CHECKING:
     from ..l2 import TierManager
@@ -78,7 +78,8 @@ class CacheState:
             l1, self.table, self.ledger, self.reservations, self.object_sizes, self.sessions.expire
         )
         self.hash_memo = HashMemo()  # chunk hashes computed lately (the same prompt's lookup, then its saves)
-        self.tails = TailIndex()  # the tail lengths stored after each chunk (what a lookup probes)
+        # the tail lengths stored after each chunk (what a lookup probes), shared fairly between tenants
+        self.tails = TailIndex(owner=tenant_of_salt)
         self.defer: Defer = run_now  # what a reply need not wait for (the server: after it; after_reply.py)
 
 
