@@ -85,9 +85,9 @@ class ConnectorConfig:
                      a finished request's blocks until its saves ended ("finished sending"); a
                      preemption waits for the saves in flight. False: saves run in wait_for_save
     tails            True (default): with async_saves, a finished request's tokens past its last full
-                     chunk (of what save_policy stores: its prompt, or with "all" its answer too) are
-                     saved as well, as a tail object, and lookups find such tails, so the next turn of a
-                     conversation loads up to there instead of recomputing up to a chunk more
+                     chunk are saved as well, as a tail object (its prompt's, and with save_policy
+                     "all" one reaching the end of its answer), and lookups find such tails, so the
+                     next turn of a conversation loads up to there instead of recomputing up to a chunk more
                      (docs/vllm.md). Only where the server takes tails and every KV cache group is plain
                      full attention, for requests without extra keys (adapters, images). False: whole
                      chunks only
