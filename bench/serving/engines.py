@@ -58,7 +58,7 @@ CONFIGS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "kvserver-nohitreuse": ("KVServerConnector", {"lookup_hit_reuse_s": 0.0}),
     # a lookup answer is waited for up to a whole recent step (at most 0.25 s), not a tenth (0.02 s)
     "kvserver-longwait": ("KVServerConnector", {"lookup_wait_step_share": 1.0, "lookup_wait_max_s": 0.25}),
-    # prompts only, no answers (the default before 2026-12-08)
+    # prompts only, no answers (the default before 2026-12-07 night)
     "kvserver-prompt": ("KVServerConnector", {"save_policy": "prompt"}),
     "kvserver-nosaves": ("KVServerConnector", {"save_policy": "none"}),  # lookups (all miss), never a save
     # lookups only, each answer waited for up to a whole step: what the deferrals alone cost

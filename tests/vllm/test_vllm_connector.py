@@ -41,13 +41,13 @@ class TwoEngines:
 @pytest.fixture(scope="module")
 def two_engines(model_dir: Path, kvserver_factory: ServerFactory) -> TwoEngines:
     server = kvserver_factory()
-    # A (storing generated tokens too): batches 0 P_LONG, 1 P_TURN1 (turn 1 of a chat), 2 P_SALTED
-    # under tenant-a, 3 P_GEN (turn 1 of another chat), 4 P_SHARED.
+    # A (the default save_policy "all": storing generated tokens too): batches 0 P_LONG, 1 P_TURN1
+    # (turn 1 of a chat), 2 P_SALTED under tenant-a, 3 P_GEN (turn 1 of another chat), 4 P_SHARED.
     a = run_engine(
         model_dir,
         [[prompt(P_LONG)], [prompt(P_TURN1)], [prompt(P_SALTED, "tenant-a")], [prompt(P_GEN)], [prompt(P_SHARED)]],
         max_tokens=MAX_TOKENS,
-        kv_transfer_config=kv_config(server.url, save_policy="all"),
+        kv_transfer_config=kv_config(server.url),
     )
     turn1_out = a.batches[1].requests[0].token_ids
     gen_out = a.batches[3].requests[0].token_ids
