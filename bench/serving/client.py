@@ -202,6 +202,8 @@ WANTED = {
     ("vllm:kvserver_parked_steps_total", None): "kvserver_parked_steps",
     ("vllm:kvserver_loads_total", None): "kvserver_loads",
     ("vllm:kvserver_empty_steps_total", None): "kvserver_empty_steps",
+    ("vllm:kvserver_finished_held_steps_total", None): "kvserver_finished_held_steps",
+    ("vllm:kvserver_tails_before_forward_total", None): "kvserver_tails_before_forward",
     # engine steps (one observation per step's output) and the tokens they computed: whether a connector
     # splits the same work into more, smaller steps, each paying vLLM's fixed cost per step
     ("vllm:iteration_tokens_total_count", None): "steps",

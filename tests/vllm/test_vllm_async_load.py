@@ -171,6 +171,11 @@ def test_async_save_keeps_blocks_until_stored(
     # such steps wait for the save (up to 2 ms each) instead of stepping again at once
     stats = first.batches[1].connector_stats
     assert stats is not None and stats["idle_waits"] >= 1, stats
+    # every tail save was handed to the save thread when vLLM bound the step's metadata, before the
+    # forward (start_tails), not after it: the blocks it holds can be freed at the end of that step
+    tails = [b.connector_stats or {} for b in first.batches]
+    assert sum(t["tail_saves"] for t in tails) >= 2, tails
+    assert [t["tails_before_forward"] for t in tails] == [t["tail_saves"] for t in tails], tails
     run = run_engine(model_dir, [[prompt(P_LONG)]], max_tokens=MAX_TOKENS, kv_transfer_config=kv_config(server.url))
     r = run.requests[0]
     assert r.connector_loaded_tokens == 512

@@ -202,6 +202,7 @@ class KVServerConnector(KVConnectorBase_V1, SupportsHMA):
         if self._worker is not None:
             if isinstance(connector_metadata, KVServerConnectorMetadata):
                 self._worker.drain_saves(connector_metadata.preempted)
+                self._worker.start_tails(connector_metadata)
             self._worker.step_started()
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:

@@ -77,6 +77,7 @@ class WorkerSide:
         self.failed_epochs: dict[str, int] = {}  # req id -> highest LoadJob.epoch whose load failed
         self.report = KVServerWorkerMetadata()
         self._tails_told: bool | None = None  # what the scheduler was last told of the server's tails
+        self._tails_started: KVServerConnectorMetadata | None = None  # its tail saves went at bind (start_tails)
         self.stats = KVServerConnectorStats()
         self.breaker = Breaker(cfg.retry_after_s)
 
@@ -149,28 +150,48 @@ class WorkerSide:
             self.report.step_s += max(0.0, time.perf_counter() - self._step_t0 - self._step_load_s)
         self._step_t0 = None
 
+    def start_tails(self, meta: KVServerConnectorMetadata) -> None:
+        """Hand the step's tail saves to the save thread before the forward (vLLM binds the metadata
+        first). Their requests have finished: the blocks are complete and no forward writes them. The
+        copy then runs beside this step's forward, and `get_finished` can free the blocks at the end
+        of this step instead of the next one; on an engine whose KV cache holds a few requests, a
+        waiting request gets them a step sooner."""
+        if not (self.enabled and self.cfg.async_saves and self.loader is not None and self.cfg.save_policy != "none"):
+            return
+        tails = [job for job in meta.saves if job.tail]
+        for job in tails:
+            self._save_one(job)
+        self.stats.add("tails_before_forward", len(tails))
+        self._tails_started = meta
+
     def save(self, meta: KVServerConnectorMetadata) -> None:
         self._step_ended(meta)
+        started, self._tails_started = self._tails_started is meta, None
         if not self.enabled or self.cfg.save_policy == "none":
             return
         for job in meta.saves:
-            if self.cfg.async_saves:
-                self.save_reqs.add(job.req_id)  # the scheduler delays freeing its blocks (request_finished)
-            if job.req_id in self.failed_reqs or job.epoch <= self.failed_epochs.get(job.req_id, -1):
-                # Computed over blocks that failed to load, in this step or in one planned before the
-                # scheduler heard of the failure (async scheduling): never store that.
-                self.stats.add("unsafe_saves_dropped")
-                self._save_failed(job.req_id, job.skip_tokens)
-                continue
-            if not self.breaker.allow():
-                self.stats.add("skipped_server_down")
-                self._save_failed(job.req_id, job.skip_tokens)
-                continue
-            if self.loader is not None and self.cfg.async_saves:
-                self.loader.submit_save(job)
-                self.saving[job.req_id] = self.saving.get(job.req_id, 0) + 1
-                continue
-            self._finish_save(job, save_job(self.kv, job, reserve_wait_s=self.cfg.reserve_wait_s))
+            if not (started and job.tail):
+                self._save_one(job)
+
+    def _save_one(self, job: SaveJob) -> None:
+        """Check one save (unsafe after a failed load, server down) and run or submit it."""
+        if self.cfg.async_saves:
+            self.save_reqs.add(job.req_id)  # the scheduler delays freeing its blocks (request_finished)
+        if job.req_id in self.failed_reqs or job.epoch <= self.failed_epochs.get(job.req_id, -1):
+            # Computed over blocks that failed to load, in this step or in one planned before the
+            # scheduler heard of the failure (async scheduling): never store that.
+            self.stats.add("unsafe_saves_dropped")
+            self._save_failed(job.req_id, job.skip_tokens)
+            return
+        if not self.breaker.allow():
+            self.stats.add("skipped_server_down")
+            self._save_failed(job.req_id, job.skip_tokens)
+            return
+        if self.loader is not None and self.cfg.async_saves:
+            self.loader.submit_save(job)
+            self.saving[job.req_id] = self.saving.get(job.req_id, 0) + 1
+            return
+        self._finish_save(job, save_job(self.kv, job, reserve_wait_s=self.cfg.reserve_wait_s))
 
     def _finish_save(self, job: SaveJob, out: SaveOutcome) -> None:
         self.stats.add("save_s", out.seconds)
@@ -269,6 +290,7 @@ class WorkerSide:
         sent = {r for r in self.finishing if r not in self.saving}
         self.finishing -= sent
         self.save_reqs -= sent
+        self.stats.add("finished_held_steps", len(self.finishing))  # blocks vLLM keeps another step
         out, self.received = self.received, set()
         return sent or None, out or None
 
