@@ -159,8 +159,9 @@ class WorkerSide:
         if not (self.enabled and self.cfg.async_saves and self.loader is not None and self.cfg.save_policy != "none"):
             return
         tails = [job for job in meta.saves if job.tail]
+        busy = set(self.saving)  # requests whose chunk saves are still in flight: their tails queue after them
         for job in tails:
-            self._save_one(job)
+            self._save_one(job, alone=job.req_id not in busy)
         self.stats.add("tails_before_forward", len(tails))
         self._tails_started = meta
 
@@ -173,8 +174,9 @@ class WorkerSide:
             if not (started and job.tail):
                 self._save_one(job)
 
-    def _save_one(self, job: SaveJob) -> None:
-        """Check one save (unsafe after a failed load, server down) and run or submit it."""
+    def _save_one(self, job: SaveJob, alone: bool = False) -> None:
+        """Check one save (unsafe after a failed load, server down) and run or submit it; `alone`: a
+        tail whose request has no other save in flight, which need not queue behind other requests'."""
         if self.cfg.async_saves:
             self.save_reqs.add(job.req_id)  # the scheduler delays freeing its blocks (request_finished)
         if job.req_id in self.failed_reqs or job.epoch <= self.failed_epochs.get(job.req_id, -1):
@@ -188,7 +190,7 @@ class WorkerSide:
             self._save_failed(job.req_id, job.skip_tokens)
             return
         if self.loader is not None and self.cfg.async_saves:
-            self.loader.submit_save(job)
+            (self.loader.submit_tail if alone else self.loader.submit_save)(job)
             self.saving[job.req_id] = self.saving.get(job.req_id, 0) + 1
             return
         self._finish_save(job, save_job(self.kv, job, reserve_wait_s=self.cfg.reserve_wait_s))
