@@ -140,7 +140,6 @@ class BackgroundLoader:
         self.save_delay_s = save_delay_s
         self._loads = ThreadPoolExecutor(1, thread_name_prefix="kvserver-load")
         self._saves = ThreadPoolExecutor(1, thread_name_prefix="kvserver-save")
-        self._tails = ThreadPoolExecutor(1, thread_name_prefix="kvserver-tail")
         self._streams = ThreadPoolExecutor(1, thread_name_prefix="kvserver-stream") if stream_client else None
         self._jobs: list[tuple[Any, Future[Any]]] = []
         self._past_saves = 0  # loads that ended while a save submitted before them still ran
@@ -181,16 +180,6 @@ class BackgroundLoader:
         )
         self._jobs.append((job, f))
 
-    def submit_tail(self, job: SaveJob) -> None:
-        """A finished request's tail, on a thread of its own: it waits for the save the save client
-        runs now (the client's lock), not for the queue behind it. Its request's blocks are held
-        until it ends. Submit here only when no save of the same request is in flight: the server
-        stores a tail only after the chunk it extends."""
-        f = self._tails.submit(
-            save_job, self.save_client, job, self.save_delay_s, self.reserve_wait_s, self._load_ended
-        )
-        self._jobs.append((job, f))
-
     def in_flight(self) -> int:
         return len(self._jobs)
 
@@ -222,7 +211,6 @@ class BackgroundLoader:
     def close(self) -> None:
         self._loads.shutdown(wait=True)  # a copy into engine blocks must end before they are freed
         self._saves.shutdown(wait=True)
-        self._tails.shutdown(wait=True)
         if self._streams is not None:
             self._streams.shutdown(wait=True)
         for client in self.clients():

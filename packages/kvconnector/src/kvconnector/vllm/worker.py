@@ -151,17 +151,21 @@ class WorkerSide:
         self._step_t0 = None
 
     def start_tails(self, meta: KVServerConnectorMetadata) -> None:
-        """Hand the step's tail saves to the save thread before the forward (vLLM binds the metadata
-        first). Their requests have finished: the blocks are complete and no forward writes them. The
-        copy then runs beside this step's forward, and `get_finished` can free the blocks at the end
-        of this step instead of the next one; on an engine whose KV cache holds a few requests, a
-        waiting request gets them a step sooner."""
+        """Save the step's tails before the forward (vLLM binds the metadata first), in the step.
+
+        Their requests have finished: the blocks are complete and no forward writes them, and vLLM
+        keeps them until the tails are saved. On the save thread a tail waits for the GIL and the
+        other requests' saves, and was measured to keep its blocks about two steps more; saved here
+        (at most a chunk each), `get_finished` frees them at the end of this very step, so on an
+        engine whose KV cache holds a few requests a waiting request gets them sooner. A tail whose
+        request still has a chunk save in flight goes to the save thread after it: the server stores
+        a tail only after the chunk it extends."""
         if not (self.enabled and self.cfg.async_saves and self.loader is not None and self.cfg.save_policy != "none"):
             return
         tails = [job for job in meta.saves if job.tail]
-        busy = set(self.saving)  # requests whose chunk saves are still in flight: their tails queue after them
+        busy = set(self.saving)
         for job in tails:
-            self._save_one(job, alone=job.req_id not in busy)
+            self._save_one(job, in_step=job.req_id not in busy)
         self.stats.add("tails_before_forward", len(tails))
         self._tails_started = meta
 
@@ -174,9 +178,9 @@ class WorkerSide:
             if not (started and job.tail):
                 self._save_one(job)
 
-    def _save_one(self, job: SaveJob, alone: bool = False) -> None:
-        """Check one save (unsafe after a failed load, server down) and run or submit it; `alone`: a
-        tail whose request has no other save in flight, which need not queue behind other requests'."""
+    def _save_one(self, job: SaveJob, in_step: bool = False) -> None:
+        """Check one save (unsafe after a failed load, server down) and run it (`in_step`, or without
+        async_saves) or submit it to the save thread."""
         if self.cfg.async_saves:
             self.save_reqs.add(job.req_id)  # the scheduler delays freeing its blocks (request_finished)
         if job.req_id in self.failed_reqs or job.epoch <= self.failed_epochs.get(job.req_id, -1):
@@ -189,8 +193,8 @@ class WorkerSide:
             self.stats.add("skipped_server_down")
             self._save_failed(job.req_id, job.skip_tokens)
             return
-        if self.loader is not None and self.cfg.async_saves:
-            (self.loader.submit_tail if alone else self.loader.submit_save)(job)
+        if self.loader is not None and self.cfg.async_saves and not in_step:
+            self.loader.submit_save(job)
             self.saving[job.req_id] = self.saving.get(job.req_id, 0) + 1
             return
         self._finish_save(job, save_job(self.kv, job, reserve_wait_s=self.cfg.reserve_wait_s))
