@@ -206,3 +206,28 @@ def test_tenant_usage_is_rebuilt_and_removed_tenants_dropped(server_factory, tmp
         ks, _ = register(c)
         assert lookup(c, ks, a) == len(a)
         assert ec_get(c, "img") == payload(7, 4096)
+
+
+def test_tails_are_found_again_after_a_restart(server_factory):
+    """A tail is journaled with its length and key space: after `kill -9` a lookup with `tails` reaches
+    into it again (a conversation's next turn loads to the token, not to the chunk), bytes intact."""
+    srv = server_factory(*SIZE)
+    long_, short = tokens(0, 4) + list(range(50_000, 50_100)), list(range(60_000, 60_070))  # tails of 100 and 70
+    with srv.client() as c:
+        ks, _ = register(c)
+        store(c, ks, long_, lambda ch, g: payload(ch, OBJ), tail=True)
+        store(c, ks, short, lambda ch, g: payload(300 + ch, OBJ), tail=True)  # a tail at chunk 0
+        store(c, ks, long_, lambda ch, g: payload(ch, OBJ), salt="s", tail=True)
+    srv.kill()
+    again = server_factory(*SIZE, port=srv.port)
+    assert adopted(again)["verified"] == 11  # 4 chunks and a tail, twice, and a lone tail
+    with again.client() as c:
+        ks, _ = register(c)
+        assert lookup(c, ks, long_ + [1, 2, 3], tails=True, session=sid("t")) == 4 * 256 + 100
+        assert retrieve(c, "t", 0, 5) == {(ch, 0): payload(ch, OBJ) for ch in range(5)}
+        c.call("release", session=sid("t"))
+        assert lookup(c, ks, short + [1, 2, 3], tails=True) == 70
+        assert lookup(c, ks, long_ + [1, 2, 3], salt="s", tails=True) == 4 * 256 + 100
+        assert lookup(c, ks, long_ + [1, 2, 3], salt="t", tails=True) == 0  # under its own salt only
+        changed = long_[:-1] + [long_[-1] + 1]  # the tail's last token differs: not that tail
+        assert lookup(c, ks, changed + [1], tails=True) == 4 * 256

@@ -42,8 +42,10 @@ def _encode(c: ECCommitted) -> bytes:
     return _record(COMMIT, msgpack.packb(body, use_bin_type=True))
 
 
-def _decode(body: bytes) -> tuple[int, ECCommitted | None] | None:
+def _decode(kind: int, body: bytes) -> tuple[int, ECCommitted | None] | None:
     """(offset, object) of a COMMIT body; None for a body that is not one (replay stops)."""
+    if kind != COMMIT:
+        return None
     try:
         offset, size, checksum, key, dtype, shape = msgpack.unpackb(body, raw=False)
     except Exception:

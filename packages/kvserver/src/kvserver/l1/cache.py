@@ -20,7 +20,7 @@ from kvprotocol import ObjectKey
 
 from .arena import HEADER_BYTES, Arena
 from .eviction import EvictionPolicy
-from .journal import ArenaJournal, Committed
+from .journal import ArenaJournal, Committed, TailMark
 from .prefix import FamId, PrefixIndex, family_of
 from .slab import ArenaAllocator
 
@@ -51,6 +51,7 @@ class Entry:
     pinned: bool = False
     checksum: int = 0  # kvsum64 of the bytes, given by the writer's commit; readers verify against it
     checked: bool = False  # a reader's corrupt report was checked and the bytes matched (corruption.py)
+    tail: TailMark | None = None  # a tail (a partial last chunk): journaled, so a restart finds it again
 
 
 class L1Cache:
@@ -75,6 +76,8 @@ class L1Cache:
         self.on_clear: list[Callable[[ObjectKey], None]] = []  # each object `clear` removes
         self.tenant_bytes: dict[str, int] = {}  # L1 bytes held per tenant (reserved or ready)
         self.journal: ArenaJournal | None = None  # records ready objects for a warm restart (journal.py)
+        # each adopted tail that passed its check: (key, its mark, the hash of the chunk it follows or None)
+        self.on_tail_adopted: list[Callable[[ObjectKey, TailMark, bytes | None], None]] = []
 
     # -- queries -------------------------------------------------------------------------------
     def ready(self, key: ObjectKey) -> Entry | None:
@@ -231,7 +234,8 @@ class L1Cache:
 
     def _committed(self, key: ObjectKey, entry: Entry) -> Committed:
         parent = self.prefix.parent.get(family_of(key))
-        return Committed(key, entry.offset, entry.size, entry.checksum, None if parent is None else parent[3])
+        hash_before = None if parent is None else parent[3]
+        return Committed(key, entry.offset, entry.size, entry.checksum, hash_before, entry.tail)
 
     # -- warm restart --------------------------------------------------------------------------
     def adopt(self, found: list[Committed], keep: Callable[[ObjectKey], bool]) -> list[ObjectKey]:
@@ -246,7 +250,7 @@ class L1Cache:
             if c.size <= 0 or c.key in self.entries or not keep(c.key) or not self.alloc.take(c.offset, c.size):
                 continue
             self.prefix.add(c.key, c.parent)
-            self.entries[c.key] = Entry(c.offset, c.size, checksum=c.checksum)
+            self.entries[c.key] = Entry(c.offset, c.size, checksum=c.checksum, tail=c.tail)
             self._at[c.offset] = c.key
             self.n_writing += 1
             tenant = tenant_of(c.key)
@@ -262,6 +266,10 @@ class L1Cache:
             return
         if verified:
             self.finish_write(key)
+            if entry.tail is not None:
+                parent = self.prefix.parent.get(family_of(key))
+                for hook in self.on_tail_adopted:
+                    hook(key, entry.tail, None if parent is None else parent[3])
         else:
             self.abort_write(key)
 

@@ -7,8 +7,10 @@ a file of its own under /dev/shm (`<arena>.journal`, 0600) that only the server 
 headers would also cost a page per object and change the offsets engines are handed.
 
 It is append-only: a COMMIT record when an object becomes ready (key, offset, size, kvsum64, the
-chunk it extends) and a FREE record before a ready object's slot is freed (eviction, clear, removal),
-so at any moment the replayed records name exactly the ready objects. Each record carries a CRC32;
+chunk it extends; a TAIL record for a tail, which adds its length in tokens and its key space's
+layouts, so a restarted server can find it again: service/tails.py) and a FREE record before a ready
+object's slot is freed (eviction, clear, removal), so at any moment the replayed records name exactly
+the ready objects. Each record carries a CRC32;
 a `kill -9` in the middle of an append leaves a torn last record, which replay ignores. Objects
 being written, reserved or quarantined have no record: a crash forgets them and their slots are free
 again. When records pile up (evictions) the journal is rewritten from the index (`compact`) and
@@ -34,16 +36,18 @@ from kvprotocol import ObjectKey
 
 log = logging.getLogger("kvserver.arena")
 
-__all__ = ["FORMAT", "ArenaJournal", "Committed", "read_journal", "read_records"]
+__all__ = ["FORMAT", "ArenaJournal", "Committed", "TailMark", "read_journal", "read_records"]
 
 T = TypeVar("T")
 
-FORMAT = 1  # bump when records change; an older server's journal of another format is not adopted
+FORMAT = 2  # what this server writes; bump when records change (2: TAIL records)
+READS = (1, 2)  # the formats it replays; a journal of any other is not adopted (nor is 2 by a server reading 1)
 MAGIC = b"KVSJRNL\0"
 HEADER = struct.Struct("<8sIQQQ")  # magic, format, arena device, arena inode, capacity
 RECORD = struct.Struct("<IB")  # body length (kind byte included in the CRC), kind
-COMMIT, FREE = 1, 2
+COMMIT, FREE, TAIL = 1, 2, 3
 COMMIT_FIXED = struct.Struct("<QQQB")  # offset, size, kvsum64, parent hash length
+TAIL_FIXED = struct.Struct("<HH")  # tail length in tokens, length of the packed layouts; then a COMMIT body
 FREE_FIXED = struct.Struct("<Q")
 MAX_RECORD = 1 << 16
 COMPACT_MIN = 4096  # records: below this the journal is never rewritten
@@ -58,6 +62,16 @@ class Committed:
     size: int
     checksum: int
     parent: bytes | None
+    tail: TailMark | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class TailMark:
+    """What makes an object a tail: its length in tokens (under a chunk) and the layout fingerprints
+    of its key space, every group (service/tails.py keys its index by the key space)."""
+
+    length: int
+    groups: tuple[str, ...]
 
 
 def journal_path(arena_path: Path) -> Path:
@@ -84,21 +98,46 @@ def _record(kind: int, body: bytes) -> bytes:
 
 def commit_record(c: Committed) -> bytes:
     parent = c.parent or b""
-    return _record(COMMIT, COMMIT_FIXED.pack(c.offset, c.size, c.checksum, len(parent)) + parent + _encode_key(c.key))
+    body = COMMIT_FIXED.pack(c.offset, c.size, c.checksum, len(parent)) + parent + _encode_key(c.key)
+    if c.tail is None:
+        return _record(COMMIT, body)
+    groups = msgpack.packb(list(c.tail.groups), use_bin_type=True)
+    return _record(TAIL, TAIL_FIXED.pack(c.tail.length, len(groups)) + groups + body)
 
 
-def _decode_commit(body: bytes) -> tuple[int, Committed | None] | None:
+def _decode_groups(raw: bytes) -> tuple[str, ...] | None:
+    try:
+        groups = msgpack.unpackb(raw, raw=False)
+    except Exception:
+        return None
+    if not (isinstance(groups, list) and groups and all(isinstance(g, str) for g in groups)):
+        return None
+    return tuple(groups)
+
+
+def _decode_commit(kind: int, body: bytes) -> tuple[int, Committed | None] | None:
+    tail: TailMark | None = None
+    if kind == TAIL:  # a tail's mark, then the COMMIT body
+        if len(body) < TAIL_FIXED.size:
+            return None
+        length, glen = TAIL_FIXED.unpack_from(body)
+        groups = _decode_groups(body[TAIL_FIXED.size : TAIL_FIXED.size + glen])
+        body = body[TAIL_FIXED.size + glen :]
+        tail = TailMark(length, groups) if groups is not None and length > 0 else None
+    elif kind != COMMIT:
+        return None
     if len(body) < COMMIT_FIXED.size:
         return None
     offset, size, checksum, plen = COMMIT_FIXED.unpack_from(body)
     parent = body[COMMIT_FIXED.size : COMMIT_FIXED.size + plen] or None
     key = _decode_key(body[COMMIT_FIXED.size + plen :])
     ok = key is not None and (parent is None or len(parent) == plen)
-    return offset, Committed(key, offset, size, checksum, parent) if ok and key is not None else None
+    return offset, Committed(key, offset, size, checksum, parent, tail) if ok and key is not None else None
 
 
 def read_journal(path: Path, identity: tuple[int, int], capacity: int) -> tuple[list[Committed], str]:
-    """The ready objects an L1 journal names, or ([], why not) when it is absent, foreign or of another format."""
+    """The ready objects an L1 journal names, or ([], why not) when it is absent, foreign or of another format.
+    A tail record whose mark does not decode is adopted as a plain object (never found as a tail)."""
     return read_records(path, identity, capacity, MAGIC, _decode_commit)
 
 
@@ -107,14 +146,15 @@ def read_records(
     identity: tuple[int, int],
     capacity: int,
     magic: bytes,
-    decode: Callable[[bytes], tuple[int, T | None] | None],
+    decode: Callable[[int, bytes], tuple[int, T | None] | None],
 ) -> tuple[list[T], str]:
-    """Replay a journal of `magic`: the objects its COMMIT records name and no later FREE record freed.
+    """Replay a journal of `magic`: the objects its COMMIT (and TAIL) records name and no later FREE
+    record freed.
 
-    `decode` turns a COMMIT body into (offset, object), the object None when the record is well
-    formed but names nothing adoptable (it still frees its offset), or None when the body is garbage
-    (replay stops there, as at a torn record). Opened without following links and checked on the
-    open descriptor: only this user's 0600 regular file is read.
+    `decode` turns a record's kind and body into (offset, object), the object None when the record is
+    well formed but names nothing adoptable (it still frees its offset), or None when the body is
+    garbage or of a kind it does not know (replay stops there, as at a torn record). Opened without
+    following links and checked on the open descriptor: only this user's 0600 regular file is read.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -134,8 +174,8 @@ def read_records(
     if len(data) < HEADER.size:
         return [], "its journal has no header"
     got_magic, fmt, dev, ino, cap = HEADER.unpack_from(data)
-    if got_magic != magic or fmt != FORMAT:
-        return [], f"its journal is of another format ({fmt}, this server reads {FORMAT})"
+    if got_magic != magic or fmt not in READS:
+        return [], f"its journal is of another format ({fmt}, this server reads {', '.join(map(str, READS))})"
     if (dev, ino) != identity or cap != capacity:
         return [], "its journal belongs to another arena or size"
     live: dict[int, T] = {}
@@ -151,7 +191,7 @@ def read_records(
         pos = end
         if kind == FREE and len(body) == FREE_FIXED.size:
             live.pop(FREE_FIXED.unpack(body)[0], None)
-        elif kind == COMMIT and (decoded := decode(body)) is not None:
+        elif kind != FREE and (decoded := decode(kind, body)) is not None:
             offset, obj = decoded
             if obj is not None:
                 live[offset] = obj

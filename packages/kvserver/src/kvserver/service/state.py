@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvprotocol import KeySpace, ObjectKey
+from kvprotocol import ZERO_HASH, KeySpace, ObjectKey
 
 from .announcements import Announcements
 from .admission import MAX_STORES, StoreAdmission
@@ -20,6 +20,7 @@ from .engines import EngineTable
 from .groups import GroupBook
 from .hash_memo import HashMemo
 from ..l1.cache import L1Cache
+from ..l1.journal import TailMark
 from .layouts import LayoutBook
 from ..l2.background import BackgroundPrefetches
 from .leases import Leases
@@ -80,7 +81,12 @@ class CacheState:
         self.hash_memo = HashMemo()  # chunk hashes computed lately (the same prompt's lookup, then its saves)
         # the tail lengths stored after each chunk (what a lookup probes), shared fairly between tenants
         self.tails = TailIndex(owner=tenant_of_salt)
+        l1.on_tail_adopted.append(self._tail_adopted)  # a warm restart's tails, as their bytes pass their check
         self.defer: Defer = run_now  # what a reply need not wait for (the server: after it; after_reply.py)
+
+    def _tail_adopted(self, key: ObjectKey, mark: TailMark, parent: bytes | None) -> None:
+        ks = KeySpace(key.model, key.world_size, mark.groups)
+        self.tails.add((ks, key.salt, ZERO_HASH if parent is None else parent), mark.length)
 
 
 __all__ = ["CacheState", "Hooks"]

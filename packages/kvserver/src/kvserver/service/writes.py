@@ -15,6 +15,7 @@ from kvprotocol._replies import AbortReply, CommitReply, StoreReply, StoreSlot
 from kvprotocol._requests import Store
 
 from ..errors import BadField, Forbidden, OutOfRange, UnknownStore
+from ..l1.journal import TailMark
 from .keys import KeyPlanner
 from .sessions import Slot, StoreTxn, new_store_id
 from ..security.tenants import ADMIN, Identity
@@ -44,8 +45,10 @@ class WriteOps:
         start = f.start_chunk
         if start > len(hashes):
             raise OutOfRange("start_chunk beyond the last full chunk")
+        tail_chunk, mark = -1, None
         if f.tail and self.keys.store_tail(f, ks, salt, hashes, rank, start):  # the partial last chunk: one more
             self.counters.stored_tails += 1
+            tail_chunk, mark = len(hashes) - 1, TailMark(len(f.tokens) // 4 % self.keys.chunk_size, ks[2])
         book, res = self.reservations, None
         if f.reservation is not None:
             res = book.for_store(
@@ -86,6 +89,8 @@ class WriteOps:
                         book.draw(res, sizes[group], key, False, (ks[0], ks[1], salt, hashes[chunk]))
                 reply_slots.append(StoreSlot(chunk, group, got))
                 continue
+            if chunk == tail_chunk:
+                got.tail = mark  # journaled with it: a restarted server finds the tail again
             txn.slots.append(Slot(key, chunk, group, got))
             if res is not None:
                 book.draw(res, sizes[group], key, True, (ks[0], ks[1], salt, hashes[chunk]))
