@@ -74,6 +74,11 @@ def test_a_short_load_runs_in_the_step_and_parks_its_request_for_no_step(
     assert loaded.connector_loaded_tokens == len(P_LONG) - 1  # two chunks and the prompt's stored tail
     assert stats["loads_in_step"] == 1 and stats["parked_steps"] == 0, stats
     assert loaded.token_ids == reference.batches[0].requests[0].token_ids
+    # Its chunks were on the server, so its two tails (the prompt's and the answer's) were its only
+    # saves: saved in the step after it finished, before that step's forward, and vLLM freed its
+    # blocks at the end of that step (on the save thread they were freed steps later)
+    assert stats["tail_saves"] == stats["tails_before_forward"] == 2, stats
+    assert stats["finished_held_steps"] == 0, stats
 
 
 def test_async_load_failure_is_recomputed(model_dir: Path, long_stored: ServerProc, reference: EngineRun) -> None:
