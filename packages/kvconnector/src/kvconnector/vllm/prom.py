@@ -55,7 +55,7 @@ _HELP = {
     "empty_steps": "Scheduler steps that scheduled no token (every waiting request deferred, or nothing to do).",
     "tail_hits": "Lookups whose hit ended in a stored tail: the KV past a finished request's last full chunk.",
     "tail_saves": "Tails saved: tokens of a finished request past its last full chunk, its prompt's and its answer's.",
-    "tails_before_forward": "Tail saves handed to the save thread before the forward of their step.",
+    "tails_before_forward": "Tail saves started before the forward of their step.",
     "finished_held_steps": "Steps times finished requests whose blocks vLLM kept past a step, waiting for their saves.",
 }
 

@@ -52,7 +52,7 @@ COUNTERS = (
     "empty_steps",  # scheduler steps that scheduled no token (e.g. every waiting request deferred)
     "tail_hits",  # lookups whose hit ended in a stored tail (a partial last chunk)
     "tail_saves",  # tails saved: a finished request's tokens past its last full chunk (up to two: tails.py)
-    "tails_before_forward",  # tail saves handed to the save thread at bind, before the step's forward
+    "tails_before_forward",  # tail saves started at bind, before the step's forward (start_tails)
     "finished_held_steps",  # steps x finished requests whose blocks vLLM kept past a step for their saves
 )
 

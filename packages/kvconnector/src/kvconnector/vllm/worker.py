@@ -151,21 +151,24 @@ class WorkerSide:
         self._step_t0 = None
 
     def start_tails(self, meta: KVServerConnectorMetadata) -> None:
-        """Save the step's tails before the forward (vLLM binds the metadata first), in the step.
+        """Save the step's tails before the forward (vLLM binds the metadata first): in the step where
+        the KV is in host memory, else on the save thread.
 
         Their requests have finished: the blocks are complete and no forward writes them, and vLLM
-        keeps them until the tails are saved. On the save thread a tail waits for the GIL and the
-        other requests' saves, and was measured to keep its blocks about two steps more; saved here
+        keeps them until the tails are saved. On a CPU engine's save thread a tail waits for the GIL
+        and the other requests' saves, and was measured to keep its blocks steps longer; saved here
         (at most a chunk each), `get_finished` frees them at the end of this very step, so on an
-        engine whose KV cache holds a few requests a waiting request gets them sooner. A tail whose
-        request still has a chunk save in flight goes to the save thread after it: the server stores
-        a tail only after the chunk it extends."""
+        engine whose KV cache holds a few requests a waiting request gets them sooner. On a GPU the
+        copy would wait for the forward still running (asynchronous scheduling), so tails go to the
+        save thread there, as does a tail whose request still has a chunk save in flight: the server
+        stores a tail only after the chunk it extends."""
         if not (self.enabled and self.cfg.async_saves and self.loader is not None and self.cfg.save_policy != "none"):
             return
         tails = [job for job in meta.saves if job.tail]
         busy = set(self.saving)
+        host = bool(self.tensors) and self.tensors[0].device.type == "cpu"
         for job in tails:
-            self._save_one(job, in_step=job.req_id not in busy)
+            self._save_one(job, in_step=host and job.req_id not in busy)
         self.stats.add("tails_before_forward", len(tails))
         self._tails_started = meta
 
