@@ -146,6 +146,12 @@ class Deadline:
         return self.end - time.monotonic()
 
 
+def grace(deadline: Deadline) -> Deadline:
+    """What a call that must reach the server whatever happened (a release, an abort) still gets:
+    the deadline's rest, at least 0.1 s (after a stall the deadline is long past)."""
+    return Deadline(max(deadline.remaining(), 0.1))
+
+
 def is_local_url(url: str) -> bool:
     """Is the server on this host (loopback, ipc://, or one of this host's addresses)?"""
     if url.startswith(("ipc://", "inproc://")):
