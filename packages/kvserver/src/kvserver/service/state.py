@@ -85,7 +85,9 @@ class CacheState:
         self.defer: Defer = run_now  # what a reply need not wait for (the server: after it; after_reply.py)
 
     def _tail_adopted(self, key: ObjectKey, mark: TailMark, parent: bytes | None) -> None:
-        ks = KeySpace(key.model, key.world_size, mark.groups)
+        if not (key.group < len(mark.groups) and mark.groups[key.group] == key.layout_fingerprint):
+            return  # a mark that does not fit its own key: the object stays, never found as a tail
+        ks = KeySpace(key.model, key.world_size, tuple(mark.groups))
         self.tails.add((ks, key.salt, ZERO_HASH if parent is None else parent), mark.length)
 
 
