@@ -4,7 +4,9 @@
     .venv-vllm/bin/python -m bench.serving.reach --tail run.json [--workload trace]
     .venv-vllm/bin/python -m bench.serving.reach --by-computed run.json [--workload chat]
 
-Per workload: the reachable reuse (`workloads.reachable_reuse`: every earlier request's full blocks
+First the whole Mooncake trace as recorded (`workloads.trace_reachable`): the share of its prompt
+tokens any cache could serve, before the replay samples its multi-turn conversations. Then per
+workload: the reachable reuse (`workloads.reachable_reuse`: every earlier request's full blocks
 kept, a prompt served up to its last token), so a goal on recomputed tokens can be checked against
 what the workload allows; for the open-loop trace also its arrivals in windows of `--window`
 seconds, with the prompt tokens each window must compute whatever the cache does: a burst of first
@@ -53,6 +55,7 @@ def reach(scale_name: str, window_s: float, trace: Path | None = None) -> dict[s
         if w.concurrency is None and all(len(s.turns) == 1 for s in w.sessions):
             row["arrivals"] = [asdict(x) for x in wl.arrivals(w, grain, window_s)]
         out["workloads"][name] = row
+    out["whole_trace"] = wl.trace_reachable(trace or wl.default_trace())
     return out
 
 
@@ -188,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps({"tail": rows, "ttft_at_best": best}, indent=2))
         return 0
     res = reach(args.scale, args.window, args.trace)
+    n, prompt, served = res["whole_trace"]
+    out.print(
+        f"the whole trace as recorded: {n} requests, {prompt} prompt tokens, {served} reachable at its "
+        f"512-token blocks ({100 * served / max(1, prompt):.1f}%)"
+    )
     out.print(f"--{args.scale}: reuse reachable at {res['block_tokens']}-token blocks")
     for name, row in res["workloads"].items():
         out.print(

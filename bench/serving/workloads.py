@@ -220,6 +220,31 @@ def reachable_reuse(w: Workload, block_tokens: int) -> float:
     return 100 * reusable / max(1, prompt_tokens)
 
 
+def trace_reachable(path: Path) -> tuple[int, int, int]:
+    """(requests, prompt tokens, the most of them a cache could serve) over the whole trace file as
+    recorded, unscaled and unsampled: a request's 512-token block is servable when every block before
+    it in that request is and some earlier request had it (the trace's hash ids name a block by its
+    prefix), the last partial block never. What bounds a replay's recomputed tokens, before our
+    sampling of conversations (`trace`) raises the share by leaving out the single-turn requests."""
+    seen: set[int] = set()
+    requests = prompt = reachable = 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        n, hashes = int(r["input_length"]), r["hash_ids"]
+        requests += 1
+        prompt += n
+        served = 0
+        for j, h in enumerate(hashes):
+            if 512 * (j + 1) > n or h not in seen:
+                break
+            served = 512 * (j + 1)
+        reachable += served
+        seen.update(hashes)
+    return requests, prompt, reachable
+
+
 def reachable_tokens(w: Workload, block_tokens: int, caches: int = 1) -> tuple[int, int]:
     """(the most prompt tokens a cache could serve, all prompt tokens), as `reachable_reuse` counts
     them; with `caches` > 1 the requests go round robin to that many separate caches (request i of

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,3 +55,15 @@ def test_tail_and_floor_read_a_run_of_a_chat() -> None:
     best = ttft_floor(run, "chat", w, 64)[0]
     assert best["none_p90_s"] == pytest.approx(0.2)
     assert 0 < best["best_p90_vs_none"] < 1  # the later turns reach their history
+
+
+def test_the_whole_traces_reachable_tokens_stop_at_the_first_block_never_seen(tmp_path: Path) -> None:
+    lines = [
+        {"input_length": 1100, "hash_ids": [1, 2, 3]},  # all new
+        {"input_length": 1600, "hash_ids": [1, 2, 9, 4]},  # blocks 1 and 2 seen: 1024; 9 is new, 4 too
+        {"input_length": 700, "hash_ids": [1, 4]},  # 1 seen, then 4 seen but partial (700 < 1024): 512
+        {"input_length": 512, "hash_ids": [7]},  # one full block, never seen
+    ]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert wl.trace_reachable(path) == (4, 1100 + 1600 + 700 + 512, 1024 + 512)
